@@ -1,0 +1,139 @@
+# foliod — build, test, install.  Plain GNU make.
+#
+#   make            build foliod, the nbdkit plugin, tests and benches
+#   make run        install missing packages, build, start foliod (default config)
+#   make check      install missing packages, build, run every test
+#   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
+#   make install    PREFIX=/usr/local DESTDIR=
+#
+# BUILD selects the output directory, so that several builds (default,
+# sanitizer) live side by side: make BUILD=build-asan SAN=1.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+DESTDIR ?=
+SAN     ?=
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+WARN     = -Wall -Wextra -Wno-unused-parameter -Wshadow -Wformat=2
+ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
+            $(shell pkg-config --cflags libnbd 2>/dev/null)
+LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd)
+LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
+ifeq ($(SAN),1)
+ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
+LDFLAGS   += -fsanitize=address,undefined
+endif
+
+CORE_SRCS   := $(wildcard src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
+SERVER_SRCS := $(wildcard src/server/*.c)
+DAEMON_SRCS := $(wildcard src/daemon/*.c)
+PLUGIN_SRCS := $(wildcard plugins/folio/*.c)
+UNIT_SRCS   := $(wildcard tests/unit/test-*.c)
+TESTLIB_SRCS:= $(wildcard tests/unit/lib/*.c)
+TOOL_SRCS   := $(wildcard tests/tools/*.c)
+BENCH_SRCS  := $(wildcard bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+CORE_OBJS   := $(call obj,$(CORE_SRCS))
+SERVER_OBJS := $(call obj,$(SERVER_SRCS))
+DAEMON_OBJS := $(call obj,$(DAEMON_SRCS))
+PLUGIN_OBJS := $(call obj,$(PLUGIN_SRCS))
+TESTLIB_OBJS:= $(call obj,$(TESTLIB_SRCS))
+UNIT_BINS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRCS))
+TOOL_BINS   := $(patsubst tests/tools/%.c,$(BUILD)/tests/tools/%,$(TOOL_SRCS))
+BENCH_BINS  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+
+CORE_LIB = $(BUILD)/libfoliod-core.a
+FOLIOD   = $(BUILD)/foliod
+PLUGIN   = $(BUILD)/nbdkit-folio-plugin.so
+
+TARGETS = $(CORE_LIB) $(UNIT_BINS) $(TOOL_BINS) $(BENCH_BINS)
+ifneq ($(DAEMON_SRCS),)
+TARGETS += $(FOLIOD)
+endif
+ifneq ($(PLUGIN_SRCS),)
+TARGETS += $(PLUGIN)
+endif
+
+.PHONY: all deps run check check-unit check-integration check-asan \
+        check-valgrind check-model-long check-vm bench install uninstall clean
+
+all: $(TARGETS)
+ifeq ($(BUILD),build)
+	@ln -sf build/foliod foliod 2>/dev/null || true
+	@if [ -f $(PLUGIN) ]; then ln -sf ../../build/nbdkit-folio-plugin.so plugins/folio/nbdkit-folio-plugin.so; fi
+endif
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/obj/plugins/%.o: plugins/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) $(shell pkg-config --cflags nbdkit 2>/dev/null) -MMD -MP -c -o $@ $<
+
+$(CORE_LIB): $(CORE_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+
+$(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
+$(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
+
+$(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS_CORE)
+
+$(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+deps:
+	@scripts/install-deps
+
+# Tests: unit tests (cmocka) then integration scripts, all through one runner
+# that prints "N passed, N failed, N skipped" and fails if anything failed.
+TEST_ENV = PATH=/usr/bin:$$PATH TOP=$(CURDIR) BUILD=$(abspath $(BUILD)) \
+           FOLIOD=$(abspath $(FOLIOD)) PLUGIN=$(abspath $(PLUGIN)) SAN=$(SAN)
+
+check: deps
+	$(MAKE) all
+	$(TEST_ENV) tests/run-tests $(UNIT_BINS) $(sort $(wildcard tests/test-*.sh))
+
+check-unit: all
+	$(TEST_ENV) tests/run-tests $(UNIT_BINS)
+
+check-integration: all
+	$(TEST_ENV) tests/run-tests $(sort $(wildcard tests/test-*.sh))
+
+check-asan: deps
+	$(MAKE) BUILD=build-asan SAN=1 all
+	$(MAKE) BUILD=build-asan SAN=1 check-unit check-integration
+
+check-valgrind: deps all
+	$(TEST_ENV) VALGRIND=1 tests/run-tests $(UNIT_BINS)
+
+check-model-long: all
+	MODEL_OPS=2000000 $(BUILD)/tests/unit/test-model
+
+run: deps all
+	scripts/run-default
+
+install: all
+	install -D -m 755 $(FOLIOD) $(DESTDIR)$(PREFIX)/sbin/foliod
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/sbin/foliod
+
+clean:
+	rm -rf build build-asan foliod plugins/folio/nbdkit-folio-plugin.so

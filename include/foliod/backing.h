@@ -1,0 +1,129 @@
+/* The backing store interface: where an export's data really lives.
+ *
+ * A backing is a const ops table plus a base struct (placed first in each
+ * implementation's own struct).  The cache never knows which backing it
+ * talks to.  Every op may be called from several threads at once, on any
+ * ranges; ordering between overlapping requests is the caller's business
+ * (the cache serialises them with its folio locks).
+ *
+ * Return contract of every op that returns int: 0 on success, -1 with errno
+ * set on failure.  Short transfers never escape an op: read/write loop until
+ * the whole range is done or fail.
+ */
+#ifndef FOLIOD_BACKING_H
+#define FOLIOD_BACKING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Flags for write, zero and trim. */
+#define BACKING_FUA        (1u << 0) /* durable before the op returns */
+#define BACKING_MAY_TRIM   (1u << 1) /* zero: punching a hole is fine */
+#define BACKING_FAST_ZERO  (1u << 2) /* zero: fail with ENOTSUP unless fast */
+
+/* Capabilities, in struct backing.caps. */
+#define BACKING_CAN_TRIM       (1u << 0)
+#define BACKING_CAN_ZERO       (1u << 1) /* zero is efficient (no data sent) */
+#define BACKING_CAN_FAST_ZERO  (1u << 2)
+#define BACKING_CAN_FUA        (1u << 3) /* native FUA; else op + flush */
+#define BACKING_CAN_MAP        (1u << 4) /* map() knows holes */
+#define BACKING_READ_ONLY      (1u << 5)
+#define BACKING_CAN_MULTI_CONN (1u << 6)
+
+enum backing_extent_type {
+  BACKING_DATA = 0, /* must be read */
+  BACKING_HOLE = 1, /* reads as zeroes, no I/O needed (unallocated) */
+  BACKING_ZERO = 2, /* reads as zeroes, allocated */
+};
+
+struct backing_extent {
+  uint64_t offset;
+  uint64_t length;
+  enum backing_extent_type type;
+};
+
+/* Counters a backing keeps about itself (remote backings mostly). */
+struct backing_stats {
+  uint64_t reconnects;
+  uint64_t retries;
+  uint64_t errors;
+};
+
+struct backing;
+
+struct backing_ops {
+  const char *name;
+
+  /* Read len bytes at off into buf.  off+len <= size. */
+  int (*read) (struct backing *b, void *buf, uint64_t len, uint64_t off);
+
+  /* Write len bytes at off.  flags: BACKING_FUA. */
+  int (*write) (struct backing *b, const void *buf, uint64_t len,
+                uint64_t off, unsigned flags);
+
+  /* Make the range read as zeroes.  Always supported (a backing without a
+   * native zero writes zeroes), except that with BACKING_FAST_ZERO it fails
+   * with ENOTSUP when it cannot be fast.  flags: FUA, MAY_TRIM, FAST_ZERO. */
+  int (*zero) (struct backing *b, uint64_t len, uint64_t off, unsigned flags);
+
+  /* Discard the range: afterwards it reads as zeroes or as the old data;
+   * advisory.  Only called when caps has BACKING_CAN_TRIM.  flags: FUA. */
+  int (*trim) (struct backing *b, uint64_t len, uint64_t off, unsigned flags);
+
+  /* Make every completed write durable. */
+  int (*flush) (struct backing *b);
+
+  /* Describe the extent starting at off: fills *ext with ext->offset == off,
+   * 0 < ext->length <= len.  A backing without hole knowledge (no
+   * BACKING_CAN_MAP) may leave this NULL: everything is DATA. */
+  int (*map) (struct backing *b, uint64_t off, uint64_t len,
+              struct backing_extent *ext);
+
+  /* Fill *st with the backing's own counters.  May be NULL. */
+  void (*stats) (struct backing *b, struct backing_stats *st);
+
+  /* Release everything.  Called once, with no op in flight. */
+  void (*close) (struct backing *b);
+};
+
+/* The base struct every backing starts with. */
+struct backing {
+  const struct backing_ops *ops;
+  uint64_t size;       /* bytes; fixed for the backing's life */
+  unsigned caps;       /* BACKING_CAN_* */
+  uint32_t io_align;   /* direct I/O alignment in bytes (1: none needed) */
+  int direct;          /* 1 when opened for direct I/O (O_DIRECT) */
+};
+
+/* Options that backing_open understands. */
+struct backing_opts {
+  int read_only;          /* open read-only */
+  int direct;             /* file: try O_DIRECT (cache=none) */
+  unsigned connections;   /* nbd: connections to the remote (0: default 4) */
+  const char *tls_certificates; /* nbds: directory with ca-cert.pem etc. */
+  const char *tls_psk_file;     /* nbds: PSK file */
+  const char *tls_username;     /* nbds: PSK user name */
+};
+
+/* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",
+ * "nbds://...", "nbd+unix://...", "nbds+unix://...".  On failure returns
+ * NULL and writes a one-line reason into err. */
+struct backing *backing_open (const char *spec, const struct backing_opts *o,
+                              char *err, size_t errlen);
+
+/* Implementations (called by backing_open; exposed for tests). */
+struct backing *backing_file_open (const char *path,
+                                   const struct backing_opts *o,
+                                   char *err, size_t errlen);
+struct backing *backing_nbd_open (const char *uri,
+                                  const struct backing_opts *o,
+                                  char *err, size_t errlen);
+
+static inline void
+backing_close (struct backing *b)
+{
+  if (b)
+    b->ops->close (b);
+}
+
+#endif /* FOLIOD_BACKING_H */

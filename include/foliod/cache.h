@@ -1,0 +1,124 @@
+/* The folio cache: iomap-style buffered I/O in front of a backing.
+ *
+ * The cache divides the export into folios (folio_size bytes, aligned) and
+ * each folio into blocks (block_size bytes).  Per block it remembers whether
+ * the data is uptodate and whether it is dirty, so that:
+ *   - a write of whole blocks reads nothing; a partial write of a block that
+ *     is not uptodate reads that block only;
+ *   - a read fetches only the blocks that are not uptodate, one backing
+ *     request per contiguous missing run; holes cost no I/O;
+ *   - writeback writes only dirty blocks, merging adjacent ones (also across
+ *     folios) into one request of at most max_io_bytes.
+ * Dirty data is never dropped.
+ *
+ * All calls are thread-safe and take byte ranges of any alignment inside the
+ * export.  Calls returning int return 0 on success, -1 with errno set.
+ */
+#ifndef FOLIOD_CACHE_H
+#define FOLIOD_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "foliod/backing.h"
+#include "foliod/store.h"
+
+/* Flags for cache_read/write/zero/trim. */
+#define CACHE_FUA        (1u << 0) /* write/zero/trim: durable on return */
+#define CACHE_DIRECT     (1u << 1) /* bypass the cache, stay coherent */
+#define CACHE_MAY_TRIM   (1u << 2) /* zero: a hole is fine */
+#define CACHE_FAST_ZERO  (1u << 3) /* zero: ENOTSUP unless fast */
+
+enum cache_mode {
+  CACHE_WRITEBACK = 0,   /* writes land in the cache; flush writes back */
+  CACHE_WRITETHROUGH,    /* writes reach the backing before returning */
+  CACHE_NONE,            /* every request passes through (direct I/O) */
+};
+
+struct cache_config {
+  uint64_t cache_size;        /* bytes of folio memory */
+  uint32_t folio_size;        /* power of two, 4 KiB .. 2 MiB */
+  uint32_t block_size;        /* power of two, 512 .. folio_size */
+  enum cache_mode mode;
+  uint64_t direct_threshold;  /* writeback mode: requests >= this bypass; 0 off */
+  uint32_t max_io_bytes;      /* cap of one merged backing request */
+  unsigned dirty_background_pct; /* background writeback above this % */
+  unsigned dirty_limit_pct;      /* writers throttled above this % */
+  unsigned dirty_expire_ms;      /* dirty data older than this is written */
+  unsigned writeback_interval_ms;/* how often the writeback thread wakes */
+};
+
+/* Fill *cfg with the defaults: 64 MiB cache, 64 KiB folios, 4 KiB blocks,
+ * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
+void cache_config_default (struct cache_config *cfg);
+
+/* Check a configuration against a backing size.  Returns 0, or -1 with a
+ * one-line reason in err. */
+int cache_config_check (const struct cache_config *cfg, char *err,
+                        size_t errlen);
+
+struct cache_stats {
+  uint64_t read_ops, read_hits, read_misses; /* client reads (hit: no I/O) */
+  uint64_t client_read_bytes, client_write_bytes;
+  uint64_t client_zero_bytes, client_trim_bytes;
+  uint64_t backing_read_ops, backing_read_bytes;
+  uint64_t backing_write_ops, backing_write_bytes;
+  uint64_t backing_zero_ops, backing_zero_bytes;
+  uint64_t backing_trim_ops, backing_flush_ops;
+  uint64_t direct_read_ops, direct_read_bytes;
+  uint64_t direct_write_ops, direct_write_bytes;
+  uint64_t dirty_bytes;       /* now */
+  uint64_t cached_bytes;      /* folio memory in use now */
+  uint64_t evictions;
+  uint64_t writeback_errors, read_errors;
+  uint64_t throttle_waits;
+};
+
+struct cache;
+
+/* Create a cache over b, with folio memory from store (NULL: a ram store of
+ * cfg->cache_size).  The cache owns neither b nor store.  Starts the
+ * writeback thread.  Returns NULL with errno set and a reason in err. */
+struct cache *cache_create (struct backing *b, struct store *store,
+                            const struct cache_config *cfg,
+                            char *err, size_t errlen);
+
+/* Write back everything, stop the writeback thread, free the cache.
+ * Returns 0, or -1 if dirty data could not be written (it is then lost:
+ * callers should retry cache_flush first; see cache_shutdown). */
+int cache_destroy (struct cache *c);
+
+/* Stop background work and write back all dirty data, retrying failed
+ * writes up to attempts times (sleeping between).  0 when clean. */
+int cache_shutdown (struct cache *c, unsigned attempts);
+
+/* Start/stop the background writeback thread (cache_create starts it;
+ * nbdkit forks after loading plugins, so its adapter restarts it). */
+int cache_start_writeback (struct cache *c);
+void cache_stop_writeback (struct cache *c);
+
+int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
+                unsigned flags);
+int cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
+                 unsigned flags);
+int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags);
+int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags);
+/* Write back all dirty data and flush the backing.  A writeback error
+ * leaves the data dirty (it is retried) and is returned here. */
+int cache_flush (struct cache *c);
+/* Bring the range into the cache (NBD_CMD_CACHE). */
+int cache_prefetch (struct cache *c, uint64_t len, uint64_t off);
+
+/* Block status: calls fn once per extent, in order, covering [off,
+ * off+len) or stopping early when fn returns non-zero.  Dirty or cached
+ * data that the backing calls a hole is reported as DATA. */
+typedef int (*cache_extent_fn) (void *opaque, uint64_t off, uint64_t len,
+                                enum backing_extent_type type);
+int cache_block_status (struct cache *c, uint64_t len, uint64_t off,
+                        cache_extent_fn fn, void *opaque);
+
+void cache_get_stats (struct cache *c, struct cache_stats *st);
+const struct cache_config *cache_get_config (const struct cache *c);
+uint64_t cache_size_bytes (const struct cache *c); /* export size */
+
+#endif /* FOLIOD_CACHE_H */

@@ -1,0 +1,70 @@
+/* Exports: one named device = one backing + one cache + a policy.
+ *
+ * The daemon and the nbdkit plugin both build exports from the same
+ * key=value options (export_config_set) and call the cache through the
+ * same struct export, so neither adapter holds any cache or backing logic.
+ */
+#ifndef FOLIOD_EXPORT_H
+#define FOLIOD_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "foliod/backing.h"
+#include "foliod/cache.h"
+#include "foliod/store.h"
+
+struct export_config {
+  char *name;              /* export name clients ask for */
+  char *description;       /* NBD_INFO_DESCRIPTION, may be NULL */
+  char *backing;           /* backing spec, see backing_open() */
+  char *store;             /* "ram" (default) or "pmem:PATH" */
+  int read_only;
+  int tls_require;         /* -1: server default, 0 off, 1 require */
+  struct cache_config cache;
+  struct backing_opts bopts; /* strings owned by this config */
+};
+
+/* Defaults: no name, no backing, ram store, cache_config_default(). */
+void export_config_init (struct export_config *cfg);
+void export_config_free (struct export_config *cfg);
+
+/* Set one option by its user-facing key (the same keys in foliod --export,
+ * foliod.conf [export NAME] sections and the nbdkit plugin):
+ *   backing, cache (writeback|writethrough|none), cache-size, folio-size,
+ *   block-size, direct-threshold, max-io, dirty-background, dirty-limit,
+ *   dirty-expire, read-only, description, store, connections,
+ *   tls-certificates, tls-psk-file, tls-username, tls.
+ * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
+ * a reason in err (unknown key, bad value). */
+int export_config_set (struct export_config *cfg, const char *key,
+                       const char *value, char *err, size_t errlen);
+
+/* The keys above, NULL-terminated, with a one-line help each. */
+struct export_key_help { const char *key; const char *help; };
+extern const struct export_key_help export_keys[];
+
+/* Check the whole configuration (backing given, sizes coherent). */
+int export_config_check (const struct export_config *cfg, char *err,
+                         size_t errlen);
+
+struct export {
+  char *name;
+  char *description;
+  int read_only;
+  int tls_require;
+  uint64_t size;           /* bytes, from the backing */
+  struct backing *backing;
+  struct store *store;
+  struct cache *cache;
+};
+
+/* Open the backing, the store and the cache.  NULL with a reason in err. */
+struct export *export_open (const struct export_config *cfg, char *err,
+                            size_t errlen);
+
+/* Write back all dirty data (retrying a few times), then free everything.
+ * Returns 0, or -1 if dirty data could not be written back. */
+int export_close (struct export *e);
+
+#endif /* FOLIOD_EXPORT_H */

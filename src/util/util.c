@@ -1,0 +1,88 @@
+/* Parsing and clock helpers shared by every layer. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "foliod/util.h"
+
+static int
+size_shift (const char *suffix, unsigned *shift)
+{
+  static const char units[] = "BKMGTP";
+  char u = toupper ((unsigned char) suffix[0]);
+  const char *p;
+
+  if (u == '\0') {
+    *shift = 0;
+    return 0;
+  }
+  p = strchr (units, u);
+  if (p == NULL)
+    return -1;
+  *shift = 10 * (unsigned) (p - units);
+  suffix++;
+  /* Accept K, KB, KiB (all powers of 1024). */
+  if (u != 'B' && (strcasecmp (suffix, "") == 0 || strcasecmp (suffix, "b") == 0 ||
+                   strcasecmp (suffix, "ib") == 0))
+    return 0;
+  return u == 'B' && *suffix == '\0' ? 0 : -1;
+}
+
+int
+parse_size (const char *s, uint64_t *out)
+{
+  char *end;
+  unsigned long long v;
+  unsigned shift;
+
+  if (s == NULL || !isdigit ((unsigned char) *s)) {
+    errno = EINVAL;
+    return -1;
+  }
+  errno = 0;
+  v = strtoull (s, &end, 10);
+  if (errno != 0)
+    return -1;
+  if (size_shift (end, &shift) == -1) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (shift && v > (UINT64_MAX >> shift)) {
+    errno = ERANGE;
+    return -1;
+  }
+  *out = (uint64_t) v << shift;
+  return 0;
+}
+
+int
+parse_bool (const char *s, int *out)
+{
+  static const char *yes[] = { "1", "true", "yes", "on" };
+  static const char *no[] = { "0", "false", "no", "off" };
+
+  for (size_t i = 0; i < 4; i++) {
+    if (strcasecmp (s, yes[i]) == 0) { *out = 1; return 0; }
+    if (strcasecmp (s, no[i]) == 0) { *out = 0; return 0; }
+  }
+  errno = EINVAL;
+  return -1;
+}
+
+uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+uint64_t
+now_ms (void)
+{
+  return now_ns () / 1000000u;
+}
