@@ -1,0 +1,109 @@
+/* The NBD server: listeners, connections, handshake, transmission.
+ *
+ * Contract with the daemon (src/daemon/):
+ *   - The daemon owns the libev loop, signals and logging (it implements
+ *     foliod_log(), see log.h) and the exports (export_open/export_close).
+ *   - All server_* calls are made on the loop thread (the thread that runs
+ *     ev_run on `loop`), except server_get_stats which is safe anywhere.
+ *   - Typical life:
+ *        s = server_new (loop, &cfg);             // starts the worker pool
+ *        server_add_export (s, e);                // for each export
+ *        server_listen_tcp / _unix / _add_listen_fd
+ *        ev_run (loop, 0);
+ *        ... on SIGTERM:
+ *        server_stop_accepting (s);
+ *        server_shutdown (s, done_cb, opaque);    // returns at once
+ *        ... done_cb runs on the loop once every connection is gone:
+ *        export_close (e) for each export;  ev_break (loop, EVBREAK_ALL);
+ *        server_free (s);                         // after ev_run returns
+ *   - server_shutdown keeps replying to requests already received, stops
+ *     reading new ones, closes each connection once it has nothing in
+ *     flight, and calls done once no connection is left.  A second call
+ *     (second signal) drops connections at once; in-flight worker calls
+ *     still finish before done runs (the cache stays consistent).
+ */
+#ifndef FOLIOD_SERVER_H
+#define FOLIOD_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ev_loop;
+struct export;
+
+enum server_tls_mode {
+  SERVER_TLS_OFF = 0,      /* STARTTLS refused (NBD_REP_ERR_POLICY) */
+  SERVER_TLS_ON = 1,       /* STARTTLS offered, plaintext allowed */
+  SERVER_TLS_REQUIRE = 2,  /* nothing but STARTTLS/ABORT before TLS */
+};
+
+struct server_config {
+  unsigned workers;             /* worker threads; 0: default (4) */
+  unsigned max_connections;     /* 0: default (128); more are closed */
+  unsigned handshake_timeout_s; /* 0: default (10 s) */
+  unsigned max_inflight;        /* requests in flight per connection;
+                                   0: default (16) */
+  enum server_tls_mode tls_mode;/* only OFF works until TLS lands */
+  const char *tls_certificates; /* directory, for TLS (later); may be NULL */
+  int tls_verify_peer;          /* for TLS (later) */
+};
+
+/* Fill cfg with the defaults above. */
+void server_config_default (struct server_config *cfg);
+
+struct server;
+
+/* Create a server on loop and start its worker threads.  NULL with errno
+ * set on failure. */
+struct server *server_new (struct ev_loop *loop,
+                           const struct server_config *cfg);
+
+/* Serve e under e->name.  The server does not own e; e must outlive the
+ * server's last connection (close exports in the shutdown done callback).
+ * The first export added is the default one (empty export name).
+ * Returns 0, or -1 with errno (EEXIST for a duplicate name). */
+int server_add_export (struct server *s, struct export *e);
+
+/* Listen on host:port (host NULL or "" = all addresses, IPv4 and IPv6;
+ * "::1", "127.0.0.1", names: every address getaddrinfo returns).
+ * Returns 0, or -1 with a reason in err. */
+int server_listen_tcp (struct server *s, const char *host, const char *port,
+                       char *err, size_t errlen);
+
+/* Listen on a Unix socket at path (an existing socket file there is
+ * removed first; the file is removed again by server_free).  0 or -1. */
+int server_listen_unix (struct server *s, const char *path,
+                        char *err, size_t errlen);
+
+/* Accept on an already-listening socket (systemd socket activation).  The
+ * server owns fd from now on.  0 or -1 with errno. */
+int server_add_listen_fd (struct server *s, int fd);
+
+/* Stop accepting new connections (close the listeners). */
+void server_stop_accepting (struct server *s);
+
+/* Graceful shutdown, see the life cycle above.  done(opaque) is called
+ * once, on the loop, from a callback (never from inside this call). */
+void server_shutdown (struct server *s, void (*done) (void *opaque),
+                      void *opaque);
+
+/* Free everything: joins the workers, closes any remaining sockets,
+ * removes Unix socket files.  Call after ev_run has returned or from the
+ * done callback's aftermath; never while requests are in flight. */
+void server_free (struct server *s);
+
+struct server_stats {
+  uint64_t connections_now;
+  uint64_t connections_total;   /* accepted since start */
+  uint64_t connections_refused; /* over max_connections */
+  uint64_t handshakes_failed;   /* timeouts, protocol errors */
+  uint64_t requests;            /* transmission requests completed */
+  uint64_t request_errors;      /* of which replied with an error */
+  uint64_t bytes_read;          /* NBD_CMD_READ payload sent */
+  uint64_t bytes_written;       /* NBD_CMD_WRITE payload received */
+};
+
+/* Snapshot of the counters (thread-safe). */
+void server_get_stats (struct server *s, struct server_stats *st);
+
+#endif /* FOLIOD_SERVER_H */
