@@ -1,0 +1,1013 @@
+/* One test per rule of the folio cache (shared/DESIGN.md, "Rules the cache
+ * keeps"), each measured on the fake backing's request log. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "lib/cachetest.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024)
+
+struct t {
+  struct fake_backing *fb;
+  struct cache *c;
+  struct cache_config cfg;
+  uint64_t size;
+};
+
+/* Default geometry for these tests: 64 KiB folios, 4 KiB blocks, 8 MiB
+ * cache, 1 MiB I/O cap, 30 s expiry (no background writeback during a
+ * test unless it asks for it). */
+static void
+cfg_small (struct cache_config *cfg)
+{
+  cache_config_default (cfg);
+  cfg->cache_size = 8 * MiB;
+  cfg->folio_size = 64 * KiB;
+  cfg->block_size = 4 * KiB;
+  cfg->max_io_bytes = 1 * MiB;
+  cfg->mode = CACHE_WRITEBACK;
+  cfg->direct_threshold = 0;
+}
+
+static void
+t_open (struct t *t, uint64_t size, const struct cache_config *cfg)
+{
+  memset (t, 0, sizeof *t);
+  t->size = size;
+  t->fb = fake_backing_new (size);
+  assert_non_null (t->fb);
+  if (cfg)
+    t->cfg = *cfg;
+  else
+    cfg_small (&t->cfg);
+  t->c = ct_cache (t->fb, &t->cfg);
+  assert_non_null (t->c);
+}
+
+static void
+t_close (struct t *t)
+{
+  struct fake_totals tot;
+  fake_get_totals (t->fb, &tot);
+  assert_int_equal (tot.bad, 0);     /* no out-of-range request, ever */
+  assert_int_equal (cache_destroy (t->c), 0);
+  fake_free (t->fb);
+}
+
+static struct fake_totals
+totals (struct t *t)
+{
+  struct fake_totals tot;
+  fake_get_totals (t->fb, &tot);
+  return tot;
+}
+
+static struct cache_stats
+stats (struct t *t)
+{
+  struct cache_stats st;
+  cache_get_stats (t->c, &st);
+  return st;
+}
+
+/* The i-th logged request of kind op (successful or not). */
+static struct fake_req
+nth (struct t *t, enum fake_op op, size_t i)
+{
+  struct fake_req r;
+  size_t n = fake_log_len (t->fb), k = 0;
+  for (size_t j = 0; j < n; j++) {
+    assert_int_equal (fake_log_get (t->fb, j, &r), 0);
+    if (r.op == op && k++ == i)
+      return r;
+  }
+  fake_log_dump (t->fb, "request not found");
+  fail_msg ("no request #%zu of kind %d", i, op);
+  return r;
+}
+
+static void
+expect_one (struct t *t, enum fake_op op, uint64_t off, uint64_t len)
+{
+  if (fake_log_count (t->fb, op) != 1)
+    fake_log_dump (t->fb, "expected exactly one request");
+  assert_int_equal (fake_log_count (t->fb, op), 1);
+  struct fake_req r = nth (t, op, 0);
+  assert_int_equal (r.off, off);
+  assert_int_equal (r.len, len);
+}
+
+static void
+fill (uint8_t *buf, uint64_t len, uint8_t seed)
+{
+  for (uint64_t i = 0; i < len; i++)
+    buf[i] = (uint8_t) (seed + i * 7 + (i >> 9));
+}
+
+static void
+expect_backing (struct t *t, const uint8_t *want, uint64_t len, uint64_t off)
+{
+  uint8_t *got = malloc (len);
+  assert_non_null (got);
+  fake_peek (t->fb, got, len, off);
+  assert_memory_equal (got, want, len);
+  free (got);
+}
+
+static void
+expect_read (struct t *t, const uint8_t *want, uint64_t len, uint64_t off)
+{
+  uint8_t *got = malloc (len);
+  assert_non_null (got);
+  memset (got, 0xee, len);
+  assert_int_equal (cache_read (t->c, got, len, off, 0), 0);
+  assert_memory_equal (got, want, len);
+  free (got);
+}
+
+static int
+wait_for (struct t *t, int (*cond) (struct t *), unsigned ms)
+{
+  uint64_t end = ct_now_ms () + ms;
+  while (!cond (t)) {
+    if (ct_now_ms () > end)
+      return 0;
+    usleep (5000);
+  }
+  return 1;
+}
+
+/* ---- rule 1: writes read only what they must ---- */
+
+/* 4 KiB into an uptodate 64 KiB folio: writeback sends exactly 4096. */
+static void
+test_write_4k_into_uptodate_folio (void **state)
+{
+  struct t t;
+  uint8_t buf[4096], folio[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_read (t.c, folio, 65536, 65536, 0), 0);
+  fake_reset_log (t.fb);
+  fill (buf, sizeof buf, 3);
+  assert_int_equal (cache_write (t.c, buf, 4096, 65536 + 5 * 4096, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);  /* write-back, not -through */
+  assert_int_equal (stats (&t).dirty_bytes, 4096);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 65536 + 5 * 4096, 4096);
+  assert_int_equal (totals (&t).write_bytes, 4096);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_true (totals (&t).ops[FAKE_FLUSH] >= 1);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  expect_backing (&t, buf, 4096, 65536 + 5 * 4096);
+  t_close (&t);
+}
+
+/* 16 adjacent 4 KiB writes from mid-folio across a folio boundary: whole
+ * blocks read nothing, and writeback merges them into one 64 KiB request. */
+static void
+test_adjacent_writes_merge_across_folios (void **state)
+{
+  struct t t;
+  uint8_t buf[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fill (buf, sizeof buf, 9);
+  for (int i = 0; i < 16; i++)
+    assert_int_equal (cache_write (t.c, buf + i * 4096, 4096,
+                                   32 * KiB + i * 4096ull, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 32 * KiB, 65536);
+  expect_backing (&t, buf, 65536, 32 * KiB);
+  t_close (&t);
+}
+
+/* 512 bytes into a cold block of data: read that block only, write back
+ * that block only. */
+static void
+test_partial_block_write_reads_one_block (void **state)
+{
+  struct t t;
+  uint8_t buf[512], want[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 4096, 3 * 65536 + 4096);
+  fill (buf, sizeof buf, 5);
+  memcpy (want + 1000, buf, 512);
+  assert_int_equal (cache_write (t.c, buf, 512, 3 * 65536 + 4096 + 1000, 0), 0);
+  expect_one (&t, FAKE_READ, 3 * 65536 + 4096, 4096);
+  assert_int_equal (totals (&t).read_bytes, 4096);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 3 * 65536 + 4096, 4096);
+  expect_backing (&t, want, 4096, 3 * 65536 + 4096);
+  t_close (&t);
+}
+
+/* A partial write of a block the backing calls a hole reads nothing. */
+static void
+test_partial_block_write_into_hole_reads_nothing (void **state)
+{
+  struct t t;
+  uint8_t buf[100], want[4096] = { 0 };
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 5);
+  memcpy (want + 7, buf, 100);
+  assert_int_equal (cache_write (t.c, buf, 100, 8192 + 7, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 8192, 4096);
+  expect_backing (&t, want, 4096, 8192);
+  t_close (&t);
+}
+
+static void
+test_full_folio_write_reads_nothing (void **state)
+{
+  struct t t;
+  uint8_t buf[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fill (buf, sizeof buf, 11);
+  assert_int_equal (cache_write (t.c, buf, 65536, 2 * 65536, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  expect_read (&t, buf, 65536, 2 * 65536);      /* and it is all cached */
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 2 * 65536, 65536);
+  expect_backing (&t, buf, 65536, 2 * 65536);
+  t_close (&t);
+}
+
+/* ---- rule 2: reads fetch only what is missing ---- */
+
+static void
+test_hole_read_no_io (void **state)
+{
+  struct t t;
+  uint8_t *buf = malloc (3 * 65536), *z = calloc (1, 3 * 65536);
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 65536, 0, 1);         /* data only in folio 0 */
+  memset (buf, 0xee, 3 * 65536);
+  assert_int_equal (cache_read (t.c, buf, 3 * 65536 - 100, 65536 + 50, 0), 0);
+  assert_memory_equal (buf, z, 3 * 65536 - 100);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
+  free (buf);
+  free (z);
+  t_close (&t);
+}
+
+/* Blocks 2-3 and 8 dirty in a folio: reading the folio reads [0,2),
+ * [4,8), [9,16): three requests, exact sizes, and the data is right. */
+static void
+test_read_fetches_only_missing_runs (void **state)
+{
+  struct t t;
+  uint8_t want[65536], blk[8192];
+  const uint64_t base = 5 * 65536;
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 65536, base);
+  fill (blk, sizeof blk, 77);
+  assert_int_equal (cache_write (t.c, blk, 8192, base + 2 * 4096, 0), 0);
+  assert_int_equal (cache_write (t.c, blk, 4096, base + 8 * 4096, 0), 0);
+  memcpy (want + 2 * 4096, blk, 8192);
+  memcpy (want + 8 * 4096, blk, 4096);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  expect_read (&t, want, 65536, base);
+  if (fake_log_count (t.fb, FAKE_READ) != 3)
+    fake_log_dump (t.fb, "missing runs");
+  assert_int_equal (fake_log_count (t.fb, FAKE_READ), 3);
+  struct fake_req r0 = nth (&t, FAKE_READ, 0), r1 = nth (&t, FAKE_READ, 1),
+    r2 = nth (&t, FAKE_READ, 2);
+  assert_int_equal (r0.off, base);
+  assert_int_equal (r0.len, 2 * 4096);
+  assert_int_equal (r1.off, base + 4 * 4096);
+  assert_int_equal (r1.len, 4 * 4096);
+  assert_int_equal (r2.off, base + 9 * 4096);
+  assert_int_equal (r2.len, 7 * 4096);
+  /* Now all of it is cached: the next read is a hit. */
+  fake_reset_log (t.fb);
+  uint64_t hits = stats (&t).read_hits;
+  expect_read (&t, want, 65536, base);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (stats (&t).read_hits, hits + 1);
+  t_close (&t);
+}
+
+/* An unaligned small read of a cold block reads that block only. */
+static void
+test_small_read_reads_one_block (void **state)
+{
+  struct t t;
+  uint8_t want[100];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 100, 5000);
+  expect_read (&t, want, 100, 5000);
+  expect_one (&t, FAKE_READ, 4096, 4096);
+  t_close (&t);
+}
+
+/* A cold read spanning four folios is one request; with a 64 KiB cap it
+ * is four. */
+static void
+test_cold_read_spanning_folios_one_request (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *want = malloc (4 * 65536);
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 4 * 65536, 65536);
+  expect_read (&t, want, 4 * 65536, 65536);
+  expect_one (&t, FAKE_READ, 65536, 4 * 65536);
+  t_close (&t);
+
+  cfg_small (&cfg);
+  cfg.max_io_bytes = 64 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  expect_read (&t, want, 4 * 65536, 65536);
+  assert_int_equal (totals (&t).read_bytes, 4 * 65536);
+  assert_int_equal (fake_log_count (t.fb, FAKE_READ), 4);
+  for (int i = 0; i < 4; i++)
+    assert_true (nth (&t, FAKE_READ, i).len <= 64 * KiB);
+  free (want);
+  t_close (&t);
+}
+
+static void
+test_prefetch_makes_read_a_hit (void **state)
+{
+  struct t t;
+  uint8_t want[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_prefetch (t.c, 128 * KiB, 64 * KiB), 0);
+  assert_int_equal (totals (&t).read_bytes, 128 * KiB);
+  fake_reset_log (t.fb);
+  struct cache_stats before = stats (&t);
+  fake_peek (t.fb, want, 4096, 100 * KiB + 3);
+  expect_read (&t, want, 4096, 100 * KiB + 3);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  struct cache_stats after = stats (&t);
+  assert_int_equal (after.read_hits, before.read_hits + 1);
+  assert_int_equal (after.read_misses, before.read_misses);
+  t_close (&t);
+}
+
+/* ---- rule 3: writeback writes only dirty blocks, merged, capped ---- */
+
+static void
+test_writeback_skips_clean_blocks (void **state)
+{
+  struct t t;
+  uint8_t buf[4096], folio[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_read (t.c, folio, 65536, 0, 0), 0);
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (t.c, buf, 4096, 0, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 4096, 2 * 4096, 0), 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (fake_log_count (t.fb, FAKE_WRITE), 2);
+  assert_int_equal (totals (&t).write_bytes, 8192);
+  struct fake_req a = nth (&t, FAKE_WRITE, 0), b = nth (&t, FAKE_WRITE, 1);
+  assert_true ((a.off == 0 && b.off == 8192) || (a.off == 8192 && b.off == 0));
+  t_close (&t);
+}
+
+static void
+test_writeback_cap_splits (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *buf = malloc (256 * KiB);
+
+  cfg_small (&cfg);
+  cfg.max_io_bytes = 64 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, 256 * KiB, 2);
+  assert_int_equal (cache_write (t.c, buf, 256 * KiB, 96 * KiB, 0), 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  size_t n = fake_log_count (t.fb, FAKE_WRITE);
+  /* 4 is the minimum; splitting at cap-aligned offsets gives 5. */
+  if (n < 4 || n > 5)
+    fake_log_dump (t.fb, "cap split");
+  assert_in_range (n, 4, 5);
+  /* Together they cover the range exactly (any order). */
+  uint64_t covered = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct fake_req r = nth (&t, FAKE_WRITE, i);
+    assert_true (r.len <= 64 * KiB);
+    assert_true (r.off >= 96 * KiB && r.off + r.len <= 352 * KiB);
+    covered += r.len;
+  }
+  assert_int_equal (covered, 256 * KiB);
+  expect_backing (&t, buf, 256 * KiB, 96 * KiB);
+  free (buf);
+  t_close (&t);
+}
+
+/* Block-aligned random writes into uptodate folios: amplification 1.00. */
+static void
+test_write_amplification_one (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+  uint64_t seed = 12345, written = 0;
+  const uint64_t size = 64 * MiB;
+
+  cfg_small (&cfg);
+  cfg.cache_size = 32 * MiB;
+  t_open (&t, size, &cfg);     /* all hole: folios come uptodate for free */
+  for (int i = 0; i < 256; i++) {
+    uint64_t off = fake_rand_below (&seed, size / 4096) * 4096;
+    fill (buf, sizeof buf, (uint8_t) i);
+    assert_int_equal (cache_write (t.c, buf, 4096, off, 0), 0);
+  }
+  written = stats (&t).dirty_bytes;
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (totals (&t).write_bytes, written);
+  assert_true (written <= 256 * 4096 && written > 200 * 4096);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  t_close (&t);
+}
+
+/* ---- rule 4: dirty data is never dropped ---- */
+
+static void
+test_flush_error_keeps_data_dirty (void **state)
+{
+  struct t t;
+  uint8_t buf[8192];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 4);
+  assert_int_equal (cache_write (t.c, buf, 8192, 40960, 0), 0);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
+  errno = 0;
+  assert_int_equal (cache_flush (t.c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (stats (&t).dirty_bytes, 8192);
+  assert_true (stats (&t).writeback_errors >= 1);
+  /* Still readable from the cache while the backing fails. */
+  expect_read (&t, buf, 8192, 40960);
+  fake_clear_faults (t.fb);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 40960, 8192);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  expect_backing (&t, buf, 8192, 40960);
+  t_close (&t);
+}
+
+/* A transient error on the backing flush itself reaches cache_flush. */
+static void
+test_backing_flush_error_reported (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 4);
+  assert_int_equal (cache_write (t.c, buf, 4096, 0, 0), 0);
+  fake_fail_next (t.fb, FAKE_M (FAKE_FLUSH), 1, EIO);
+  assert_int_equal (cache_flush (t.c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 4096, 0);
+  t_close (&t);
+}
+
+static int
+cond_wb_error (struct t *t)
+{
+  return stats (t).writeback_errors > 0;
+}
+
+/* A background writeback failure is retried and reported on FLUSH. */
+static void
+test_background_error_reported_by_flush (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  cfg.dirty_expire_ms = 50;
+  cfg.writeback_interval_ms = 10;
+  t_open (&t, 4 * MiB, &cfg);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
+  fill (buf, sizeof buf, 4);
+  assert_int_equal (cache_write (t.c, buf, 4096, 4096, 0), 0);
+  assert_true (wait_for (&t, cond_wb_error, 5000));
+  assert_int_equal (stats (&t).dirty_bytes, 4096);
+  assert_int_equal (cache_flush (t.c), -1);
+  assert_int_equal (errno, EIO);
+  fake_clear_faults (t.fb);
+  /* Either the background retry or this flush writes it. */
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  expect_backing (&t, buf, 4096, 4096);
+  t_close (&t);
+}
+
+static void
+test_fua_write_error_returned (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 4);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE) | FAKE_M (FAKE_FLUSH), 0,
+                   4 * MiB, EIO);
+  assert_int_equal (cache_write (t.c, buf, 4096, 0, CACHE_FUA), -1);
+  assert_int_equal (errno, EIO);
+  fake_clear_faults (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  t_close (&t);
+}
+
+static void
+test_read_error_then_success (void **state)
+{
+  struct t t;
+  uint8_t want[8192];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 8192, 12288);
+  fake_fail_next (t.fb, FAKE_M (FAKE_READ), 1, EIO);
+  uint8_t got[8192];
+  assert_int_equal (cache_read (t.c, got, 8192, 12288, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (stats (&t).read_errors >= 1);
+  expect_read (&t, want, 8192, 12288);      /* nothing wrong was cached */
+  t_close (&t);
+}
+
+/* A failed read-modify-write read fails the write and caches no junk: the
+ * rest of the block still reads as the backing's data. */
+static void
+test_rmw_read_error_fails_write (void **state)
+{
+  struct t t;
+  uint8_t want[4096], got[4096], buf[512];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 4096, 4096);
+  fill (buf, sizeof buf, 9);
+  fake_fail_next (t.fb, FAKE_M (FAKE_READ), 1, EIO);
+  assert_int_equal (cache_write (t.c, buf, 512, 4096 + 1000, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_read (t.c, got, 4096, 4096, 0), 0);
+  assert_memory_equal (got, want, 1000);
+  assert_memory_equal (got + 1512, want + 1512, 4096 - 1512);
+  assert_int_equal (cache_flush (t.c), 0);
+  t_close (&t);
+}
+
+/* A cache of 8 folios takes 4 MiB of scattered partial writes: eviction
+ * happens, nothing is lost. */
+static void
+test_eviction_never_loses_dirty (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  const uint64_t size = 4 * MiB;
+  uint8_t *ref = malloc (size), *got = malloc (size), buf[6000];
+  uint64_t seed = 99;
+
+  cfg_small (&cfg);
+  cfg.cache_size = 8 * 64 * KiB;
+  t_open (&t, size, &cfg);
+  fake_fill_pattern (t.fb, size, 0, 1);
+  fake_peek (t.fb, ref, size, 0);
+  for (int i = 0; i < 600; i++) {
+    uint64_t len = 1 + fake_rand_below (&seed, sizeof buf);
+    uint64_t off = fake_rand_below (&seed, size - len);
+    fill (buf, len, (uint8_t) (i * 13));
+    assert_int_equal (cache_write (t.c, buf, len, off, 0), 0);
+    memcpy (ref + off, buf, len);
+  }
+  assert_true (stats (&t).evictions > 0);
+  assert_true (stats (&t).cached_bytes <= cfg.cache_size);
+  assert_int_equal (cache_read (t.c, got, size, 0, 0), 0);
+  assert_memory_equal (got, ref, size);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, ref, size, 0);
+  free (ref);
+  free (got);
+  t_close (&t);
+}
+
+/* cache_destroy writes back what is dirty; cache_shutdown retries. */
+static void
+test_destroy_and_shutdown_write_back (void **state)
+{
+  struct fake_backing *fb = fake_backing_new (4 * MiB);
+  struct cache_config cfg;
+  struct cache *c;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  fill (buf, sizeof buf, 5);
+  c = ct_cache (fb, &cfg);
+  assert_non_null (c);
+  assert_int_equal (cache_write (c, buf, 4096, 8192, 0), 0);
+  assert_int_equal (cache_destroy (c), 0);
+  uint8_t got[4096];
+  fake_peek (fb, got, 4096, 8192);
+  assert_memory_equal (got, buf, 4096);
+
+  fill (buf, sizeof buf, 6);
+  c = ct_cache (fb, &cfg);
+  assert_non_null (c);
+  assert_int_equal (cache_write (c, buf, 4096, 8192, 0), 0);
+  fake_fail_next (fb, FAKE_M (FAKE_WRITE), 2, EIO);
+  assert_int_equal (cache_shutdown (c, 5), 0);
+  fake_peek (fb, got, 4096, 8192);
+  assert_memory_equal (got, buf, 4096);
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
+/* ---- block status, zero, trim, FUA ---- */
+
+struct ext_list {
+  unsigned n;
+  struct { uint64_t off, len; enum backing_extent_type type; } e[64];
+};
+
+static int
+ext_collect (void *opaque, uint64_t off, uint64_t len,
+             enum backing_extent_type type)
+{
+  struct ext_list *l = opaque;
+  if (l->n == 64)
+    return -1;
+  l->e[l->n].off = off;
+  l->e[l->n].len = len;
+  l->e[l->n].type = type;
+  l->n++;
+  return 0;
+}
+
+/* Type at offset off per the extents; checks they tile the range. */
+static enum backing_extent_type
+ext_type_at (const struct ext_list *l, uint64_t start, uint64_t len,
+             uint64_t off)
+{
+  uint64_t pos = start;
+  for (unsigned i = 0; i < l->n; i++) {
+    assert_int_equal (l->e[i].off, pos);
+    assert_true (l->e[i].len > 0);
+    pos += l->e[i].len;
+  }
+  assert_int_equal (pos, start + len);
+  for (unsigned i = 0; i < l->n; i++)
+    if (off >= l->e[i].off && off < l->e[i].off + l->e[i].len)
+      return l->e[i].type;
+  fail ();
+  return BACKING_DATA;
+}
+
+static void
+test_block_status_dirty_is_data (void **state)
+{
+  struct t t;
+  struct ext_list l = { 0 };
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);     /* all hole */
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (t.c, buf, 4096, 64 * KiB, 0), 0);
+  assert_int_equal (cache_block_status (t.c, 256 * KiB, 0, ext_collect, &l), 0);
+  assert_true (l.n >= 2);
+  assert_int_equal (ext_type_at (&l, 0, 256 * KiB, 64 * KiB), BACKING_DATA);
+  assert_int_equal (ext_type_at (&l, 0, 256 * KiB, 68 * KiB - 1), BACKING_DATA);
+  assert_int_not_equal (ext_type_at (&l, 0, 256 * KiB, 0), BACKING_DATA);
+  assert_int_not_equal (ext_type_at (&l, 0, 256 * KiB, 200 * KiB), BACKING_DATA);
+  /* After a flush the backing says DATA too; still DATA. */
+  assert_int_equal (cache_flush (t.c), 0);
+  memset (&l, 0, sizeof l);
+  assert_int_equal (cache_block_status (t.c, 4096, 64 * KiB, ext_collect, &l), 0);
+  assert_int_equal (ext_type_at (&l, 64 * KiB, 4096, 64 * KiB), BACKING_DATA);
+  t_close (&t);
+}
+
+static void
+test_zero_and_trim_of_dirty_blocks (void **state)
+{
+  struct t t;
+  uint8_t ref[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fill (ref, sizeof ref, 21);
+  assert_int_equal (cache_write (t.c, ref, 65536, 0, 0), 0);
+  /* Unaligned zero: exactly its bytes become zero. */
+  assert_int_equal (cache_zero (t.c, 8000, 4096 + 100, 0), 0);
+  memset (ref + 4096 + 100, 0, 8000);
+  expect_read (&t, ref, 65536, 0);
+  /* Block-aligned trim of dirty blocks: zeroes, and they stay zero. */
+  assert_int_equal (cache_trim (t.c, 16 * KiB, 32 * KiB, 0), 0);
+  memset (ref + 32 * KiB, 0, 16 * KiB);
+  expect_read (&t, ref, 65536, 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, ref, 65536, 0);
+  expect_read (&t, ref, 65536, 0);
+  /* Zero with MAY_TRIM of a whole cold folio, then read: zeroes. */
+  uint8_t z[65536] = { 0 };
+  assert_int_equal (cache_zero (t.c, 65536, 128 * KiB, CACHE_MAY_TRIM), 0);
+  expect_read (&t, z, 65536, 128 * KiB);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, z, 65536, 128 * KiB);
+  t_close (&t);
+}
+
+static void
+test_fua_write_reaches_backing (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 8);
+  assert_int_equal (cache_write (t.c, buf, 4096, 12288, CACHE_FUA), 0);
+  expect_backing (&t, buf, 4096, 12288);
+  /* Durable: written with FUA, or written then flushed. */
+  size_t n = fake_log_len (t.fb);
+  int wrote = 0, durable = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct fake_req r;
+    fake_log_get (t.fb, i, &r);
+    if (r.op == FAKE_WRITE && r.err == 0 && r.off <= 12288 &&
+        r.off + r.len >= 16384) {
+      wrote = 1;
+      durable |= (r.flags & BACKING_FUA) != 0;
+    }
+    if (r.op == FAKE_FLUSH && wrote && r.err == 0)
+      durable = 1;
+  }
+  assert_true (wrote && durable);
+  t_close (&t);
+}
+
+/* ---- rule 5: flush cost follows dirty data, not device size ---- */
+
+static void
+test_idle_flush_no_writes (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (t.c, buf, 4096, 0, 0), 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  t_close (&t);
+}
+
+static void
+test_idle_flush_1tib (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 1ull << 40, NULL);
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (t.c, buf, 4096, (1ull << 39) + 8192, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 4096, (1ull << 40) - 4096, 0), 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (totals (&t).write_bytes, 8192);
+  fake_reset_log (t.fb);
+  uint64_t t0 = ct_now_ms ();
+  for (int i = 0; i < 100; i++)
+    assert_int_equal (cache_flush (t.c), 0);
+  uint64_t ms = ct_now_ms () - t0;
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
+  /* 100 idle flushes: microseconds each; allow plenty under valgrind. */
+  if (ms > (ct_valgrind () ? 2000u : 200u))
+    fail_msg ("100 idle flushes on 1 TiB took %llu ms", (unsigned long long) ms);
+  assert_true (stats (&t).cached_bytes <= 4 * 64 * KiB);
+  expect_backing (&t, buf, 4096, (1ull << 40) - 4096);
+  t_close (&t);
+}
+
+/* ---- rule 6: bounded memory, background writeback ---- */
+
+static int
+cond_clean (struct t *t)
+{
+  return stats (t).dirty_bytes == 0 && totals (t).write_bytes >= 8192;
+}
+
+static void
+test_background_writeback_expiry (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[8192];
+
+  cfg_small (&cfg);
+  cfg.dirty_expire_ms = 100;
+  cfg.writeback_interval_ms = 20;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, sizeof buf, 3);
+  assert_int_equal (cache_write (t.c, buf, 8192, 65536 - 4096, 0), 0);
+  assert_true (wait_for (&t, cond_clean, 5000));
+  assert_int_equal (totals (&t).write_bytes, 8192);
+  expect_backing (&t, buf, 8192, 65536 - 4096);
+  t_close (&t);
+}
+
+static int
+cond_below_background (struct t *t)
+{
+  return stats (t).dirty_bytes <= t->cfg.cache_size * t->cfg.dirty_background_pct / 100;
+}
+
+/* Dirtying half of a 1 MiB cache (limit 20%): writers get throttled,
+ * background writeback brings dirty data under 10% without any expiry. */
+static void
+test_dirty_limit_and_background_threshold (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *buf = malloc (512 * KiB);
+
+  cfg_small (&cfg);
+  cfg.cache_size = 1 * MiB;
+  cfg.dirty_background_pct = 10;
+  cfg.dirty_limit_pct = 20;
+  cfg.dirty_expire_ms = 600000;
+  cfg.writeback_interval_ms = 20;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, 512 * KiB, 3);
+  for (int i = 0; i < 128; i++) {
+    assert_int_equal (cache_write (t.c, buf + i * 4096, 4096, i * 4096ull, 0), 0);
+    assert_true (stats (&t).dirty_bytes <= cfg.cache_size * 20 / 100 + 64 * KiB);
+  }
+  assert_true (totals (&t).write_bytes > 0);
+  assert_true (wait_for (&t, cond_below_background, 5000));
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 512 * KiB, 0);
+  free (buf);
+  t_close (&t);
+}
+
+/* ---- modes ---- */
+
+static void
+test_writethrough_mode (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  cfg.mode = CACHE_WRITETHROUGH;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, sizeof buf, 3);
+  assert_int_equal (cache_write (t.c, buf, 4096, 4096, 0), 0);
+  expect_backing (&t, buf, 4096, 4096);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  fake_reset_log (t.fb);
+  expect_read (&t, buf, 4096, 4096);     /* still cached */
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  t_close (&t);
+}
+
+/* A direct write over a dirty cached block wins, also after a flush; a
+ * direct read sees dirty cached data. */
+static void
+test_direct_io_coherent (void **state)
+{
+  struct t t;
+  uint8_t a[4096], d[131072];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (a, sizeof a, 1);
+  fill (d, sizeof d, 2);
+  assert_int_equal (cache_write (t.c, a, 4096, 8192, 0), 0);
+  assert_int_equal (cache_write (t.c, d, sizeof d, 0, CACHE_DIRECT), 0);
+  expect_read (&t, d, sizeof d, 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, d, sizeof d, 0);
+
+  assert_int_equal (cache_write (t.c, a, 4096, 65536 + 512, 0), 0);
+  uint8_t got[8192], want[8192];
+  memcpy (want, d + 65536, 8192);
+  memcpy (want + 512, a, 4096);
+  assert_int_equal (cache_read (t.c, got, 8192, 65536, CACHE_DIRECT), 0);
+  assert_memory_equal (got, want, 8192);
+  t_close (&t);
+}
+
+/* ---- configuration ---- */
+
+static int
+check (struct cache_config cfg)
+{
+  char err[256] = "";
+  int r = cache_config_check (&cfg, err, sizeof err);
+  if (r == -1)
+    assert_true (strlen (err) > 0);
+  return r;
+}
+
+static void
+test_config_check (void **state)
+{
+  struct cache_config d, c;
+
+  cache_config_default (&d);
+  assert_int_equal (d.folio_size, 64 * KiB);
+  assert_int_equal (d.block_size, 4 * KiB);
+  assert_int_equal (check (d), 0);
+  c = d; c.folio_size = 3 * 4096;            assert_int_equal (check (c), -1);
+  c = d; c.block_size = 3000;                assert_int_equal (check (c), -1);
+  c = d; c.block_size = 128 * KiB;           assert_int_equal (check (c), -1);
+  c = d; c.folio_size = 2048; c.block_size = 512; assert_int_equal (check (c), -1);
+  c = d; c.folio_size = 4 * MiB;             assert_int_equal (check (c), -1);
+  c = d; c.block_size = 256;                 assert_int_equal (check (c), -1);
+  c = d; c.folio_size = 0;                   assert_int_equal (check (c), -1);
+  c = d; c.folio_size = 4096; c.block_size = 512; assert_int_equal (check (c), 0);
+  c = d; c.folio_size = 2 * MiB; c.block_size = 2 * MiB; c.max_io_bytes = 2 * MiB;
+  assert_int_equal (check (c), 0);
+  c = d; c.block_size = 64 * KiB;            assert_int_equal (check (c), 0);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_write_4k_into_uptodate_folio),
+    cmocka_unit_test (test_adjacent_writes_merge_across_folios),
+    cmocka_unit_test (test_partial_block_write_reads_one_block),
+    cmocka_unit_test (test_partial_block_write_into_hole_reads_nothing),
+    cmocka_unit_test (test_full_folio_write_reads_nothing),
+    cmocka_unit_test (test_hole_read_no_io),
+    cmocka_unit_test (test_read_fetches_only_missing_runs),
+    cmocka_unit_test (test_small_read_reads_one_block),
+    cmocka_unit_test (test_cold_read_spanning_folios_one_request),
+    cmocka_unit_test (test_prefetch_makes_read_a_hit),
+    cmocka_unit_test (test_writeback_skips_clean_blocks),
+    cmocka_unit_test (test_writeback_cap_splits),
+    cmocka_unit_test (test_write_amplification_one),
+    cmocka_unit_test (test_flush_error_keeps_data_dirty),
+    cmocka_unit_test (test_backing_flush_error_reported),
+    cmocka_unit_test (test_background_error_reported_by_flush),
+    cmocka_unit_test (test_fua_write_error_returned),
+    cmocka_unit_test (test_read_error_then_success),
+    cmocka_unit_test (test_rmw_read_error_fails_write),
+    cmocka_unit_test (test_eviction_never_loses_dirty),
+    cmocka_unit_test (test_destroy_and_shutdown_write_back),
+    cmocka_unit_test (test_block_status_dirty_is_data),
+    cmocka_unit_test (test_zero_and_trim_of_dirty_blocks),
+    cmocka_unit_test (test_fua_write_reaches_backing),
+    cmocka_unit_test (test_idle_flush_no_writes),
+    cmocka_unit_test (test_idle_flush_1tib),
+    cmocka_unit_test (test_background_writeback_expiry),
+    cmocka_unit_test (test_dirty_limit_and_background_threshold),
+    cmocka_unit_test (test_writethrough_mode),
+    cmocka_unit_test (test_direct_io_coherent),
+    cmocka_unit_test (test_config_check),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
