@@ -103,6 +103,9 @@ struct backing_opts {
   const char *tls_certificates; /* nbds: directory with ca-cert.pem etc. */
   const char *tls_psk_file;     /* nbds: PSK file */
   const char *tls_username;     /* nbds: PSK user name */
+  unsigned retry_timeout_ms;    /* nbd: a request whose connection dropped
+                                 * keeps reconnecting (backoff 50 ms..2 s)
+                                 * this long, then fails (0: 30000) */
 };
 
 /* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",

@@ -1,0 +1,850 @@
+/* The file backing: a regular file or a block device.
+ *
+ * Data moves with pread/pwrite at explicit offsets, so every op is safe
+ * from any number of threads without a lock on the fd.  Direct mode opens
+ * the file a second time with O_DIRECT; requests the kernel would refuse
+ * (offset, length or buffer not aligned) go through an aligned bounce
+ * buffer, so callers may pass any range.  The partial sector at the end of
+ * a file whose size is not aligned is served by the buffered fd: writing it
+ * with O_DIRECT would have to write a whole sector and grow the file.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+
+#include "backing/file-private.h"
+
+#define ROUND_DOWN(x, a) ((x) / (a) * (a))
+#define ROUND_UP(x, a)   (((x) + (a) - 1) / (a) * (a))
+#define MIN(a, b)        ((a) < (b) ? (a) : (b))
+#define MAX(a, b)        ((a) > (b) ? (a) : (b))
+
+static inline struct file_backing *
+to_file (struct backing *b)
+{
+  return (struct file_backing *) b;
+}
+
+/* errno values meaning "this method does not exist here". */
+static int
+is_unsupported (int e)
+{
+  return e == EOPNOTSUPP || e == ENOSYS || e == ENOTTY;
+}
+
+/* Read until len bytes or end of file.  Returns bytes read (short only at
+ * end of file), or -1 with errno. */
+static ssize_t
+pread_full (int fd, void *buf, size_t len, uint64_t off)
+{
+  size_t done = 0;
+
+  while (done < len) {
+    ssize_t r = pread (fd, (char *) buf + done, len - done, off + done);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (r == 0)
+      break;
+    done += r;
+  }
+  return done;
+}
+
+/* Read exactly len bytes; end of file inside the range is EIO (the file
+ * shrank under us). */
+static int
+pread_exact (int fd, void *buf, size_t len, uint64_t off)
+{
+  ssize_t r = pread_full (fd, buf, len, off);
+
+  if (r == -1)
+    return -1;
+  if ((size_t) r < len) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+pwrite_exact (int fd, const void *buf, size_t len, uint64_t off)
+{
+  size_t done = 0;
+
+  while (done < len) {
+    ssize_t r = pwrite (fd, (const char *) buf + done, len - done, off + done);
+    if (r == -1) {
+      if (errno == EINTR)
+        continue;
+      return -1;
+    }
+    if (r == 0) {
+      errno = ENOSPC;
+      return -1;
+    }
+    done += r;
+  }
+  return 0;
+}
+
+/* Bounce buffers: a free list, grown on demand, so a steady state does no
+ * allocation per request (one buffer per thread doing unaligned I/O). */
+static void *
+bounce_get (struct file_backing *fb)
+{
+  struct file_bounce *p;
+  void *mem;
+  int r;
+
+  pthread_mutex_lock (&fb->pool_lock);
+  p = fb->pool;
+  if (p)
+    fb->pool = p->next;
+  pthread_mutex_unlock (&fb->pool_lock);
+  if (p)
+    return p;
+  r = posix_memalign (&mem, MAX (fb->b.io_align, 4096u), FILE_BOUNCE_SIZE);
+  if (r != 0) {
+    errno = r;
+    return NULL;
+  }
+  return mem;
+}
+
+static void
+bounce_put (struct file_backing *fb, void *mem)
+{
+  struct file_bounce *p = mem;
+
+  pthread_mutex_lock (&fb->pool_lock);
+  p->next = fb->pool;
+  fb->pool = p;
+  pthread_mutex_unlock (&fb->pool_lock);
+}
+
+static int
+buf_aligned (struct file_backing *fb, const void *p)
+{
+  return (uintptr_t) p % fb->mem_align == 0;
+}
+
+/* O_DIRECT read of [off, off+len), all below direct_end. */
+static int
+dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
+{
+  const uint64_t a = fb->b.io_align, end = off + len;
+  uint64_t pos = off;
+  char *bounce = NULL;
+  int ret = 0;
+
+  while (pos < end) {
+    char *dst = buf + (pos - off);
+    uint64_t body = ROUND_DOWN (end - pos, a);
+
+    if (pos % a == 0 && body > 0 && buf_aligned (fb, dst)) {
+      if (pread_exact (fb->fd, dst, body, pos) == -1)
+        goto fail;
+      pos += body;
+      continue;
+    }
+    /* Bounce one window [ws, we) around pos. */
+    uint64_t ws = ROUND_DOWN (pos, a);
+    uint64_t we = MIN (ws + FILE_BOUNCE_SIZE, ROUND_UP (end, a));
+    uint64_t cend = MIN (end, we);
+    if (!bounce && !(bounce = bounce_get (fb)))
+      goto fail;
+    if (pread_exact (fb->fd, bounce, we - ws, ws) == -1)
+      goto fail;
+    memcpy (dst, bounce + (pos - ws), cend - pos);
+    pos = cend;
+  }
+ out:
+  if (bounce)
+    bounce_put (fb, bounce);
+  return ret;
+ fail:
+  ret = -1;
+  goto out;
+}
+
+static pthread_mutex_t *
+rmw_lock_for (struct file_backing *fb, uint64_t sector_off)
+{
+  return &fb->rmw_lock[(sector_off / fb->b.io_align) % FILE_RMW_STRIPES];
+}
+
+/* Write one bounced window [ws, we) holding [pos, cend) of new data from
+ * src; the partial edge sectors are read first, under their stripe locks. */
+static int
+dio_write_window (struct file_backing *fb, char *bounce, const char *src,
+                  uint64_t pos, uint64_t cend, uint64_t ws, uint64_t we)
+{
+  const uint64_t a = fb->b.io_align;
+  int head = pos > ws, tail = cend < we;
+  pthread_mutex_t *l1 = NULL, *l2 = NULL;
+  int ret = -1;
+
+  if (head)
+    l1 = rmw_lock_for (fb, ws);
+  if (tail)
+    l2 = rmw_lock_for (fb, we - a);
+  if (l1 && l2 && l1 > l2) {    /* lock order: lower address first */
+    pthread_mutex_t *t = l1; l1 = l2; l2 = t;
+  }
+  if (l1 == l2)
+    l2 = NULL;
+  if (!l1) {
+    l1 = l2;
+    l2 = NULL;
+  }
+  if (l1)
+    pthread_mutex_lock (l1);
+  if (l2)
+    pthread_mutex_lock (l2);
+
+  if (head && pread_exact (fb->fd, bounce, a, ws) == -1)
+    goto out;
+  if (tail && (!head || we - a != ws) &&
+      pread_exact (fb->fd, bounce + (we - a - ws), a, we - a) == -1)
+    goto out;
+  memcpy (bounce + (pos - ws), src, cend - pos);
+  ret = pwrite_exact (fb->fd, bounce, we - ws, ws);
+ out:
+  if (l2)
+    pthread_mutex_unlock (l2);
+  if (l1)
+    pthread_mutex_unlock (l1);
+  return ret;
+}
+
+/* O_DIRECT write of [off, off+len), all below direct_end. */
+static int
+dio_write (struct file_backing *fb, const char *buf, uint64_t len,
+           uint64_t off)
+{
+  const uint64_t a = fb->b.io_align, end = off + len;
+  uint64_t pos = off;
+  char *bounce = NULL;
+  int ret = 0;
+
+  while (pos < end) {
+    const char *src = buf + (pos - off);
+    uint64_t body = ROUND_DOWN (end - pos, a);
+
+    if (pos % a == 0 && body > 0 && buf_aligned (fb, src)) {
+      if (pwrite_exact (fb->fd, src, body, pos) == -1)
+        goto fail;
+      pos += body;
+      continue;
+    }
+    uint64_t ws = ROUND_DOWN (pos, a);
+    uint64_t we = MIN (ws + FILE_BOUNCE_SIZE, ROUND_UP (end, a));
+    uint64_t cend = MIN (end, we);
+    if (!bounce && !(bounce = bounce_get (fb)))
+      goto fail;
+    if (dio_write_window (fb, bounce, src, pos, cend, ws, we) == -1)
+      goto fail;
+    pos = cend;
+  }
+ out:
+  if (bounce)
+    bounce_put (fb, bounce);
+  return ret;
+ fail:
+  ret = -1;
+  goto out;
+}
+
+static int
+check_range (struct backing *b, uint64_t len, uint64_t off)
+{
+  if (off > b->size || len > b->size - off) {
+    errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+check_writable (struct backing *b, uint64_t len, uint64_t off)
+{
+  if (b->caps & BACKING_READ_ONLY) {
+    errno = EROFS;
+    return -1;
+  }
+  return check_range (b, len, off);
+}
+
+static int
+file_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
+{
+  struct file_backing *fb = to_file (b);
+  uint64_t dlen;
+
+  if (check_range (b, len, off) == -1)
+    return -1;
+  if (!b->direct)
+    return pread_exact (fb->fd, buf, len, off);
+  dlen = off < fb->direct_end ? MIN (len, fb->direct_end - off) : 0;
+  if (dlen && dio_read (fb, buf, dlen, off) == -1)
+    return -1;
+  if (dlen < len &&
+      pread_exact (fb->fd_buf, (char *) buf + dlen, len - dlen, off + dlen) == -1)
+    return -1;
+  return 0;
+}
+
+/* Write without the FUA part. */
+static int
+file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
+                 uint64_t off)
+{
+  uint64_t dlen;
+
+  if (!fb->b.direct)
+    return pwrite_exact (fb->fd, buf, len, off);
+  dlen = off < fb->direct_end ? MIN (len, fb->direct_end - off) : 0;
+  if (dlen && dio_write (fb, buf, dlen, off) == -1)
+    return -1;
+  if (dlen < len &&
+      pwrite_exact (fb->fd_buf, (const char *) buf + dlen, len - dlen,
+                    off + dlen) == -1)
+    return -1;
+  return 0;
+}
+
+static int
+file_sync (struct file_backing *fb)
+{
+  /* fdatasync is per inode: it covers both fds. */
+  if (fdatasync (fb->fd) == -1) {
+    /* EINVAL/EROFS: this kind of file has nothing to sync. */
+    if (errno == EINVAL || errno == EROFS)
+      return 0;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct file_backing *fb = to_file (b);
+
+  if (check_writable (b, len, off) == -1)
+    return -1;
+  if (file_write_data (fb, buf, len, off) == -1)
+    return -1;
+  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+}
+
+/* fallocate with one method; on "unsupported" clears *flag for good.
+ * Returns 0 done, 1 method unavailable, -1 error. */
+static int
+try_fallocate (struct file_backing *fb, atomic_int *flag, int mode,
+               uint64_t len, uint64_t off)
+{
+  if (!atomic_load (flag))
+    return 1;
+  for (;;) {
+    if (fallocate (fb->fd, mode, off, len) == 0)
+      return 0;
+    if (errno == EINTR)
+      continue;
+    if (is_unsupported (errno)) {
+      atomic_store (flag, 0);
+      return 1;
+    }
+    return -1;
+  }
+}
+
+/* The slow way: write zeroes from the shared zero buffer, splitting at
+ * io_align boundaries so O_DIRECT chunks start aligned. */
+static int
+zero_by_writing (struct file_backing *fb, uint64_t len, uint64_t off)
+{
+  const uint64_t a = fb->b.io_align;
+
+  while (len > 0) {
+    uint64_t n = MIN (len, (uint64_t) FILE_BOUNCE_SIZE);
+    if (off % a)
+      n = MIN (len, a - off % a);
+    if (file_write_data (fb, fb->zero_buf, n, off) == -1)
+      return -1;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+static int
+blk_zeroout (struct file_backing *fb, uint64_t len, uint64_t off)
+{
+  uint64_t range[2] = { off, len };
+
+  if (!atomic_load (&fb->can_zeroout))
+    return 1;
+  if (ioctl (fb->fd, BLKZEROOUT, range) == 0)
+    return 0;
+  if (is_unsupported (errno) || errno == EINVAL) {
+    atomic_store (&fb->can_zeroout, 0);
+    return 1;
+  }
+  return -1;
+}
+
+/* Zero a block device range whose ends are sector aligned. */
+static int
+blk_zero_aligned (struct file_backing *fb, uint64_t len, uint64_t off,
+                  unsigned flags)
+{
+  int r;
+
+  /* PUNCH_HOLE on a block device never falls back to writing: fast. */
+  if (flags & BACKING_MAY_TRIM) {
+    r = try_fallocate (fb, &fb->can_punch,
+                       FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (r <= 0)
+      return r;
+  }
+  /* ZERO_RANGE and BLKZEROOUT may make the kernel write zero pages. */
+  if (flags & BACKING_FAST_ZERO) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  r = try_fallocate (fb, &fb->can_zero_range,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, len, off);
+  if (r <= 0)
+    return r;
+  r = blk_zeroout (fb, len, off);
+  if (r <= 0)
+    return r;
+  return zero_by_writing (fb, len, off);
+}
+
+static int
+blk_zero (struct file_backing *fb, uint64_t len, uint64_t off, unsigned flags)
+{
+  const uint64_t s = fb->sector, end = off + len;
+  uint64_t mid = ROUND_UP (off, s), mend = ROUND_DOWN (end, s);
+
+  if (mid >= mend) {            /* less than one whole sector */
+    if (flags & BACKING_FAST_ZERO) {
+      errno = ENOTSUP;
+      return -1;
+    }
+    return zero_by_writing (fb, len, off);
+  }
+  if (flags & BACKING_FAST_ZERO && (mid != off || mend != end)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  if (mid > off && zero_by_writing (fb, mid - off, off) == -1)
+    return -1;
+  if (blk_zero_aligned (fb, mend - mid, mid, flags) == -1)
+    return -1;
+  if (end > mend && zero_by_writing (fb, end - mend, mend) == -1)
+    return -1;
+  return 0;
+}
+
+static int
+reg_zero (struct file_backing *fb, uint64_t len, uint64_t off, unsigned flags)
+{
+  int r;
+
+  r = try_fallocate (fb, &fb->can_zero_range,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, len, off);
+  if (r <= 0)
+    return r;
+  if (flags & BACKING_MAY_TRIM) {
+    r = try_fallocate (fb, &fb->can_punch,
+                       FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (r <= 0)
+      return r;
+  }
+  /* No ZERO_RANGE (tmpfs, old kernels): punch, then allocate again so the
+   * caller still gets allocated zeroes it did not allow us to trim. */
+  if (atomic_load (&fb->can_punch) && atomic_load (&fb->can_alloc)) {
+    r = try_fallocate (fb, &fb->can_punch,
+                       FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (r == -1)
+      return -1;
+    if (r == 0) {
+      /* The range reads as zeroes already; allocation is best effort. */
+      if (try_fallocate (fb, &fb->can_alloc, FALLOC_FL_KEEP_SIZE, len,
+                         off) == -1 && errno != ENOSPC)
+        return -1;
+      return 0;
+    }
+  }
+  if (flags & BACKING_FAST_ZERO) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return zero_by_writing (fb, len, off);
+}
+
+static int
+file_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  struct file_backing *fb = to_file (b);
+  int r;
+
+  if (check_writable (b, len, off) == -1)
+    return -1;
+  if (len == 0)
+    return 0;
+  r = fb->is_blk ? blk_zero (fb, len, off, flags)
+                 : reg_zero (fb, len, off, flags);
+  if (r == -1)
+    return -1;
+  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+}
+
+static int
+file_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  struct file_backing *fb = to_file (b);
+  int r;
+
+  if (check_writable (b, len, off) == -1)
+    return -1;
+  if (len == 0)
+    return 0;
+  if (fb->is_blk && (off % fb->sector || len % fb->sector)) {
+    /* Shrink to whole sectors: trim is advisory. */
+    uint64_t s = ROUND_UP (off, fb->sector), e = ROUND_DOWN (off + len,
+                                                             fb->sector);
+    if (s >= e)
+      return 0;
+    off = s;
+    len = e - s;
+  }
+  r = try_fallocate (fb, &fb->can_punch,
+                     FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+  if (r == -1)
+    return -1;
+  /* r == 1: no hole punching here; trim is advisory, so done. */
+  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+}
+
+static int
+file_flush (struct backing *b)
+{
+  struct file_backing *fb = to_file (b);
+
+  if (b->caps & BACKING_READ_ONLY)
+    return 0;
+  return file_sync (fb);
+}
+
+static void
+ext_set (struct backing_extent *ext, uint64_t off, uint64_t len,
+         enum backing_extent_type t)
+{
+  ext->offset = off;
+  ext->length = len;
+  ext->type = t;
+}
+
+/* SEEK_DATA/SEEK_HOLE.  lseek moves the shared file position, which no
+ * other op uses (all I/O is positional), so concurrent calls are fine. */
+static int
+file_map (struct backing *b, uint64_t off, uint64_t len,
+          struct backing_extent *ext)
+{
+  struct file_backing *fb = to_file (b);
+  off_t d, h;
+
+  if (len == 0 || check_range (b, len, off) == -1) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (!atomic_load (&fb->can_seek_data)) {
+    ext_set (ext, off, len, BACKING_DATA);
+    return 0;
+  }
+  d = lseek (fb->fd_buf, off, SEEK_DATA);
+  if (d == -1) {
+    if (errno == ENXIO) {       /* no data from off to end of file */
+      ext_set (ext, off, len, BACKING_HOLE);
+      return 0;
+    }
+    if (errno == EINVAL || is_unsupported (errno)) {
+      atomic_store (&fb->can_seek_data, 0);
+      ext_set (ext, off, len, BACKING_DATA);
+      return 0;
+    }
+    return -1;
+  }
+  if ((uint64_t) d > off) {
+    ext_set (ext, off, MIN (len, (uint64_t) d - off), BACKING_HOLE);
+    return 0;
+  }
+  h = lseek (fb->fd_buf, off, SEEK_HOLE);
+  if (h == -1 || (uint64_t) h <= off) {
+    ext_set (ext, off, len, BACKING_DATA);
+    return 0;
+  }
+  ext_set (ext, off, MIN (len, (uint64_t) h - off), BACKING_DATA);
+  return 0;
+}
+
+static void
+file_close (struct backing *b)
+{
+  struct file_backing *fb = to_file (b);
+  struct file_bounce *p;
+  unsigned i;
+
+  if (fb->fd != fb->fd_buf && fb->fd >= 0)
+    close (fb->fd);
+  if (fb->fd_buf >= 0)
+    close (fb->fd_buf);
+  while ((p = fb->pool) != NULL) {
+    fb->pool = p->next;
+    free (p);
+  }
+  free (fb->zero_buf);
+  pthread_mutex_destroy (&fb->pool_lock);
+  for (i = 0; i < FILE_RMW_STRIPES; i++)
+    pthread_mutex_destroy (&fb->rmw_lock[i]);
+  free (fb);
+}
+
+static const struct backing_ops file_ops = {
+  .name = "file",
+  .read = file_read,
+  .write = file_write,
+  .zero = file_zero,
+  .trim = file_trim,
+  .flush = file_flush,
+  .map = file_map,
+  .stats = NULL,
+  .close = file_close,
+};
+
+/* Try one alignment with a read the kernel must check: a buffer aligned to
+ * exactly a (not to 2a), a bytes at offset 0.  1 ok, 0 refused, -1 error. */
+static int
+probe_align (int fd, uint32_t a)
+{
+  void *mem;
+  ssize_t r;
+
+  if (posix_memalign (&mem, 8192, 16384) != 0)
+    return -1;
+  do
+    r = pread (fd, (char *) mem + (a % 8192 ? a : 0), a, 0);
+  while (r == -1 && errno == EINTR);
+  free (mem);
+  if (r >= 0)
+    return 1;
+  return errno == EINVAL ? 0 : -1;
+}
+
+/* Find io_align for the O_DIRECT fd.  Returns 0, or -1 when direct I/O
+ * turns out not to work (the caller falls back to buffered I/O). */
+static int
+find_alignment (struct file_backing *fb, unsigned test_flags)
+{
+  uint32_t oa = 0, ma = 0;
+  int r = 0;
+
+  if (fb->is_blk) {
+    oa = ma = fb->sector;
+  }
+  else {
+    if (!(test_flags & FILE_TEST_NO_STATX))
+      r = file_statx_dioalign (fb->fd, &oa, &ma);
+    if (r == -1)
+      return -1;
+    if (r == 0) {
+      static const uint32_t tries[] = { 512, 4096 };
+      unsigned i;
+      for (i = 0; i < 2 && r == 0; i++) {
+        r = probe_align (fb->fd, tries[i]);
+        if (r == 1)
+          oa = ma = tries[i];
+      }
+      if (r != 1)
+        return -1;
+    }
+  }
+  fb->b.io_align = MAX (oa, ma);
+  fb->mem_align = ma;
+  return 0;
+}
+
+static void
+file_init_locks (struct file_backing *fb)
+{
+  unsigned i;
+
+  pthread_mutex_init (&fb->pool_lock, NULL);
+  for (i = 0; i < FILE_RMW_STRIPES; i++)
+    pthread_mutex_init (&fb->rmw_lock[i], NULL);
+}
+
+/* Does PUNCH_HOLE work?  Punching past end of file (KEEP_SIZE) changes
+ * nothing, so it is a harmless probe. */
+static void
+probe_punch (struct file_backing *fb)
+{
+  if (fb->is_blk)
+    return;                     /* found out on first use */
+  if (fallocate (fb->fd_buf, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                 ROUND_UP (fb->b.size, 4096), 4096) == -1 &&
+      is_unsupported (errno))
+    atomic_store (&fb->can_punch, 0);
+}
+
+static int
+open_sizes (struct file_backing *fb, const char *path, char *err,
+            size_t errlen)
+{
+  struct stat st;
+  int ss;
+
+  if (fstat (fb->fd_buf, &st) == -1) {
+    snprintf (err, errlen, "%s: fstat: %s", path, strerror (errno));
+    return -1;
+  }
+  if (S_ISREG (st.st_mode)) {
+    fb->b.size = st.st_size;
+    fb->sector = 512;
+    return 0;
+  }
+  if (!S_ISBLK (st.st_mode)) {
+    snprintf (err, errlen, "%s: not a regular file or block device", path);
+    return -1;
+  }
+  fb->is_blk = 1;
+  if (ioctl (fb->fd_buf, BLKGETSIZE64, &fb->b.size) == -1) {
+    snprintf (err, errlen, "%s: BLKGETSIZE64: %s", path, strerror (errno));
+    return -1;
+  }
+  if (ioctl (fb->fd_buf, BLKSSZGET, &ss) == -1 || ss <= 0)
+    ss = 512;
+  fb->sector = ss;
+  return 0;
+}
+
+/* Open the O_DIRECT fd and find its alignment; on refusal stay buffered
+ * (b.direct = 0, the caller logs it). */
+static int
+open_direct (struct file_backing *fb, const char *path, int flags,
+             unsigned test_flags, char *err, size_t errlen)
+{
+  int fd;
+
+  if (test_flags & FILE_TEST_REFUSE_DIRECT) {
+    fd = -1;
+    errno = EINVAL;
+  }
+  else
+    fd = open (path, flags | O_DIRECT);
+  if (fd == -1) {
+    if (errno == EINVAL)
+      return 0;
+    snprintf (err, errlen, "%s: open O_DIRECT: %s", path, strerror (errno));
+    return -1;
+  }
+  fb->fd = fd;
+  if (find_alignment (fb, test_flags) == -1) {
+    close (fd);
+    fb->fd = fb->fd_buf;
+    fb->b.io_align = 1;
+    fb->mem_align = 1;
+    return 0;
+  }
+  fb->b.direct = 1;
+  fb->direct_end = ROUND_DOWN (fb->b.size, fb->b.io_align);
+  return 0;
+}
+
+struct backing *
+backing_file_open_flags (const char *path, const struct backing_opts *o,
+                         unsigned test_flags, char *err, size_t errlen)
+{
+  static const struct backing_opts defaults;
+  struct file_backing *fb;
+  int flags;
+
+  if (!o)
+    o = &defaults;
+  if (!path || !*path) {
+    snprintf (err, errlen, "file backing: empty path");
+    return NULL;
+  }
+  fb = calloc (1, sizeof *fb);
+  if (!fb) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    return NULL;
+  }
+  fb->b.ops = &file_ops;
+  fb->b.io_align = 1;
+  fb->mem_align = 1;
+  fb->fd = fb->fd_buf = -1;
+  atomic_init (&fb->can_zero_range, 1);
+  atomic_init (&fb->can_punch, 1);
+  atomic_init (&fb->can_alloc, 1);
+  atomic_init (&fb->can_zeroout, 1);
+  atomic_init (&fb->can_seek_data, 1);
+  file_init_locks (fb);
+
+  flags = (o->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
+  fb->fd_buf = open (path, flags);
+  if (fb->fd_buf == -1) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    goto fail;
+  }
+  fb->fd = fb->fd_buf;
+  if (open_sizes (fb, path, err, errlen) == -1)
+    goto fail;
+  if (o->direct &&
+      open_direct (fb, path, flags, test_flags, err, errlen) == -1)
+    goto fail;
+
+  if (o->read_only)
+    fb->b.caps |= BACKING_READ_ONLY;
+  else {
+    if (posix_memalign (&fb->zero_buf, MAX (fb->b.io_align, 4096u),
+                        FILE_BOUNCE_SIZE) != 0) {
+      snprintf (err, errlen, "%s: out of memory", path);
+      goto fail;
+    }
+    memset (fb->zero_buf, 0, FILE_BOUNCE_SIZE);
+    probe_punch (fb);
+    if (atomic_load (&fb->can_punch))
+      fb->b.caps |= BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_CAN_FAST_ZERO;
+  }
+  if (!fb->is_blk)
+    fb->b.caps |= BACKING_CAN_MAP;
+  return &fb->b;
+
+ fail:
+  file_close (&fb->b);
+  return NULL;
+}
+
+struct backing *
+backing_file_open (const char *path, const struct backing_opts *o,
+                   char *err, size_t errlen)
+{
+  return backing_file_open_flags (path, o, 0, err, errlen);
+}

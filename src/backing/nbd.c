@@ -1,0 +1,808 @@
+/* The nbd backing: a remote NBD export through libnbd.
+ *
+ * Connections: a pool of libnbd handles, each used by one thread at a time
+ * with libnbd's synchronous calls.  Several handles only when the remote
+ * advertises multi-conn (then a flush on any handle covers writes done on
+ * all of them); otherwise one, shared in turn.  One handle per thread was
+ * chosen over one handle driven with the aio API because a blocking op
+ * then needs no completion plumbing, and the pool gives the same
+ * parallelism the remote allows.
+ *
+ * Faults: when a call fails and the handle is dead (connection dropped,
+ * or the server said ESHUTDOWN), the handle is thrown away and the request
+ * waits for a new connection, backing off 50 ms .. 2 s, retry_timeout_ms
+ * in total, then re-issued.  An error the remote answered (EIO, ENOSPC,
+ * ...) on a live connection is returned to the caller at once.
+ *
+ * Mapping: base:allocation block status, asked for more than the caller
+ * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
+ * trims cut their range out of the cache when they complete; an answer
+ * that raced with such a change is used but not cached.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libnbd.h>
+
+#include "foliod/backing.h"
+
+#define NBD_DEFAULT_CONNS      4
+#define NBD_MAX_CONNS          64
+#define NBD_DEFAULT_RETRY_MS   30000
+#define NBD_BACKOFF_MIN_MS     50
+#define NBD_BACKOFF_MAX_MS     2000
+#define NBD_MAX_IO             (32u << 20) /* read/write request cap */
+#define NBD_MAX_ZERO           (1u << 30)  /* zero/trim request cap */
+#define NBD_MAP_LOOKAHEAD      (64u << 20)
+#define NBD_MAP_MAX            (1u << 30)
+#define NBD_EXT_SLOTS          64  /* cached extents */
+#define NBD_INVAL_LOG          16  /* recent invalidations remembered */
+#define NBD_ZERO_BUF           (1u << 20)
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+struct nbd_conn {
+  struct nbd_handle *h;         /* NULL: not connected */
+  int busy;                     /* taken by a thread (pool_lock) */
+};
+
+struct ext_slot {
+  uint64_t off, len;            /* len 0: free */
+  enum backing_extent_type type;
+};
+
+struct inval {
+  uint64_t off, end, gen;
+};
+
+struct nbd_backing {
+  struct backing b;             /* first */
+  char *uri;
+  char *tls_certificates, *tls_psk_file, *tls_username;
+  unsigned retry_timeout_ms;
+  int can_fua, can_flush, can_zero, can_fast_zero, can_trim, has_map;
+  uint32_t max_io;              /* bytes per read/write request */
+  void *zero_buf;               /* for remotes without WRITE_ZEROES */
+
+  /* Lock order: pool_lock and ext_lock are leaves; never held together,
+   * never held across a libnbd call. */
+  pthread_mutex_t pool_lock;
+  pthread_cond_t pool_cond;     /* a connection became free */
+  unsigned nconns;
+  struct nbd_conn *conns;
+
+  pthread_mutex_t ext_lock;     /* protects everything below */
+  struct ext_slot ext[NBD_EXT_SLOTS];
+  unsigned ext_hand;            /* next slot to replace */
+  uint64_t gen;                 /* bumped by every invalidation */
+  struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
+
+  atomic_uint_fast64_t reconnects, retries, errors;
+};
+
+static inline struct nbd_backing *
+to_nbd (struct backing *b)
+{
+  return (struct nbd_backing *) b;
+}
+
+static uint64_t
+mono_ms (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+sleep_ms (uint64_t ms)
+{
+  struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
+
+  while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
+    ;
+}
+
+/* ---- connections ---- */
+
+/* Open one handle.  Returns NULL with a reason in err (may be NULL). */
+static struct nbd_handle *
+conn_open (struct nbd_backing *nb, char *err, size_t errlen)
+{
+  struct nbd_handle *h = nbd_create ();
+
+  if (!h)
+    goto fail;
+  /* The spec comes from the administrator: let it name local files
+   * (tls-certificates=, tls-psk-file= in the query). */
+  if (nbd_set_uri_allow_local_file (h, true) == -1 ||
+      nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
+    goto fail;
+  if (nb->tls_certificates &&
+      nbd_set_tls_certificates (h, nb->tls_certificates) == -1)
+    goto fail;
+  if (nb->tls_psk_file && nbd_set_tls_psk_file (h, nb->tls_psk_file) == -1)
+    goto fail;
+  if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
+    goto fail;
+  if (nbd_connect_uri (h, nb->uri) == -1)
+    goto fail;
+  return h;
+
+ fail:
+  if (err)
+    snprintf (err, errlen, "%s: %s", nb->uri,
+              nbd_get_error () ? nbd_get_error () : "cannot create handle");
+  if (h)
+    nbd_close (h);
+  return NULL;
+}
+
+/* A new handle for a dropped one: same export, same size. */
+static struct nbd_handle *
+conn_reopen (struct nbd_backing *nb)
+{
+  struct nbd_handle *h = conn_open (nb, NULL, 0);
+
+  if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
+    nbd_close (h);
+    return NULL;
+  }
+  if (h)
+    atomic_fetch_add (&nb->reconnects, 1);
+  return h;
+}
+
+/* Take a connection, preferring a live one. */
+static struct nbd_conn *
+pool_get (struct nbd_backing *nb)
+{
+  struct nbd_conn *c = NULL;
+  unsigned i;
+
+  pthread_mutex_lock (&nb->pool_lock);
+  for (;;) {
+    for (i = 0; i < nb->nconns; i++) {
+      if (nb->conns[i].busy)
+        continue;
+      if (!c || (!c->h && nb->conns[i].h))
+        c = &nb->conns[i];
+      if (c->h)
+        break;
+    }
+    if (c)
+      break;
+    pthread_cond_wait (&nb->pool_cond, &nb->pool_lock);
+  }
+  c->busy = 1;
+  pthread_mutex_unlock (&nb->pool_lock);
+  return c;
+}
+
+static void
+pool_put (struct nbd_backing *nb, struct nbd_conn *c)
+{
+  pthread_mutex_lock (&nb->pool_lock);
+  c->busy = 0;
+  pthread_cond_signal (&nb->pool_cond);
+  pthread_mutex_unlock (&nb->pool_lock);
+}
+
+/* Did this failure lose the connection (retry elsewhere), or is it the
+ * remote's answer (return it)? */
+static int
+conn_lost (struct nbd_handle *h, int e)
+{
+  if (nbd_aio_is_dead (h) || nbd_aio_is_closed (h) || !nbd_aio_is_ready (h))
+    return 1;
+  switch (e) {
+  case ENOTCONN: case ESHUTDOWN: case ECONNRESET: case EPIPE:
+  case ECONNABORTED:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+typedef int (*nbd_call) (struct nbd_handle *h, void *arg);
+
+/* Run one request on a pooled connection, reconnecting and retrying while
+ * the connection is what failed.  0, or -1 with errno. */
+static int
+nbd_run (struct nbd_backing *nb, nbd_call fn, void *arg)
+{
+  struct nbd_conn *c = pool_get (nb);
+  uint64_t deadline = mono_ms () + nb->retry_timeout_ms;
+  uint64_t backoff = NBD_BACKOFF_MIN_MS;
+  int tries = 0, e = ENOTCONN;
+
+  for (;;) {
+    if (!c->h)
+      c->h = conn_reopen (nb);
+    if (c->h) {
+      if (tries++ > 0)
+        atomic_fetch_add (&nb->retries, 1);
+      if (fn (c->h, arg) == 0) {
+        pool_put (nb, c);
+        return 0;
+      }
+      e = nbd_get_errno ();
+      if (e == 0)
+        e = EIO;
+      if (!conn_lost (c->h, e))
+        break;
+      nbd_close (c->h);
+      c->h = NULL;
+      if (tries == 1)
+        continue;               /* first loss: reconnect without waiting */
+    }
+    uint64_t now = mono_ms ();
+    if (now >= deadline) {
+      if (e == ESHUTDOWN || e == ECONNRESET || e == EPIPE)
+        e = ENOTCONN;
+      break;
+    }
+    sleep_ms (MIN (backoff, deadline - now));
+    backoff = MIN (backoff * 2, NBD_BACKOFF_MAX_MS);
+  }
+  pool_put (nb, c);
+  atomic_fetch_add (&nb->errors, 1);
+  errno = e;
+  return -1;
+}
+
+/* ---- the extent cache ---- */
+
+static int
+overlaps (uint64_t a, uint64_t ae, uint64_t b, uint64_t be)
+{
+  return a < be && b < ae;
+}
+
+static void
+ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
+           enum backing_extent_type type)
+{
+  struct ext_slot *s = &nb->ext[nb->ext_hand];
+
+  nb->ext_hand = (nb->ext_hand + 1) % NBD_EXT_SLOTS;
+  s->off = off;
+  s->len = len;
+  s->type = type;
+}
+
+/* Cut [off, off+len) out of every cached extent and log the change. */
+static void
+ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
+{
+  uint64_t end = off + len;
+  unsigned i;
+
+  pthread_mutex_lock (&nb->ext_lock);
+  for (i = 0; i < NBD_EXT_SLOTS; i++) {
+    struct ext_slot *s = &nb->ext[i];
+    uint64_t se = s->off + s->len;
+    if (!s->len || !overlaps (s->off, se, off, end))
+      continue;
+    if (s->off < off) {
+      s->len = off - s->off;           /* keep the left part here */
+      if (se > end) {
+        if (nb->ext_hand == i)         /* do not overwrite it */
+          nb->ext_hand = (i + 1) % NBD_EXT_SLOTS;
+        ext_store (nb, end, se - end, s->type);
+      }
+    }
+    else if (se > end) {
+      s->len = se - end;
+      s->off = end;
+    }
+    else
+      s->len = 0;
+  }
+  nb->gen++;
+  nb->inval[nb->gen % NBD_INVAL_LOG] = (struct inval) { off, end, nb->gen };
+  pthread_mutex_unlock (&nb->ext_lock);
+}
+
+static int
+ext_lookup (struct nbd_backing *nb, uint64_t off, uint64_t len,
+            struct backing_extent *ext)
+{
+  unsigned i;
+  int found = 0;
+
+  pthread_mutex_lock (&nb->ext_lock);
+  for (i = 0; i < NBD_EXT_SLOTS; i++) {
+    struct ext_slot *s = &nb->ext[i];
+    if (s->len && s->off <= off && off < s->off + s->len) {
+      ext->offset = off;
+      ext->length = MIN (len, s->off + s->len - off);
+      ext->type = s->type;
+      found = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock (&nb->ext_lock);
+  return found;
+}
+
+/* May an answer about [off, end) asked at generation gen be cached? */
+static int
+ext_still_valid (struct nbd_backing *nb, uint64_t gen, uint64_t off,
+                 uint64_t end)
+{
+  uint64_t g;
+
+  if (nb->gen - gen >= NBD_INVAL_LOG)
+    return 0;
+  for (g = gen + 1; g <= nb->gen; g++) {
+    struct inval *iv = &nb->inval[g % NBD_INVAL_LOG];
+    if (overlaps (iv->off, iv->end, off, end))
+      return 0;
+  }
+  return 1;
+}
+
+/* ---- requests ---- */
+
+struct io_req {
+  void *buf;
+  uint64_t len, off;
+  uint32_t flags;
+};
+
+static int
+call_pread (struct nbd_handle *h, void *arg)
+{
+  struct io_req *r = arg;
+  return nbd_pread (h, r->buf, r->len, r->off, 0);
+}
+
+static int
+call_pwrite (struct nbd_handle *h, void *arg)
+{
+  struct io_req *r = arg;
+  return nbd_pwrite (h, r->buf, r->len, r->off, r->flags);
+}
+
+static int
+call_zero (struct nbd_handle *h, void *arg)
+{
+  struct io_req *r = arg;
+  return nbd_zero (h, r->len, r->off, r->flags);
+}
+
+static int
+call_trim (struct nbd_handle *h, void *arg)
+{
+  struct io_req *r = arg;
+  return nbd_trim (h, r->len, r->off, r->flags);
+}
+
+static int
+call_flush (struct nbd_handle *h, void *arg)
+{
+  (void) arg;
+  return nbd_flush (h, 0);
+}
+
+static int
+check_range (struct backing *b, uint64_t len, uint64_t off, int write)
+{
+  if (write && (b->caps & BACKING_READ_ONLY)) {
+    errno = EROFS;
+    return -1;
+  }
+  if (off > b->size || len > b->size - off) {
+    errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+/* Split [off, off+len) into requests of at most chunk bytes. */
+static int
+nbd_chunked (struct nbd_backing *nb, nbd_call fn, char *buf, uint64_t len,
+             uint64_t off, uint32_t flags, uint64_t chunk)
+{
+  while (len > 0) {
+    struct io_req r = { buf, MIN (len, chunk), off, flags };
+    if (nbd_run (nb, fn, &r) == -1)
+      return -1;
+    if (buf)
+      buf += r.len;
+    off += r.len;
+    len -= r.len;
+  }
+  return 0;
+}
+
+static int
+nbdb_flush (struct backing *b)
+{
+  struct nbd_backing *nb = to_nbd (b);
+
+  if (!nb->can_flush || (b->caps & BACKING_READ_ONLY))
+    return 0;
+  return nbd_run (nb, call_flush, NULL);
+}
+
+/* FUA for a remote without native FUA: flush after the op. */
+static int
+fua_fallback (struct nbd_backing *nb, unsigned flags, int r)
+{
+  if (r == 0 && (flags & BACKING_FUA) && !nb->can_fua)
+    return nbdb_flush (&nb->b);
+  return r;
+}
+
+static uint32_t
+fua_flag (struct nbd_backing *nb, unsigned flags)
+{
+  return (flags & BACKING_FUA) && nb->can_fua ? LIBNBD_CMD_FLAG_FUA : 0;
+}
+
+static int
+nbdb_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
+{
+  struct nbd_backing *nb = to_nbd (b);
+
+  if (check_range (b, len, off, 0) == -1)
+    return -1;
+  return nbd_chunked (nb, call_pread, buf, len, off, 0, nb->max_io);
+}
+
+static int
+nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct nbd_backing *nb = to_nbd (b);
+  int r;
+
+  if (check_range (b, len, off, 1) == -1)
+    return -1;
+  r = nbd_chunked (nb, call_pwrite, (char *) buf, len, off,
+                   fua_flag (nb, flags), nb->max_io);
+  ext_invalidate (nb, off, len);
+  return fua_fallback (nb, flags, r);
+}
+
+static int
+write_zeroes (struct nbd_backing *nb, uint64_t len, uint64_t off,
+              uint32_t flags)
+{
+  while (len > 0) {
+    struct io_req r = { nb->zero_buf, MIN (len, NBD_ZERO_BUF), off, flags };
+    if (nbd_run (nb, call_pwrite, &r) == -1)
+      return -1;
+    off += r.len;
+    len -= r.len;
+  }
+  return 0;
+}
+
+static int
+nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  struct nbd_backing *nb = to_nbd (b);
+  uint32_t f = fua_flag (nb, flags);
+  int r;
+
+  if (check_range (b, len, off, 1) == -1)
+    return -1;
+  if ((flags & BACKING_FAST_ZERO) && !nb->can_fast_zero) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  if (len == 0)
+    return 0;
+  if (nb->can_zero) {
+    if (!(flags & BACKING_MAY_TRIM))
+      f |= LIBNBD_CMD_FLAG_NO_HOLE;
+    if (flags & BACKING_FAST_ZERO)
+      f |= LIBNBD_CMD_FLAG_FAST_ZERO;
+    r = nbd_chunked (nb, call_zero, NULL, len, off, f, NBD_MAX_ZERO);
+  }
+  else
+    r = write_zeroes (nb, len, off, f);
+  ext_invalidate (nb, off, len);
+  return fua_fallback (nb, flags, r);
+}
+
+static int
+nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  struct nbd_backing *nb = to_nbd (b);
+  int r;
+
+  if (check_range (b, len, off, 1) == -1)
+    return -1;
+  if (!nb->can_trim || len == 0)
+    return 0;                   /* advisory */
+  r = nbd_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
+                   NBD_MAX_ZERO);
+  ext_invalidate (nb, off, len);
+  return fua_fallback (nb, flags, r);
+}
+
+/* base:allocation -> our types.  HOLE without ZERO reads as undefined
+ * (NBD spec), so only HOLE|ZERO is a HOLE. */
+static enum backing_extent_type
+ext_type (uint32_t flags)
+{
+  if ((flags & (LIBNBD_STATE_HOLE | LIBNBD_STATE_ZERO)) ==
+      (LIBNBD_STATE_HOLE | LIBNBD_STATE_ZERO))
+    return BACKING_HOLE;
+  if (flags & LIBNBD_STATE_ZERO)
+    return BACKING_ZERO;
+  return BACKING_DATA;
+}
+
+#define MAP_MAX_EXTENTS NBD_EXT_SLOTS
+
+struct map_req {
+  uint64_t off, count;
+  unsigned n;                   /* extents collected */
+  struct ext_slot e[MAP_MAX_EXTENTS];
+};
+
+static int
+map_extent_cb (void *user, const char *metacontext, uint64_t offset,
+               uint32_t *entries, size_t nr, int *error)
+{
+  struct map_req *m = user;
+  uint64_t pos = offset, end = m->off + m->count;
+  size_t i;
+
+  if (strcmp (metacontext, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0 || *error)
+    return 0;
+  for (i = 0; i + 1 < nr && m->n < MAP_MAX_EXTENTS && pos < end; i += 2) {
+    uint64_t l = MIN ((uint64_t) entries[i], end - pos);
+    enum backing_extent_type t = ext_type (entries[i + 1]);
+    if (l == 0)
+      break;
+    if (m->n > 0 && m->e[m->n - 1].type == t &&
+        m->e[m->n - 1].off + m->e[m->n - 1].len == pos)
+      m->e[m->n - 1].len += l;
+    else
+      m->e[m->n++] = (struct ext_slot) { pos, l, t };
+    pos += l;
+  }
+  return 0;
+}
+
+static int
+call_block_status (struct nbd_handle *h, void *arg)
+{
+  struct map_req *m = arg;
+
+  m->n = 0;
+  return nbd_block_status (h, m->count, m->off,
+                           (nbd_extent_callback) { .callback = map_extent_cb,
+                                                   .user_data = m }, 0);
+}
+
+static int
+nbdb_map (struct backing *b, uint64_t off, uint64_t len,
+          struct backing_extent *ext)
+{
+  struct nbd_backing *nb = to_nbd (b);
+  struct map_req *m;
+  uint64_t gen;
+  unsigned i;
+
+  if (len == 0 || check_range (b, len, off, 0) == -1) {
+    errno = EINVAL;
+    return -1;
+  }
+  ext->offset = off;
+  ext->length = len;
+  ext->type = BACKING_DATA;
+  if (!nb->has_map || ext_lookup (nb, off, len, ext))
+    return 0;
+
+  m = malloc (sizeof *m);       /* a miss costs a round trip anyway */
+  if (!m)
+    return -1;
+  m->off = off;
+  m->count = MIN (MAX (len, (uint64_t) NBD_MAP_LOOKAHEAD),
+                  MIN (b->size - off, (uint64_t) NBD_MAP_MAX));
+  pthread_mutex_lock (&nb->ext_lock);
+  gen = nb->gen;
+  pthread_mutex_unlock (&nb->ext_lock);
+  if (nbd_run (nb, call_block_status, m) == -1) {
+    free (m);
+    return -1;
+  }
+  if (m->n == 0 || m->e[0].off != off) {
+    free (m);                   /* nothing usable: say DATA */
+    return 0;
+  }
+  ext->length = MIN (len, m->e[0].len);
+  ext->type = m->e[0].type;
+
+  pthread_mutex_lock (&nb->ext_lock);
+  if (ext_still_valid (nb, gen, off, off + m->count))
+    for (i = 0; i < m->n; i++)
+      ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type);
+  pthread_mutex_unlock (&nb->ext_lock);
+  free (m);
+  return 0;
+}
+
+static void
+nbdb_stats (struct backing *b, struct backing_stats *st)
+{
+  struct nbd_backing *nb = to_nbd (b);
+
+  st->reconnects = atomic_load (&nb->reconnects);
+  st->retries = atomic_load (&nb->retries);
+  st->errors = atomic_load (&nb->errors);
+}
+
+static void
+nbdb_close (struct backing *b)
+{
+  struct nbd_backing *nb = to_nbd (b);
+  unsigned i;
+
+  for (i = 0; nb->conns && i < nb->nconns; i++) {
+    if (nb->conns[i].h) {
+      nbd_shutdown (nb->conns[i].h, 0);
+      nbd_close (nb->conns[i].h);
+    }
+  }
+  free (nb->conns);
+  free (nb->zero_buf);
+  free (nb->uri);
+  free (nb->tls_certificates);
+  free (nb->tls_psk_file);
+  free (nb->tls_username);
+  pthread_mutex_destroy (&nb->pool_lock);
+  pthread_cond_destroy (&nb->pool_cond);
+  pthread_mutex_destroy (&nb->ext_lock);
+  free (nb);
+}
+
+static const struct backing_ops nbd_ops = {
+  .name = "nbd",
+  .read = nbdb_read,
+  .write = nbdb_write,
+  .zero = nbdb_zero,
+  .trim = nbdb_trim,
+  .flush = nbdb_flush,
+  .map = nbdb_map,
+  .stats = nbdb_stats,
+  .close = nbdb_close,
+};
+
+static char *
+dup_opt (const char *s, int *oom)
+{
+  char *d;
+
+  if (!s)
+    return NULL;
+  d = strdup (s);
+  if (!d)
+    *oom = 1;
+  return d;
+}
+
+/* Fill size and caps from the first connection. */
+static int
+read_caps (struct nbd_backing *nb, struct nbd_handle *h,
+           const struct backing_opts *o, char *err, size_t errlen)
+{
+  int64_t size = nbd_get_size (h), maxb;
+
+  if (size < 0) {
+    snprintf (err, errlen, "%s: %s", nb->uri, nbd_get_error ());
+    return -1;
+  }
+  nb->b.size = size;
+  nb->b.io_align = 1;
+  nb->can_fua = nbd_can_fua (h) == 1;
+  nb->can_flush = nbd_can_flush (h) == 1;
+  nb->can_trim = nbd_can_trim (h) == 1;
+  nb->can_zero = nbd_can_zero (h) == 1;
+  nb->can_fast_zero = nbd_can_fast_zero (h) == 1;
+  nb->has_map = nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  maxb = nbd_get_block_size (h, LIBNBD_SIZE_MAXIMUM);
+  nb->max_io = maxb > 0 ? MIN ((uint64_t) maxb, NBD_MAX_IO) : NBD_MAX_IO;
+
+  if (o->read_only || nbd_is_read_only (h) == 1)
+    nb->b.caps |= BACKING_READ_ONLY;
+  else {
+    if (nb->can_trim)
+      nb->b.caps |= BACKING_CAN_TRIM;
+    if (nb->can_zero)
+      nb->b.caps |= BACKING_CAN_ZERO;
+    if (nb->can_fast_zero)
+      nb->b.caps |= BACKING_CAN_FAST_ZERO;
+    if (nb->can_fua)
+      nb->b.caps |= BACKING_CAN_FUA;
+  }
+  if (nb->has_map)
+    nb->b.caps |= BACKING_CAN_MAP;
+  if (nbd_can_multi_conn (h) == 1)
+    nb->b.caps |= BACKING_CAN_MULTI_CONN;
+  return 0;
+}
+
+struct backing *
+backing_nbd_open (const char *uri, const struct backing_opts *o,
+                  char *err, size_t errlen)
+{
+  static const struct backing_opts defaults;
+  struct nbd_backing *nb;
+  struct nbd_handle *h;
+  int oom = 0;
+  unsigned i, want;
+
+  if (!o)
+    o = &defaults;
+  nb = calloc (1, sizeof *nb);
+  if (!nb) {
+    snprintf (err, errlen, "%s: out of memory", uri);
+    return NULL;
+  }
+  nb->b.ops = &nbd_ops;
+  pthread_mutex_init (&nb->pool_lock, NULL);
+  pthread_cond_init (&nb->pool_cond, NULL);
+  pthread_mutex_init (&nb->ext_lock, NULL);
+  nb->uri = dup_opt (uri, &oom);
+  nb->tls_certificates = dup_opt (o->tls_certificates, &oom);
+  nb->tls_psk_file = dup_opt (o->tls_psk_file, &oom);
+  nb->tls_username = dup_opt (o->tls_username, &oom);
+  nb->retry_timeout_ms = o->retry_timeout_ms ? o->retry_timeout_ms
+                                             : NBD_DEFAULT_RETRY_MS;
+  if (oom) {
+    snprintf (err, errlen, "%s: out of memory", uri);
+    goto fail;
+  }
+
+  h = conn_open (nb, err, errlen);
+  if (!h)
+    goto fail;
+  if (read_caps (nb, h, o, err, errlen) == -1) {
+    nbd_close (h);
+    goto fail;
+  }
+  want = o->connections ? MIN (o->connections, NBD_MAX_CONNS)
+                        : NBD_DEFAULT_CONNS;
+  if (!(nb->b.caps & BACKING_CAN_MULTI_CONN))
+    want = 1;
+  nb->conns = calloc (want, sizeof *nb->conns);
+  if (!nb->conns) {
+    nbd_close (h);
+    snprintf (err, errlen, "%s: out of memory", uri);
+    goto fail;
+  }
+  nb->nconns = want;
+  nb->conns[0].h = h;
+  /* The others now; one that fails is opened on first use instead. */
+  for (i = 1; i < want; i++)
+    nb->conns[i].h = conn_open (nb, NULL, 0);
+
+  if (!nb->can_zero && !(nb->b.caps & BACKING_READ_ONLY)) {
+    nb->zero_buf = calloc (1, NBD_ZERO_BUF);
+    if (!nb->zero_buf) {
+      snprintf (err, errlen, "%s: out of memory", uri);
+      goto fail;
+    }
+  }
+  return &nb->b;
+
+ fail:
+  nbdb_close (&nb->b);
+  return NULL;
+}
