@@ -49,6 +49,8 @@ struct lg_opts {
   uint64_t size_bytes;         /* length of the range used; 0 = to the end */
   uint64_t seed;
   bool fua;                    /* writes with NBD_CMD_FLAG_FUA */
+  bool flush_only;             /* connect, send one flush, exit */
+  bool once;                   /* random modes: each block once per pass */
 };
 
 struct lg_conn;
@@ -144,7 +146,14 @@ conn_next_offset(struct lg_conn *c)
   uint64_t nblocks = c->range_len / o->bs_bytes;
   uint64_t off;
 
-  if (o->mode == LG_RANDREAD || o->mode == LG_RANDWRITE)
+  if ((o->mode == LG_RANDREAD || o->mode == LG_RANDWRITE) && o->once) {
+    /* i -> i * P + salt mod n is a bijection when P is prime to n: every
+     * block once per pass, in a scattered order. */
+    uint64_t i = c->id + (uint64_t) o->conns * c->issued;
+    off = (uint64_t) (((unsigned __int128) i * 2654435761u + o->seed)
+                      % nblocks) * o->bs_bytes;
+  }
+  else if (o->mode == LG_RANDREAD || o->mode == LG_RANDWRITE)
     off = (rng_next(&c->rng) % nblocks) * o->bs_bytes;
   else {
     off = c->seq_next;
@@ -289,6 +298,10 @@ conn_setup(struct lg_conn *c)
   const struct lg_opts *o = c->o;
 
   c->h = nbd_create();
+  /* Allow tls-certificates= and tls-psk-file= in the URI: the benches
+   * measure TLS with certificates made in their temp dir. */
+  if (c->h != NULL)
+    nbd_set_uri_allow_local_file(c->h, true);
   if (c->h == NULL || nbd_connect_uri(c->h, o->uri) == -1) {
     fprintf(stderr, "loadgen: connect %s: %s\n", o->uri, nbd_get_error());
     return -1;
@@ -353,6 +366,25 @@ conn_run(void *arg)
   return NULL;
 }
 
+/* One synchronous flush, for the benches' "flush between workloads". */
+static int
+flush_only(const char *uri)
+{
+  struct nbd_handle *h = nbd_create();
+  int rc = 0;
+
+  if (h == NULL)
+    return 1;
+  nbd_set_uri_allow_local_file(h, true);
+  if (nbd_connect_uri(h, uri) == -1 || nbd_flush(h, 0) == -1) {
+    fprintf(stderr, "loadgen: %s\n", nbd_get_error());
+    rc = 1;
+  }
+  nbd_shutdown(h, 0);
+  nbd_close(h);
+  return rc;
+}
+
 static void
 usage(FILE *f)
 {
@@ -368,7 +400,10 @@ usage(FILE *f)
 "  --seconds S          run time (default 10)\n"
 "  --ops N              total requests instead of a time limit\n"
 "  --offset SIZE --size SIZE   range of the export used (default all)\n"
-"  --seed N\n");
+"  --seed N\n"
+"  --once               random modes: each block of the range once, in a\n"
+"                       scattered order (default --ops: one pass)\n"
+"  --flush-only         connect, send one flush and exit (no output)\n");
 }
 
 static int
@@ -387,6 +422,8 @@ parse_args(int argc, char **argv, struct lg_opts *o)
     { "offset", required_argument, NULL, 'o' },
     { "size", required_argument, NULL, 'S' },
     { "seed", required_argument, NULL, 'r' },
+    { "flush-only", no_argument, NULL, 'X' },
+    { "once", no_argument, NULL, 'O' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -417,6 +454,8 @@ parse_args(int argc, char **argv, struct lg_opts *o)
     case 'o': o->offset_bytes = parse_size(optarg); break;
     case 'S': o->size_bytes = parse_size(optarg); break;
     case 'r': o->seed = strtoull(optarg, NULL, 10); break;
+    case 'X': o->flush_only = true; break;
+    case 'O': o->once = true; break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return -1;
     }
@@ -441,6 +480,9 @@ main(int argc, char **argv)
   if (parse_args(argc, argv, &o) == -1)
     return 2;
 
+  if (o.flush_only)
+    return flush_only(o.uri);
+
   struct lg_conn *conns = calloc(o.conns, sizeof *conns);
   pthread_t *tids = calloc(o.conns, sizeof *tids);
   if (conns == NULL || tids == NULL)
@@ -454,11 +496,14 @@ main(int argc, char **argv)
     c->rng = (o.seed + 1) * 0x9E3779B97F4A7C15ULL + i * 0xBF58476D1CE4E5B9ULL;
     if (c->rng == 0)
       c->rng = 1;
-    if (o.ops_total)
-      c->ops_budget = o.ops_total / o.conns + (i < o.ops_total % o.conns);
     if (conn_setup(c) == -1)
       return 1;
   }
+  if (o.once && o.ops_total == 0)
+    o.ops_total = conns[0].range_len / o.bs_bytes;
+  for (unsigned i = 0; i < o.conns; i++)
+    if (o.ops_total)
+      conns[i].ops_budget = o.ops_total / o.conns + (i < o.ops_total % o.conns);
 
   uint64_t t0 = now_ns();
   for (unsigned i = 0; i < o.conns; i++) {

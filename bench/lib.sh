@@ -1,0 +1,274 @@
+# bench/lib.sh: helpers shared by the bench scripts (sourced, bash).
+#
+# Every script: `. "$(dirname "$0")/lib.sh"; bench_init`.  bench_init makes
+# a temp dir ($T), installs a trap that stops every server started through
+# server_start, and sets the tunables below.
+#
+# Environment (all optional):
+#   FOLIOD, BUILD, TOP   the daemon and build dir (default $TOP/build)
+#   LOADGEN              the load generator (default $BUILD/bench/loadgen)
+#   BENCH_SECONDS        seconds per measured run (default 20)
+#   BENCH_SIZE           export size (default 1G)
+#   BENCH_SHORT=1        smoke run: 3 s runs, 256M export, fewer ops
+#   BENCH_TMPDIR         where the temp dir goes (default /var/tmp: a real
+#                        disk, not tmpfs)
+#   BENCH_KEEP=1         keep the temp dir (logs) after the run
+#   BENCH_VERBOSE=1      print each measurement to stderr as it is made
+
+TOP=${TOP:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+BUILD=${BUILD:-$TOP/build}
+FOLIOD=${FOLIOD:-$BUILD/foliod}
+LOADGEN=${LOADGEN:-$BUILD/bench/loadgen}
+BENCHDIR=$TOP/bench
+export PATH=/usr/bin:$PATH
+
+if [ "${BENCH_SHORT:-0}" = 1 ]; then
+  BENCH_SECONDS=${BENCH_SECONDS:-3}
+  BENCH_SIZE=${BENCH_SIZE:-256M}
+else
+  BENCH_SECONDS=${BENCH_SECONDS:-20}
+  BENCH_SIZE=${BENCH_SIZE:-1G}
+fi
+CLK_TCK=$(getconf CLK_TCK)
+
+bench_pids=""
+
+# Size with K/M/G suffix -> bytes.
+to_bytes() {
+  local v=$1 n u
+  n=${v%%[KkMmGgTt]*}
+  u=${v#"$n"}
+  case $u in
+    "") echo "$n" ;;
+    [Kk]*) echo $((n << 10)) ;;
+    [Mm]*) echo $((n << 20)) ;;
+    [Gg]*) echo $((n << 30)) ;;
+    [Tt]*) echo $((n << 40)) ;;
+  esac
+}
+
+note() { echo "bench: $*" >&2; }
+vnote() { [ "${BENCH_VERBOSE:-0}" = 1 ] && echo "bench: $*" >&2; return 0; }
+
+bench_cleanup() {
+  local p
+  for p in $bench_pids; do
+    kill -TERM "$p" 2>/dev/null || true
+  done
+  for p in $bench_pids; do
+    timeout 60 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null || true
+  done
+  if [ -n "${T:-}" ] && [ "${BENCH_KEEP:-0}" != 1 ]; then
+    rm -rf "$T"
+  elif [ -n "${T:-}" ]; then
+    note "kept $T"
+  fi
+}
+
+bench_init() {
+  [ -x "$LOADGEN" ] || { note "no $LOADGEN: run make BUILD=$BUILD all"; exit 1; }
+  command -v fio >/dev/null || { note "fio missing (scripts/install-deps)"; exit 1; }
+  command -v nbdkit >/dev/null || { note "nbdkit missing"; exit 1; }
+  T=$(mktemp -d "${BENCH_TMPDIR:-/var/tmp}/foliod-bench.XXXXXX")
+  export TMPDIR=$T          # nbdkit's cache filter puts its cache file here
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT TERM
+  SIZE_BYTES=$(to_bytes "$BENCH_SIZE")
+}
+
+have_foliod() { [ -x "$FOLIOD" ]; }
+
+# uri SOCKET [EXPORT]
+uri() { echo "nbd+unix:///${2-disk0}?socket=$1"; }
+
+# server_start NAME URI CMD... : start CMD in the background (logging to
+# $T/NAME.log), wait until URI answers.  Sets SERVER_PID.  Returns 1 (with
+# the log's tail on stderr) when the server does not come up.
+server_start() {
+  local name=$1 u=$2 i
+  shift 2
+  "$@" >"$T/$name.log" 2>&1 &
+  SERVER_PID=$!
+  bench_pids="$bench_pids $SERVER_PID"
+  for i in $(seq 1 300); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      note "$name failed to start: $(tail -n 3 "$T/$name.log" | tr '\n' ' ')"
+      return 1
+    fi
+    if probe "$u"; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  note "$name did not answer on $u within 30 s: $(tail -n 3 "$T/$name.log" | tr '\n' ' ')"
+  server_stop "$SERVER_PID"
+  return 1
+}
+
+# server_stop PID: SIGTERM, wait (foliod writes dirty data back first).
+server_stop() {
+  local p=$1 rest="" q
+  kill -TERM "$p" 2>/dev/null || true
+  if ! timeout 300 tail --pid="$p" -f /dev/null 2>/dev/null; then
+    note "pid $p did not exit after SIGTERM, killing"
+    kill -KILL "$p" 2>/dev/null || true
+  fi
+  wait "$p" 2>/dev/null || true
+  for q in $bench_pids; do [ "$q" = "$p" ] || rest="$rest $q"; done
+  bench_pids=$rest
+}
+
+# cpu_ticks PID: user+system clock ticks of the process (all threads).
+cpu_ticks() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  s=${s##*) }                      # the comm field may hold spaces
+  set -- $s
+  echo $(( ${12} + ${13} ))        # fields 14 and 15 of stat
+}
+
+# Random image of N bytes (urandom, 1 MiB blocks).
+make_random_image() {
+  local path=$1 bytes=$2
+  head -c "$bytes" /dev/urandom >"$path"
+}
+
+# fill_export URI IMAGE: copy IMAGE onto the export.
+fill_export() {
+  nbdcopy --flush "$2" "$1"
+}
+
+# flush_export URI: one NBD flush (between workloads; not measured).
+flush_export() {
+  "$LOADGEN" --flush-only "$1" || note "flush of $1 failed"
+}
+
+# probe URI: true when the export answers (also over TLS: loadgen accepts
+# tls-certificates= in the URI, nbdinfo does not).
+probe() {
+  "$LOADGEN" --mode seqread --bs 512 --ops 1 --qd 1 "$1" >/dev/null 2>&1
+}
+
+# warm_export URI: read the whole export once (1 MiB sequential, qd 8).
+warm_export() {
+  "$LOADGEN" --mode seqread --bs 1M --qd 8 --ops $((SIZE_BYTES >> 20)) "$1" >/dev/null
+}
+
+# run_fio JOBFILE URI [VAR=VALUE...]: run a fio job on URI with the
+# BENCH_* variables in its environment; prints "ops iops bytes_per_s"
+# summed over its jobs.
+run_fio() {
+  local job=$1 u=$2 out=$T/fio.$$.json
+  shift 2
+  if ! env NBD_URI="$u" BENCH_SECONDS="$BENCH_SECONDS" BENCH_SIZE="$BENCH_SIZE" "$@" \
+      fio --output-format=json --output="$out" "$job" >"$T/fio.stdout" 2>&1; then
+    note "fio $job failed: $(tail -n 3 "$T/fio.stdout" | tr '\n' ' ')"
+    return 1
+  fi
+  python3 - "$out" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+ops = iops = bw = 0
+err = 0
+for job in j["jobs"]:
+    err |= job.get("error", 0)
+    for d in ("read", "write", "trim"):
+        ops += job[d]["total_ios"]
+        iops += job[d]["iops"]
+        bw += job[d]["bw_bytes"]
+if err:
+    sys.exit(1)
+print(ops, round(iops), bw)
+EOF
+}
+
+# run_loadgen URI ARGS...: prints "ops iops bytes_per_s flushes".
+run_loadgen() {
+  local u=$1 line
+  shift
+  if ! line=$("$LOADGEN" "$@" "$u" 2>"$T/loadgen.err"); then
+    note "loadgen $* failed: $(tail -n 3 "$T/loadgen.err" | tr '\n' ' ')"
+    return 1
+  fi
+  vnote "loadgen: $line"
+  echo "$line" | awk '{
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "%s %s %.0f %s\n", v["ops"], v["ops_per_s"], v["mb_per_s"] * 1e6, v["flushes"]
+  }'
+}
+
+# Results: RES[workload.server]=value, CPU[workload.server]=us/op.
+declare -A RES CPU
+
+# measure WORKLOAD SERVER PID UNIT CMD...: run CMD (run_fio or run_loadgen),
+# store its IOPS (UNIT=iops) or MB/s (UNIT=mbps) and the server's CPU
+# microseconds per operation.
+measure() {
+  local wl=$1 srv=$2 pid=$3 unit=$4 c0 c1 out ops iops bw
+  shift 4
+  c0=$(cpu_ticks "$pid")
+  if ! out=$("$@"); then
+    RES[$wl.$srv]=fail
+    return 0
+  fi
+  c1=$(cpu_ticks "$pid")
+  read -r ops iops bw _ <<<"$out"
+  if [ "$unit" = iops ]; then
+    RES[$wl.$srv]=$iops
+  else
+    RES[$wl.$srv]=$(awk -v b="$bw" 'BEGIN { printf "%.1f", b / 1e6 }')
+  fi
+  CPU[$wl.$srv]=$(awk -v t=$((c1 - c0)) -v hz="$CLK_TCK" -v n="$ops" \
+    'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
+  vnote "$wl $srv ${RES[$wl.$srv]} $unit cpu_us_per_op=${CPU[$wl.$srv]}"
+}
+
+# ratio A B: A/B with two decimals, n/a unless both are numbers.
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2f", a / b
+    else printf "n/a" }'
+}
+
+# print_line WORKLOAD UNIT RATIOS SERVERS...: one result line plus one CPU
+# line.  RATIOS is a list of A:B (printed as ratio_A_vs_B, or ratio_vs_B
+# when A is foliod).
+print_line() {
+  local wl=$1 unit=$2 ratios=$3 s r a b name line cline
+  shift 3
+  line="$wl unit=$unit"
+  cline="${wl}_cpu_us_per_op"
+  for s in "$@"; do
+    line="$line $s=${RES[$wl.$s]:-n/a}"
+    cline="$cline $s=${CPU[$wl.$s]:-n/a}"
+  done
+  for r in $ratios; do
+    a=${r%%:*} b=${r#*:}
+    name=ratio_${a}_vs_$b
+    [ "$a" = foliod ] && name=ratio_vs_$b
+    line="$line $name=$(ratio "${RES[$wl.$a]:-}" "${RES[$wl.$b]:-}")"
+  done
+  echo "$line"
+  echo "$cline"
+}
+
+# make_pki DIR: a CA and a server certificate in the layout qemu, nbdkit
+# and foliod read (ca-cert.pem, server-cert.pem, server-key.pem).
+make_pki() {
+  local d=$1
+  mkdir -p "$d"
+  (
+    cd "$d" &&
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca-cert.pem \
+      -days 2 -subj /CN=foliod-bench-ca \
+      -addext basicConstraints=critical,CA:TRUE \
+      -addext keyUsage=critical,keyCertSign,cRLSign &&
+    openssl req -newkey rsa:2048 -nodes -keyout server-key.pem -out server.csr \
+      -subj /CN=localhost &&
+    printf '%s\n' 'subjectAltName=DNS:localhost,IP:127.0.0.1' \
+      'extendedKeyUsage=serverAuth' 'keyUsage=critical,digitalSignature,keyEncipherment' \
+      >server.ext &&
+    openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem \
+      -CAcreateserial -out server-cert.pem -days 2 -extfile server.ext
+  ) >"$d/openssl.log" 2>&1
+}
