@@ -272,3 +272,24 @@ make_pki() {
       -CAcreateserial -out server-cert.pem -days 2 -extfile server.ext
   ) >"$d/openssl.log" 2>&1
 }
+
+# stats_bytes FILE OP: bytes of OP (read, write, ...) in an nbdkit stats
+# filter file ("read: 136 ops, 0.000230 s, 3.16 MiB, ..."); 0 if absent.
+stats_bytes() {
+  awk -v op="$2" '
+    $1 == op ":" {
+      split($0, f, ", ")
+      n = split(f[3], v, " ")
+      m = v[1]; u = v[2]
+      if (u == "KiB") m *= 1024
+      else if (u == "MiB") m *= 1048576
+      else if (u == "GiB") m *= 1073741824
+      else if (u == "TiB") m *= 1099511627776
+      printf "%.0f\n", m; found = 1 }
+    END { if (!found) print 0 }' "$1"
+}
+
+# stats_ops FILE OP: request count of OP in an nbdkit stats file.
+stats_ops() {
+  awk -v op="$2" '$1 == op ":" { print $2; found = 1 } END { if (!found) print 0 }' "$1"
+}
