@@ -132,8 +132,11 @@ folio_config (const char *key, const char *value)
 
   folio_config_init_once ();
   if (export_config_set (&folio_cfg, key, value, err, sizeof err) == -1) {
-    nbdkit_error ("folio: %s=%s: %s", key, value,
-                  err[0] ? err : "invalid setting");
+    /* err names the key and the value already. */
+    if (err[0])
+      nbdkit_error ("folio: %s", err);
+    else
+      nbdkit_error ("folio: %s=%s: invalid setting", key, value);
     return -1;
   }
   return 0;
