@@ -126,6 +126,9 @@ check-valgrind: deps all
 check-model-long: all
 	MODEL_OPS=2000000 $(BUILD)/tests/unit/test-model
 
+# The built-in configuration is assembled into the daemon (.incbin).
+$(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
+
 run: deps all
 	scripts/run-default
 

@@ -1,0 +1,322 @@
+/* The command line: options, subcommands, --help.
+ *
+ * Precedence: command line > --config FILE (or the built-in default
+ * configuration when neither --config nor --export is given) > defaults.
+ * Every [server] key KEY is also the option --KEY VALUE, so the two stay
+ * in step by construction; only the options below are command-line only.
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+
+enum {
+  OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG,
+  OPT_SERVER_KEY = 512,     /* + index in server_keys[] */
+};
+
+/* Options that are not [server] keys. */
+static const struct {
+  const char *name;
+  int has_arg;
+  int val;
+  const char *arg;
+  const char *help;
+} cli_only[] = {
+  { "config", 1, 'c', "FILE", "read the configuration from FILE (default: "
+    "the built-in one, unless --export is given)" },
+  { "export", 1, 'e', "NAME=BACKING[,KEY=VALUE...]", "serve BACKING "
+    "(file:PATH or nbd://...) as export NAME (repeatable)" },
+  { "foreground", 0, 'f', NULL, "do not detach (always the case under "
+    "systemd)" },
+  { "check-config", 1, OPT_CHECK_CONFIG, "FILE", "check FILE and exit" },
+  { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print the raw "
+    "Prometheus text" },
+  { "help", 0, 'h', NULL, "print this help and exit" },
+  { "version", 0, 'V', NULL, "print the version and exit" },
+};
+#define N_CLI_ONLY (sizeof cli_only / sizeof cli_only[0])
+
+/* Short forms of some [server] keys. */
+static int
+server_key_short (const char *key)
+{
+  if (strcmp (key, "listen") == 0) return 'l';
+  if (strcmp (key, "unix") == 0) return 'u';
+  if (strcmp (key, "workers") == 0) return 'w';
+  if (strcmp (key, "pidfile") == 0) return 'p';
+  return 0;
+}
+
+static void
+print_opt (int shortopt, const char *name, const char *arg, const char *help)
+{
+  char left[80];
+  int n;
+
+  if (shortopt)
+    n = snprintf (left, sizeof left, "  -%c, --%s%s%s", shortopt, name,
+                  arg ? " " : "", arg ? arg : "");
+  else
+    n = snprintf (left, sizeof left, "      --%s%s%s", name, arg ? " " : "",
+                  arg ? arg : "");
+  if (n < 30)
+    printf ("%-30s %s\n", left, help);
+  else
+    printf ("%s\n%-30s %s\n", left, "", help);
+}
+
+static void
+usage (void)
+{
+  printf ("Usage: foliod [OPTION...]\n"
+          "       foliod stats [--control PATH] [--prometheus]\n"
+          "       foliod flush EXPORT [--control PATH]\n"
+          "\n"
+          "Serve block devices over NBD through a folio cache: writes land\n"
+          "in memory, writeback sends only the dirty blocks to the backing.\n"
+          "\n"
+          "Options:\n");
+  for (size_t i = 0; i < N_CLI_ONLY; i++)
+    print_opt (cli_only[i].val < 256 ? cli_only[i].val : 0, cli_only[i].name,
+               cli_only[i].arg, cli_only[i].help);
+  printf ("\nServer options (also [server] keys of the config file):\n");
+  for (int i = 0; server_keys[i].key; i++)
+    print_opt (server_key_short (server_keys[i].key), server_keys[i].key,
+               server_keys[i].arg, server_keys[i].help);
+  printf ("\nExport keys (--export NAME=BACKING,KEY=VALUE,... or "
+          "[export NAME] sections):\n");
+  for (int i = 0; export_keys[i].key; i++)
+    printf ("  %-28s %s\n", export_keys[i].key, export_keys[i].help);
+  printf ("  %-28s %s\n", EXPORT_KEY_CREATE_SIZE, "file backing: create a "
+          "sparse file of this size if it does not exist (daemon only)");
+  printf ("\nWith no --config and no --export, foliod runs the built-in\n"
+          "configuration (conf/foliod.conf): export disk0 on %s.\n"
+          "See foliod(8) and foliod.conf(5).\n", DEFAULT_LISTEN);
+}
+
+/* What the command line asked for, applied after the config file. */
+struct cli_args {
+  const char **keys;             /* [server] keys in order... */
+  const char **values;           /* ...and their values */
+  size_t n_keys, n_values;
+  const char **exports;
+  size_t n_exports;
+};
+
+static int
+push (const char ***v, size_t *n, const char *s)
+{
+  const char **nv = realloc (*v, (*n + 1) * sizeof *nv);
+
+  if (nv == NULL)
+    return -1;
+  nv[(*n)++] = s;
+  *v = nv;
+  return 0;
+}
+
+static struct option *
+build_longopts (char *shortopts, size_t shortlen)
+{
+  size_t nkeys = 0, k = 0, s = 0;
+  struct option *lo;
+
+  while (server_keys[nkeys].key)
+    nkeys++;
+  lo = calloc (N_CLI_ONLY + nkeys + 1, sizeof *lo);
+  if (lo == NULL)
+    return NULL;
+  for (size_t i = 0; i < N_CLI_ONLY; i++, k++) {
+    lo[k] = (struct option) { cli_only[i].name, cli_only[i].has_arg, NULL,
+                              cli_only[i].val };
+    if (cli_only[i].val < 256) {
+      shortopts[s++] = (char) cli_only[i].val;
+      if (cli_only[i].has_arg)
+        shortopts[s++] = ':';
+    }
+  }
+  for (size_t i = 0; i < nkeys; i++, k++) {
+    int sh = server_key_short (server_keys[i].key);
+    lo[k] = (struct option) { server_keys[i].key, 1, NULL,
+                              sh ? sh : OPT_SERVER_KEY + (int) i };
+    if (sh) {
+      shortopts[s++] = (char) sh;
+      shortopts[s++] = ':';
+    }
+  }
+  shortopts[s] = '\0';
+  (void) shortlen;
+  return lo;
+}
+
+static int
+key_of_short (int c)
+{
+  for (int i = 0; server_keys[i].key; i++)
+    if (server_key_short (server_keys[i].key) == c)
+      return i;
+  return -1;
+}
+
+/* Paths given on the command line are relative to the current directory
+ * (the daemon changes into state-dir later). */
+static char *
+absolute_path (const char *p)
+{
+  char cwd[PATH_MAX], *out;
+
+  if (p[0] == '/' || getcwd (cwd, sizeof cwd) == NULL)
+    return strdup (p);
+  if (asprintf (&out, "%s/%s", cwd, p) < 0)
+    return NULL;
+  return out;
+}
+
+static int
+is_path_key (const char *key)
+{
+  return strcmp (key, "unix") == 0 || strcmp (key, "control") == 0 ||
+         strcmp (key, "state-dir") == 0 || strcmp (key, "pidfile") == 0 ||
+         strcmp (key, "tls-certificates") == 0;
+}
+
+static int
+apply_args (struct cli_args *a, struct daemon_config *c)
+{
+  unsigned cleared = 0;
+  char err[256];
+
+  for (size_t i = 0; i < a->n_keys; i++) {
+    int k = server_key_index (a->keys[i]);
+    char *v = is_path_key (a->keys[i]) ? absolute_path (a->values[i])
+                                       : strdup (a->values[i]);
+    int r;
+    if (v == NULL)
+      return -1;
+    if (server_keys[k].repeatable && !(cleared & (1u << k))) {
+      daemon_config_clear (c, a->keys[i]);
+      cleared |= 1u << k;
+    }
+    r = daemon_config_set (c, a->keys[i], v, err, sizeof err);
+    free (v);
+    if (r == -1) {
+      fprintf (stderr, "foliod: --%s: %s\n", a->keys[i], err);
+      return -1;
+    }
+  }
+  for (size_t i = 0; i < a->n_exports; i++)
+    if (daemon_config_add_export_arg (c, a->exports[i], err,
+                                      sizeof err) == -1) {
+      fprintf (stderr, "foliod: --export %s: %s\n", a->exports[i], err);
+      return -1;
+    }
+  return 0;
+}
+
+static int
+check_config (const char *file)
+{
+  struct daemon_config c;
+  int r;
+
+  daemon_config_init (&c);
+  r = daemon_config_load (&c, file, NULL);
+  if (r == 0)
+    r = daemon_config_check (&c);
+  if (r == 0)
+    printf ("%s: OK (%zu export%s)\n", file, c.n_exports,
+            c.n_exports == 1 ? "" : "s");
+  daemon_config_free (&c);
+  return r == 0 ? 1 : -1;
+}
+
+static int
+parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
+            struct daemon_config *c)
+{
+  char shortopts[64];
+  struct option *lo = build_longopts (shortopts, sizeof shortopts);
+  int opt, k, r = 0;
+
+  if (lo == NULL)
+    return -1;
+  opterr = 1;
+  while (r == 0 && (opt = getopt_long (argc, argv, shortopts, lo, NULL)) != -1) {
+    switch (opt) {
+    case 'c': cli->config_file = optarg; break;
+    case 'e': r = push (&a->exports, &a->n_exports, optarg); break;
+    case 'f': c->foreground = 1; break;
+    case OPT_CHECK_CONFIG: cli->check_config = optarg; break;
+    case OPT_PROMETHEUS: cli->prometheus = 1; break;
+    case 'h': usage (); r = 1; break;
+    case 'V': printf ("foliod %s\n", FOLIOD_VERSION); r = 1; break;
+    case '?':
+      fprintf (stderr, "Try 'foliod --help'.\n");
+      r = -1;
+      break;
+    default:
+      k = opt >= OPT_SERVER_KEY ? opt - OPT_SERVER_KEY : key_of_short (opt);
+      if (k < 0) {
+        r = -1;
+        break;
+      }
+      r = push (&a->keys, &a->n_keys, server_keys[k].key);
+      if (r == 0)
+        r = push (&a->values, &a->n_values, optarg);
+      break;
+    }
+  }
+  free (lo);
+  return r;
+}
+
+int
+cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
+{
+  struct cli_args a = { 0 };
+  int r;
+
+  memset (cli, 0, sizeof *cli);
+  if (argc > 1 && (strcmp (argv[1], "stats") == 0 ||
+                   strcmp (argv[1], "flush") == 0)) {
+    cli->subcommand = argv[1];
+    argc--;
+    argv++;
+  }
+  r = parse_opts (argc, argv, cli, &a, c);
+  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "flush") == 0) {
+    if (optind + 1 != argc) {
+      fprintf (stderr, "foliod: usage: foliod flush EXPORT [--control PATH]\n");
+      r = -1;
+    } else
+      cli->sub_arg = argv[optind++];
+  }
+  if (r == 0 && optind < argc) {
+    fprintf (stderr, "foliod: unexpected argument '%s'\nTry 'foliod --help'.\n",
+             argv[optind]);
+    r = -1;
+  }
+  if (r == 0 && cli->check_config)
+    r = check_config (cli->check_config);
+  if (r == 0) {
+    if (cli->config_file)
+      r = daemon_config_load (c, cli->config_file, NULL);
+    else if (a.n_exports == 0)
+      r = daemon_config_load (c, "(built-in foliod.conf)",
+                              foliod_default_conf);
+  }
+  if (r == 0)
+    r = apply_args (&a, c);
+  if (r == 0 && cli->subcommand == NULL)
+    r = daemon_config_check (c);
+  free (a.keys);
+  free (a.values);
+  free (a.exports);
+  return r;
+}

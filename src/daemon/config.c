@@ -1,0 +1,771 @@
+/* The daemon's configuration: [server] keys, the INI file, --export.
+ *
+ * Per-export keys are not parsed here: they go to export_config_set, the
+ * parser shared with the nbdkit plugin.  This file only splits sections,
+ * lines and --export arguments, and parses the [server] keys.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "foliod/util.h"
+#include "daemon/daemon.h"
+
+enum {
+  K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
+  K_MAX_CONNECTIONS, K_MAX_INFLIGHT, K_HANDSHAKE_TIMEOUT, K_TLS,
+  K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_LOG_LEVEL, K_COUNT
+};
+
+/* Order must match the enum above. */
+const struct server_key server_keys[] = {
+  { "listen", "HOST:PORT", "listen on TCP (repeatable; [::1]:10809 for IPv6)", 1 },
+  { "unix", "PATH", "listen on a Unix socket (repeatable)", 1 },
+  { "control", "PATH", "control socket for 'foliod stats' and 'foliod flush'", 0 },
+  { "state-dir", "DIR", "directory relative paths of the config resolve in", 0 },
+  { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
+  { "workers", "N", "worker threads running requests (default 4)", 0 },
+  { "max-connections", "N", "connections served at once (default 128)", 0 },
+  { "max-inflight", "N", "requests in flight per connection (default 16)", 0 },
+  { "handshake-timeout", "SECONDS", "drop clients slower than this to handshake (default 10)", 0 },
+  { "tls", "off|on|require", "TLS for clients (default off)", 0 },
+  { "tls-certificates", "DIR", "directory with server-cert.pem, server-key.pem, ca-cert.pem", 0 },
+  { "tls-verify-peer", "BOOL", "require client certificates (default no)", 0 },
+  { "log-level", "LEVEL", "error, warn, info or debug (default info)", 0 },
+  { NULL, NULL, NULL, 0 },
+};
+
+_Static_assert (K_COUNT <= 32, "key_line[] too small");
+
+static const char *level_names[] = { "error", "warn", "info", "debug" };
+
+const char *
+log_level_name (int level)
+{
+  if (level < 0 || level > LOG_LVL_DEBUG)
+    return "?";
+  return level_names[level];
+}
+
+int
+log_level_parse (const char *s, int *level)
+{
+  for (int i = 0; i <= LOG_LVL_DEBUG; i++)
+    if (strcasecmp (s, level_names[i]) == 0) {
+      *level = i;
+      return 0;
+    }
+  if (strcasecmp (s, "warning") == 0) {
+    *level = LOG_LVL_WARN;
+    return 0;
+  }
+  return -1;
+}
+
+void
+daemon_config_init (struct daemon_config *c)
+{
+  memset (c, 0, sizeof *c);
+  c->log_level = LOG_LVL_INFO;
+}
+
+static void
+strv_free (char **v, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free (v[i]);
+  free (v);
+}
+
+void
+daemon_config_free (struct daemon_config *c)
+{
+  strv_free (c->listen, c->n_listen);
+  strv_free (c->unix_paths, c->n_unix);
+  free (c->control);
+  free (c->state_dir);
+  free (c->pidfile);
+  free (c->tls_certificates);
+  for (size_t i = 0; i < c->n_exports; i++)
+    export_config_free (&c->exports[i].cfg);
+  free (c->exports);
+  memset (c, 0, sizeof *c);
+}
+
+int
+server_key_index (const char *key)
+{
+  for (int i = 0; server_keys[i].key; i++)
+    if (strcmp (server_keys[i].key, key) == 0)
+      return i;
+  return -1;
+}
+
+static int
+strv_push (char ***v, size_t *n, const char *s)
+{
+  char **nv = realloc (*v, (*n + 1) * sizeof **v);
+  char *copy = strdup (s);
+
+  if (nv == NULL || copy == NULL) {
+    free (copy);
+    if (nv)
+      *v = nv;
+    return -1;
+  }
+  nv[(*n)++] = copy;
+  *v = nv;
+  return 0;
+}
+
+static int
+set_string (char **field, const char *value)
+{
+  char *copy = strdup (value);
+
+  if (copy == NULL)
+    return -1;
+  free (*field);
+  *field = copy;
+  return 0;
+}
+
+/* Unsigned integer in [min, max], decimal. */
+static int
+parse_uint (const char *s, unsigned min, unsigned max, unsigned *out)
+{
+  char *end;
+  unsigned long v;
+
+  if (!isdigit ((unsigned char) *s))
+    return -1;
+  errno = 0;
+  v = strtoul (s, &end, 10);
+  if (errno || *end || v < min || v > max)
+    return -1;
+  *out = (unsigned) v;
+  return 0;
+}
+
+int
+parse_listen (const char *s, char *host, size_t hostlen,
+              char *port, size_t portlen)
+{
+  const char *p, *colon;
+  size_t hl;
+  unsigned portnum;
+
+  if (s[0] == '[') {
+    const char *close = strchr (s, ']');
+    if (close == NULL || close[1] != ':')
+      return -1;
+    hl = (size_t) (close - s - 1);
+    p = s + 1;
+    colon = close + 1;
+  } else {
+    colon = strrchr (s, ':');
+    if (colon && memchr (s, ':', (size_t) (colon - s)))
+      return -1;             /* bare IPv6 without brackets is ambiguous */
+    p = s;
+    hl = colon ? (size_t) (colon - s) : 0;
+  }
+  if (hl >= hostlen)
+    return -1;
+  memcpy (host, p, hl);
+  host[hl] = '\0';
+  s = colon ? colon + 1 : s;
+  if (parse_uint (s, 1, 65535, &portnum) == -1 || strlen (s) >= portlen)
+    return -1;
+  strcpy (port, s);
+  return 0;
+}
+
+static int
+set_listen (struct daemon_config *c, const char *value, char *err,
+            size_t errlen)
+{
+  char host[256], port[16];
+
+  if (parse_listen (value, host, sizeof host, port, sizeof port) == -1) {
+    snprintf (err, errlen, "bad address '%s': expected HOST:PORT, "
+              "[IPV6]:PORT or :PORT", value);
+    return -1;
+  }
+  return strv_push (&c->listen, &c->n_listen, value);
+}
+
+static int
+set_tls (struct daemon_config *c, const char *value)
+{
+  int b;
+
+  if (strcasecmp (value, "require") == 0)
+    c->tls = TLS_REQUIRE;
+  else if (parse_bool (value, &b) == 0)
+    c->tls = b ? TLS_ON : TLS_OFF;
+  else
+    return -1;
+  return 0;
+}
+
+int
+daemon_config_set (struct daemon_config *c, const char *key,
+                   const char *value, char *err, size_t errlen)
+{
+  int k = server_key_index (key);
+  int r = -1;
+
+  err[0] = '\0';
+  switch (k) {
+  case K_LISTEN: return set_listen (c, value, err, errlen);
+  case K_UNIX:
+    r = *value ? strv_push (&c->unix_paths, &c->n_unix, value) : -1;
+    break;
+  case K_CONTROL: r = set_string (&c->control, value); break;
+  case K_STATE_DIR: r = set_string (&c->state_dir, value); break;
+  case K_PIDFILE: r = set_string (&c->pidfile, value); break;
+  case K_WORKERS: r = parse_uint (value, 1, 1024, &c->workers); break;
+  case K_MAX_CONNECTIONS:
+    r = parse_uint (value, 1, 1000000, &c->max_connections);
+    break;
+  case K_MAX_INFLIGHT: r = parse_uint (value, 1, 4096, &c->max_inflight); break;
+  case K_HANDSHAKE_TIMEOUT: {
+    char buf[32];
+    size_t len = strlen (value);
+    /* "10" or "10s" */
+    if (len > 1 && len < sizeof buf && value[len - 1] == 's') {
+      memcpy (buf, value, len - 1);
+      buf[len - 1] = '\0';
+      value = buf;
+    }
+    r = parse_uint (value, 1, 3600, &c->handshake_timeout_s);
+    break;
+  }
+  case K_TLS: r = set_tls (c, value); break;
+  case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
+  case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;
+  case K_LOG_LEVEL: r = log_level_parse (value, &c->log_level); break;
+  default:
+    snprintf (err, errlen, "unknown key '%s'", key);
+    return -1;
+  }
+  if (r == -1 && err[0] == '\0')
+    snprintf (err, errlen, "bad value '%s' for %s (expected %s)", value, key,
+              server_keys[k].arg);
+  return r;
+}
+
+void
+daemon_config_clear (struct daemon_config *c, const char *key)
+{
+  switch (server_key_index (key)) {
+  case K_LISTEN:
+    strv_free (c->listen, c->n_listen);
+    c->listen = NULL;
+    c->n_listen = 0;
+    break;
+  case K_UNIX:
+    strv_free (c->unix_paths, c->n_unix);
+    c->unix_paths = NULL;
+    c->n_unix = 0;
+    break;
+  }
+}
+
+static struct daemon_export *
+find_export (struct daemon_config *c, const char *name)
+{
+  for (size_t i = 0; i < c->n_exports; i++)
+    if (strcmp (c->exports[i].cfg.name, name) == 0)
+      return &c->exports[i];
+  return NULL;
+}
+
+static struct daemon_export *
+new_export (struct daemon_config *c, const char *name)
+{
+  struct daemon_export *nv;
+
+  nv = realloc (c->exports, (c->n_exports + 1) * sizeof *nv);
+  if (nv == NULL)
+    return NULL;
+  c->exports = nv;
+  nv = &c->exports[c->n_exports];
+  memset (nv, 0, sizeof *nv);
+  export_config_init (&nv->cfg);
+  nv->cfg.name = strdup (name);
+  if (nv->cfg.name == NULL) {
+    export_config_free (&nv->cfg);
+    return NULL;
+  }
+  c->n_exports++;
+  return nv;
+}
+
+/* Keys may be written folio_size or folio-size. */
+static void
+normalize_key (char *key)
+{
+  for (char *p = key; *p; p++) {
+    *p = (char) tolower ((unsigned char) *p);
+    if (*p == '_')
+      *p = '-';
+  }
+}
+
+/* ---- the INI file ---------------------------------------------------- */
+
+struct ini {
+  struct daemon_config *c;
+  const char *name;         /* file name for messages */
+  unsigned line;
+  int errors;
+  enum { SEC_NONE, SEC_SERVER, SEC_EXPORT, SEC_BAD } sec;
+  size_t exp;               /* index of the current export */
+  unsigned exp_line;        /* its [export] line */
+  int exp_bad;              /* errors inside the current section */
+  /* keys already set in the current [export] section, for duplicates */
+  char seen[64][32];
+  unsigned seen_line[64];
+  unsigned n_seen;
+};
+
+static void __attribute__ ((format (printf, 2, 3)))
+ini_error (struct ini *in, const char *fmt, ...)
+{
+  va_list ap;
+
+  fprintf (stderr, "foliod: %s:%u: ", in->name, in->line);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+  in->errors++;
+}
+
+static char *
+trim (char *s)
+{
+  char *e;
+
+  while (isspace ((unsigned char) *s))
+    s++;
+  e = s + strlen (s);
+  while (e > s && isspace ((unsigned char) e[-1]))
+    *--e = '\0';
+  return s;
+}
+
+/* "value" -> value (lets a value keep leading/trailing spaces or be ""). */
+static char *
+unquote (char *s)
+{
+  size_t n = strlen (s);
+
+  if (n >= 2 && s[0] == '"' && s[n - 1] == '"') {
+    s[n - 1] = '\0';
+    return s + 1;
+  }
+  return s;
+}
+
+static void
+ini_end_export (struct ini *in)
+{
+  char err[256];
+  struct daemon_export *e;
+
+  if (in->sec != SEC_EXPORT || in->exp_bad)
+    return;
+  e = &in->c->exports[in->exp];
+  if (export_config_check (&e->cfg, err, sizeof err) == -1) {
+    unsigned save = in->line;
+    in->line = in->exp_line;
+    ini_error (in, "export '%s': %s", e->cfg.name, err);
+    in->line = save;
+  }
+}
+
+static void
+ini_section (struct ini *in, char *s)
+{
+  size_t n = strlen (s);
+  char *inner, *name;
+  struct daemon_export *e;
+
+  ini_end_export (in);
+  in->sec = SEC_BAD;          /* until the header proves good */
+  if (s[n - 1] != ']') {
+    ini_error (in, "missing ']' in section header");
+    return;
+  }
+  s[n - 1] = '\0';
+  inner = trim (s + 1);
+  if (strcmp (inner, "server") == 0) {
+    in->sec = SEC_SERVER;
+    return;
+  }
+  if (strncmp (inner, "export", 6) != 0 ||
+      (inner[6] != '\0' && !isspace ((unsigned char) inner[6]))) {
+    ini_error (in, "unknown section [%s] (expected [server] or "
+               "[export NAME])", inner);
+    return;
+  }
+  name = trim (inner + 6);
+  if (*name == '\0') {
+    ini_error (in, "export section without a name: write [export NAME]");
+    return;
+  }
+  name = unquote (name);
+  e = find_export (in->c, name);
+  if (e) {
+    ini_error (in, "duplicate export '%s' (first defined at %s)", name,
+               e->where);
+    return;
+  }
+  e = new_export (in->c, name);
+  if (e == NULL) {
+    ini_error (in, "out of memory");
+    return;
+  }
+  snprintf (e->where, sizeof e->where, "%s:%u", in->name, in->line);
+  in->sec = SEC_EXPORT;
+  in->exp = (size_t) (e - in->c->exports);
+  in->exp_line = in->line;
+  in->exp_bad = 0;
+  in->n_seen = 0;
+}
+
+static void
+ini_server_key (struct ini *in, const char *key, const char *value)
+{
+  struct daemon_config *c = in->c;
+  int k = server_key_index (key);
+  char err[256];
+
+  if (k < 0) {
+    ini_error (in, "unknown key '%s' in [server]", key);
+    return;
+  }
+  if (!server_keys[k].repeatable && c->key_line[k]) {
+    ini_error (in, "duplicate key '%s' (first set at line %u)", key,
+               c->key_line[k]);
+    return;
+  }
+  if (daemon_config_set (c, key, value, err, sizeof err) == -1) {
+    ini_error (in, "%s", err);
+    return;
+  }
+  c->key_line[k] = in->line;
+}
+
+static void
+ini_export_key (struct ini *in, const char *key, const char *value)
+{
+  struct daemon_export *e = &in->c->exports[in->exp];
+  char err[256];
+
+  for (unsigned i = 0; i < in->n_seen; i++)
+    if (strcmp (in->seen[i], key) == 0) {
+      ini_error (in, "duplicate key '%s' (first set at line %u)", key,
+                 in->seen_line[i]);
+      in->exp_bad = 1;
+      return;
+    }
+  if (strcmp (key, EXPORT_KEY_CREATE_SIZE) == 0) {
+    if (parse_size (value, &e->create_size) == -1 || e->create_size == 0) {
+      ini_error (in, "export '%s': bad value for %s: '%s'", e->cfg.name,
+                 key, value);
+      in->exp_bad = 1;
+      return;
+    }
+  } else if (export_config_set (&e->cfg, key, value, err, sizeof err) == -1) {
+    ini_error (in, "export '%s': %s", e->cfg.name, err);
+    in->exp_bad = 1;
+    return;
+  }
+  if (in->n_seen < 64 && strlen (key) < sizeof in->seen[0]) {
+    strcpy (in->seen[in->n_seen], key);
+    in->seen_line[in->n_seen++] = in->line;
+  }
+}
+
+static void
+ini_line (struct ini *in, char *s)
+{
+  char *eq, *key, *value;
+
+  s = trim (s);
+  if (*s == '\0' || *s == '#' || *s == ';')
+    return;
+  if (*s == '[') {
+    ini_section (in, s);
+    return;
+  }
+  eq = strchr (s, '=');
+  if (eq == NULL) {
+    ini_error (in, "expected 'key = value', '[server]' or '[export NAME]'");
+    if (in->sec == SEC_EXPORT)
+      in->exp_bad = 1;
+    return;
+  }
+  *eq = '\0';
+  key = trim (s);
+  value = unquote (trim (eq + 1));
+  if (*key == '\0') {
+    ini_error (in, "missing key before '='");
+    return;
+  }
+  normalize_key (key);
+  switch (in->sec) {
+  case SEC_SERVER: ini_server_key (in, key, value); break;
+  case SEC_EXPORT: ini_export_key (in, key, value); break;
+  case SEC_NONE:
+    ini_error (in, "'%s' outside a section: put it under [server] or "
+               "[export NAME]", key);
+    break;
+  case SEC_BAD:               /* the section header was already refused */
+    break;
+  }
+}
+
+static char *
+read_file (const char *path)
+{
+  FILE *f = fopen (path, "re");
+  char *buf = NULL;
+  size_t len = 0, cap = 0, n;
+
+  if (f == NULL)
+    return NULL;
+  do {
+    if (cap - len < 4096) {
+      char *nb = realloc (buf, cap + 65536);
+      if (nb == NULL) {
+        free (buf);
+        fclose (f);
+        errno = ENOMEM;
+        return NULL;
+      }
+      buf = nb;
+      cap += 65536;
+    }
+    n = fread (buf + len, 1, cap - len - 1, f);
+    len += n;
+  } while (n > 0);
+  if (ferror (f)) {
+    int e = errno;
+    free (buf);
+    fclose (f);
+    errno = e;
+    return NULL;
+  }
+  fclose (f);
+  buf[len] = '\0';
+  return buf;
+}
+
+int
+daemon_config_load (struct daemon_config *c, const char *name,
+                    const char *text)
+{
+  struct ini in = { .c = c, .name = name };
+  char *buf, *p, *nl;
+
+  buf = text ? strdup (text) : read_file (name);
+  if (buf == NULL) {
+    fprintf (stderr, "foliod: %s: %s\n", name, strerror (errno));
+    return -1;
+  }
+  for (p = buf; *p; p = nl + 1) {
+    nl = strchr (p, '\n');
+    in.line++;
+    if (nl)
+      *nl = '\0';
+    ini_line (&in, p);
+    if (nl == NULL)
+      break;
+  }
+  ini_end_export (&in);
+  free (buf);
+  return in.errors ? -1 : 0;
+}
+
+/* ---- --export NAME=BACKING[,key=value...] ---------------------------- */
+
+/* A relative file path on the command line means relative to the current
+ * directory, even though the daemon later changes into state-dir. */
+static char *
+absolute_backing (const char *spec)
+{
+  const char *path = spec;
+  char cwd[PATH_MAX], *out;
+  int file_prefix = strncmp (spec, "file:", 5) == 0;
+
+  if (file_prefix)
+    path = spec + 5;
+  else if (strstr (spec, "://"))
+    return strdup (spec);
+  if (path[0] == '/' || getcwd (cwd, sizeof cwd) == NULL)
+    return strdup (spec);
+  if (asprintf (&out, "%s%s/%s", file_prefix ? "file:" : "", cwd, path) < 0)
+    return NULL;
+  return out;
+}
+
+static int
+export_arg_items (struct daemon_export *e, char *rest, char *err,
+                  size_t errlen)
+{
+  char *save = NULL, *item, *backing;
+  int first = 1;
+
+  for (item = strtok_r (rest, ",", &save); item;
+       item = strtok_r (NULL, ",", &save), first = 0) {
+    char *eq;
+    if (first) {
+      backing = absolute_backing (item);
+      if (backing == NULL)
+        return -1;
+      int r = export_config_set (&e->cfg, "backing", backing, err, errlen);
+      free (backing);
+      if (r == -1)
+        return -1;
+      continue;
+    }
+    eq = strchr (item, '=');
+    if (eq == NULL) {
+      snprintf (err, errlen, "'%s': expected key=value", item);
+      return -1;
+    }
+    *eq = '\0';
+    normalize_key (item);
+    if (strcmp (item, EXPORT_KEY_CREATE_SIZE) == 0) {
+      if (parse_size (eq + 1, &e->create_size) == -1 || e->create_size == 0) {
+        snprintf (err, errlen, "bad value for %s: '%s'", item, eq + 1);
+        return -1;
+      }
+    } else if (export_config_set (&e->cfg, item, eq + 1, err, errlen) == -1)
+      return -1;
+  }
+  if (first) {
+    snprintf (err, errlen, "no backing: expected NAME=BACKING[,key=value...]");
+    return -1;
+  }
+  return export_config_check (&e->cfg, err, errlen);
+}
+
+int
+daemon_config_add_export_arg (struct daemon_config *c, const char *arg,
+                              char *err, size_t errlen)
+{
+  const char *eq = strchr (arg, '=');
+  struct daemon_export *e, *old;
+  char *name, *rest;
+  int r;
+
+  if (eq == NULL || eq[1] == '\0') {
+    snprintf (err, errlen, "'%s': expected NAME=BACKING[,key=value...]", arg);
+    return -1;
+  }
+  name = strndup (arg, (size_t) (eq - arg));
+  rest = strdup (eq + 1);
+  if (name == NULL || rest == NULL) {
+    free (name);
+    free (rest);
+    return -1;
+  }
+  e = new_export (c, name);
+  r = e ? export_arg_items (e, rest, err, errlen) : -1;
+  if (e) {
+    snprintf (e->where, sizeof e->where, "--export %s", name);
+    e->from_cli = 1;
+  }
+  free (rest);
+  if (r == -1) {
+    if (e) {
+      export_config_free (&e->cfg);
+      c->n_exports--;
+    }
+    free (name);
+    return -1;
+  }
+  /* The command line overrides a file export of the same name. */
+  old = NULL;
+  for (size_t i = 0; i + 1 < c->n_exports; i++)
+    if (strcmp (c->exports[i].cfg.name, name) == 0)
+      old = &c->exports[i];
+  if (old && old->from_cli) {
+    snprintf (err, errlen, "duplicate export '%s'", name);
+    free (name);
+    export_config_free (&c->exports[--c->n_exports].cfg);
+    return -1;
+  }
+  free (name);
+  if (old) {
+    export_config_free (&old->cfg);
+    *old = c->exports[--c->n_exports];
+  }
+  return 0;
+}
+
+/* The file path of a file backing spec, NULL for other backings. */
+static const char *
+backing_file_path (const char *spec)
+{
+  if (strncmp (spec, "file:", 5) == 0)
+    return spec + 5;
+  return strstr (spec, "://") ? NULL : spec;
+}
+
+int
+exports_create_missing (struct daemon_config *c)
+{
+  for (size_t i = 0; i < c->n_exports; i++) {
+    struct daemon_export *e = &c->exports[i];
+    const char *path = backing_file_path (e->cfg.backing);
+    int fd;
+    if (e->create_size == 0 || path == NULL)
+      continue;
+    fd = open (path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd == -1 && errno == EEXIST)
+      continue;
+    if (fd == -1 || ftruncate (fd, (off_t) e->create_size) == -1) {
+      log_error ("export %s: create %s: %s", e->cfg.name, path,
+                 strerror (errno));
+      if (fd >= 0) {
+        close (fd);
+        unlink (path);
+      }
+      return -1;
+    }
+    close (fd);
+    log_info ("export %s: created %s (%llu bytes, sparse)", e->cfg.name, path,
+              (unsigned long long) e->create_size);
+  }
+  return 0;
+}
+
+int
+daemon_config_check (struct daemon_config *c)
+{
+  if (c->n_exports == 0) {
+    fprintf (stderr, "foliod: no exports: give --export NAME=BACKING or "
+             "an [export NAME] section in --config FILE\n");
+    return -1;
+  }
+  if (c->tls != TLS_OFF && c->tls_certificates == NULL) {
+    fprintf (stderr, "foliod: tls = %s needs tls-certificates\n",
+             c->tls == TLS_ON ? "on" : "require");
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,151 @@
+/* foliod daemon internals: configuration, systemd glue, control socket.
+ *
+ * The daemon owns everything around the NBD server (src/server): it reads
+ * the configuration (command line over config file over built-in
+ * defaults), opens the exports, starts the server on its sockets, talks to
+ * systemd, answers the control socket and shuts down without losing dirty
+ * data.  No global mutable state except the log level (log.c) and the
+ * signal-forced-exit flag (main.c).
+ */
+#ifndef FOLIOD_DAEMON_H
+#define FOLIOD_DAEMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "foliod/export.h"
+#include "server/log.h"
+
+#ifndef FOLIOD_VERSION
+#define FOLIOD_VERSION "0.1.0"
+#endif
+
+#define DEFAULT_PORT "10809"
+#define DEFAULT_LISTEN "127.0.0.1:" DEFAULT_PORT
+
+/* One [export NAME] section or --export option. */
+struct daemon_export {
+  struct export_config cfg;
+  char where[300];        /* "FILE:LINE" or "--export NAME": for messages */
+  struct export *ex;      /* once opened */
+  int from_cli;           /* given with --export */
+  uint64_t create_size;   /* create-size: make a sparse file if missing */
+};
+
+enum tls_mode { TLS_OFF = 0, TLS_ON, TLS_REQUIRE };
+
+/* The daemon's own ([server]) options.  Paths are as the user wrote them;
+ * relative ones resolve against state_dir (the daemon chdirs there). */
+struct daemon_config {
+  char **listen;            /* "HOST:PORT" strings */
+  size_t n_listen;
+  char **unix_paths;
+  size_t n_unix;
+  char *control;            /* control socket path, NULL: none */
+  char *state_dir;          /* NULL: current directory */
+  char *pidfile;            /* NULL: none */
+  enum tls_mode tls;
+  char *tls_certificates;
+  int tls_verify_peer;
+  unsigned workers;         /* 0: server default */
+  unsigned max_connections; /* 0: server default */
+  unsigned handshake_timeout_s;
+  unsigned max_inflight;
+  int log_level;
+  int foreground;
+
+  struct daemon_export *exports;
+  size_t n_exports;
+
+  /* Line in the file where each server key was first set (0: not yet),
+   * to refuse duplicates; indexed like server_keys[]. */
+  unsigned key_line[32];
+};
+
+/* [server] keys: also the long command line options --KEY VALUE. */
+struct server_key {
+  const char *key;
+  const char *arg;          /* metavariable in --help */
+  const char *help;
+  int repeatable;           /* listen, unix: may be given several times */
+};
+extern const struct server_key server_keys[];
+
+void daemon_config_init (struct daemon_config *c);
+void daemon_config_free (struct daemon_config *c);
+
+/* Set one [server] key.  Repeatable keys append.  0, or -1 with a reason. */
+int daemon_config_set (struct daemon_config *c, const char *key,
+                       const char *value, char *err, size_t errlen);
+/* Forget the values of a repeatable key (the command line replaces the
+ * file's list rather than adding to it). */
+void daemon_config_clear (struct daemon_config *c, const char *key);
+int server_key_index (const char *key);
+
+/* Parse an INI file (or, when text is non-NULL, that text, reported as
+ * name) into c.  Errors are printed to stderr as "NAME:LINE: reason".
+ * Returns 0 or -1. */
+int daemon_config_load (struct daemon_config *c, const char *name,
+                        const char *text);
+
+/* Add or replace (same name) an export from an --export argument
+ * "NAME=BACKING[,key=value...]".  0, or -1 with a reason. */
+int daemon_config_add_export_arg (struct daemon_config *c, const char *arg,
+                                  char *err, size_t errlen);
+
+/* Daemon-only export key (not known to the plugin): when the backing
+ * file does not exist, create it, sparse, of this size. */
+#define EXPORT_KEY_CREATE_SIZE "create-size"
+
+/* Create missing backing files of exports with create-size.  0 or -1
+ * (logged). */
+int exports_create_missing (struct daemon_config *c);
+
+/* Whole-config checks (every export complete, at least one export, no
+ * duplicate names).  Prints reasons; returns 0 or -1. */
+int daemon_config_check (struct daemon_config *c);
+
+/* Split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".  Writes host (may be
+ * empty: any address) and port.  0 or -1. */
+int parse_listen (const char *s, char *host, size_t hostlen,
+                  char *port, size_t portlen);
+
+const char *log_level_name (int level);
+void log_set_level (int level);
+int log_level_parse (const char *s, int *level);
+
+/* The configuration compiled into the binary (conf/foliod.conf). */
+extern const char foliod_default_conf[];
+
+/* Command line: fills c (and what the subcommands need).  Returns 0 to
+ * run, 1 to exit 0 (help, version, check-config ok), -1 on error. */
+struct cli {
+  const char *subcommand;   /* NULL, "stats", "flush" */
+  const char *sub_arg;      /* flush: export name */
+  int prometheus;           /* stats: raw Prometheus text */
+  const char *config_file;
+  const char *check_config;
+};
+int cli_parse (int argc, char **argv, struct cli *cli,
+               struct daemon_config *c);
+
+/* systemd (systemd.c). */
+int sd_notifyf (const char *fmt, ...)
+  __attribute__ ((format (printf, 1, 2)));
+/* Inherited sockets (LISTEN_FDS).  Returns how many (0: none), filling
+ * fds[] and names[] (static strings or NULL), at most max. */
+int sd_listen_fds_get (int *fds, const char **names, int max);
+
+/* Control socket (control.c). */
+struct control;
+struct control *control_start (const char *path, struct daemon_export *ex,
+                               size_t n, void *server);
+void control_stop (struct control *ctl);
+/* Write the statistics of every export, Prometheus text format, to buf;
+ * returns the length (truncated to buflen - 1). */
+size_t stats_format (char *buf, size_t buflen, struct daemon_export *ex,
+                     size_t n, void *server);
+void stats_log (struct daemon_export *ex, size_t n, void *server);
+int control_client (const char *path, const char *command, int prometheus);
+
+#endif /* FOLIOD_DAEMON_H */

@@ -1,0 +1,460 @@
+/* foliod: the daemon around the NBD server.
+ *
+ * Life: parse the configuration, (detach), open the exports, listen,
+ * tell systemd READY=1, run the loop.  SIGTERM/SIGINT: stop accepting,
+ * let in-flight requests finish (server_shutdown), write back every dirty
+ * block and flush the backing (cache_flush, export_close), exit 0.  A
+ * second signal exits at once (dirty data is lost; we say how much).
+ * SIGUSR1 logs the counters; SIGHUP is reserved (TLS reload) and ignored.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "daemon/daemon.h"
+#include "server/log.h"
+#include "server/server.h"
+
+#define MAX_LISTEN_FDS 64
+#define STATUS_INTERVAL_S 10.0
+
+struct daemon {
+  struct daemon_config *cfg;
+  struct ev_loop *loop;
+  struct server *server;
+  struct control *ctl;
+  ev_signal sig_term, sig_int, sig_usr1, sig_hup;
+  ev_timer status_timer;     /* refreshes systemd's STATUS= line */
+  int stopping;              /* first SIGTERM/SIGINT seen */
+  int ready_fd;              /* detaching: tells the parent we are up */
+  char where[1024];          /* "127.0.0.1:10809, /run/foliod.sock" */
+};
+
+/* Dirty bytes over every export, for messages. */
+static uint64_t
+dirty_bytes_total (struct daemon_config *cfg)
+{
+  uint64_t sum = 0;
+
+  for (size_t i = 0; i < cfg->n_exports; i++)
+    if (cfg->exports[i].ex) {
+      struct cache_stats st;
+      cache_get_stats (cfg->exports[i].ex->cache, &st);
+      sum += st.dirty_bytes;
+    }
+  return sum;
+}
+
+static void
+where_add (struct daemon *d, const char *s)
+{
+  size_t n = strlen (d->where);
+
+  snprintf (d->where + n, sizeof d->where - n, "%s%.200s", n ? ", " : "", s);
+}
+
+static void
+update_status (struct daemon *d)
+{
+  struct server_stats ss;
+
+  server_get_stats (d->server, &ss);
+  sd_notifyf ("STATUS=Serving %zu export%s on %s; %llu connection%s; "
+              "%llu KiB dirty", d->cfg->n_exports,
+              d->cfg->n_exports == 1 ? "" : "s", d->where,
+              (unsigned long long) ss.connections_now,
+              ss.connections_now == 1 ? "" : "s",
+              (unsigned long long) dirty_bytes_total (d->cfg) / 1024);
+}
+
+static void
+on_status_timer (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  update_status (w->data);
+}
+
+/* ---- shutdown ---------------------------------------------------------- */
+
+/* Signal handler while writing back (the loop has stopped): no locks,
+ * no stdio, just say what happens and go. */
+static void
+force_exit (int sig)
+{
+  static const char msg[] = "foliod: second signal during writeback: "
+                            "exiting now, dirty data is lost\n";
+
+  if (write (STDERR_FILENO, msg, sizeof msg - 1) < 0)
+    _exit (1);
+  _exit (1);
+}
+
+static void
+on_shutdown_done (void *opaque)
+{
+  struct daemon *d = opaque;
+
+  log_info ("all connections closed");
+  ev_break (d->loop, EVBREAK_ALL);
+}
+
+static void
+on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
+{
+  struct daemon *d = w->data;
+
+  if (d->stopping) {
+    log_error ("%s again: exiting now, %llu bytes of dirty data lost",
+               strsignal (w->signum),
+               (unsigned long long) dirty_bytes_total (d->cfg));
+    _exit (1);
+  }
+  d->stopping = 1;
+  log_info ("%s: stopping: finishing requests in flight, then writing back "
+            "%llu bytes of dirty data", strsignal (w->signum),
+            (unsigned long long) dirty_bytes_total (d->cfg));
+  sd_notifyf ("STOPPING=1\nSTATUS=Stopping: writing back dirty data");
+  ev_timer_stop (loop, &d->status_timer);
+  server_stop_accepting (d->server);
+  server_shutdown (d->server, on_shutdown_done, d);
+}
+
+static void
+on_usr1 (struct ev_loop *loop, ev_signal *w, int revents)
+{
+  struct daemon *d = w->data;
+
+  stats_log (d->cfg->exports, d->cfg->n_exports, d->server);
+}
+
+static void
+on_hup (struct ev_loop *loop, ev_signal *w, int revents)
+{
+  log_info ("SIGHUP ignored (reserved for reloading TLS certificates)");
+}
+
+static void
+signals_start (struct daemon *d)
+{
+  struct { ev_signal *w; int sig; void (*cb) (struct ev_loop *, ev_signal *,
+                                                int); } s[] = {
+    { &d->sig_term, SIGTERM, on_stop_signal },
+    { &d->sig_int, SIGINT, on_stop_signal },
+    { &d->sig_usr1, SIGUSR1, on_usr1 },
+    { &d->sig_hup, SIGHUP, on_hup },
+  };
+
+  signal (SIGPIPE, SIG_IGN);
+  for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+    ev_signal_init (s[i].w, s[i].cb, s[i].sig);
+    s[i].w->data = d;
+    ev_signal_start (d->loop, s[i].w);
+  }
+}
+
+/* After the loop: no watcher runs, so a plain handler turns the second
+ * signal into an immediate exit while we write back. */
+static void
+signals_stop (struct daemon *d)
+{
+  struct sigaction sa = { .sa_handler = force_exit };
+
+  ev_signal_stop (d->loop, &d->sig_term);
+  ev_signal_stop (d->loop, &d->sig_int);
+  ev_signal_stop (d->loop, &d->sig_usr1);
+  ev_signal_stop (d->loop, &d->sig_hup);
+  sigemptyset (&sa.sa_mask);
+  sigaction (SIGTERM, &sa, NULL);
+  sigaction (SIGINT, &sa, NULL);
+}
+
+/* Write back and close every export.  0, or -1 if any dirty data could not
+ * be written back (it is logged). */
+static int
+exports_close (struct daemon_config *cfg)
+{
+  int r = 0;
+
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    struct cache_stats st;
+    if (e->ex == NULL)
+      continue;
+    cache_get_stats (e->ex->cache, &st);
+    if (st.dirty_bytes)
+      log_info ("export %s: writing back %llu bytes", e->cfg.name,
+                (unsigned long long) st.dirty_bytes);
+    if (cache_flush (e->ex->cache) == -1)
+      log_error ("export %s: writeback: %s (retrying)", e->cfg.name,
+                 strerror (errno));
+    if (export_close (e->ex) == -1) {
+      log_error ("export %s: dirty data could not be written back",
+                 e->cfg.name);
+      r = -1;
+    }
+    e->ex = NULL;
+  }
+  return r;
+}
+
+/* ---- start-up ---------------------------------------------------------- */
+
+/* Fork into the background; the parent exits when the child reports
+ * ready (0) or dies (1).  Returns in the child only. */
+static int
+detach (struct daemon *d)
+{
+  int pfd[2];
+  pid_t pid;
+  char c;
+
+  if (pipe2 (pfd, O_CLOEXEC) == -1)
+    return -1;
+  pid = fork ();
+  if (pid == -1)
+    return -1;
+  if (pid > 0) {
+    close (pfd[1]);
+    _exit (read (pfd[0], &c, 1) == 1 ? 0 : 1);
+  }
+  close (pfd[0]);
+  d->ready_fd = pfd[1];
+  if (setsid () == -1)
+    return -1;
+  int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null >= 0) {
+    dup2 (null, STDIN_FILENO);
+    dup2 (null, STDOUT_FILENO);
+    close (null);
+  }
+  return 0;
+}
+
+static int
+exports_open (struct daemon_config *cfg)
+{
+  char err[512];
+
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    e->ex = export_open (&e->cfg, err, sizeof err);
+    if (e->ex == NULL) {
+      log_error ("export %s (%s): %s", e->cfg.name, e->where, err);
+      return -1;
+    }
+    log_info ("export %s: %s, %llu bytes%s", e->cfg.name, e->cfg.backing,
+              (unsigned long long) e->ex->size,
+              e->ex->read_only ? ", read-only" : "");
+  }
+  return 0;
+}
+
+static int
+listen_all (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  int fds[MAX_LISTEN_FDS];
+  const char *names[MAX_LISTEN_FDS];
+  char err[512], host[256], port[16], buf[300];
+  int n = sd_listen_fds_get (fds, names, MAX_LISTEN_FDS);
+
+  if (n > 0) {
+    /* Socket activation: the unit's sockets replace listen/unix. */
+    for (int i = 0; i < n; i++) {
+      if (server_add_listen_fd (d->server, fds[i]) == -1) {
+        log_error ("inherited socket %d: %s", fds[i], strerror (errno));
+        return -1;
+      }
+      snprintf (buf, sizeof buf, "fd %d%s%s", fds[i], names[i] ? " " : "",
+                names[i] ? names[i] : "");
+      where_add (d, buf);
+    }
+    log_info ("socket activation: %d inherited socket%s", n, n > 1 ? "s" : "");
+    return 0;
+  }
+  if (cfg->n_listen == 0 && cfg->n_unix == 0)
+    daemon_config_set (cfg, "listen", DEFAULT_LISTEN, err, sizeof err);
+  for (size_t i = 0; i < cfg->n_listen; i++) {
+    /* Checked when the configuration was read. */
+    parse_listen (cfg->listen[i], host, sizeof host, port, sizeof port);
+    if (server_listen_tcp (d->server, host, port, err, sizeof err) == -1) {
+      log_error ("listen %s: %s", cfg->listen[i], err);
+      return -1;
+    }
+    where_add (d, cfg->listen[i]);
+  }
+  for (size_t i = 0; i < cfg->n_unix; i++) {
+    if (server_listen_unix (d->server, cfg->unix_paths[i], err,
+                            sizeof err) == -1) {
+      log_error ("unix %s: %s", cfg->unix_paths[i], err);
+      return -1;
+    }
+    where_add (d, cfg->unix_paths[i]);
+  }
+  return 0;
+}
+
+static int
+server_start (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  struct server_config sc;
+
+  server_config_default (&sc);
+  if (cfg->workers) sc.workers = cfg->workers;
+  if (cfg->max_connections) sc.max_connections = cfg->max_connections;
+  if (cfg->handshake_timeout_s) sc.handshake_timeout_s = cfg->handshake_timeout_s;
+  if (cfg->max_inflight) sc.max_inflight = cfg->max_inflight;
+  sc.tls_mode = (enum server_tls_mode) cfg->tls;
+  sc.tls_certificates = cfg->tls_certificates;
+  sc.tls_verify_peer = cfg->tls_verify_peer;
+  d->server = server_new (d->loop, &sc);
+  if (d->server == NULL) {
+    log_error ("cannot start the server: %s", strerror (errno));
+    return -1;
+  }
+  for (size_t i = 0; i < cfg->n_exports; i++)
+    if (server_add_export (d->server, cfg->exports[i].ex) == -1) {
+      log_error ("export %s: %s", cfg->exports[i].cfg.name, strerror (errno));
+      return -1;
+    }
+  return listen_all (d);
+}
+
+static int
+pidfile_write (const char *path)
+{
+  FILE *f = fopen (path, "we");
+
+  if (f == NULL || fprintf (f, "%d\n", (int) getpid ()) < 0 ||
+      fclose (f) != 0) {
+    log_error ("pidfile %s: %s", path, strerror (errno));
+    return -1;
+  }
+  return 0;
+}
+
+static void
+announce_ready (struct daemon *d)
+{
+  log_info ("ready: %zu export%s on %s", d->cfg->n_exports,
+            d->cfg->n_exports == 1 ? "" : "s", d->where);
+  sd_notifyf ("READY=1\nMAINPID=%d", (int) getpid ());
+  update_status (d);
+  if (d->ready_fd >= 0) {
+    if (write (d->ready_fd, "1", 1) != 1)
+      log_warn ("cannot tell the parent process we are ready");
+    close (d->ready_fd);
+    d->ready_fd = -1;
+  }
+  ev_timer_init (&d->status_timer, on_status_timer, STATUS_INTERVAL_S,
+                 STATUS_INTERVAL_S);
+  d->status_timer.data = d;
+  ev_timer_start (d->loop, &d->status_timer);
+}
+
+/* Set up everything; 0 when serving, -1 on any failure (logged). */
+static int
+daemon_start (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+
+  if (cfg->state_dir && chdir (cfg->state_dir) == -1) {
+    log_error ("state-dir %s: %s", cfg->state_dir, strerror (errno));
+    return -1;
+  }
+  /* Under systemd (NOTIFY_SOCKET) we never detach: Type=notify tracks us. */
+  if (!cfg->foreground && getenv ("NOTIFY_SOCKET") == NULL &&
+      detach (d) == -1) {
+    log_error ("cannot detach: %s", strerror (errno));
+    return -1;
+  }
+  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1)
+    return -1;
+  d->loop = ev_default_loop (EVFLAG_AUTO);
+  if (d->loop == NULL) {
+    log_error ("cannot create the event loop");
+    return -1;
+  }
+  if (server_start (d) == -1)
+    return -1;
+  if (cfg->control) {
+    d->ctl = control_start (cfg->control, cfg->exports, cfg->n_exports,
+                            d->server);
+    if (d->ctl == NULL)
+      return -1;
+  }
+  if (cfg->pidfile && pidfile_write (cfg->pidfile) == -1)
+    return -1;
+  signals_start (d);
+  announce_ready (d);
+  return 0;
+}
+
+static int
+daemon_run (struct daemon_config *cfg)
+{
+  struct daemon d = { .cfg = cfg, .ready_fd = -1 };
+  int r = daemon_start (&d);
+
+  if (r == 0) {
+    ev_run (d.loop, 0);
+    signals_stop (&d);
+  }
+  control_stop (d.ctl);
+  if (exports_close (cfg) == -1)
+    r = -1;
+  if (d.server)
+    server_free (d.server);
+  if (cfg->pidfile && r == 0)
+    unlink (cfg->pidfile);
+  if (d.loop)
+    ev_loop_destroy (d.loop);
+  if (r == 0)
+    log_info ("stopped: all data written back");
+  return r;
+}
+
+int
+main (int argc, char **argv)
+{
+  struct daemon_config cfg;
+  struct cli cli;
+  int r;
+
+  daemon_config_init (&cfg);
+  r = cli_parse (argc, argv, &cli, &cfg);
+  if (r != 0) {
+    daemon_config_free (&cfg);
+    return r > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+  }
+  log_set_level (cfg.log_level);
+  if (cli.subcommand) {
+    char *path = NULL, cmd[512];
+    if (cfg.control == NULL) {
+      fprintf (stderr, "foliod: no control socket configured: give "
+               "--control PATH\n");
+      r = -1;
+    } else if (cfg.control[0] != '/' && cfg.state_dir &&
+               asprintf (&path, "%s/%s", cfg.state_dir, cfg.control) < 0) {
+      r = -1;
+    }
+    if (r == 0) {
+      snprintf (cmd, sizeof cmd, "%s%s%s\n", cli.subcommand,
+                cli.sub_arg ? " " : "", cli.sub_arg ? cli.sub_arg : "");
+      r = control_client (path ? path : cfg.control, cmd, cli.prometheus);
+    }
+    free (path);
+  } else {
+    r = daemon_run (&cfg);
+  }
+  daemon_config_free (&cfg);
+  return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
