@@ -1,0 +1,74 @@
+#!/bin/bash
+# nbdkit-folio-plugin when nbdkit forks into the background (no -f):
+#  - the writeback thread runs after the fork (after_fork restarts it):
+#    unflushed writes reach the backing file on their own once they expire;
+#  - SIGTERM writes back all dirty data before nbdkit exits.
+set -euo pipefail
+export PATH=/usr/bin:$PATH
+: "${PLUGIN:?PLUGIN not set (run through make check)}"
+[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
+command -v nbdkit >/dev/null || { echo "nbdkit not installed"; exit 77; }
+
+tmp=$(mktemp -d /tmp/foliod-plugin-daemon-XXXXXX)
+pid=
+cleanup () {
+  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+san_env=()
+if [ "${SAN:-}" = 1 ]; then
+  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+           ASAN_OPTIONS=detect_leaks=0
+           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+fi
+
+img=$tmp/disk.img
+head -c $((8 * 1024 * 1024)) /dev/urandom > "$img"
+head -c $((1024 * 1024 + 333)) /dev/urandom > "$tmp/data"
+
+# start ARGS...: nbdkit forks into the background; sets pid.
+start () {
+  rm -f "$tmp/sock" "$tmp/pid"
+  env "${san_env[@]}" nbdkit -U "$tmp/sock" -P "$tmp/pid" \
+    --log=stderr "$PLUGIN" backing=file:"$img" "$@" 2>>"$tmp/nbdkit.log"
+  for _ in $(seq 100); do [ -s "$tmp/pid" ] && break; sleep 0.1; done
+  pid=$(cat "$tmp/pid")
+  [ -S "$tmp/sock" ] || { echo "nbdkit did not start"; exit 1; }
+}
+# write_unflushed OFF: write $tmp/data at OFF and disconnect without flush.
+write_unflushed () {
+  nbdsh -u "nbd+unix:///?socket=$tmp/sock" \
+    -c "h.pwrite(open('$tmp/data', 'rb').read(), $1)"
+}
+# on_disk OFF: does the backing file hold $tmp/data at OFF?
+on_disk () {
+  cmp -s -n $(stat -c %s "$tmp/data") -i 0:"$1" "$tmp/data" "$img"
+}
+stop () {
+  kill -TERM "$pid"
+  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then echo "nbdkit did not exit on SIGTERM"; exit 1; fi
+  pid=
+}
+
+# 1. Background writeback after the fork.
+start dirty-expire=200 writeback-interval=100
+write_unflushed 12345
+ok=0
+for _ in $(seq 100); do on_disk 12345 && { ok=1; break; }; sleep 0.1; done
+[ $ok = 1 ] || { cat "$tmp/nbdkit.log"; echo "FAIL: no background writeback after fork"; exit 1; }
+echo "background writeback ran in the forked server"
+stop
+
+# 2. SIGTERM writes back what is still dirty.
+start dirty-expire=600000 writeback-interval=60000 dirty-background=90 dirty-limit=95
+write_unflushed 3000001
+on_disk 3000001 && echo "(data already written before SIGTERM)"
+stop
+on_disk 3000001 || { cat "$tmp/nbdkit.log"; echo "FAIL: dirty data lost on SIGTERM"; exit 1; }
+echo "SIGTERM wrote back all dirty data"
+if grep -E 'AddressSanitizer|runtime error:|error' "$tmp/nbdkit.log"; then
+  echo "FAIL: errors in the nbdkit log"; exit 1
+fi
