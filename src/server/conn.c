@@ -1,0 +1,617 @@
+/* Connections: life cycle, state setter, buffered input, queued output.
+ *
+ * Input is a resumable state machine: each state has one step function
+ * (handshake.c, request.c) that pulls the bytes it needs with
+ * conn_read_exact() and returns STEP_NEXT / STEP_BLOCK / STEP_PAUSE /
+ * STEP_CLOSE.  Output drains independently: handshake bytes from hsout,
+ * then replies from the send queue, gathered into one sendmsg.  Which
+ * socket events we watch is computed in one place, conn_update_events().
+ *
+ * A connection is only freed from conn_after_io() / conn_maybe_free(),
+ * at the end of a callback, once its socket is closed and no worker holds
+ * one of its requests: a client that goes away mid-request never frees
+ * memory a worker still writes into.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server/internal.h"
+#include "server/log.h"
+
+static const char *const state_names[CONN_NSTATES] = {
+  [CONN_HS_CLIENT_FLAGS] = "HS_CLIENT_FLAGS",
+  [CONN_HS_OPT_HDR] = "HS_OPT_HDR",
+  [CONN_HS_OPT_DATA] = "HS_OPT_DATA",
+  [CONN_HS_OPT_SKIP] = "HS_OPT_SKIP",
+  [CONN_TX_REQ_HDR] = "TX_REQ_HDR",
+  [CONN_TX_REQ_PAYLOAD] = "TX_REQ_PAYLOAD",
+  [CONN_TX_REQ_DISCARD] = "TX_REQ_DISCARD",
+  [CONN_DRAINING] = "DRAINING",
+  [CONN_DEAD] = "DEAD",
+};
+
+typedef enum step (*step_fn) (struct conn *c);
+
+/* The input step of each state; NULL: the state takes no input. */
+static const step_fn input_steps[CONN_NSTATES] = {
+  [CONN_HS_CLIENT_FLAGS] = hs_step_client_flags,
+  [CONN_HS_OPT_HDR] = hs_step_opt_hdr,
+  [CONN_HS_OPT_DATA] = hs_step_opt_data,
+  [CONN_HS_OPT_SKIP] = hs_step_opt_skip,
+  [CONN_TX_REQ_HDR] = tx_step_req_hdr,
+  [CONN_TX_REQ_PAYLOAD] = tx_step_req_payload,
+  [CONN_TX_REQ_DISCARD] = tx_step_req_discard,
+};
+
+const char *
+conn_state_name (enum conn_state st)
+{
+  return st < CONN_NSTATES ? state_names[st] : "?";
+}
+
+static bool
+state_is_handshake (enum conn_state st)
+{
+  return st <= CONN_HS_OPT_SKIP;
+}
+
+static bool
+state_is_transmission (enum conn_state st)
+{
+  return st >= CONN_TX_REQ_HDR && st <= CONN_TX_REQ_DISCARD;
+}
+
+void
+conn_set_state (struct conn *c, enum conn_state st)
+{
+  assert (st < CONN_NSTATES);
+  assert (c->state != CONN_DEAD); /* nothing comes back from the dead */
+  /* Header <-> payload happens for every write: too chatty to log. */
+  if (!(state_is_transmission (c->state) && state_is_transmission (st)))
+    log_debug ("conn %" PRIu64 ": %s -> %s", c->id,
+               state_names[c->state], state_names[st]);
+  c->state = st;
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+struct req *
+conn_req_get (struct conn *c)
+{
+  struct req *r = c->free_reqs;
+
+  if (r) {
+    c->free_reqs = r->next;
+    c->kept_buf_bytes -= r->buf_cap;
+  }
+  else {
+    r = calloc (1, sizeof *r);
+    if (!r)
+      return NULL;
+  }
+  r->next = NULL;
+  r->conn = c;
+  r->error = 0;
+  r->errmsg = NULL;
+  r->payload_have = 0;
+  r->niov = r->iov_next = r->nhdr = 0;
+  r->iov_off = 0;
+  c->nactive++;
+  return r;
+}
+
+void
+conn_req_put (struct conn *c, struct req *r)
+{
+  assert (c->nactive > 0);
+  c->nactive--;
+  /* Keep buffers for reuse (no malloc per request), but not huge ones
+   * and not without bound. */
+  if (r->buf_cap > REQ_KEEP_BUF_MAX
+      || c->kept_buf_bytes + r->buf_cap > CONN_KEEP_BUF_TOTAL) {
+    free (r->buf);
+    r->buf = NULL;
+    r->buf_cap = 0;
+  }
+  c->kept_buf_bytes += r->buf_cap;
+  r->next = c->free_reqs;
+  c->free_reqs = r;
+}
+
+/* ---- input ------------------------------------------------------------- */
+
+/* Fill dst up to need bytes, *have counting what is there already (so a
+ * state can resume after a partial read).  Serves buffered bytes first;
+ * large remainders are read straight into dst.  Returns IO_DONE, IO_AGAIN
+ * (also when this wake-up's read budget is spent), IO_EOF or IO_ERR. */
+enum io_res
+conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
+{
+  uint8_t *d = dst;
+
+  while (*have < need) {
+    size_t want = need - *have;
+    ssize_t n;
+
+    if (c->rpos < c->rlen) {
+      n = c->rlen - c->rpos < want ? c->rlen - c->rpos : want;
+      memcpy (d + *have, c->rbuf + c->rpos, n);
+      c->rpos += n;
+      *have += n;
+      continue;
+    }
+    if (c->recvs_left == 0) {
+      c->yielded = true;
+      return IO_AGAIN;
+    }
+    c->recvs_left--;
+    if (want >= CONN_RBUF_SIZE / 2)
+      n = c->tops->recv (c, d + *have, want);
+    else {
+      n = c->tops->recv (c, c->rbuf, CONN_RBUF_SIZE);
+      c->rpos = 0;
+      c->rlen = n > 0 ? (size_t) n : 0;
+    }
+    if (n == 0) {
+      c->eof = true;
+      return IO_EOF;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return IO_AGAIN;
+      log_debug ("conn %" PRIu64 ": recv: %m", c->id);
+      c->eof = true;
+      return IO_ERR;
+    }
+    if (want >= CONN_RBUF_SIZE / 2)
+      *have += n;
+  }
+  return IO_DONE;
+}
+
+/* Discard *left bytes of input.  Same returns as conn_read_exact. */
+enum io_res
+conn_skip (struct conn *c, uint64_t *left)
+{
+  while (*left > 0) {
+    size_t got = 0;
+    size_t take;
+    enum io_res r;
+
+    if (c->rpos < c->rlen) {
+      take = c->rlen - c->rpos < *left ? c->rlen - c->rpos : *left;
+      c->rpos += take;
+      *left -= take;
+      continue;
+    }
+    /* Pull one byte through the normal path to refill rbuf. */
+    r = conn_read_exact (c, c->hdr, 1, &got);
+    if (r != IO_DONE)
+      return r;
+    (*left)--;
+  }
+  return IO_DONE;
+}
+
+static bool
+conn_output_pending (const struct conn *c)
+{
+  return c->hsout_sent < c->hsout_len || c->sendq_head != NULL;
+}
+
+static bool
+conn_input_paused (const struct conn *c)
+{
+  if (c->hsout_len - c->hsout_sent > CONN_HSOUT_LIMIT)
+    return true;
+  if (c->state == CONN_TX_REQ_HDR
+      && c->nactive >= c->srv->cfg.max_inflight)
+    return true;
+  return false;
+}
+
+static bool
+conn_wants_input (const struct conn *c)
+{
+  return input_steps[c->state] != NULL && !conn_input_paused (c);
+}
+
+/* Drop the input side: the request being received is abandoned (it never
+ * reached the cache) and no more input is read. */
+static void
+conn_stop_input (struct conn *c)
+{
+  if (c->cur) {
+    conn_req_put (c, c->cur);
+    c->cur = NULL;
+  }
+  c->rpos = c->rlen = 0;
+  if (c->state != CONN_DRAINING)
+    conn_set_state (c, CONN_DRAINING);
+}
+
+/* Close the socket now.  The struct lives on until workers let go. */
+static void
+conn_close (struct conn *c, const char *why)
+{
+  struct req *r;
+
+  if (c->state == CONN_DEAD)
+    return;
+  log_info ("conn %" PRIu64 " (%s): closed: %s", c->id, c->peer, why);
+  ev_io_stop (c->srv->loop, &c->io);
+  ev_timer_stop (c->srv->loop, &c->hs_timer);
+  c->io_events = 0;
+  c->tops->close (c);
+  if (c->cur) {
+    conn_req_put (c, c->cur);
+    c->cur = NULL;
+  }
+  while ((r = c->sendq_head) != NULL) {
+    c->sendq_head = r->next;
+    conn_req_put (c, r);
+  }
+  c->sendq_tail = NULL;
+  c->hsout_len = c->hsout_sent = 0;
+  c->state = CONN_DEAD;
+  c->srv->nconns--;
+  STAT_SUB (c->srv, connections_now, 1);
+}
+
+static void
+conn_run_input (struct conn *c)
+{
+  c->steps_left = CONN_STEPS_PER_WAKE;
+  c->recvs_left = CONN_STEPS_PER_WAKE / 4;
+  while (conn_wants_input (c)) {
+    enum step r;
+
+    if (c->steps_left == 0) {
+      c->yielded = true;
+      return;
+    }
+    c->steps_left--;
+    r = input_steps[c->state] (c);
+    if (r == STEP_NEXT)
+      continue;
+    if (r == STEP_CLOSE) {
+      if (c->eof && state_is_transmission (c->state)) {
+        /* The client went away (or half-closed): finish what it sent,
+         * try to deliver the replies, then close. */
+        log_debug ("conn %" PRIu64 ": end of input", c->id);
+        conn_stop_input (c);
+      }
+      else {
+        if (state_is_handshake (c->state))
+          STAT_ADD (c->srv, handshakes_failed, 1);
+        conn_close (c, c->eof ? "client disconnected" : "protocol error");
+      }
+    }
+    return;
+  }
+}
+
+/* ---- output ------------------------------------------------------------ */
+
+int
+conn_out_append (struct conn *c, const void *p, size_t n)
+{
+  if (c->hsout_sent == c->hsout_len)
+    c->hsout_sent = c->hsout_len = 0;
+  if (c->hsout_len + n > c->hsout_cap) {
+    size_t cap = c->hsout_cap ? c->hsout_cap : 4096;
+    uint8_t *nb;
+
+    while (cap < c->hsout_len + n)
+      cap *= 2;
+    nb = realloc (c->hsout, cap);
+    if (!nb)
+      return -1;
+    c->hsout = nb;
+    c->hsout_cap = cap;
+  }
+  memcpy (c->hsout + c->hsout_len, p, n);
+  c->hsout_len += n;
+  return 0;
+}
+
+void
+conn_mark_flush (struct conn *c)
+{
+  if (!c->in_flush_list) {
+    c->in_flush_list = true;
+    c->flush_next = c->srv->flush_list;
+    c->srv->flush_list = c;
+  }
+}
+
+void
+conn_queue_reply (struct conn *c, struct req *r)
+{
+  struct server *s = c->srv;
+
+  assert (r->niov > 0);
+  r->next = NULL;
+  if (c->sendq_tail)
+    c->sendq_tail->next = r;
+  else
+    c->sendq_head = r;
+  c->sendq_tail = r;
+  STAT_ADD (s, requests, 1);
+  if (r->error)
+    STAT_ADD (s, request_errors, 1);
+  else if (r->type == NBD_CMD_READ)
+    STAT_ADD (s, bytes_read, r->count);
+  else if (r->type == NBD_CMD_WRITE)
+    STAT_ADD (s, bytes_written, r->count);
+  conn_mark_flush (c);
+}
+
+/* Gather up to CONN_SEND_IOV pieces of pending output.  Returns count. */
+static int
+conn_gather (struct conn *c, struct iovec *v)
+{
+  int n = 0;
+
+  if (c->hsout_sent < c->hsout_len) {
+    v[n].iov_base = c->hsout + c->hsout_sent;
+    v[n].iov_len = c->hsout_len - c->hsout_sent;
+    n++;
+  }
+  for (struct req *r = c->sendq_head; r && n < CONN_SEND_IOV; r = r->next)
+    for (unsigned i = r->iov_next; i < r->niov && n < CONN_SEND_IOV; i++) {
+      v[n] = r->iov[i];
+      if (i == r->iov_next) {
+        v[n].iov_base = (uint8_t *) v[n].iov_base + r->iov_off;
+        v[n].iov_len -= r->iov_off;
+      }
+      n++;
+    }
+  return n;
+}
+
+/* Account for k bytes sent, releasing fully sent replies. */
+static void
+conn_consume (struct conn *c, size_t k)
+{
+  struct req *r;
+
+  if (c->hsout_sent < c->hsout_len) {
+    size_t take = c->hsout_len - c->hsout_sent < k
+      ? c->hsout_len - c->hsout_sent : k;
+    c->hsout_sent += take;
+    k -= take;
+  }
+  while ((r = c->sendq_head) != NULL) {
+    while (r->iov_next < r->niov) {
+      size_t left = r->iov[r->iov_next].iov_len - r->iov_off;
+      if (k < left) {
+        r->iov_off += k;
+        return;
+      }
+      k -= left;
+      r->iov_next++;
+      r->iov_off = 0;
+    }
+    c->sendq_head = r->next;
+    if (!c->sendq_head)
+      c->sendq_tail = NULL;
+    conn_req_put (c, r);
+  }
+  assert (k == 0);
+}
+
+/* Send pending output until done, would block, or this wake-up's budget
+ * is spent.  Closes the connection on a send error. */
+static void
+conn_send (struct conn *c)
+{
+  struct iovec v[CONN_SEND_IOV];
+
+  for (int i = 0; i < CONN_SENDS_PER_WAKE; i++) {
+    int n = conn_gather (c, v);
+    ssize_t k;
+
+    if (n == 0)
+      return;
+    k = c->tops->send (c, v, n);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        c->send_blocked = true;
+        return;
+      }
+      log_debug ("conn %" PRIu64 ": send: %m", c->id);
+      conn_close (c, "send failed (client gone)");
+      return;
+    }
+    conn_consume (c, k);
+  }
+  /* Budget spent: wait for EV_WRITE, which fires at once if there is room. */
+  c->send_blocked = true;
+}
+
+/* ---- events ------------------------------------------------------------ */
+
+static void
+conn_update_events (struct conn *c)
+{
+  int ev = c->tport_want;
+
+  if (conn_wants_input (c))
+    ev |= EV_READ;
+  if (conn_output_pending (c))
+    ev |= EV_WRITE;
+  if (ev == c->io_events)
+    return;
+  ev_io_stop (c->srv->loop, &c->io);
+  ev_io_set (&c->io, c->fd, ev);
+  if (ev)
+    ev_io_start (c->srv->loop, &c->io);
+  c->io_events = ev;
+}
+
+void
+conn_maybe_free (struct conn *c)
+{
+  if (c->state == CONN_DEAD && c->nworker == 0)
+    conn_free (c);
+}
+
+/* The end of every callback that touched c: send what can be sent, close
+ * a drained connection, recompute events, or free a dead one.  c may be
+ * freed on return. */
+void
+conn_after_io (struct conn *c)
+{
+  if (c->state != CONN_DEAD && !c->send_blocked && conn_output_pending (c))
+    conn_send (c);
+  if (c->state == CONN_DRAINING && c->nactive == 0
+      && !conn_output_pending (c))
+    conn_close (c, c->eof ? "client disconnected" : "done");
+  if (c->state == CONN_DEAD) {
+    conn_maybe_free (c);
+    return;
+  }
+  conn_update_events (c);
+  /* Input already buffered (ours or the transport's) will not wake the
+   * socket watcher: feed ourselves an event to go on next iteration. */
+  if (conn_wants_input (c)
+      && (c->yielded || c->rpos < c->rlen || c->tops->pending (c))) {
+    c->yielded = false;
+    ev_feed_event (c->srv->loop, &c->io, EV_READ);
+  }
+}
+
+/* Flush the connections that got new replies from the workers. */
+void
+conn_flush_pending (struct server *s)
+{
+  struct conn *c = s->flush_list, *next;
+
+  s->flush_list = NULL;
+  for (; c; c = next) {
+    next = c->flush_next;
+    c->in_flush_list = false;
+    conn_after_io (c);
+  }
+}
+
+static void
+conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
+{
+  struct conn *c = w->data;
+
+  if (revents & EV_WRITE) {
+    c->send_blocked = false;
+    conn_send (c);
+  }
+  if ((revents & EV_READ) && c->state != CONN_DEAD)
+    conn_run_input (c);
+  conn_after_io (c);
+}
+
+static void
+conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct conn *c = w->data;
+
+  log_warn ("conn %" PRIu64 " (%s): handshake timed out", c->id, c->peer);
+  STAT_ADD (c->srv, handshakes_failed, 1);
+  conn_close (c, "handshake timeout");
+  conn_after_io (c);
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+void
+conn_new (struct server *s, int fd, const char *peer)
+{
+  struct conn *c;
+
+  if (s->shutting_down || s->nconns >= s->cfg.max_connections) {
+    log_warn ("refusing connection from %s: %s", peer,
+              s->shutting_down ? "shutting down" : "connection limit reached");
+    STAT_ADD (s, connections_refused, 1);
+    close (fd);
+    return;
+  }
+  c = calloc (1, sizeof *c);
+  if (!c || !(c->rbuf = malloc (CONN_RBUF_SIZE))) {
+    log_error ("refusing connection from %s: out of memory", peer);
+    free (c);
+    close (fd);
+    return;
+  }
+  c->srv = s;
+  c->id = ++s->next_conn_id;
+  snprintf (c->peer, sizeof c->peer, "%s", peer);
+  c->fd = fd;
+  c->tops = &transport_plain;
+  c->state = CONN_HS_CLIENT_FLAGS;
+  ev_io_init (&c->io, conn_io_cb, fd, 0);
+  c->io.data = c;
+  ev_timer_init (&c->hs_timer, conn_hs_timeout_cb,
+                 s->cfg.handshake_timeout_s, 0.);
+  c->hs_timer.data = c;
+  ev_timer_start (s->loop, &c->hs_timer);
+
+  c->next = s->conns;
+  if (s->conns)
+    s->conns->prev = c;
+  s->conns = c;
+  s->nconns++;
+  STAT_ADD (s, connections_now, 1);
+  STAT_ADD (s, connections_total, 1);
+  log_info ("conn %" PRIu64 ": new connection from %s", c->id, peer);
+
+  hs_start (c);
+  conn_after_io (c);
+}
+
+/* Server shutdown: a connection in handshake (or everything, when forced)
+ * is closed at once; one in transmission stops reading and finishes the
+ * requests it has. */
+void
+conn_begin_shutdown (struct conn *c, bool force)
+{
+  if (c->state == CONN_DEAD)
+    return;
+  if (force || state_is_handshake (c->state))
+    conn_close (c, "server shutting down");
+  else
+    conn_stop_input (c);
+  conn_after_io (c);
+}
+
+void
+conn_free (struct conn *c)
+{
+  struct server *s = c->srv;
+  struct req *r;
+
+  assert (c->state == CONN_DEAD);
+  assert (c->nworker == 0);
+  assert (c->nactive == 0);
+  assert (!c->in_flush_list);
+  while ((r = c->free_reqs) != NULL) {
+    c->free_reqs = r->next;
+    free (r->buf);
+    free (r);
+  }
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  free (c->rbuf);
+  free (c->optbuf);
+  free (c->hsout);
+  free (c);
+  server_conn_gone (s);
+}

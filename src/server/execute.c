@@ -1,0 +1,423 @@
+/* Executing requests (on a worker thread) and building their replies.
+ *
+ * Everything here works on one struct req and the connection fields that
+ * are fixed during transmission (exp, structured), so it runs on any
+ * thread without locks.  The reply is left in r->iov, pointing into
+ * r->hdr and r->buf, for conn.c to send.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "foliod/cache.h"
+#include "foliod/export.h"
+#include "server/internal.h"
+#include "server/wire.h"
+
+/* Reads at least this long look for holes to send as OFFSET_HOLE. */
+#define READ_HOLE_SCAN_MIN  (64u * 1024)
+/* Holes shorter than this are sent as data (not worth a chunk). */
+#define READ_HOLE_MIN       4096u
+/* Cap of descriptors in one block status reply (spec: SHOULD <= 2^20). */
+#define BS_MAX_EXTENTS      16384u
+
+int
+nbd_errno (int err)
+{
+  switch (err) {
+  case 0:         return 0;
+  case EPERM:
+  case EROFS:     return NBD_EPERM;
+  case ENOMEM:    return NBD_ENOMEM;
+  case EINVAL:    return NBD_EINVAL;
+  case ENOSPC:
+  case EDQUOT:
+  case EFBIG:     return NBD_ENOSPC;
+  case EOVERFLOW: return NBD_EOVERFLOW;
+  case ENOTSUP:   return NBD_ENOTSUP;
+  case ESHUTDOWN: return NBD_ESHUTDOWN;
+  default:        return NBD_EIO;
+  }
+}
+
+static const char *
+nbd_strerror (int nbd_err)
+{
+  switch (nbd_err) {
+  case NBD_EPERM:     return "operation not permitted";
+  case NBD_EIO:       return "input/output error";
+  case NBD_ENOMEM:    return "out of memory";
+  case NBD_EINVAL:    return "invalid argument";
+  case NBD_ENOSPC:    return "no space left on device";
+  case NBD_EOVERFLOW: return "value too large";
+  case NBD_ENOTSUP:   return "operation not supported";
+  case NBD_ESHUTDOWN: return "server is shutting down";
+  default:            return "error";
+  }
+}
+
+uint16_t
+export_tflags (const struct export *e, bool structured)
+{
+  /* The cache is shared by every connection to the export, so a flush on
+   * one makes all completed writes durable: multi-conn is safe. */
+  uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
+    | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
+  bool ro = e->read_only
+    || (e->backing && (e->backing->caps & BACKING_READ_ONLY));
+
+  if (structured)
+    f |= NBD_FLAG_SEND_DF;
+  if (ro)
+    f |= NBD_FLAG_READ_ONLY;
+  else
+    f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
+      | NBD_FLAG_SEND_FAST_ZERO;
+  return f;
+}
+
+/* ---- reply building ------------------------------------------------------ */
+
+static uint8_t *
+req_slot (struct req *r)
+{
+  assert (r->nhdr < REQ_HDR_SLOTS);
+  return r->hdr[r->nhdr++];
+}
+
+static void
+req_iov (struct req *r, const void *p, size_t n)
+{
+  assert (r->niov < REQ_IOV_MAX);
+  r->iov[r->niov].iov_base = (void *) p;
+  r->iov[r->niov].iov_len = n;
+  r->niov++;
+}
+
+/* Write a structured chunk header into a new slot; returns the slot so
+ * the caller can append up to 12 fixed payload bytes after byte 20. */
+static uint8_t *
+chunk_hdr (struct req *r, uint16_t flags, uint16_t type, uint32_t len)
+{
+  uint8_t *h = req_slot (r);
+
+  put_be32 (h, NBD_STRUCTURED_REPLY_MAGIC);
+  put_be16 (h + 4, flags);
+  put_be16 (h + 6, type);
+  put_be64 (h + 8, r->cookie);
+  put_be32 (h + 16, len);
+  return h;
+}
+
+static void
+chunk_set_done (uint8_t *h)
+{
+  put_be16 (h + 4, NBD_REPLY_FLAG_DONE);
+}
+
+static void
+reply_simple (struct req *r)
+{
+  uint8_t *h = req_slot (r);
+
+  put_be32 (h, NBD_SIMPLE_REPLY_MAGIC);
+  put_be32 (h + 4, r->error);
+  put_be64 (h + 8, r->cookie);
+  req_iov (r, h, NBD_SIMPLE_REPLY_LEN);
+  if (r->type == NBD_CMD_READ && !r->error && r->count)
+    req_iov (r, r->buf, r->count);
+}
+
+/* A final error chunk; with has_off, NBD_REPLY_TYPE_ERROR_OFFSET. */
+static void
+reply_error_chunk (struct req *r, bool has_off, uint64_t off)
+{
+  const char *msg = r->errmsg ? r->errmsg : nbd_strerror (r->error);
+  uint16_t mlen = strlen (msg);
+  uint8_t *h = chunk_hdr (r, NBD_REPLY_FLAG_DONE,
+                          has_off ? NBD_REPLY_TYPE_ERROR_OFFSET
+                          : NBD_REPLY_TYPE_ERROR,
+                          6 + mlen + (has_off ? 8 : 0));
+
+  put_be32 (h + 20, r->error);
+  put_be16 (h + 24, mlen);
+  req_iov (r, h, 26);
+  req_iov (r, msg, mlen);
+  if (has_off) {
+    uint8_t *o = req_slot (r);
+    put_be64 (o, off);
+    req_iov (r, o, 8);
+  }
+}
+
+void
+req_build_reply (struct req *r)
+{
+  if (r->niov > 0)
+    return; /* built by the command itself (read, block status) */
+  if (r->error && r->conn->structured)
+    reply_error_chunk (r, false, 0);
+  else if (r->type == NBD_CMD_READ && r->conn->structured) {
+    uint8_t *h = chunk_hdr (r, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0);
+    req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
+  }
+  else
+    reply_simple (r);
+}
+
+/* ---- READ ---------------------------------------------------------------- */
+
+struct seg {
+  uint64_t off;
+  uint64_t len;
+  bool hole;
+};
+
+struct seg_list {
+  struct seg s[REQ_MAX_CHUNKS];
+  unsigned n;
+  uint64_t next, end;
+};
+
+static void
+seg_add (struct seg_list *l, uint64_t off, uint64_t len, bool hole)
+{
+  if (l->n > 0 && l->s[l->n - 1].hole == hole)
+    l->s[l->n - 1].len += len;
+  else
+    l->s[l->n++] = (struct seg) { off, len, hole };
+  l->next = off + len;
+}
+
+static int
+seg_extent_cb (void *opaque, uint64_t off, uint64_t len,
+               enum backing_extent_type type)
+{
+  struct seg_list *l = opaque;
+  uint64_t s = off > l->next ? off : l->next;
+  uint64_t e = off + len < l->end ? off + len : l->end;
+  bool hole = type != BACKING_DATA && e - s >= READ_HOLE_MIN;
+
+  if (e <= s)
+    return l->next >= l->end;
+  if (s != l->next)
+    return 1; /* a gap: give up on precision, rest is data */
+  if (l->n == REQ_MAX_CHUNKS && l->s[l->n - 1].hole != hole)
+    return 1; /* out of chunks: read_segments sends the rest as data */
+  seg_add (l, s, e - s, hole);
+  return l->next >= l->end;
+}
+
+/* Split [offset, offset+count) into data and hole segments from the
+ * cache's block status (dirty or cached blocks are always data). */
+static void
+read_segments (struct req *r, struct seg_list *l)
+{
+  l->n = 0;
+  l->next = r->offset;
+  l->end = r->offset + r->count;
+  if (r->conn->structured && !(r->flags & NBD_CMD_FLAG_DF)
+      && r->count >= READ_HOLE_SCAN_MIN
+      && cache_block_status (r->conn->exp->cache, r->count, r->offset,
+                             seg_extent_cb, l) < 0) {
+    l->n = 0; /* no map: everything is data */
+    l->next = r->offset;
+  }
+  if (l->next < l->end) {
+    if (l->n == REQ_MAX_CHUNKS && l->s[l->n - 1].hole)
+      l->s[l->n - 1].hole = false; /* no chunk left: send it as data */
+    seg_add (l, l->next, l->end - l->next, false);
+  }
+}
+
+static void
+exec_read_structured (struct req *r)
+{
+  struct cache *cache = r->conn->exp->cache;
+  struct seg_list l;
+  uint8_t *last = NULL;
+
+  if (r->count == 0)
+    return; /* req_build_reply sends a NONE chunk */
+  read_segments (r, &l);
+  for (unsigned i = 0; i < l.n; i++) {
+    const struct seg *s = &l.s[i];
+    uint8_t *data = r->buf + (s->off - r->offset);
+
+    if (s->hole) {
+      last = chunk_hdr (r, 0, NBD_REPLY_TYPE_OFFSET_HOLE, 12);
+      put_be64 (last + 20, s->off);
+      put_be32 (last + 28, s->len);
+      req_iov (r, last, 32);
+      continue;
+    }
+    if (cache_read (cache, data, s->len, s->off, 0) < 0) {
+      r->error = nbd_errno (errno);
+      r->errmsg = NULL;
+      /* Chunks already built stay valid; the error says where the
+       * failure starts. */
+      reply_error_chunk (r, true, s->off);
+      return;
+    }
+    last = chunk_hdr (r, 0, NBD_REPLY_TYPE_OFFSET_DATA, 8 + s->len);
+    put_be64 (last + 20, s->off);
+    req_iov (r, last, 28);
+    req_iov (r, data, s->len);
+  }
+  chunk_set_done (last);
+}
+
+static void
+exec_read (struct req *r)
+{
+  if (r->conn->structured) {
+    exec_read_structured (r);
+    return;
+  }
+  if (r->count && cache_read (r->conn->exp->cache, r->buf, r->count,
+                              r->offset, 0) < 0)
+    r->error = nbd_errno (errno);
+  reply_simple (r);
+}
+
+/* ---- BLOCK_STATUS ---------------------------------------------------------- */
+
+struct bs_ctx {
+  uint8_t *desc;       /* descriptors: 32-bit length, 32-bit flags */
+  unsigned n, max;
+  uint64_t next, end;
+  uint32_t last_flags;
+  bool one;            /* NBD_CMD_FLAG_REQ_ONE */
+};
+
+static uint32_t
+bs_flags (enum backing_extent_type t)
+{
+  switch (t) {
+  case BACKING_HOLE: return NBD_STATE_HOLE | NBD_STATE_ZERO;
+  case BACKING_ZERO: return NBD_STATE_ZERO;
+  case BACKING_DATA: return 0;
+  }
+  abort (); /* a type the protocol cannot express */
+}
+
+static int
+bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
+              enum backing_extent_type type)
+{
+  struct bs_ctx *b = opaque;
+  uint64_t s = off > b->next ? off : b->next;
+  uint64_t e = off + len < b->end ? off + len : b->end;
+  uint32_t flags = bs_flags (type);
+
+  if (e <= s)
+    return b->next >= b->end;
+  if (s != b->next)
+    return 1; /* extents must be consecutive: stop at a gap */
+  if (b->n > 0 && flags == b->last_flags) {
+    uint8_t *d = b->desc + 8 * (b->n - 1);
+    put_be32 (d, get_be32 (d) + (e - s)); /* total <= count < 2^32 */
+  }
+  else {
+    if (b->n == b->max)
+      return 1;
+    put_be32 (b->desc + 8 * b->n, e - s);
+    put_be32 (b->desc + 8 * b->n + 4, flags);
+    b->n++;
+    b->last_flags = flags;
+  }
+  b->next = e;
+  return b->one || b->next >= b->end;
+}
+
+static int
+exec_block_status (struct req *r)
+{
+  struct bs_ctx b = {
+    .max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS,
+    .next = r->offset,
+    .end = r->offset + r->count,
+    .one = (r->flags & NBD_CMD_FLAG_REQ_ONE) != 0,
+  };
+  size_t need = 4 + 8 * (size_t) b.max;
+  uint8_t *h;
+
+  if (r->buf_cap < need) {
+    void *p = malloc (need);
+    if (!p)
+      return -1;
+    free (r->buf);
+    r->buf = p;
+    r->buf_cap = need;
+  }
+  b.desc = r->buf + 4;
+  if (cache_block_status (r->conn->exp->cache, r->count, r->offset,
+                          bs_extent_cb, &b) < 0)
+    return -1;
+  if (b.n == 0) { /* nothing said: "allocated, contents unknown" */
+    put_be32 (b.desc, r->count);
+    put_be32 (b.desc + 4, 0);
+    b.n = 1;
+  }
+  put_be32 (r->buf, NBD_META_ID_BASE_ALLOCATION);
+  h = chunk_hdr (r, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS,
+                 4 + 8 * b.n);
+  req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
+  req_iov (r, r->buf, 4 + 8 * b.n);
+  return 0;
+}
+
+/* ---- dispatch -------------------------------------------------------------- */
+
+void
+req_execute (struct req *r)
+{
+  struct cache *cache = r->conn->exp->cache;
+  unsigned fua = (r->flags & NBD_CMD_FLAG_FUA) ? CACHE_FUA : 0;
+  int rc = 0;
+
+  switch (r->type) {
+  case NBD_CMD_READ:
+    exec_read (r);
+    break;
+  case NBD_CMD_WRITE:
+    if (r->count)
+      rc = cache_write (cache, r->buf, r->count, r->offset, fua);
+    else if (fua)
+      rc = cache_flush (cache);
+    break;
+  case NBD_CMD_FLUSH:
+    rc = cache_flush (cache);
+    break;
+  case NBD_CMD_TRIM:
+    if (r->count)
+      rc = cache_trim (cache, r->count, r->offset, fua);
+    break;
+  case NBD_CMD_CACHE:
+    if (r->count)
+      rc = cache_prefetch (cache, r->count, r->offset);
+    break;
+  case NBD_CMD_WRITE_ZEROES: {
+    unsigned f = fua;
+    if (!(r->flags & NBD_CMD_FLAG_NO_HOLE))
+      f |= CACHE_MAY_TRIM;
+    if (r->flags & NBD_CMD_FLAG_FAST_ZERO)
+      f |= CACHE_FAST_ZERO;
+    if (r->count)
+      rc = cache_zero (cache, r->count, r->offset, f);
+    break;
+  }
+  case NBD_CMD_BLOCK_STATUS:
+    rc = exec_block_status (r);
+    break;
+  default:
+    abort (); /* req_check lets no other command through */
+  }
+  if (rc < 0) {
+    r->error = nbd_errno (errno);
+    r->errmsg = NULL;
+    r->niov = r->nhdr = 0;
+  }
+  req_build_reply (r);
+}

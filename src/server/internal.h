@@ -1,0 +1,266 @@
+/* Server internals shared by the files of src/server/.
+ *
+ * Threads: one loop thread owns every struct server / conn field except
+ * those noted "worker".  Worker threads only ever touch the struct req
+ * they were handed (and read the connection fields that are fixed during
+ * transmission: exp, structured).  A request travels:
+ *
+ *   conn free list -> receiving (conn->cur) -> worker queue -> done list
+ *   -> conn send queue -> conn free list
+ *
+ * and is linked into exactly one of those lists at a time by req->next.
+ *
+ * Lock order: pool.lock and server.done_lock are leaves, never nested.
+ */
+#ifndef FOLIOD_SERVER_INTERNAL_H
+#define FOLIOD_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include <ev.h>
+
+#include "server/server.h"
+#include "server/transport.h"
+#include "server/nbd-proto.h"
+
+struct export;
+
+#define NBD_MAX_PAYLOAD     (32u * 1024 * 1024) /* advertised maximum */
+#define HS_MAX_OPT_LEN      (64u * 1024)        /* bigger options: TOO_BIG */
+#define HS_MAX_STRING       4096                /* spec limit for strings */
+#define CONN_RBUF_SIZE      (64u * 1024)
+#define CONN_HSOUT_LIMIT    (64u * 1024)  /* stop reading options above */
+#define CONN_STEPS_PER_WAKE 64            /* input steps per callback */
+#define CONN_SENDS_PER_WAKE 8             /* writev calls per callback */
+#define CONN_SEND_IOV       64
+#define REQ_MAX_CHUNKS      16            /* content chunks of one read */
+#define REQ_HDR_SLOTS       (REQ_MAX_CHUNKS + 2)
+#define REQ_IOV_MAX         (2 * REQ_MAX_CHUNKS + 4)
+#define REQ_KEEP_BUF_MAX    (4u * 1024 * 1024)  /* larger buffers freed */
+#define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
+
+/* One NBD request and, once executed, its reply. */
+struct req {
+  struct req *next;          /* link in whichever list holds it */
+  struct conn *conn;
+
+  /* The request as decoded from the wire. */
+  uint16_t flags;
+  uint16_t type;
+  uint64_t cookie;
+  uint64_t offset;
+  uint32_t count;
+
+  uint8_t *buf;              /* write payload, read data, block status */
+  size_t buf_cap;
+  size_t payload_have;       /* write payload bytes received so far */
+
+  int error;                 /* NBD error (NBD_E*) or 0; set by checks or
+                                by the worker */
+  const char *errmsg;        /* static text for the structured error */
+
+  /* The reply, ready to send: iov[iov_next..niov) with iov_off bytes of
+   * iov[iov_next] already sent.  iov entries point into hdr[] and buf. */
+  struct iovec iov[REQ_IOV_MAX];
+  unsigned niov;
+  unsigned iov_next;
+  size_t iov_off;
+  uint8_t hdr[REQ_HDR_SLOTS][32];
+  unsigned nhdr;
+};
+
+/* Connection states.  Input is driven by the state; output (handshake
+ * bytes in hsout, replies in the send queue) drains independently. */
+enum conn_state {
+  CONN_HS_CLIENT_FLAGS = 0, /* reading the client's 32-bit flags */
+  CONN_HS_OPT_HDR,          /* reading an option header */
+  CONN_HS_OPT_DATA,         /* reading option data into optbuf */
+  CONN_HS_OPT_SKIP,         /* discarding an oversized option's data */
+  CONN_TX_REQ_HDR,          /* transmission: reading a request header */
+  CONN_TX_REQ_PAYLOAD,      /* reading a write payload into cur->buf */
+  CONN_TX_REQ_DISCARD,      /* discarding the payload of a refused write */
+  CONN_DRAINING,            /* no more input: finish in-flight requests,
+                               send what is queued, then close */
+  CONN_DEAD,                /* socket closed; freed when no worker holds
+                               one of its requests */
+  CONN_NSTATES
+};
+
+/* Input step results. */
+enum step {
+  STEP_NEXT = 0,  /* progress made; run the (possibly new) state again */
+  STEP_BLOCK,     /* needs more bytes from the socket */
+  STEP_PAUSE,     /* cannot take input now (backpressure) */
+  STEP_CLOSE,     /* protocol violation or EOF: close the connection */
+};
+
+/* Results of the byte-level I/O helpers. */
+enum io_res { IO_DONE = 0, IO_AGAIN, IO_EOF, IO_ERR };
+
+struct conn {
+  struct server *srv;
+  struct conn *prev, *next;      /* server's list of connections */
+  uint64_t id;
+  char peer[80];                 /* for log lines */
+  int fd;
+  const struct transport_ops *tops;
+  void *tport;                   /* transport private state (TLS) */
+  int tport_want;                /* EV_READ/EV_WRITE the transport needs */
+  enum conn_state state;
+
+  ev_io io;
+  int io_events;                 /* events io is currently started with */
+  ev_timer hs_timer;             /* handshake timeout */
+  bool in_flush_list;            /* linked in srv->flush_list */
+  struct conn *flush_next;
+
+  /* Input. */
+  uint8_t *rbuf;                 /* CONN_RBUF_SIZE bytes read ahead */
+  size_t rpos, rlen;             /* unread bytes are rbuf[rpos..rlen) */
+  uint8_t hdr[32];               /* fixed-size header being received */
+  size_t hdr_have;
+  unsigned steps_left;           /* input steps left in this wake-up */
+  unsigned recvs_left;           /* socket reads left in this wake-up */
+  bool eof;                      /* peer closed or reset the socket */
+  bool send_blocked;             /* last send hit EAGAIN: wait for EV_WRITE */
+  bool yielded;                  /* budget ran out with input pending */
+
+  /* Handshake. */
+  uint32_t client_flags;
+  uint32_t opt;                  /* option being received */
+  uint32_t opt_len;
+  uint8_t *optbuf;               /* option data (HS_MAX_OPT_LEN max) */
+  size_t opt_have;
+  uint64_t skip_left;            /* bytes to discard (option or payload) */
+  uint8_t *hsout;                /* handshake replies waiting to be sent */
+  size_t hsout_len, hsout_sent, hsout_cap;
+  bool structured;               /* NBD_OPT_STRUCTURED_REPLY acked */
+  bool meta_alloc;               /* base:allocation selected ... */
+  struct export *meta_exp;       /* ... for this export */
+
+  /* Transmission. */
+  struct export *exp;            /* chosen export; fixed from GO on */
+  uint16_t tflags;               /* transmission flags sent */
+  bool no_zeroes;
+  struct req *cur;               /* request whose payload is arriving */
+  struct req *free_reqs;         /* reusable requests */
+  size_t kept_buf_bytes;         /* buffer bytes held by free_reqs */
+  unsigned nactive;              /* requests out of the free list */
+  unsigned nworker;              /* of which held by workers */
+  struct req *sendq_head, *sendq_tail; /* replies ready to send */
+};
+
+/* The worker pool. */
+struct pool {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct req *head, *tail;       /* queued requests */
+  bool stop;
+  unsigned nthreads;
+  pthread_t *threads;
+  struct server *srv;
+};
+
+struct listener {
+  struct listener *next;
+  struct server *srv;
+  int fd;
+  ev_io io;
+  char *unix_path;               /* removed on free; NULL for TCP */
+  char name[96];
+};
+
+struct server {
+  struct ev_loop *loop;
+  struct server_config cfg;
+
+  struct export **exports;
+  size_t nexports;
+
+  struct listener *listeners;
+  struct conn *conns;            /* all connections, live or dead */
+  unsigned nconns;               /* with an open socket */
+  uint64_t next_conn_id;
+  struct conn *flush_list;       /* connections with new replies */
+
+  struct pool pool;
+  ev_async done_async;
+  pthread_mutex_t done_lock;
+  struct req *done_head, *done_tail; /* executed, waiting for the loop */
+
+  bool shutting_down;
+  bool forced;
+  void (*shutdown_done) (void *opaque);
+  void *shutdown_opaque;
+  ev_timer shutdown_timer;       /* grace period, then force */
+  ev_idle done_idle;             /* calls shutdown_done from the loop */
+
+  struct server_stats stats;     /* updated with __atomic ops */
+};
+
+#define STAT_ADD(s, field, n) \
+  __atomic_fetch_add (&(s)->stats.field, (n), __ATOMIC_RELAXED)
+#define STAT_SUB(s, field, n) \
+  __atomic_fetch_sub (&(s)->stats.field, (n), __ATOMIC_RELAXED)
+
+/* Map a byte-level I/O result to an input step result. */
+static inline enum step
+io_step (enum io_res r)
+{
+  switch (r) {
+  case IO_DONE:  return STEP_NEXT;
+  case IO_AGAIN: return STEP_BLOCK;
+  default:       return STEP_CLOSE;
+  }
+}
+
+/* server.c */
+struct export *server_find_export (struct server *s, const char *name);
+void server_conn_gone (struct server *s);
+
+/* pool.c */
+int pool_start (struct pool *p, struct server *s, unsigned nthreads);
+void pool_submit (struct pool *p, struct req *r);
+void pool_stop (struct pool *p);
+void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
+
+/* conn.c */
+void conn_new (struct server *s, int fd, const char *peer);
+void conn_set_state (struct conn *c, enum conn_state st);
+const char *conn_state_name (enum conn_state st);
+enum io_res conn_read_exact (struct conn *c, void *dst, size_t need,
+                             size_t *have);
+enum io_res conn_skip (struct conn *c, uint64_t *left);
+int conn_out_append (struct conn *c, const void *p, size_t n);
+void conn_queue_reply (struct conn *c, struct req *r);
+void conn_mark_flush (struct conn *c);
+void conn_after_io (struct conn *c);
+void conn_flush_pending (struct server *s);
+struct req *conn_req_get (struct conn *c);
+void conn_req_put (struct conn *c, struct req *r);
+void conn_begin_shutdown (struct conn *c, bool force);
+void conn_maybe_free (struct conn *c);
+void conn_free (struct conn *c);
+
+/* handshake.c: input steps of the handshake states */
+void hs_start (struct conn *c);
+enum step hs_step_client_flags (struct conn *c);
+enum step hs_step_opt_hdr (struct conn *c);
+enum step hs_step_opt_data (struct conn *c);
+enum step hs_step_opt_skip (struct conn *c);
+
+/* request.c: input steps of the transmission states */
+enum step tx_step_req_hdr (struct conn *c);
+enum step tx_step_req_payload (struct conn *c);
+enum step tx_step_req_discard (struct conn *c);
+
+/* execute.c: run on a worker (or on the loop for refused requests) */
+void req_execute (struct req *r);
+void req_build_reply (struct req *r);
+int nbd_errno (int err);
+uint16_t export_tflags (const struct export *e, bool structured);
+
+#endif /* FOLIOD_SERVER_INTERNAL_H */

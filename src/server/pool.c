@@ -1,0 +1,148 @@
+/* The worker pool: threads that run cache calls, which may block on the
+ * backing.  Requests come in through a locked FIFO; executed requests go
+ * back to the loop thread through the server's done list and an ev_async.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include "server/internal.h"
+#include "server/log.h"
+
+/* Hand an executed request back to the loop thread. */
+static void
+server_req_done (struct server *s, struct req *r)
+{
+  r->next = NULL;
+  pthread_mutex_lock (&s->done_lock);
+  if (s->done_tail)
+    s->done_tail->next = r;
+  else
+    s->done_head = r;
+  s->done_tail = r;
+  pthread_mutex_unlock (&s->done_lock);
+  ev_async_send (s->loop, &s->done_async);
+}
+
+static void *
+pool_worker (void *arg)
+{
+  struct pool *p = arg;
+
+  pthread_mutex_lock (&p->lock);
+  for (;;) {
+    struct req *r;
+
+    while (!p->head && !p->stop)
+      pthread_cond_wait (&p->cond, &p->lock);
+    if (!p->head)
+      break; /* stopping and nothing left */
+    r = p->head;
+    p->head = r->next;
+    if (!p->head)
+      p->tail = NULL;
+    pthread_mutex_unlock (&p->lock);
+
+    req_execute (r);
+    server_req_done (p->srv, r);
+
+    pthread_mutex_lock (&p->lock);
+  }
+  pthread_mutex_unlock (&p->lock);
+  return NULL;
+}
+
+int
+pool_start (struct pool *p, struct server *s, unsigned nthreads)
+{
+  sigset_t all, old;
+  int err = 0;
+
+  p->srv = s;
+  p->head = p->tail = NULL;
+  p->stop = false;
+  p->nthreads = 0;
+  p->threads = calloc (nthreads, sizeof *p->threads);
+  if (!p->threads)
+    return -1;
+  pthread_mutex_init (&p->lock, NULL);
+  pthread_cond_init (&p->cond, NULL);
+  /* Workers inherit a full signal mask: signals belong to the loop. */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  for (unsigned i = 0; i < nthreads; i++) {
+    err = pthread_create (&p->threads[i], NULL, pool_worker, p);
+    if (err)
+      break;
+    p->nthreads++;
+  }
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (err) {
+    pool_stop (p);
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+void
+pool_submit (struct pool *p, struct req *r)
+{
+  r->next = NULL;
+  pthread_mutex_lock (&p->lock);
+  if (p->tail)
+    p->tail->next = r;
+  else
+    p->head = r;
+  p->tail = r;
+  pthread_cond_signal (&p->cond);
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* Stop and join the workers (after they finish the queue). */
+void
+pool_stop (struct pool *p)
+{
+  if (!p->threads)
+    return;
+  pthread_mutex_lock (&p->lock);
+  p->stop = true;
+  pthread_cond_broadcast (&p->cond);
+  pthread_mutex_unlock (&p->lock);
+  for (unsigned i = 0; i < p->nthreads; i++)
+    pthread_join (p->threads[i], NULL);
+  free (p->threads);
+  p->threads = NULL;
+  pthread_cond_destroy (&p->cond);
+  pthread_mutex_destroy (&p->lock);
+}
+
+/* Loop side: take every executed request and queue its reply (or drop it
+ * if its connection is gone), then send. */
+void
+server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
+{
+  struct server *s = w->data;
+  struct req *r, *next;
+
+  pthread_mutex_lock (&s->done_lock);
+  r = s->done_head;
+  s->done_head = s->done_tail = NULL;
+  pthread_mutex_unlock (&s->done_lock);
+
+  for (; r; r = next) {
+    struct conn *c = r->conn;
+
+    next = r->next;
+    assert (c->nworker > 0);
+    c->nworker--;
+    if (c->state == CONN_DEAD) {
+      conn_req_put (c, r);
+      conn_maybe_free (c);
+    }
+    else
+      conn_queue_reply (c, r);
+  }
+  conn_flush_pending (s);
+}

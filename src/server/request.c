@@ -1,0 +1,181 @@
+/* Transmission phase, input side: read request headers and write
+ * payloads, check them, hand good requests to the worker pool and answer
+ * bad ones at once.
+ *
+ * A request is checked completely before it reaches the cache, so the
+ * cache only ever sees ranges inside the export.  A refused write still
+ * has its payload read (and dropped) to keep the stream in step.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "foliod/export.h"
+#include "server/internal.h"
+#include "server/log.h"
+#include "server/wire.h"
+
+/* Make r->buf hold at least n bytes (contents not kept).  0 or -1. */
+static int
+req_reserve (struct req *r, size_t n)
+{
+  void *p;
+
+  if (r->buf_cap >= n)
+    return 0;
+  p = malloc (n ? n : 1);
+  if (!p)
+    return -1;
+  free (r->buf);
+  r->buf = p;
+  r->buf_cap = n;
+  return 0;
+}
+
+/* Record why r is refused; returns the NBD error for req_check. */
+static int
+req_refuse (struct req *r, int err, const char *msg)
+{
+  r->errmsg = msg;
+  return err;
+}
+
+/* Flags each command accepts, given what was negotiated. */
+static uint16_t
+req_allowed_flags (const struct conn *c, uint16_t type)
+{
+  uint16_t fua = (c->tflags & NBD_FLAG_SEND_FUA) ? NBD_CMD_FLAG_FUA : 0;
+
+  switch (type) {
+  case NBD_CMD_READ:
+    return fua | ((c->tflags & NBD_FLAG_SEND_DF) ? NBD_CMD_FLAG_DF : 0);
+  case NBD_CMD_WRITE_ZEROES:
+    return fua | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+  case NBD_CMD_BLOCK_STATUS:
+    return fua | NBD_CMD_FLAG_REQ_ONE;
+  default:
+    return fua;
+  }
+}
+
+/* Check r against the export and the negotiation.  Returns 0 or the NBD
+ * error to answer with (r->errmsg then says why). */
+static int
+req_check (struct conn *c, struct req *r)
+{
+  const struct export *e = c->exp;
+  bool writes = r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM
+    || r->type == NBD_CMD_WRITE_ZEROES;
+  bool beyond = r->offset > e->size || r->count > e->size - r->offset;
+
+  if (r->type > NBD_CMD_BLOCK_STATUS)
+    return req_refuse (r, NBD_EINVAL, "unknown command");
+  if (r->flags & ~req_allowed_flags (c, r->type))
+    return req_refuse (r, NBD_EINVAL, "flag not valid for this command");
+  if (writes && (c->tflags & NBD_FLAG_READ_ONLY))
+    return req_refuse (r, NBD_EPERM, "export is read-only");
+  if ((r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
+      && r->count > NBD_MAX_PAYLOAD)
+    return req_refuse (r, NBD_EINVAL, "request larger than maximum payload");
+  if (r->type == NBD_CMD_FLUSH)
+    return 0; /* offset and length are reserved: ignored */
+  if (beyond && (r->type == NBD_CMD_WRITE
+                 || r->type == NBD_CMD_WRITE_ZEROES))
+    return req_refuse (r, NBD_ENOSPC, "write beyond the end of the export");
+  if (beyond)
+    return req_refuse (r, NBD_EINVAL, "range beyond the end of the export");
+  if (r->type == NBD_CMD_BLOCK_STATUS) {
+    if (!c->meta_alloc)
+      return req_refuse (r, NBD_EINVAL, "no metadata context selected");
+    if (r->count == 0)
+      return req_refuse (r, NBD_EINVAL, "block status of zero length");
+  }
+  return 0;
+}
+
+/* A complete request: reply at once if refused, else run it on a worker. */
+static void
+req_submit (struct conn *c, struct req *r)
+{
+  if (r->error) {
+    req_build_reply (r);
+    conn_queue_reply (c, r);
+    return;
+  }
+  c->nworker++;
+  pool_submit (&c->srv->pool, r);
+}
+
+enum step
+tx_step_req_hdr (struct conn *c)
+{
+  enum io_res res = conn_read_exact (c, c->hdr, NBD_REQUEST_LEN,
+                                     &c->hdr_have);
+  struct req *r;
+
+  if (res != IO_DONE)
+    return io_step (res);
+  c->hdr_have = 0;
+  if (get_be32 (c->hdr) != NBD_REQUEST_MAGIC) {
+    log_warn ("conn %" PRIu64 ": bad request magic 0x%08" PRIx32,
+              c->id, get_be32 (c->hdr));
+    return STEP_CLOSE;
+  }
+  if (!(r = conn_req_get (c)))
+    return STEP_CLOSE;
+  r->flags = get_be16 (c->hdr + 4);
+  r->type = get_be16 (c->hdr + 6);
+  r->cookie = get_be64 (c->hdr + 8);
+  r->offset = get_be64 (c->hdr + 16);
+  r->count = get_be32 (c->hdr + 24);
+
+  if (r->type == NBD_CMD_DISC) {
+    log_debug ("conn %" PRIu64 ": NBD_CMD_DISC", c->id);
+    conn_req_put (c, r);
+    conn_set_state (c, CONN_DRAINING);
+    return STEP_NEXT;
+  }
+  r->error = req_check (c, r);
+  if (!r->error && (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
+      && req_reserve (r, r->count) < 0)
+    r->error = req_refuse (r, NBD_ENOMEM, "out of memory");
+  if (r->type == NBD_CMD_WRITE) {
+    c->cur = r;
+    if (r->error) {
+      c->skip_left = r->count;
+      conn_set_state (c, CONN_TX_REQ_DISCARD);
+    }
+    else
+      conn_set_state (c, CONN_TX_REQ_PAYLOAD);
+    return STEP_NEXT;
+  }
+  req_submit (c, r);
+  return STEP_NEXT;
+}
+
+enum step
+tx_step_req_payload (struct conn *c)
+{
+  struct req *r = c->cur;
+  enum io_res res = conn_read_exact (c, r->buf, r->count, &r->payload_have);
+
+  if (res != IO_DONE)
+    return io_step (res);
+  c->cur = NULL;
+  conn_set_state (c, CONN_TX_REQ_HDR);
+  req_submit (c, r);
+  return STEP_NEXT;
+}
+
+enum step
+tx_step_req_discard (struct conn *c)
+{
+  struct req *r = c->cur;
+  enum io_res res = conn_skip (c, &c->skip_left);
+
+  if (res != IO_DONE)
+    return io_step (res);
+  c->cur = NULL;
+  conn_set_state (c, CONN_TX_REQ_HDR);
+  req_submit (c, r);
+  return STEP_NEXT;
+}

@@ -1,0 +1,187 @@
+/* The server object: configuration, exports, shutdown, counters. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "foliod/export.h"
+#include "server/internal.h"
+#include "server/log.h"
+
+#define SHUTDOWN_GRACE_S 30.0 /* then connections are dropped */
+
+void
+server_config_default (struct server_config *cfg)
+{
+  memset (cfg, 0, sizeof *cfg);
+  cfg->workers = 4;
+  cfg->max_connections = 128;
+  cfg->handshake_timeout_s = 10;
+  cfg->max_inflight = 64;
+  cfg->tls_mode = SERVER_TLS_OFF;
+}
+
+static void
+server_shutdown_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct server *s = w->data;
+
+  log_warn ("shutdown: clients still busy after %.0f s, disconnecting",
+            SHUTDOWN_GRACE_S);
+  server_shutdown (s, s->shutdown_done, s->shutdown_opaque);
+}
+
+static void
+server_done_idle_cb (struct ev_loop *loop, ev_idle *w, int revents)
+{
+  struct server *s = w->data;
+  void (*done) (void *) = s->shutdown_done;
+
+  ev_idle_stop (loop, w);
+  ev_timer_stop (loop, &s->shutdown_timer);
+  s->shutdown_done = NULL;
+  if (done)
+    done (s->shutdown_opaque);
+}
+
+struct server *
+server_new (struct ev_loop *loop, const struct server_config *cfg)
+{
+  struct server *s = calloc (1, sizeof *s);
+  struct server_config def;
+
+  if (!s)
+    return NULL;
+  server_config_default (&def);
+  s->loop = loop;
+  s->cfg = *cfg;
+  if (!s->cfg.workers)
+    s->cfg.workers = def.workers;
+  if (!s->cfg.max_connections)
+    s->cfg.max_connections = def.max_connections;
+  if (!s->cfg.handshake_timeout_s)
+    s->cfg.handshake_timeout_s = def.handshake_timeout_s;
+  if (!s->cfg.max_inflight)
+    s->cfg.max_inflight = def.max_inflight;
+
+  pthread_mutex_init (&s->done_lock, NULL);
+  ev_async_init (&s->done_async, server_done_cb);
+  s->done_async.data = s;
+  ev_async_start (loop, &s->done_async);
+  ev_timer_init (&s->shutdown_timer, server_shutdown_timeout_cb,
+                 SHUTDOWN_GRACE_S, 0.);
+  s->shutdown_timer.data = s;
+  ev_idle_init (&s->done_idle, server_done_idle_cb);
+  s->done_idle.data = s;
+
+  if (pool_start (&s->pool, s, s->cfg.workers) < 0) {
+    int e = errno;
+    ev_async_stop (loop, &s->done_async);
+    pthread_mutex_destroy (&s->done_lock);
+    free (s);
+    errno = e;
+    return NULL;
+  }
+  return s;
+}
+
+int
+server_add_export (struct server *s, struct export *e)
+{
+  struct export **n;
+
+  for (size_t i = 0; i < s->nexports; i++)
+    if (strcmp (s->exports[i]->name, e->name) == 0) {
+      errno = EEXIST;
+      return -1;
+    }
+  n = realloc (s->exports, (s->nexports + 1) * sizeof *n);
+  if (!n)
+    return -1;
+  s->exports = n;
+  s->exports[s->nexports++] = e;
+  return 0;
+}
+
+struct export *
+server_find_export (struct server *s, const char *name)
+{
+  if (!*name)
+    return s->nexports ? s->exports[0] : NULL; /* the default export */
+  for (size_t i = 0; i < s->nexports; i++)
+    if (strcmp (s->exports[i]->name, name) == 0)
+      return s->exports[i];
+  return NULL;
+}
+
+/* A connection was freed: maybe the shutdown is complete. */
+void
+server_conn_gone (struct server *s)
+{
+  if (s->shutting_down && !s->conns && s->shutdown_done)
+    ev_idle_start (s->loop, &s->done_idle);
+}
+
+void
+server_shutdown (struct server *s, void (*done) (void *), void *opaque)
+{
+  struct conn *c, *next;
+  bool force = s->shutting_down; /* the second call drops everyone */
+
+  s->shutting_down = true;
+  s->forced |= force;
+  s->shutdown_done = done;
+  s->shutdown_opaque = opaque;
+  server_stop_accepting (s);
+  if (!force)
+    ev_timer_start (s->loop, &s->shutdown_timer);
+  log_info ("shutdown%s: %u connection(s) open", force ? " (forced)" : "",
+            s->nconns);
+  for (c = s->conns; c; c = next) {
+    next = c->next;
+    conn_begin_shutdown (c, force);
+  }
+  server_conn_gone (s); /* maybe nobody was connected */
+}
+
+void
+server_free (struct server *s)
+{
+  struct conn *c, *next;
+
+  if (!s)
+    return;
+  server_stop_accepting (s);
+  /* Workers finish what they hold; their completions are then taken
+   * by hand since the loop no longer runs. */
+  pool_stop (&s->pool);
+  server_done_cb (s->loop, &s->done_async, 0);
+  for (c = s->conns; c; c = next) {
+    next = c->next;
+    conn_begin_shutdown (c, true);
+  }
+  ev_async_stop (s->loop, &s->done_async);
+  ev_timer_stop (s->loop, &s->shutdown_timer);
+  ev_idle_stop (s->loop, &s->done_idle);
+  pthread_mutex_destroy (&s->done_lock);
+  free (s->exports);
+  free (s);
+}
+
+void
+server_get_stats (struct server *s, struct server_stats *st)
+{
+  st->connections_now =
+    __atomic_load_n (&s->stats.connections_now, __ATOMIC_RELAXED);
+  st->connections_total =
+    __atomic_load_n (&s->stats.connections_total, __ATOMIC_RELAXED);
+  st->connections_refused =
+    __atomic_load_n (&s->stats.connections_refused, __ATOMIC_RELAXED);
+  st->handshakes_failed =
+    __atomic_load_n (&s->stats.handshakes_failed, __ATOMIC_RELAXED);
+  st->requests = __atomic_load_n (&s->stats.requests, __ATOMIC_RELAXED);
+  st->request_errors =
+    __atomic_load_n (&s->stats.request_errors, __ATOMIC_RELAXED);
+  st->bytes_read = __atomic_load_n (&s->stats.bytes_read, __ATOMIC_RELAXED);
+  st->bytes_written =
+    __atomic_load_n (&s->stats.bytes_written, __ATOMIC_RELAXED);
+}
