@@ -1,0 +1,631 @@
+/* Randomized model test: random reads, writes, zeros, trims, flushes,
+ * prefetches, block-status calls and direct I/O against the cache over a
+ * fake backing, checked against a plain reference buffer.
+ *
+ * Per seed: a random geometry (folio 4K..128K, block 512..4K), a cache of
+ * 8-16 folios (so eviction never stops), a backing of a few MiB with an
+ * awkward size, random writeback timing, mode and caps.  Errors come in
+ * phases: clean, transient (each request fails with probability p) and
+ * persistent (every request on a range fails).
+ *
+ * The reference knows each byte or marks it unknown: a failed write, zero
+ * or trim may have done any part of its work, so its range becomes unknown
+ * until a successful read or flush tells what the cache holds (from then
+ * on the cache must stick to it).  Checked:
+ *   - every successful read equals the reference (known bytes);
+ *   - after every successful flush the backing equals the reference;
+ *   - block status never calls known non-zero data a hole;
+ *   - when errors stop, a flush succeeds, and at the end the backing and a
+ *     fresh read of the whole device equal the reference.
+ * Trim semantics (the cache's contract): whole blocks inside the range read
+ * as zeroes afterwards (the fake zeroes what it is asked to trim); the
+ * parts of partial blocks are left unchanged; the last block counts as
+ * whole when the trim reaches the end of the export.
+ *
+ * Environment: MODEL_SEED (default: time), MODEL_OPS (default 100000, or
+ * 10000 under VALGRIND=1), MODEL_VERBOSE=1 prints the geometry.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "lib/cachetest.h"
+
+enum op_kind {
+  OP_READ, OP_WRITE, OP_ZERO, OP_TRIM, OP_FLUSH, OP_PREFETCH, OP_STATUS,
+  OP_DREAD, OP_DWRITE, OP_RECOVER, OP_NKINDS
+};
+static const char *op_names[] = {
+  "read", "write", "zero", "trim", "flush", "prefetch", "status",
+  "dread", "dwrite", "recover"
+};
+
+#define HIST 48
+
+struct hist {
+  uint64_t n;
+  enum op_kind kind;
+  uint64_t off, len;
+  unsigned flags;
+  int ret, err;
+};
+
+struct model {
+  uint64_t seed, rng;
+  uint64_t nops, op;
+  uint64_t size;
+  struct cache_config cfg;
+  unsigned caps;
+  struct fake_backing *fb;
+  struct cache *c;
+  uint8_t *ref, *unk, *buf, *bbuf;
+  uint64_t nunk;            /* unknown bytes in ref */
+  int phase;                /* 0 clean, 1 transient, 2 persistent */
+  uint64_t phase_end;
+  struct hist hist[HIST];
+  uint64_t ok[OP_NKINDS], failed[OP_NKINDS];
+  uint64_t flush_checks, phases[3];
+  uint64_t adopted;         /* unknown bytes resolved by a read/flush */
+};
+
+static void
+model_dump (struct model *m)
+{
+  struct cache_stats st;
+
+  fprintf (stderr,
+           "MODEL FAILURE: MODEL_SEED=%" PRIu64 " at op %" PRIu64 "\n"
+           "  size=%" PRIu64 " folio=%u block=%u cache=%" PRIu64
+           " max_io=%u mode=%d direct_threshold=%" PRIu64
+           " expire=%ums interval=%ums bg=%u%% limit=%u%% caps=%#x phase=%d"
+           " unknown=%" PRIu64 "\n",
+           m->seed, m->op, m->size, m->cfg.folio_size, m->cfg.block_size,
+           m->cfg.cache_size, m->cfg.max_io_bytes, (int) m->cfg.mode,
+           m->cfg.direct_threshold, m->cfg.dirty_expire_ms,
+           m->cfg.writeback_interval_ms, m->cfg.dirty_background_pct,
+           m->cfg.dirty_limit_pct, m->caps, m->phase, m->nunk);
+  fprintf (stderr, "  last ops (oldest first):\n");
+  for (uint64_t i = m->op >= HIST ? m->op - HIST + 1 : 0; i <= m->op; i++) {
+    struct hist *h = &m->hist[i % HIST];
+    if (h->n != i)
+      continue;
+    fprintf (stderr, "    #%" PRIu64 " %-8s off=%" PRIu64 " len=%" PRIu64
+             " flags=%#x -> %d%s%s\n", h->n, op_names[h->kind], h->off,
+             h->len, h->flags, h->ret, h->ret ? " " : "",
+             h->ret ? strerror (h->err) : "");
+  }
+  if (m->c) {
+    cache_get_stats (m->c, &st);
+    fprintf (stderr, "  stats: dirty=%" PRIu64 " cached=%" PRIu64
+             " evictions=%" PRIu64 " wb_errors=%" PRIu64 "\n",
+             st.dirty_bytes, st.cached_bytes, st.evictions,
+             st.writeback_errors);
+  }
+}
+
+#define MFAIL(m, ...) do {                         \
+    model_dump (m);                                \
+    fprintf (stderr, "  " __VA_ARGS__);            \
+    fprintf (stderr, "\n");                        \
+    fail_msg ("model failure, seed %" PRIu64, (m)->seed); \
+  } while (0)
+
+static uint64_t
+rnd (struct model *m, uint64_t n)
+{
+  return fake_rand_below (&m->rng, n);
+}
+
+static int
+chance (struct model *m, unsigned percent)
+{
+  return rnd (m, 100) < percent;
+}
+
+/* ---- reference bookkeeping ---- */
+
+static void
+ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
+{
+  if (src)
+    memcpy (m->ref + off, src, len);
+  else
+    memset (m->ref + off, 0, len);
+  if (m->nunk) {
+    for (uint64_t i = off; i < off + len; i++) {
+      m->nunk -= m->unk[i];
+      m->unk[i] = 0;
+    }
+  }
+}
+
+static void
+ref_unknown (struct model *m, uint64_t len, uint64_t off)
+{
+  for (uint64_t i = off; i < off + len; i++) {
+    m->nunk += !m->unk[i];
+    m->unk[i] = 1;
+  }
+}
+
+/* Check data read from the cache (or backing, what) against the
+ * reference; adopt it where the reference does not know. */
+static void
+ref_check (struct model *m, const uint8_t *got, uint64_t len, uint64_t off,
+           const char *what)
+{
+  if (m->nunk == 0 || memchr (m->unk + off, 1, len) == NULL) {
+    if (memcmp (got, m->ref + off, len) == 0)
+      return;
+  }
+  for (uint64_t i = 0; i < len; i++) {
+    uint64_t p = off + i;
+    if (m->unk[p]) {
+      m->ref[p] = got[i];
+      m->unk[p] = 0;
+      m->nunk--;
+      m->adopted++;
+    }
+    else if (got[i] != m->ref[p]) {
+      uint64_t j = i;
+      while (j < len && !m->unk[off + j] && got[j] != m->ref[off + j])
+        j++;
+      MFAIL (m, "%s mismatch at byte %" PRIu64 " (range off=%" PRIu64
+             " len=%" PRIu64 "): got %#x want %#x, %" PRIu64
+             " bytes differ from there", what, p, off, len, got[i],
+             m->ref[p], j - i);
+    }
+  }
+}
+
+/* After a successful flush the backing must equal the reference. */
+static void
+check_backing (struct model *m)
+{
+  const uint64_t chunk = 1 << 20;
+  for (uint64_t off = 0; off < m->size; off += chunk) {
+    uint64_t n = m->size - off < chunk ? m->size - off : chunk;
+    fake_peek (m->fb, m->bbuf, n, off);
+    ref_check (m, m->bbuf, n, off, "backing after flush");
+  }
+  m->flush_checks++;
+}
+
+/* ---- random requests ---- */
+
+static void
+pick_range (struct model *m, uint64_t *offp, uint64_t *lenp)
+{
+  uint64_t bs = m->cfg.block_size, fs = m->cfg.folio_size;
+  uint64_t off, len;
+
+  switch (rnd (m, 8)) {
+  case 0: case 1:           /* small, unaligned */
+    len = 1 + rnd (m, bs + bs / 2);
+    off = rnd (m, m->size);
+    break;
+  case 2: case 3:           /* whole blocks */
+    len = (1 + rnd (m, 2 * fs / bs + 2)) * bs;
+    off = rnd (m, m->size / bs) * bs;
+    break;
+  case 4:                   /* whole folios */
+    len = (1 + rnd (m, 3)) * fs;
+    off = rnd (m, m->size / fs + 1) * fs;
+    break;
+  case 5:                   /* near the end of the export */
+    len = 1 + rnd (m, 2 * fs);
+    off = m->size > len ? m->size - len : 0;
+    if (chance (m, 50)) {
+      uint64_t back = rnd (m, bs);
+      off = off > back ? off - back : 0;
+    }
+    break;
+  default:                  /* anything up to three folios */
+    len = 1 + rnd (m, 3 * fs);
+    off = rnd (m, m->size);
+    break;
+  }
+  if (off >= m->size)
+    off = m->size - 1;
+  if (len > m->size - off)
+    len = m->size - off;
+  *offp = off;
+  *lenp = len;
+}
+
+static void
+rand_fill (struct model *m, uint8_t *p, uint64_t len)
+{
+  uint64_t i = 0, v = 0;
+  /* Mostly random; sometimes a constant (zeros included). */
+  if (chance (m, 10)) {
+    memset (p, chance (m, 50) ? 0 : (int) rnd (m, 256), len);
+    return;
+  }
+  for (; i + 8 <= len; i += 8) {
+    v = fake_rand (&m->rng);
+    memcpy (p + i, &v, 8);
+  }
+  v = fake_rand (&m->rng);
+  for (; i < len; i++, v >>= 8)
+    p[i] = (uint8_t) v;
+}
+
+/* ---- the operations ---- */
+
+struct status_ctx {
+  struct model *m;
+  uint64_t pos, end;
+  int bad;
+};
+
+static int
+status_cb (void *opaque, uint64_t off, uint64_t len,
+           enum backing_extent_type type)
+{
+  struct status_ctx *s = opaque;
+  struct model *m = s->m;
+
+  if (off != s->pos || len == 0 || off + len > s->end)
+    MFAIL (m, "block status extent off=%" PRIu64 " len=%" PRIu64
+           " does not continue at %" PRIu64 " inside end %" PRIu64,
+           off, len, s->pos, s->end);
+  if (type != BACKING_DATA) {
+    for (uint64_t i = off; i < off + len; i++)
+      if (!m->unk[i] && m->ref[i] != 0)
+        MFAIL (m, "block status calls %" PRIu64 "+%" PRIu64
+               " type %d but byte %" PRIu64 " is %#x", off, len, type, i,
+               m->ref[i]);
+  }
+  s->pos = off + len;
+  return 0;
+}
+
+/* The whole-block part of a trim, per the cache's contract. */
+static void
+trim_span (struct model *m, uint64_t off, uint64_t len, uint64_t *s,
+           uint64_t *e)
+{
+  uint64_t bs = m->cfg.block_size, end = off + len;
+  *s = (off + bs - 1) / bs * bs;
+  *e = end == m->size ? end : end / bs * bs;
+  if (*s > *e)
+    *e = *s;
+}
+
+static void
+do_op (struct model *m, enum op_kind kind)
+{
+  struct hist *h = &m->hist[m->op % HIST];
+  uint64_t off = 0, len = 0;
+  unsigned flags = 0;
+  int r = 0;
+
+  if (kind != OP_FLUSH && kind != OP_RECOVER)
+    pick_range (m, &off, &len);
+  *h = (struct hist) { .n = m->op, .kind = kind, .off = off, .len = len };
+  errno = 0;
+
+  switch (kind) {
+  case OP_READ:
+  case OP_DREAD:
+    flags = kind == OP_DREAD ? CACHE_DIRECT : 0;
+    memset (m->buf, 0xdb, len);
+    r = cache_read (m->c, m->buf, len, off, flags);
+    if (r == 0)
+      ref_check (m, m->buf, len, off, op_names[kind]);
+    break;
+
+  case OP_WRITE:
+  case OP_DWRITE:
+    flags = kind == OP_DWRITE ? CACHE_DIRECT : 0;
+    if (chance (m, 10))
+      flags |= CACHE_FUA;
+    rand_fill (m, m->buf, len);
+    r = cache_write (m->c, m->buf, len, off, flags);
+    if (r == 0)
+      ref_set (m, m->buf, len, off);
+    else
+      ref_unknown (m, len, off);
+    break;
+
+  case OP_ZERO:
+    if (chance (m, 50))
+      flags |= CACHE_MAY_TRIM;
+    if (chance (m, 10))
+      flags |= CACHE_FUA;
+    if (chance (m, 10))
+      flags |= CACHE_FAST_ZERO;
+    r = cache_zero (m->c, len, off, flags);
+    if (r == 0)
+      ref_set (m, NULL, len, off);
+    else if (errno == ENOTSUP && (flags & CACHE_FAST_ZERO) &&
+             !(m->caps & BACKING_CAN_FAST_ZERO))
+      ;  /* refused up front: nothing happened */
+    else
+      ref_unknown (m, len, off);
+    break;
+
+  case OP_TRIM: {
+    uint64_t s, e;
+    if (chance (m, 10))
+      flags |= CACHE_FUA;
+    trim_span (m, off, len, &s, &e);
+    r = cache_trim (m->c, len, off, flags);
+    if (r == 0 && (m->caps & BACKING_CAN_TRIM))
+      ref_set (m, NULL, e - s, s);
+    else if (e > s)
+      /* Failed, or advisory without a trimming backing: each whole block
+       * holds its old data or zeroes; the reads will tell. */
+      ref_unknown (m, e - s, s);
+    break;
+  }
+
+  case OP_FLUSH:
+    r = cache_flush (m->c);
+    if (r == 0)
+      check_backing (m);
+    break;
+
+  case OP_PREFETCH:
+    r = cache_prefetch (m->c, len, off);
+    break;
+
+  case OP_STATUS: {
+    struct status_ctx s = { .m = m, .pos = off, .end = off + len };
+    r = cache_block_status (m->c, len, off, status_cb, &s);
+    if (r == 0 && s.pos != off + len)
+      MFAIL (m, "block status stopped at %" PRIu64 " before %" PRIu64,
+             s.pos, off + len);
+    break;
+  }
+
+  case OP_RECOVER:
+    /* Errors have stopped: the first flush must succeed. */
+    r = cache_flush (m->c);
+    if (r == -1)
+      MFAIL (m, "flush after errors stopped failed: %s", strerror (errno));
+    check_backing (m);
+    break;
+
+  default:
+    fail ();
+  }
+  h->flags = flags;
+  h->ret = r;
+  h->err = r ? errno : 0;
+  if (r == 0)
+    m->ok[kind]++;
+  else
+    m->failed[kind]++;
+}
+
+static enum op_kind
+pick_kind (struct model *m)
+{
+  unsigned x = (unsigned) rnd (m, 1000);
+  if (x < 300) return OP_READ;
+  if (x < 630) return OP_WRITE;
+  if (x < 710) return OP_ZERO;
+  if (x < 780) return OP_TRIM;
+  if (x < 787) return OP_FLUSH;
+  if (x < 840) return OP_PREFETCH;
+  if (x < 900) return OP_STATUS;
+  if (x < 950) return OP_DREAD;
+  return OP_DWRITE;
+}
+
+/* Error phases: clean, transient, persistent; on leaving an error phase
+ * the faults stop and a flush must succeed. */
+static void
+next_phase (struct model *m)
+{
+  if (m->phase != 0) {
+    fake_clear_faults (m->fb);
+    m->op++;
+    do_op (m, OP_RECOVER);
+  }
+  unsigned x = (unsigned) rnd (m, 100);
+  m->phase = x < 50 ? 0 : x < 80 ? 1 : 2;
+  m->phases[m->phase]++;
+  m->phase_end = m->op + 300 + rnd (m, 3000);
+  int err = chance (m, 80) ? EIO : chance (m, 50) ? ENOSPC : EROFS;
+  if (m->phase == 1) {
+    double p = 0.005 + (double) rnd (m, 100) / 1000.0; /* 0.5% .. 10.4% */
+    unsigned mask = FAKE_M_DATAIO | FAKE_M (FAKE_FLUSH);
+    if (chance (m, 30))
+      mask |= FAKE_M (FAKE_MAP);
+    fake_fail_random (m->fb, mask, p, fake_rand (&m->rng), err);
+  }
+  else if (m->phase == 2) {
+    unsigned n = 1 + (unsigned) rnd (m, 2);
+    for (unsigned i = 0; i < n; i++) {
+      uint64_t len = 1 + rnd (m, 2 * (uint64_t) m->cfg.folio_size);
+      uint64_t off = rnd (m, m->size - len);
+      unsigned mask = chance (m, 50) ? FAKE_M (FAKE_WRITE)
+                                     : FAKE_M_DATAIO;
+      fake_fail_range (m->fb, mask, off, len, err);
+    }
+    if (chance (m, 20))
+      fake_fail_range (m->fb, FAKE_M (FAKE_FLUSH), 0, 0, err);
+  }
+}
+
+/* ---- setup ---- */
+
+static void
+model_setup (struct model *m)
+{
+  static const uint32_t folios[] = { 4096, 8192, 16384, 65536, 131072 };
+  static const uint32_t blocks[] = { 512, 1024, 2048, 4096 };
+  static const unsigned expires[] = { 1, 10, 100, 30000 };
+  static const unsigned intervals[] = { 1, 5, 20, 1000 };
+  struct cache_config *cfg = &m->cfg;
+
+  cache_config_default (cfg);
+  cfg->folio_size = folios[rnd (m, 5)];
+  do
+    cfg->block_size = blocks[rnd (m, 4)];
+  while (cfg->block_size > cfg->folio_size);
+  if (chance (m, 10))
+    cfg->block_size = cfg->folio_size;     /* no sub-block tracking */
+  cfg->cache_size = (8 + rnd (m, 9)) * (uint64_t) cfg->folio_size;
+  switch (rnd (m, 4)) {
+  case 0: cfg->max_io_bytes = cfg->block_size; break;
+  case 1: cfg->max_io_bytes = cfg->folio_size; break;
+  case 2: cfg->max_io_bytes = 3 * cfg->folio_size / 2 > cfg->block_size
+            ? 3 * cfg->folio_size / 2 / cfg->block_size * cfg->block_size
+            : cfg->block_size; break;
+  default: cfg->max_io_bytes = 1 << 20; break;
+  }
+  cfg->dirty_expire_ms = expires[rnd (m, 4)];
+  cfg->writeback_interval_ms = intervals[rnd (m, 4)];
+  cfg->dirty_background_pct = 5 + (unsigned) rnd (m, 30);
+  cfg->dirty_limit_pct = cfg->dirty_background_pct + (unsigned) rnd (m, 50);
+  unsigned x = (unsigned) rnd (m, 100);
+  cfg->mode = x < 80 ? CACHE_WRITEBACK : x < 93 ? CACHE_WRITETHROUGH
+                                                : CACHE_NONE;
+  cfg->direct_threshold = chance (m, 20) ? 2 * (uint64_t) cfg->folio_size : 0;
+
+  /* A few MiB, at least four times the cache, awkward tail. */
+  m->size = (1 + rnd (m, 3)) << 20;
+  if (m->size < 4 * cfg->cache_size)
+    m->size = 4 * cfg->cache_size;
+  switch (rnd (m, 4)) {
+  case 0: break;
+  case 1: m->size += 512 * (1 + rnd (m, 100)); break;
+  case 2: m->size -= 512 * (1 + rnd (m, 7)); break;
+  default: m->size += cfg->block_size * (1 + rnd (m, 10)); break;
+  }
+
+  m->caps = FAKE_DEFAULT_CAPS;
+  if (chance (m, 15))
+    m->caps &= ~BACKING_CAN_MAP;
+  if (chance (m, 15))
+    m->caps &= ~BACKING_CAN_TRIM;
+  if (chance (m, 15))
+    m->caps &= ~BACKING_CAN_FAST_ZERO;
+  if (chance (m, 15))
+    m->caps &= ~BACKING_CAN_FUA;
+
+  m->fb = fake_backing_new (m->size);
+  assert_non_null (m->fb);
+  fake_set_caps (m->fb, m->caps);
+  fake_set_log (m->fb, 0);
+  fake_set_torn_writes (m->fb, 1);
+  m->ref = calloc (1, m->size);
+  m->unk = calloc (1, m->size);
+  m->buf = malloc (4 * (size_t) cfg->folio_size + 8192);
+  m->bbuf = malloc (1 << 20);
+  assert_true (m->ref && m->unk && m->buf && m->bbuf);
+  /* Old data in part of the device, holes elsewhere. */
+  for (uint64_t off = 0; off < m->size; off += 65536) {
+    uint64_t n = m->size - off < 65536 ? m->size - off : 65536;
+    if (chance (m, 60)) {
+      fake_fill_pattern (m->fb, n, off, (uint8_t) m->seed);
+      fake_peek (m->fb, m->ref + off, n, off);
+    }
+  }
+  m->c = ct_cache (m->fb, cfg);
+  if (m->c == NULL)
+    MFAIL (m, "cache_create failed");
+}
+
+static void
+test_model (void **state)
+{
+  struct model *m = calloc (1, sizeof *m);
+  uint64_t t0 = ct_now_ms ();
+
+  assert_non_null (m);
+  m->seed = ct_env_u64 ("MODEL_SEED", 0);
+  if (m->seed == 0) {
+    struct timespec ts;
+    clock_gettime (CLOCK_REALTIME, &ts);
+    m->seed = (uint64_t) ts.tv_sec * 1000003u ^ (uint64_t) ts.tv_nsec;
+  }
+  m->nops = ct_env_u64 ("MODEL_OPS", ct_valgrind () ? 10000 : 100000);
+  m->rng = m->seed;
+  printf ("MODEL_SEED=%" PRIu64 " MODEL_OPS=%" PRIu64 "\n", m->seed, m->nops);
+  fflush (stdout);
+  model_setup (m);
+  if (ct_env_u64 ("MODEL_VERBOSE", 0))
+    printf ("size=%" PRIu64 " folio=%u block=%u cache=%" PRIu64 " max_io=%u"
+            " mode=%d direct_threshold=%" PRIu64 " expire=%u interval=%u"
+            " caps=%#x\n", m->size, m->cfg.folio_size, m->cfg.block_size,
+            m->cfg.cache_size, m->cfg.max_io_bytes, (int) m->cfg.mode,
+            m->cfg.direct_threshold, m->cfg.dirty_expire_ms,
+            m->cfg.writeback_interval_ms, m->caps);
+
+  m->phase = 0;
+  m->phase_end = 200 + rnd (m, 2000);
+  for (m->op = 0; m->op < m->nops; m->op++) {
+    if (m->op >= m->phase_end)
+      next_phase (m);
+    do_op (m, pick_kind (m));
+  }
+
+  /* Errors stop: flush succeeds; backing and a fresh read equal the
+   * reference. */
+  fake_clear_faults (m->fb);
+  m->op++;
+  do_op (m, OP_RECOVER);
+  for (uint64_t off = 0; off < m->size; off += 1 << 20) {
+    uint64_t n = m->size - off < (1 << 20) ? m->size - off : 1 << 20;
+    m->op++;
+    struct hist *h = &m->hist[m->op % HIST];
+    *h = (struct hist) { .n = m->op, .kind = OP_READ, .off = off, .len = n };
+    if (cache_read (m->c, m->bbuf, n, off, 0) == -1)
+      MFAIL (m, "final read failed: %s", strerror (errno));
+    ref_check (m, m->bbuf, n, off, "final read");
+  }
+  if (m->nunk != 0)
+    MFAIL (m, "%" PRIu64 " bytes still unknown after reading everything",
+           m->nunk);
+
+  struct cache_stats st;
+  cache_get_stats (m->c, &st);
+  assert_int_equal (cache_destroy (m->c), 0);
+  m->c = NULL;
+  check_backing (m);
+  struct fake_totals tot;
+  fake_get_totals (m->fb, &tot);
+  if (tot.bad)
+    MFAIL (m, "%" PRIu64 " out-of-range backing requests", tot.bad);
+
+  printf ("ops=%" PRIu64 " in %" PRIu64 " ms; ok/failed:", m->nops,
+          ct_now_ms () - t0);
+  for (int k = 0; k < OP_RECOVER; k++)
+    printf (" %s=%" PRIu64 "/%" PRIu64, op_names[k], m->ok[k], m->failed[k]);
+  printf ("\nunknown bytes adopted=%" PRIu64 " flush checks=%" PRIu64
+          " phases clean/transient/persistent=%" PRIu64 "/%" PRIu64 "/%" PRIu64 " evictions=%" PRIu64
+          " backing reads=%" PRIu64 " writes=%" PRIu64 " injected=%" PRIu64
+          "\n", m->adopted, m->flush_checks, m->phases[0], m->phases[1],
+          m->phases[2], st.evictions, tot.ops[FAKE_READ], tot.ops[FAKE_WRITE], tot.failed);
+  if (m->cfg.mode != CACHE_NONE && m->nops >= 10000)
+    assert_true (st.evictions > 0);   /* the cache really was too small */
+
+  fake_free (m->fb);
+  free (m->ref);
+  free (m->unk);
+  free (m->buf);
+  free (m->bbuf);
+  free (m);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_model),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
