@@ -198,7 +198,7 @@ run_loadgen() {
 }
 
 # Results: RES[workload.server]=value, CPU[workload.server]=us/op.
-declare -A RES CPU
+declare -A RES CPU OPS
 
 # measure WORKLOAD SERVER PID UNIT CMD...: run CMD (run_fio or run_loadgen),
 # store its IOPS (UNIT=iops) or MB/s (UNIT=mbps) and the server's CPU
@@ -213,6 +213,7 @@ measure() {
   fi
   c1=$(cpu_ticks "$pid")
   read -r ops iops bw _ <<<"$out"
+  OPS[$wl.$srv]=$ops
   if [ "$unit" = iops ]; then
     RES[$wl.$srv]=$iops
   else
