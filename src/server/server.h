@@ -42,7 +42,7 @@ struct server_config {
   unsigned max_connections;     /* 0: default (128); more are closed */
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
-                                   0: default (16) */
+                                   0: default (64, nbdcopy's depth) */
   enum server_tls_mode tls_mode;/* only OFF works until TLS lands */
   const char *tls_certificates; /* directory, for TLS (later); may be NULL */
   int tls_verify_peer;          /* for TLS (later) */

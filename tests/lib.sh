@@ -1,0 +1,167 @@
+# Shared helpers for the integration scripts (tests/test-*.sh).  Source it:
+#
+#   . "$(dirname "$0")/lib.sh"
+#   lib_init server-nbdinfo            # temp dir $tmp, cleanup trap
+#   requires nbdinfo nbdsh             # exit 77 if a tool is missing
+#   truncate -s 64M "$tmp/img"
+#   start_foliod --export disk0=file:$tmp/img,cache-size=64M
+#   nbdinfo "$(uri disk0)"
+#   stop_foliod                        # SIGTERM, wait, fail unless exit 0
+#
+# Environment from make check: TOP, BUILD, FOLIOD, PLUGIN, SAN.
+# Others may ADD functions at the end of this file.
+
+set -euo pipefail
+export PATH=/usr/bin:$PATH
+
+: "${TOP:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+: "${BUILD:=$TOP/build}"
+: "${FOLIOD:=$BUILD/foliod}"
+
+# Sanitizer builds are slower: scale timeouts.
+if [ "${SAN:-}" = 1 ]; then TSCALE=3; else TSCALE=1; fi
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+_lib_pids=()          # every background process a test started
+FOLIOD_PID=           # the foliod started last
+FOLIOD_LOG=           # its log file
+SOCK=                 # its Unix socket
+
+fail () {
+  echo "FAIL: $*" >&2
+  if [ -n "$FOLIOD_LOG" ] && [ -f "$FOLIOD_LOG" ]; then
+    echo "--- last lines of $FOLIOD_LOG:" >&2
+    tail -n 20 "$FOLIOD_LOG" >&2
+  fi
+  exit 1
+}
+
+skip () {
+  echo "SKIP: $*"
+  exit 77
+}
+
+# requires CMD...: skip the test when a tool is not installed.
+requires () {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null 2>&1 || skip "$c not installed"
+  done
+}
+
+_lib_cleanup () {
+  local p
+  for p in "${_lib_pids[@]}"; do
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  if [ -n "${tmp:-}" ] && [ -d "$tmp" ]; then
+    rm -rf "$tmp"
+  fi
+}
+
+# lib_init NAME: make $tmp and arrange cleanup on exit.
+lib_init () {
+  [ -x "$FOLIOD" ] || fail "foliod not built: $FOLIOD"
+  tmp=$(mktemp -d "/tmp/foliod-$1-XXXXXX")
+  trap _lib_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+# track PID: have cleanup kill a process the test started itself.
+track () {
+  _lib_pids+=("$1")
+}
+
+# uri EXPORT [SOCKET]: the NBD URI of an export on the test socket.
+uri () {
+  echo "nbd+unix:///$1?socket=${2:-$SOCK}"
+}
+
+# wait_for_socket SOCKET SECONDS: until something accepts NBD there.
+wait_for_socket () {
+  local sock=$1 i n=$(( $2 * 10 ))
+  for ((i = 0; i < n; i++)); do
+    if [ -S "$sock" ] &&
+       nbdinfo --list "nbd+unix:///?socket=$sock" >/dev/null 2>&1; then
+      return 0
+    fi
+    if [ -n "$FOLIOD_PID" ] && ! kill -0 "$FOLIOD_PID" 2>/dev/null; then
+      fail "foliod exited during start-up"
+    fi
+    sleep 0.1
+  done
+  fail "nothing answers on $sock after $2 s"
+}
+
+# start_foliod ARGS...: foliod --foreground --unix $tmp/sock ARGS, in the
+# background, logging to $tmp/foliod.log; returns once it answers.
+# Sets FOLIOD_PID, FOLIOD_LOG, SOCK.  Extra sockets/listeners may be given
+# in ARGS.  START_TIMEOUT (s) bounds the run (default 600).
+start_foliod () {
+  SOCK=${SOCK_PATH:-$tmp/sock}
+  FOLIOD_LOG=$tmp/foliod.log
+  rm -f "$SOCK"
+  timeout --signal=KILL $(( ${START_TIMEOUT:-600} * TSCALE )) \
+    "$FOLIOD" --foreground --unix "$SOCK" "$@" >>"$FOLIOD_LOG" 2>&1 &
+  FOLIOD_PID=$!
+  track "$FOLIOD_PID"
+  wait_for_socket "$SOCK" $(( 20 * TSCALE ))
+}
+
+# stop_foliod [SIGNAL]: signal foliod (default TERM) and wait for it; fails
+# the test unless it exits 0 within 60 s (scaled) and its log holds no
+# sanitizer report.
+stop_foliod () {
+  local sig=${1:-TERM} i rc=0
+  [ -n "$FOLIOD_PID" ] || return 0
+  kill -"$sig" "$FOLIOD_PID" 2>/dev/null || true
+  for ((i = 0; i < 600 * TSCALE; i++)); do
+    kill -0 "$FOLIOD_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$FOLIOD_PID" 2>/dev/null && fail "foliod still running after SIG$sig"
+  wait "$FOLIOD_PID" || rc=$?
+  FOLIOD_PID=
+  check_sanitizer_log "$FOLIOD_LOG"
+  [ "$rc" -eq 0 ] || fail "foliod exited with status $rc"
+}
+
+# foliod_alive: fail unless the foliod started last still runs.
+foliod_alive () {
+  kill -0 "$FOLIOD_PID" 2>/dev/null || fail "foliod died"
+}
+
+# check_sanitizer_log FILE: fail if ASan/UBSan/LSan reported anything.
+check_sanitizer_log () {
+  if grep -qE 'AddressSanitizer|LeakSanitizer|runtime error:' "$1" 2>/dev/null
+  then
+    grep -E -A 20 'AddressSanitizer|LeakSanitizer|runtime error:' "$1" >&2
+    fail "sanitizer report in $1"
+  fi
+}
+
+# sum_file FILE: sha256 of a whole file.
+sum_file () {
+  sha256sum < "$1" | cut -d' ' -f1
+}
+
+# sum_range FILE OFFSET LENGTH: sha256 of a byte range.
+sum_range () {
+  tail -c +$(( $2 + 1 )) "$1" | head -c "$3" | sha256sum | cut -d' ' -f1
+}
+
+# random_file FILE SIZE_MIB: SIZE_MIB MiB of random data (fast: openssl
+# keystream when available, else /dev/urandom).
+random_file () {
+  local n=$(( $2 * 1024 * 1024 ))
+  # The producer dies of SIGPIPE when head has enough: check the size.
+  if command -v openssl >/dev/null 2>&1; then
+    { openssl enc -aes-128-ctr -pass pass:"$RANDOM$RANDOM" -nosalt -pbkdf2 \
+        < /dev/zero 2>/dev/null | head -c "$n" > "$1"; } || true
+  else
+    head -c "$n" /dev/urandom > "$1"
+  fi
+  [ "$(stat -c %s "$1")" -eq "$n" ] || fail "random_file $1: short"
+}
