@@ -1,0 +1,454 @@
+/* Threads against one cache: writers on disjoint ranges (checked exactly)
+ * and on a shared range (checked against every serial order), a flusher
+ * and a prober (prefetch, block status, reads), while background
+ * writeback (short interval and expiry) and eviction (small cache) run.
+ *
+ * Shared-range writes are block-aligned runs of one constant byte, so in
+ * any serial order each block ends up holding one byte value: the last
+ * value some thread wrote to it.  A block mixing two values, or holding a
+ * value that is no thread's last write, is a bug.
+ *
+ * The second test adds transient backing errors: a failed client write
+ * makes its range "maybe" (old or new) until a read or the final flush
+ * tells.  When the errors stop, a flush must succeed.
+ *
+ * THREADS_OPS overrides the ops per writer (default 4000, 400 under
+ * VALGRIND=1); THREADS_SEED the seed (default: time).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "lib/cachetest.h"
+
+#define NW        6                    /* writer threads */
+#define REGION    (384 * 1024ull)      /* each writer's own range */
+#define SHARED_OFF (NW * REGION)
+#define BS        4096u
+#define NB        48u                  /* shared blocks */
+#define SHARED_LEN ((uint64_t) NB * BS)
+#define SIZE      (SHARED_OFF + SHARED_LEN + 3 * 4096 + 512) /* odd tail */
+
+struct cand {
+  uint64_t bits[4];  /* byte values this thread may have left in a block */
+  int has_ok;        /* a successful write of this thread is among them */
+};
+
+struct world {
+  struct cache *c;
+  struct fake_backing *fb;
+  uint64_t seed, ops;
+  int errors;                    /* inject transient errors */
+  atomic_int stop, failed;
+  char msg[512];
+  pthread_mutex_t msg_lock;
+  struct cand cand[NW][NB];
+  atomic_uint_fast64_t flushes, flush_failures, writes_failed;
+};
+
+struct writer {
+  struct world *w;
+  int id;
+  uint64_t rng;
+  uint8_t *exp, *unk;            /* own region: expected bytes, unknown */
+  uint8_t *buf;
+};
+
+static void
+report (struct world *w, const char *fmt, ...)
+{
+  va_list ap;
+  pthread_mutex_lock (&w->msg_lock);
+  if (!atomic_load (&w->failed)) {
+    va_start (ap, fmt);
+    vsnprintf (w->msg, sizeof w->msg, fmt, ap);
+    va_end (ap);
+    atomic_store (&w->failed, 1);
+  }
+  pthread_mutex_unlock (&w->msg_lock);
+  atomic_store (&w->stop, 1);
+}
+
+static void
+cand_set (struct cand *c, uint8_t v, int ok)
+{
+  if (ok) {
+    memset (c->bits, 0, sizeof c->bits);
+    c->has_ok = 1;
+  }
+  c->bits[v / 64] |= 1ull << (v % 64);
+}
+
+static int
+cand_has (const struct cand *c, uint8_t v)
+{
+  return (c->bits[v / 64] >> (v % 64)) & 1;
+}
+
+/* Is v a possible final value of shared block b? */
+static int
+shared_allowed (struct world *w, unsigned b, uint8_t v)
+{
+  int any_ok = 0;
+  for (int t = 0; t < NW; t++) {
+    if (cand_has (&w->cand[t][b], v))
+      return 1;
+    any_ok |= w->cand[t][b].has_ok;
+  }
+  return !any_ok && v == 0;   /* nobody surely wrote: the initial hole */
+}
+
+/* Each block of a shared-range buffer must hold one value. */
+static int
+check_uniform (struct world *w, const uint8_t *p, uint64_t len, uint64_t off,
+               const char *what)
+{
+  for (uint64_t b = 0; b < len / BS; b++) {
+    const uint8_t *q = p + b * BS;
+    for (unsigned i = 1; i < BS; i++)
+      if (q[i] != q[0]) {
+        report (w, "%s: shared block at %" PRIu64 " mixes %#x and %#x "
+                "(byte %u)", what, off + b * BS, q[0], q[i], i);
+        return -1;
+      }
+  }
+  return 0;
+}
+
+/* Compare with the writer's expectation, adopting unknown bytes. */
+static int
+check_own (struct writer *wr, const uint8_t *p, uint64_t len, uint64_t roff,
+           const char *what)
+{
+  for (uint64_t i = 0; i < len; i++) {
+    uint64_t k = roff + i;
+    if (wr->unk[k]) {
+      wr->exp[k] = p[i];
+      wr->unk[k] = 0;
+    }
+    else if (p[i] != wr->exp[k]) {
+      report (wr->w, "%s: writer %d byte %" PRIu64 " is %#x, want %#x",
+              what, wr->id, wr->id * REGION + k, p[i], wr->exp[k]);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static void
+own_op (struct writer *wr)
+{
+  struct world *w = wr->w;
+  uint64_t *r = &wr->rng;
+  uint64_t len = 1 + fake_rand_below (r, 3 * 16384);
+  uint64_t roff = fake_rand_below (r, REGION);
+  uint64_t base = wr->id * REGION;
+  unsigned x = (unsigned) fake_rand_below (r, 10);
+
+  if (roff + len > REGION)
+    len = REGION - roff;
+  if (x < 4) {                          /* write */
+    for (uint64_t i = 0; i < len; i++)
+      wr->buf[i] = (uint8_t) (fake_rand (r) >> 7);
+    if (cache_write (w->c, wr->buf, len, base + roff,
+                     fake_rand_below (r, 20) == 0 ? CACHE_FUA : 0) == 0) {
+      memcpy (wr->exp + roff, wr->buf, len);
+      memset (wr->unk + roff, 0, len);
+    }
+    else if (!w->errors)
+      report (w, "writer %d: write failed: %s", wr->id, strerror (errno));
+    else {
+      memset (wr->unk + roff, 1, len);
+      atomic_fetch_add (&w->writes_failed, 1);
+    }
+  }
+  else if (x < 8) {                     /* read back */
+    if (cache_read (w->c, wr->buf, len, base + roff, 0) == 0)
+      check_own (wr, wr->buf, len, roff, "read");
+    else if (!w->errors)
+      report (w, "writer %d: read failed: %s", wr->id, strerror (errno));
+  }
+  else if (x < 9) {                     /* zero */
+    if (cache_zero (w->c, len, base + roff, 0) == 0) {
+      memset (wr->exp + roff, 0, len);
+      memset (wr->unk + roff, 0, len);
+    }
+    else if (!w->errors)
+      report (w, "writer %d: zero failed: %s", wr->id, strerror (errno));
+    else
+      memset (wr->unk + roff, 1, len);
+  }
+  else {                                /* trim: whole blocks only */
+    uint64_t s = (base + roff + BS - 1) / BS * BS, e = (base + roff + len) / BS * BS;
+    int ok = cache_trim (w->c, len, base + roff, 0) == 0;
+    if (!ok && !w->errors)
+      report (w, "writer %d: trim failed: %s", wr->id, strerror (errno));
+    if (e > s) {
+      memset (wr->exp + (s - base), 0, e - s);
+      memset (wr->unk + (s - base), ok ? 0 : 1, e - s);
+    }
+  }
+}
+
+static void
+shared_op (struct writer *wr, uint64_t seq)
+{
+  struct world *w = wr->w;
+  uint64_t *r = &wr->rng;
+  unsigned b = (unsigned) fake_rand_below (r, NB);
+  unsigned n = 1 + (unsigned) fake_rand_below (r, 4);
+  unsigned x = (unsigned) fake_rand_below (r, 10);
+
+  if (b + n > NB)
+    n = NB - b;
+  uint64_t off = SHARED_OFF + (uint64_t) b * BS, len = (uint64_t) n * BS;
+  if (x < 5) {
+    /* A byte naming the writer and the write; never 0. */
+    uint8_t v = (uint8_t) (1 + (wr->id * 42 + seq % 42));
+    int ok;
+    memset (wr->buf, v, len);
+    ok = cache_write (w->c, wr->buf, len, off, 0) == 0;
+    if (!ok && !w->errors)
+      report (w, "writer %d: shared write failed: %s", wr->id,
+              strerror (errno));
+    for (unsigned i = 0; i < n; i++)
+      cand_set (&w->cand[wr->id][b + i], v, ok);
+  }
+  else if (x < 6) {
+    int ok = cache_zero (w->c, len, off, fake_rand_below (r, 2) ? CACHE_MAY_TRIM : 0) == 0;
+    if (!ok && !w->errors)
+      report (w, "writer %d: shared zero failed: %s", wr->id, strerror (errno));
+    for (unsigned i = 0; i < n; i++)
+      cand_set (&w->cand[wr->id][b + i], 0, ok);
+  }
+  else {
+    if (cache_read (w->c, wr->buf, len, off, 0) == 0)
+      check_uniform (w, wr->buf, len, off, "shared read");
+    else if (!w->errors)
+      report (w, "writer %d: shared read failed: %s", wr->id, strerror (errno));
+  }
+}
+
+static void *
+writer_main (void *arg)
+{
+  struct writer *wr = arg;
+  for (uint64_t i = 0; i < wr->w->ops && !atomic_load (&wr->w->stop); i++) {
+    if (fake_rand_below (&wr->rng, 3) == 0)
+      shared_op (wr, i);
+    else
+      own_op (wr);
+  }
+  return NULL;
+}
+
+static void *
+flusher_main (void *arg)
+{
+  struct world *w = arg;
+  while (!atomic_load (&w->stop)) {
+    if (cache_flush (w->c) == -1) {
+      if (!w->errors)
+        report (w, "flush failed: %s", strerror (errno));
+      atomic_fetch_add (&w->flush_failures, 1);
+    }
+    atomic_fetch_add (&w->flushes, 1);
+    usleep (2000);
+  }
+  return NULL;
+}
+
+static int
+status_cb (void *opaque, uint64_t off, uint64_t len,
+           enum backing_extent_type type)
+{
+  uint64_t *pos = opaque;
+  if (off != *pos || len == 0)
+    return -1;
+  *pos = off + len;
+  return 0;
+}
+
+static void *
+prober_main (void *arg)
+{
+  struct world *w = arg;
+  uint64_t rng = w->seed ^ 0x5eed;
+  uint8_t *buf = malloc (SHARED_LEN);
+
+  while (!atomic_load (&w->stop)) {
+    uint64_t off = fake_rand_below (&rng, SIZE - 1);
+    uint64_t len = 1 + fake_rand_below (&rng, 65536);
+    if (len > SIZE - off)
+      len = SIZE - off;
+    switch (fake_rand_below (&rng, 3)) {
+    case 0:
+      if (cache_prefetch (w->c, len, off) == -1 && !w->errors)
+        report (w, "prefetch failed: %s", strerror (errno));
+      break;
+    case 1: {
+      uint64_t pos = off;
+      int r = cache_block_status (w->c, len, off, status_cb, &pos);
+      if (r == 0 && pos != off + len)
+        report (w, "block status did not tile %" PRIu64 "+%" PRIu64,
+                off, len);
+      else if (r == -1 && !w->errors)
+        report (w, "block status failed: %s", strerror (errno));
+      break;
+    }
+    default:
+      if (cache_read (w->c, buf, SHARED_LEN, SHARED_OFF, 0) == 0)
+        check_uniform (w, buf, SHARED_LEN, SHARED_OFF, "prober read");
+      break;
+    }
+  }
+  free (buf);
+  return NULL;
+}
+
+static void
+run (int errors)
+{
+  struct world *w = calloc (1, sizeof *w);
+  struct writer wr[NW];
+  pthread_t wt[NW], ft, pt;
+  struct cache_config cfg;
+  char err[256];
+
+  assert_non_null (w);
+  pthread_mutex_init (&w->msg_lock, NULL);
+  w->errors = errors;
+  w->seed = ct_env_u64 ("THREADS_SEED", 0);
+  if (w->seed == 0)
+    w->seed = (uint64_t) time (NULL) * 7919 + (uint64_t) errors;
+  w->ops = ct_env_u64 ("THREADS_OPS", ct_valgrind () ? 400 : 4000);
+  printf ("THREADS_SEED=%" PRIu64 " THREADS_OPS=%" PRIu64 " errors=%d\n",
+          w->seed, w->ops, errors);
+  fflush (stdout);
+
+  w->fb = fake_backing_new (SIZE);
+  assert_non_null (w->fb);
+  fake_set_log (w->fb, 0);
+  fake_fill_pattern (w->fb, SHARED_OFF, 0, 7);   /* old data to merge with */
+
+  cache_config_default (&cfg);
+  cfg.folio_size = 16384;
+  cfg.block_size = BS;
+  cfg.cache_size = 24 * 16384;                   /* eviction all the time */
+  cfg.max_io_bytes = 64 * 1024;
+  cfg.dirty_expire_ms = 20;
+  cfg.writeback_interval_ms = 5;
+  cfg.dirty_background_pct = 10;
+  cfg.dirty_limit_pct = 40;
+  w->c = cache_create (fake_backing_base (w->fb), NULL, &cfg, err, sizeof err);
+  if (w->c == NULL)
+    fail_msg ("cache_create: %s", err);
+  if (errors)
+    fake_fail_random (w->fb, FAKE_M (FAKE_WRITE) | FAKE_M (FAKE_FLUSH) |
+                      FAKE_M (FAKE_READ), 0.02, w->seed, EIO);
+
+  for (int t = 0; t < NW; t++) {
+    wr[t] = (struct writer) { .w = w, .id = t, .rng = w->seed * 31 + (uint64_t) t };
+    wr[t].exp = malloc (REGION);
+    wr[t].unk = calloc (1, REGION);
+    wr[t].buf = malloc (3 * 16384);
+    assert_true (wr[t].exp && wr[t].unk && wr[t].buf);
+    fake_peek (w->fb, wr[t].exp, REGION, t * REGION);
+  }
+  uint64_t t0 = ct_now_ms ();
+  for (int t = 0; t < NW; t++)
+    assert_int_equal (pthread_create (&wt[t], NULL, writer_main, &wr[t]), 0);
+  assert_int_equal (pthread_create (&ft, NULL, flusher_main, w), 0);
+  assert_int_equal (pthread_create (&pt, NULL, prober_main, w), 0);
+  for (int t = 0; t < NW; t++)
+    pthread_join (wt[t], NULL);
+  atomic_store (&w->stop, 1);
+  pthread_join (ft, NULL);
+  pthread_join (pt, NULL);
+  uint64_t ms = ct_now_ms () - t0;
+  if (atomic_load (&w->failed))
+    fail_msg ("THREADS_SEED=%" PRIu64 ": %s", w->seed, w->msg);
+
+  /* Errors stop: one flush succeeds and the backing holds a serial order. */
+  fake_clear_faults (w->fb);
+  if (cache_flush (w->c) == -1)
+    fail_msg ("THREADS_SEED=%" PRIu64 ": final flush failed: %s", w->seed,
+              strerror (errno));
+  uint8_t *back = malloc (SIZE), *via = malloc (SIZE);
+  assert_true (back && via);
+  fake_peek (w->fb, back, SIZE, 0);
+  for (int t = 0; t < NW; t++) {
+    check_own (&wr[t], back + t * REGION, REGION, 0, "backing after flush");
+    if (atomic_load (&w->failed))
+      fail_msg ("THREADS_SEED=%" PRIu64 ": %s", w->seed, w->msg);
+  }
+  check_uniform (w, back + SHARED_OFF, SHARED_LEN, SHARED_OFF, "backing");
+  if (atomic_load (&w->failed))
+    fail_msg ("THREADS_SEED=%" PRIu64 ": %s", w->seed, w->msg);
+  for (unsigned b = 0; b < NB; b++) {
+    uint8_t v = back[SHARED_OFF + b * BS];
+    if (!shared_allowed (w, b, v))
+      fail_msg ("THREADS_SEED=%" PRIu64 ": shared block %u holds %#x, "
+                "which is no writer's last write", w->seed, b, v);
+  }
+  /* The tail nobody wrote is still a hole. */
+  for (uint64_t i = SHARED_OFF + SHARED_LEN; i < SIZE; i++)
+    assert_int_equal (back[i], 0);
+  /* And the cache agrees with the backing. */
+  assert_int_equal (cache_read (w->c, via, SIZE, 0, 0), 0);
+  assert_memory_equal (via, back, SIZE);
+
+  struct cache_stats st;
+  cache_get_stats (w->c, &st);
+  printf ("%" PRIu64 " ms: flushes=%" PRIu64 " (failed %" PRIu64 ")"
+          " writes failed=%" PRIu64 " evictions=%" PRIu64
+          " backing writes=%" PRIu64 " throttle waits=%" PRIu64 "\n",
+          ms, (uint64_t) w->flushes, (uint64_t) w->flush_failures,
+          (uint64_t) w->writes_failed, st.evictions, st.backing_write_ops,
+          st.throttle_waits);
+  assert_true (st.evictions > 0);
+  assert_int_equal (st.dirty_bytes, 0);
+  assert_int_equal (cache_destroy (w->c), 0);
+  fake_free (w->fb);
+  for (int t = 0; t < NW; t++) {
+    free (wr[t].exp);
+    free (wr[t].unk);
+    free (wr[t].buf);
+  }
+  free (back);
+  free (via);
+  pthread_mutex_destroy (&w->msg_lock);
+  free (w);
+}
+
+static void
+test_threads (void **state)
+{
+  run (0);
+}
+
+static void
+test_threads_with_errors (void **state)
+{
+  run (1);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_threads),
+    cmocka_unit_test (test_threads_with_errors),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
