@@ -138,13 +138,59 @@ bench: deps
 	  $(TEST_ENV) bench/$$b || { echo "bench/$$b failed"; rc=1; }; done; exit $$rc
 
 run: deps all
-	scripts/run-default
+	FOLIOD=$(abspath $(FOLIOD)) scripts/run-default
 
+# Install layout.  PREFIX=/usr gives a Debian-like system layout (/etc,
+# /usr/lib/systemd/system, nbdkit's own plugin directory); any other
+# PREFIX keeps everything under it (nbdkit then needs the plugin's full
+# path).  Each directory can be overridden on the command line.
+SBINDIR    ?= $(PREFIX)/sbin
+MANDIR     ?= $(PREFIX)/share/man
+DOCDIR     ?= $(PREFIX)/share/doc/foliod
+ifeq ($(PREFIX),/usr)
+SYSCONFDIR ?= /etc
+UNITDIR    ?= /usr/lib/systemd/system
+PLUGINDIR  ?= $(or $(shell pkg-config --variable=plugindir nbdkit 2>/dev/null),/usr/lib/x86_64-linux-gnu/nbdkit/plugins)
+else
+SYSCONFDIR ?= $(PREFIX)/etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+PLUGINDIR  ?= $(PREFIX)/lib/nbdkit/plugins
+endif
+UNITS = foliod.service foliod.socket foliod@.service
+MANS  = $(wildcard man/*.[0-9])
+
+# The units name /usr/sbin/foliod and /etc/foliod; point them at the
+# installed paths.  An existing foliod.conf is never overwritten (the
+# example also goes to DOCDIR); uninstall removes it only if unchanged.
 install: all
-	install -D -m 755 $(FOLIOD) $(DESTDIR)$(PREFIX)/sbin/foliod
+	install -D -m 755 $(FOLIOD) $(DESTDIR)$(SBINDIR)/foliod
+	if [ -f $(PLUGIN) ]; then \
+	  install -D -m 755 $(PLUGIN) $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so; fi
+	for m in $(MANS); do \
+	  install -D -m 644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m#man/}; done
+	install -D -m 644 conf/foliod.conf $(DESTDIR)$(DOCDIR)/foliod.conf.example
+	if [ -e $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf ]; then \
+	  echo "install: keeping existing $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf"; \
+	else \
+	  install -D -m 644 conf/foliod.conf $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf; fi
+	for u in $(UNITS); do \
+	  install -d $(DESTDIR)$(UNITDIR) && \
+	  sed -e 's|/usr/sbin/foliod|$(SBINDIR)/foliod|g' \
+	      -e 's|/etc/foliod|$(SYSCONFDIR)/foliod|g' systemd/$$u \
+	      > $(DESTDIR)$(UNITDIR)/$$u && chmod 644 $(DESTDIR)$(UNITDIR)/$$u; done
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/sbin/foliod
+	rm -f $(DESTDIR)$(SBINDIR)/foliod
+	rm -f $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so
+	for m in $(MANS); do rm -f $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m#man/}; done
+	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
+	rm -f $(DESTDIR)$(DOCDIR)/foliod.conf.example
+	-rmdir $(DESTDIR)$(DOCDIR) 2>/dev/null
+	if cmp -s conf/foliod.conf $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf; then \
+	  rm -f $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf; \
+	  rmdir $(DESTDIR)$(SYSCONFDIR)/foliod 2>/dev/null || true; \
+	elif [ -e $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf ]; then \
+	  echo "uninstall: keeping modified $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf"; fi
 
 clean:
 	rm -rf build build-asan foliod plugins/folio/nbdkit-folio-plugin.so
