@@ -1,0 +1,487 @@
+/* The nbd backing against a real nbdkit on a Unix socket: the ops, holes
+ * from block status, reconnect after the remote dies, and the remote's own
+ * errors coming back as errors. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+
+#include "foliod/backing.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024)
+
+struct fx {
+  char dir[64];
+  char sock[96];
+  char uri[160];
+  char disk[96];                /* for the file plugin */
+  char errfile[96];             /* for the error filter */
+  pid_t pid;                    /* nbdkit, 0 when not running */
+};
+
+static uint64_t
+ms_now (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000ull + ts.tv_nsec / 1000000;
+}
+
+static int
+can_connect (const char *path)
+{
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+  strncpy (sa.sun_path, path, sizeof sa.sun_path - 1);
+  ok = fd >= 0 && connect (fd, (struct sockaddr *) &sa, sizeof sa) == 0;
+  if (fd >= 0)
+    close (fd);
+  return ok;
+}
+
+/* Start "nbdkit -f -U SOCK args..." after delay_ms (the child sleeps
+ * before exec: nbdkit ties itself to the forking thread, so forking from
+ * a short-lived thread would kill it); wait until it accepts unless
+ * delayed. */
+static void
+remote_spawn (struct fx *f, const char *const *args, unsigned delay_ms)
+{
+  const char *argv[32];
+  int n = 0;
+  uint64_t deadline;
+
+  unlink (f->sock);             /* nbdkit 1.32 leaves it behind */
+  argv[n++] = "nbdkit";
+  argv[n++] = "-f";
+  argv[n++] = "--exit-with-parent";
+  argv[n++] = "-U";
+  argv[n++] = f->sock;
+  while (*args && n < 31)
+    argv[n++] = *args++;
+  argv[n] = NULL;
+  f->pid = fork ();
+  assert_true (f->pid >= 0);
+  if (f->pid == 0) {
+    if (delay_ms)
+      usleep (delay_ms * 1000);
+    execvp ("nbdkit", (char **) argv);
+    _exit (127);
+  }
+  if (delay_ms)
+    return;
+  deadline = ms_now () + 10000;
+  while (!can_connect (f->sock)) {
+    int st;
+    if (waitpid (f->pid, &st, WNOHANG) == f->pid)
+      fail_msg ("nbdkit exited early (status %d)", st);
+    if (ms_now () > deadline)
+      fail_msg ("nbdkit did not start");
+    usleep (10000);
+  }
+}
+
+static void
+remote_start (struct fx *f, const char *const *args)
+{
+  remote_spawn (f, args, 0);
+}
+
+static void
+remote_kill (struct fx *f)
+{
+  if (f->pid > 0) {
+    kill (f->pid, SIGKILL);
+    waitpid (f->pid, NULL, 0);
+    f->pid = 0;
+  }
+}
+
+static int
+setup (void **state)
+{
+  struct fx *f = calloc (1, sizeof *f);
+
+  assert_non_null (f);
+  strcpy (f->dir, "/var/tmp/foliod-nbdb-XXXXXX");
+  assert_non_null (mkdtemp (f->dir));
+  snprintf (f->sock, sizeof f->sock, "%s/sock", f->dir);
+  snprintf (f->uri, sizeof f->uri, "nbd+unix:///?socket=%s", f->sock);
+  snprintf (f->disk, sizeof f->disk, "%s/disk", f->dir);
+  snprintf (f->errfile, sizeof f->errfile, "%s/inject", f->dir);
+  *state = f;
+  return 0;
+}
+
+static int
+teardown (void **state)
+{
+  struct fx *f = *state;
+
+  remote_kill (f);
+  unlink (f->sock);
+  unlink (f->disk);
+  unlink (f->errfile);
+  rmdir (f->dir);
+  free (f);
+  return 0;
+}
+
+static struct backing *
+open_nbd (struct fx *f, unsigned retry_ms)
+{
+  struct backing_opts o = { .retry_timeout_ms = retry_ms };
+  char err[256] = "";
+  struct backing *b = backing_open (f->uri, &o, err, sizeof err);
+
+  if (!b)
+    fail_msg ("open %s: %s", f->uri, err);
+  return b;
+}
+
+static void
+fill (uint8_t *p, size_t n, unsigned seed)
+{
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint8_t) (seed + i * 131 + (i >> 9));
+}
+
+static void
+assert_map (struct backing *b, uint64_t off, uint64_t len,
+            enum backing_extent_type type)
+{
+  struct backing_extent e;
+
+  assert_int_equal (b->ops->map (b, off, len, &e), 0);
+  assert_int_equal (e.offset, off);
+  assert_true (e.length > 0 && e.length <= len);
+  assert_int_equal (e.type, type);
+}
+
+static void
+test_memory_ops (void **state)
+{
+  static const char *const args[] = { "memory", "64M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  struct backing_extent e;
+  uint8_t *w = malloc (3 * MiB), *r = malloc (3 * MiB), *z = calloc (1, MiB);
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  assert_string_equal (b->ops->name, "nbd");
+  assert_int_equal (b->size, 64 * MiB);
+  assert_true (b->caps & BACKING_CAN_MAP);
+  assert_true (b->caps & BACKING_CAN_TRIM);
+  assert_true (b->caps & BACKING_CAN_ZERO);
+  assert_true (b->caps & BACKING_CAN_MULTI_CONN);
+  assert_false (b->caps & BACKING_READ_ONLY);
+
+  /* An empty export is one hole, found without reading. */
+  assert_int_equal (b->ops->map (b, 0, b->size, &e), 0);
+  assert_int_equal (e.type, BACKING_HOLE);
+  assert_int_equal (e.length, b->size);
+
+  /* Cached answer first, then a write must not leave it stale. */
+  assert_map (b, 5 * MiB, 4096, BACKING_HOLE);
+  fill (w, 3 * MiB, 1);
+  assert_int_equal (b->ops->write (b, w + 1, 100000, 5 * MiB + 3, 0), 0);
+  assert_map (b, 5 * MiB + 4096, 4096, BACKING_DATA);
+  assert_map (b, 40 * MiB, 4096, BACKING_HOLE);
+  assert_int_equal (b->ops->read (b, r, 100000, 5 * MiB + 3), 0);
+  assert_memory_equal (r, w + 1, 100000);
+
+  /* A write bigger than one request, with FUA. */
+  assert_int_equal (b->ops->write (b, w, 3 * MiB, 10 * MiB - 7, BACKING_FUA), 0);
+  assert_int_equal (b->ops->read (b, r, 3 * MiB, 10 * MiB - 7), 0);
+  assert_memory_equal (r, w, 3 * MiB);
+
+  /* Zero and trim read back as zeroes. */
+  assert_int_equal (b->ops->zero (b, MiB, 10 * MiB, 0), 0);
+  assert_int_equal (b->ops->read (b, r, MiB, 10 * MiB), 0);
+  assert_memory_equal (r, z, MiB);
+  assert_int_equal (b->ops->zero (b, 4096, 11 * MiB, BACKING_MAY_TRIM), 0);
+  assert_int_equal (b->ops->trim (b, MiB, 12 * MiB, BACKING_FUA), 0);
+  assert_int_equal (b->ops->read (b, r, MiB, 12 * MiB), 0);
+  assert_memory_equal (r, z, MiB);
+  /* The bytes around the zeroed range are untouched. */
+  assert_int_equal (b->ops->read (b, r, 4096, 11 * MiB + 4096), 0);
+  assert_memory_equal (r, w + (11 * MiB + 4096 - (10 * MiB - 7)), 4096);
+  assert_int_equal (b->ops->flush (b), 0);
+
+  struct backing_stats st;
+  b->ops->stats (b, &st);
+  assert_int_equal (st.reconnects, 0);
+  assert_int_equal (st.errors, 0);
+  backing_close (b);
+  free (w);
+  free (r);
+  free (z);
+}
+
+/* Remote without WRITE_ZEROES: zero writes zeroes; FAST_ZERO refuses. */
+static void
+test_no_native_zero (void **state)
+{
+  static const char *const args[] = {
+    "--filter=nozero", "memory", "8M", "zeromode=none", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t *w = malloc (3 * MiB), *r = malloc (3 * MiB), *z = calloc (1, 3 * MiB);
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  assert_false (b->caps & BACKING_CAN_ZERO);
+  assert_false (b->caps & BACKING_CAN_FAST_ZERO);
+  fill (w, 3 * MiB, 9);
+  assert_int_equal (b->ops->write (b, w, 3 * MiB, 0, 0), 0);
+  assert_int_equal (b->ops->zero (b, 4096, 0, BACKING_FAST_ZERO), -1);
+  assert_int_equal (errno, ENOTSUP);
+  assert_int_equal (b->ops->zero (b, 2 * MiB + 5, 1000, BACKING_FUA), 0);
+  assert_int_equal (b->ops->read (b, r, 3 * MiB, 0), 0);
+  assert_memory_equal (r, w, 1000);
+  assert_memory_equal (r + 1000, z, 2 * MiB + 5);
+  assert_memory_equal (r + 1000 + 2 * MiB + 5, w + 1000 + 2 * MiB + 5,
+                       3 * MiB - 1000 - 2 * MiB - 5);
+  backing_close (b);
+  free (w);
+  free (r);
+  free (z);
+}
+
+/* Threads on disjoint ranges through the connection pool. */
+struct par_arg {
+  struct backing *b;
+  int t;
+};
+
+static void *
+par_thread (void *p)
+{
+  struct par_arg *a = p;
+  uint8_t w[20000], r[20000];
+  uint64_t base = (uint64_t) a->t * 4 * MiB;
+
+  for (int i = 0; i < 50; i++) {
+    uint64_t off = base + (uint64_t) i * 50000 + a->t;
+    fill (w, sizeof w, a->t * 100 + i);
+    if (a->b->ops->write (a->b, w, sizeof w, off, 0) != 0 ||
+        a->b->ops->read (a->b, r, sizeof r, off) != 0 ||
+        memcmp (w, r, sizeof w) != 0)
+      return (void *) 1;
+  }
+  return NULL;
+}
+
+static void
+test_parallel (void **state)
+{
+  static const char *const args[] = { "memory", "64M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  enum { N = 6 };
+  pthread_t th[N];
+  struct par_arg a[N];
+  void *ret;
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  for (int t = 0; t < N; t++) {
+    a[t] = (struct par_arg) { b, t };
+    assert_int_equal (pthread_create (&th[t], NULL, par_thread, &a[t]), 0);
+  }
+  for (int t = 0; t < N; t++) {
+    assert_int_equal (pthread_join (th[t], &ret), 0);
+    assert_null (ret);
+  }
+  backing_close (b);
+}
+
+static void
+test_reconnect (void **state)
+{
+  struct fx *f = *state;
+  const char *args[] = { "file", f->disk, NULL };
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t w1[10000], w2[10000], r[10000];
+  uint64_t t0;
+  int fd;
+
+  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  assert_int_equal (ftruncate (fd, 16 * MiB), 0);
+  close (fd);
+  remote_start (f, args);
+  b = open_nbd (f, 10000);
+  fill (w1, sizeof w1, 1);
+  fill (w2, sizeof w2, 2);
+  assert_int_equal (b->ops->write (b, w1, sizeof w1, 1 * MiB + 1, 0), 0);
+
+  /* The remote dies; it comes back 400 ms later on the same socket. */
+  remote_kill (f);
+  remote_spawn (f, args, 400);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->write (b, w2, sizeof w2, 2 * MiB + 3, 0), 0);
+  assert_true (ms_now () - t0 >= 300);   /* it really waited */
+  assert_int_equal (b->ops->flush (b), 0);
+
+  /* Both writes are there, on every pooled connection. */
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal (b->ops->read (b, r, sizeof r, 1 * MiB + 1), 0);
+    assert_memory_equal (r, w1, sizeof r);
+    assert_int_equal (b->ops->read (b, r, sizeof r, 2 * MiB + 3), 0);
+    assert_memory_equal (r, w2, sizeof r);
+  }
+  b->ops->stats (b, &st);
+  assert_true (st.reconnects >= 1);
+  assert_true (st.retries >= 1);
+  assert_int_equal (st.errors, 0);
+  backing_close (b);
+
+  /* And on the remote's disk itself. */
+  fd = open (f->disk, O_RDONLY);
+  assert_int_equal (pread (fd, r, sizeof r, 2 * MiB + 3), (ssize_t) sizeof r);
+  assert_memory_equal (r, w2, sizeof r);
+  close (fd);
+}
+
+/* No remote comes back: the request fails after retry_timeout_ms. */
+static void
+test_reconnect_gives_up (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0, dt;
+
+  remote_start (f, args);
+  b = open_nbd (f, 600);
+  remote_kill (f);
+  unlink (f->sock);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  dt = ms_now () - t0;
+  assert_true (errno == ENOTCONN || errno == ECONNREFUSED || errno == ENOENT ||
+               errno == EIO);
+  assert_true (dt >= 500 && dt < 3000);
+  b->ops->stats (b, &st);
+  assert_int_equal (st.errors, 1);
+  backing_close (b);
+}
+
+/* The remote answers EIO: returned at once, not retried; once the fault
+ * is gone the same request succeeds. */
+static void
+test_remote_errors (void **state)
+{
+  struct fx *f = *state;
+  char file_arg[128];
+  const char *args[] = { "--filter=error", "memory", "8M", "error=EIO",
+                         "error-rate=100%", file_arg, NULL };
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t w[8192], r[8192];
+  uint64_t t0;
+  int fd;
+
+  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
+  remote_start (f, args);
+  b = open_nbd (f, 5000);
+  fill (w, sizeof w, 5);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 4096, 0), 0);
+
+  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->read (b, r, sizeof r, 4096), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (ms_now () - t0 < 1000);   /* no reconnect loop */
+
+  unlink (f->errfile);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 4096), 0);
+  assert_memory_equal (r, w, sizeof r);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  b->ops->stats (b, &st);
+  assert_int_equal (st.reconnects, 0);
+  assert_int_equal (st.errors, 2);
+  backing_close (b);
+}
+
+static void
+test_enospc (void **state)
+{
+  static const char *const args[] = { "--filter=error", "memory", "8M",
+                                      "error-pwrite=ENOSPC",
+                                      "error-pwrite-rate=100%", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t w[4096] = { 1 };
+
+  remote_start (f, args);
+  b = open_nbd (f, 5000);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), -1);
+  assert_int_equal (errno, ENOSPC);
+  backing_close (b);
+}
+
+static void
+test_open_errors (void **state)
+{
+  struct fx *f = *state;
+  char err[256] = "";
+
+  /* Nobody listening: one line naming the URI. */
+  assert_null (backing_open (f->uri, NULL, err, sizeof err));
+  assert_non_null (strstr (err, f->sock));
+  assert_null (strchr (err, '\n'));
+  err[0] = '\0';
+  assert_null (backing_open ("nbd://[::1", NULL, err, sizeof err));
+  assert_true (strlen (err) > 0);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+#define T(fn) cmocka_unit_test_setup_teardown (fn, setup, teardown)
+    T (test_memory_ops),
+    T (test_no_native_zero),
+    T (test_parallel),
+    T (test_reconnect),
+    T (test_reconnect_gives_up),
+    T (test_remote_errors),
+    T (test_enospc),
+    T (test_open_errors),
+#undef T
+  };
+
+  signal (SIGPIPE, SIG_IGN);
+  if (system ("nbdkit --version >/dev/null 2>&1") != 0) {
+    printf ("nbdkit not installed\n");
+    return 77;
+  }
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
