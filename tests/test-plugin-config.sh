@@ -52,10 +52,20 @@ done
 expect_error () {
   local pat=$1; shift
   local out=$tmp/err rc
-  nbdkit_folio -U - "$PLUGIN" "$@" --run 'exit 0' > "$out" 2>&1
+  timeout -k 2 10 env "${san_env[@]}" \
+    nbdkit -U - "$PLUGIN" "$@" --run 'exit 0' > "$out" 2>&1
   rc=$?
   echo "-- $* -> exit $rc: $(grep -m1 -i folio "$out")"
   if [ $rc -eq 0 ]; then bad "accepted: $*"; return; fi
+  # Known, not ours: uninstrumented nbdkit with libasan preloaded deadlocks
+  # in exit() (p11-kit's destructor waits on glibc's setlocale lock) after
+  # an error message that went through strerror; nbdkit's own file plugin
+  # does the same ("nbdkit file /nonexistent").  The plain build checks
+  # the exit status; here the message must still be right.
+  if [ "${SAN:-}" = 1 ] && [ $rc -eq 124 ] && grep -Eiq -- "$pat" "$out"; then
+    echo "   (ASan build: nbdkit hung in exit after the message; known)"
+    return
+  fi
   if [ $rc -ge 124 ]; then bad "crash or hang (exit $rc): $*"; cat "$out"; return; fi
   grep -Eq 'AddressSanitizer|runtime error:' "$out" && { bad "sanitizer: $*"; cat "$out"; }
   grep -Eiq -- "$pat" "$out" || { bad "message for '$*' does not match /$pat/"; cat "$out"; }
