@@ -1,6 +1,7 @@
 /* One test per rule of the folio cache (shared/DESIGN.md, "Rules the cache
  * keeps"), each measured on the fake backing's request log. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -724,6 +725,39 @@ test_block_status_dirty_is_data (void **state)
   t_close (&t);
 }
 
+static void *
+flush_later (void *arg)
+{
+  struct t *t = arg;
+  usleep (20000);
+  assert_int_equal (cache_flush (t->c), 0);
+  return NULL;
+}
+
+/* The backing's map says "hole" for a dirty block; while the answer is on
+ * its way, writeback writes the block and clears its dirty bit.  Block
+ * status must still call it DATA (it is data now, in the backing). */
+static void
+test_block_status_races_writeback (void **state)
+{
+  struct t t;
+  struct ext_list l = { 0 };
+  uint8_t buf[4096];
+  pthread_t th;
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (t.c, buf, 4096, 64 * KiB, 0), 0);
+  fake_set_map_delay_us (t.fb, 200000);
+  assert_int_equal (pthread_create (&th, NULL, flush_later, &t), 0);
+  assert_int_equal (cache_block_status (t.c, 256 * KiB, 0, ext_collect, &l), 0);
+  pthread_join (th, NULL);
+  fake_set_map_delay_us (t.fb, 0);
+  assert_true (fake_is_data (t.fb, 64 * KiB));
+  assert_int_equal (ext_type_at (&l, 0, 256 * KiB, 64 * KiB), BACKING_DATA);
+  t_close (&t);
+}
+
 static void
 test_zero_and_trim_of_dirty_blocks (void **state)
 {
@@ -999,6 +1033,7 @@ main (void)
     cmocka_unit_test (test_eviction_never_loses_dirty),
     cmocka_unit_test (test_destroy_and_shutdown_write_back),
     cmocka_unit_test (test_block_status_dirty_is_data),
+    cmocka_unit_test (test_block_status_races_writeback),
     cmocka_unit_test (test_zero_and_trim_of_dirty_blocks),
     cmocka_unit_test (test_fua_write_reaches_backing),
     cmocka_unit_test (test_idle_flush_no_writes),

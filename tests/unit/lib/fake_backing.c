@@ -53,7 +53,7 @@ struct fake_backing {
   struct fault_range ranges[MAX_RANGES];
   unsigned nranges;
   int torn;
-  unsigned delay_us;
+  unsigned delay_us, map_delay_us;
 };
 
 static void
@@ -437,7 +437,10 @@ fake_map (struct backing *b, uint64_t off, uint64_t len,
     ext->length = pos - off;
     ext->type = data ? BACKING_DATA : BACKING_HOLE;
   }
+  unsigned us = fb->map_delay_us;
   unlock (fb);
+  if (us)
+    usleep (us);
   if (err) {
     errno = err;
     return -1;
@@ -710,5 +713,13 @@ fake_set_delay_us (struct fake_backing *fb, unsigned us)
 {
   lock (fb);
   fb->delay_us = us;
+  unlock (fb);
+}
+
+void
+fake_set_map_delay_us (struct fake_backing *fb, unsigned us)
+{
+  lock (fb);
+  fb->map_delay_us = us;
   unlock (fb);
 }

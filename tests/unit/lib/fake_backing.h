@@ -138,6 +138,9 @@ void fake_set_torn_writes (struct fake_backing *fb, int on);
 
 /* Sleep this long (outside the lock) in every read/write/zero/trim. */
 void fake_set_delay_us (struct fake_backing *fb, unsigned us);
+/* Sleep this long in map() after computing the answer (outside the lock),
+ * so that the answer is stale when it arrives: for race tests. */
+void fake_set_map_delay_us (struct fake_backing *fb, unsigned us);
 
 /* --- small deterministic RNG shared by the tests --- */
 static inline uint64_t
