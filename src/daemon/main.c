@@ -320,10 +320,17 @@ server_start (struct daemon *d)
     log_error ("cannot start the server: %s", strerror (errno));
     return -1;
   }
-  for (size_t i = 0; i < cfg->n_exports; i++)
-    if (server_add_export (d->server, cfg->exports[i].ex) == -1) {
-      log_error ("export %s: %s", cfg->exports[i].cfg.name, strerror (errno));
-      return -1;
+  /* The server's first export answers the empty name: an export named ""
+   * goes first, else the first one configured. */
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < cfg->n_exports; i++) {
+      struct daemon_export *e = &cfg->exports[i];
+      if ((e->cfg.name[0] == '\0') != (pass == 0))
+        continue;
+      if (server_add_export (d->server, e->ex) == -1) {
+        log_error ("export %s: %s", e->cfg.name, strerror (errno));
+        return -1;
+      }
     }
   return listen_all (d);
 }
