@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -113,6 +114,8 @@ sleep_ms (uint64_t ms)
 
 /* ---- connections ---- */
 
+static void ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len);
+
 /* Open one handle.  Returns NULL with a reason in err (may be NULL). */
 static struct nbd_handle *
 conn_open (struct nbd_backing *nb, char *err, size_t errlen)
@@ -156,8 +159,12 @@ conn_reopen (struct nbd_backing *nb)
     nbd_close (h);
     return NULL;
   }
-  if (h)
+  if (h) {
     atomic_fetch_add (&nb->reconnects, 1);
+    /* The remote may have restarted with other contents (or been
+     * written by someone else meanwhile): forget what it told us. */
+    ext_invalidate (nb, 0, nb->b.size);
+  }
   return h;
 }
 
@@ -648,6 +655,19 @@ nbdb_stats (struct backing *b, struct backing_stats *st)
   st->errors = atomic_load (&nb->errors);
 }
 
+/* Say goodbye (NBD_CMD_DISC) on a connection that still looks alive.
+ * libnbd 1.14 touches freed memory when it sends the disconnect to a
+ * remote that has already gone, so an idle connection with something to
+ * read (the remote's EOF) is just closed. */
+static void
+conn_disconnect (struct nbd_handle *h)
+{
+  struct pollfd p = { .fd = nbd_aio_get_fd (h), .events = POLLIN };
+
+  if (p.fd >= 0 && nbd_aio_is_ready (h) && poll (&p, 1, 0) == 0)
+    nbd_shutdown (h, 0);
+}
+
 static void
 nbdb_close (struct backing *b)
 {
@@ -656,7 +676,7 @@ nbdb_close (struct backing *b)
 
   for (i = 0; nb->conns && i < nb->nconns; i++) {
     if (nb->conns[i].h) {
-      nbd_shutdown (nb->conns[i].h, 0);
+      conn_disconnect (nb->conns[i].h);
       nbd_close (nb->conns[i].h);
     }
   }
