@@ -112,6 +112,18 @@ for args in "read-only=1" "-r"; do
 done
 [ "$(md5sum < "$img")" = "$sum" ] || bad "read-only export modified the backing file"
 
+# A read-only backing (a remote nbdkit -r) makes the export read-only.
+if [ -f "${TOP:-.}/src/backing/nbd.c" ]; then
+  nbdkit -r -f -U "$tmp/remote.sock" file "$img" &
+  remote_pid=$!
+  trap 'kill $remote_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+  for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
+  DESC= nbdkit_folio -U - "$PLUGIN" backing="nbd+unix:///?socket=$tmp/remote.sock" \
+    --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/ro.py" > "$tmp/ro.log" 2>&1 ||
+    { cat "$tmp/ro.log"; bad "read-only nbd backing"; }
+  kill $remote_pid
+fi
+
 # Description reaches the client.
 DESC="folio test disk" nbdkit_folio -U - -r "$PLUGIN" "$img" \
   description="folio test disk" \
