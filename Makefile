@@ -4,6 +4,7 @@
 #   make run        install missing packages, build, start foliod (default config)
 #   make check      install missing packages, build, run every test
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
+#   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make install    PREFIX=/usr/local DESTDIR=
 #
 # BUILD selects the output directory, so that several builds (default,
@@ -125,6 +126,12 @@ check-valgrind: deps all
 
 check-model-long: all
 	MODEL_OPS=2000000 $(BUILD)/tests/unit/test-model
+
+# The Linux kernel's nbd client in a qemu guest against foliod (tests/vm/);
+# also part of "make check" as tests/test-vm.sh.
+check-vm: deps
+	$(MAKE) $(FOLIOD)
+	$(TEST_ENV) tests/run-tests tests/test-vm.sh
 
 # The built-in configuration is assembled into the daemon (.incbin).
 $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
