@@ -447,6 +447,57 @@ test_enospc (void **state)
   backing_close (b);
 }
 
+/* nbds+unix with a PSK: from the options, and from the URI's query
+ * (tls-psk-file= names a local file, which libnbd allows only when told). */
+static void
+test_tls_psk (void **state)
+{
+  struct fx *f = *state;
+  char psk[128], tlsarg[160], uri[320], err[256] = "";
+  const char *args[] = { "--tls=require", tlsarg, "memory", "8M", NULL };
+  struct backing_opts o = { .retry_timeout_ms = 2000 };
+  struct backing *b;
+  uint8_t w[4096], r[4096];
+  FILE *fp;
+
+  snprintf (psk, sizeof psk, "%s/keys.psk", f->dir);
+  fp = fopen (psk, "w");
+  assert_non_null (fp);
+  fprintf (fp, "alice:%016llx%016llx\n", (unsigned long long) ms_now () * 7919,
+           0x0123456789abcdefull);
+  fclose (fp);
+  snprintf (tlsarg, sizeof tlsarg, "--tls-psk=%s", psk);
+  remote_start (f, args);
+
+  /* Without TLS the remote refuses us. */
+  assert_null (backing_open (f->uri, &o, err, sizeof err));
+  assert_true (strlen (err) > 0);
+
+  snprintf (uri, sizeof uri, "nbds+unix:///?socket=%s", f->sock);
+  o.tls_psk_file = psk;
+  o.tls_username = "alice";
+  b = backing_open (uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("%s", err);
+  fill (w, sizeof w, 3);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 8192, BACKING_FUA), 0);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 8192), 0);
+  assert_memory_equal (r, w, sizeof r);
+  backing_close (b);
+
+  snprintf (uri, sizeof uri, "nbds+unix://alice@/?socket=%s&tls-psk-file=%s",
+            f->sock, psk);
+  o.tls_psk_file = NULL;
+  o.tls_username = NULL;
+  b = backing_open (uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("%s", err);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 8192), 0);
+  assert_memory_equal (r, w, sizeof r);
+  backing_close (b);
+  unlink (psk);
+}
+
 static void
 test_open_errors (void **state)
 {
@@ -474,6 +525,7 @@ main (void)
     T (test_reconnect_gives_up),
     T (test_remote_errors),
     T (test_enospc),
+    T (test_tls_psk),
     T (test_open_errors),
 #undef T
   };
