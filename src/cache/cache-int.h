@@ -1,0 +1,175 @@
+/* Internals of the folio cache, shared by the files of src/cache/.
+ *
+ * Locks, in the order they are taken:
+ *   1. wb_mutex        serialises writeback passes (flush, background);
+ *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state, data and
+ *                      backing I/O of folio number i, *whether or not the
+ *                      folio is cached*: holding it means no one else reads
+ *                      the backing for that range into the cache, writes it
+ *                      back, or passes I/O through it.  Several stripes are
+ *                      taken in ascending stripe order only (range_lock);
+ *                      anything else uses trylock.
+ *   3. lock            the index, the LRU, the free slots, marks, waits.
+ * A stripe lock is held across backing I/O (like the kernel's folio lock
+ * during read and its stable pages during writeback); the index lock never is.
+ */
+#ifndef FOLIOD_CACHE_INT_H
+#define FOLIOD_CACHE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "foliod/backing.h"
+#include "foliod/cache.h"
+#include "foliod/store.h"
+#include "cache/fidx.h"
+
+#define NSTRIPES 1024u
+#define WINDOW_MAX 256u   /* folios handled under one range lock */
+
+/* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
+ * store: blocks_per_folio uptodate bits, then as many dirty bits. */
+struct folio {
+  uint64_t index;           /* folio number in the export; lock */
+  uint32_t slot;            /* store slot, fixed */
+  uint32_t nr_uptodate;     /* uptodate blocks; stripe */
+  uint32_t nr_dirty;        /* dirty blocks; stripe */
+  uint64_t dirtied_ms;      /* when it went from clean to dirty; stripe */
+  struct folio *lru_prev, *lru_next; /* lock */
+  bool cached;              /* in the index; lock */
+  unsigned char *data;      /* folio_size bytes from the store */
+  uint64_t *bits;           /* state bitmap from the store */
+};
+
+/* Counters (relaxed atomics, any thread). */
+struct cache_counters {
+  _Atomic uint64_t read_ops, read_hits, read_misses;
+  _Atomic uint64_t client_read_bytes, client_write_bytes;
+  _Atomic uint64_t client_zero_bytes, client_trim_bytes;
+  _Atomic uint64_t backing_read_ops, backing_read_bytes;
+  _Atomic uint64_t backing_write_ops, backing_write_bytes;
+  _Atomic uint64_t backing_zero_ops, backing_zero_bytes;
+  _Atomic uint64_t backing_trim_ops, backing_flush_ops;
+  _Atomic uint64_t direct_read_ops, direct_read_bytes;
+  _Atomic uint64_t direct_write_ops, direct_write_bytes;
+  _Atomic uint64_t dirty_bytes;
+  _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
+};
+
+#define STAT_ADD(c, f, n) \
+  atomic_fetch_add_explicit (&(c)->st.f, (n), memory_order_relaxed)
+#define STAT_GET(c, f) atomic_load_explicit (&(c)->st.f, memory_order_relaxed)
+
+struct cache {
+  struct backing *b;
+  struct store *store;
+  struct store *own_store;  /* the ram store we created, if any */
+  struct cache_config cfg;
+  uint64_t size;            /* export bytes */
+  unsigned folio_shift, block_shift;
+  uint32_t blocks_per_folio;
+  uint64_t last_folio;      /* largest folio number */
+  uint32_t window;          /* folios per range lock, <= WINDOW_MAX */
+  uint64_t dirty_limit, dirty_background; /* bytes */
+
+  pthread_mutex_t stripes[NSTRIPES];
+
+  pthread_mutex_t lock;
+  pthread_cond_t space_cv;  /* slots freed or data cleaned */
+  struct fidx index;
+  struct folio *folios;     /* nslots, one per store slot */
+  uint32_t *free_slots;     /* stack of free slot numbers */
+  uint32_t nr_free;
+  struct folio *lru_head, *lru_tail; /* cached folios, oldest first */
+  _Atomic unsigned space_waiters; /* threads waiting for room */
+
+  /* Writeback. */
+  pthread_mutex_t wb_mutex;
+  pthread_t wb_thread;
+  bool wb_running, wb_stop, wb_kick;
+  pthread_cond_t wb_cv;     /* under lock: wakes the writeback thread */
+  uint64_t wb_cursor;       /* background pass resumes here; wb_mutex */
+  _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
+  _Atomic bool backing_unflushed; /* backing written since its last flush */
+
+  pthread_key_t bounce_key; /* per-thread bounce buffer, max_io_bytes */
+  bool bounce_key_ok;
+  unsigned char *zero_block;/* block_size zero bytes */
+
+  struct cache_counters st;
+};
+
+/* A window: consecutive folios [first, first+n) under one range lock. */
+struct window {
+  uint64_t first;
+  uint32_t n;
+  struct folio *f[WINDOW_MAX]; /* NULL where not cached */
+};
+
+/* --- geometry --- */
+static inline uint64_t folio_of (const struct cache *c, uint64_t off)
+{ return off >> c->folio_shift; }
+static inline uint64_t folio_pos (const struct cache *c, uint64_t fi)
+{ return fi << c->folio_shift; }
+static inline uint64_t block_of (const struct cache *c, uint64_t off)
+{ return off >> c->block_shift; }
+static inline uint64_t block_pos (const struct cache *c, uint64_t blk)
+{ return blk << c->block_shift; }
+
+/* --- folio state (folio.c); caller holds the folio's stripe --- */
+bool folio_block_uptodate (const struct cache *c, const struct folio *f,
+                           uint32_t blk);
+bool folio_block_dirty (const struct cache *c, const struct folio *f,
+                        uint32_t blk);
+void folio_set_uptodate (struct cache *c, struct folio *f, uint32_t first,
+                         uint32_t n);
+void folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
+                           uint32_t n);
+/* Set or clear dirty bits; keeps nr_dirty, dirty_bytes and the index mark
+ * (taking c->lock on a clean<->dirty transition). */
+void folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
+                      uint32_t n);
+void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
+                        uint32_t n);
+void folio_reset (struct cache *c, struct folio *f);
+
+/* --- locking and windows (window.c) --- */
+void range_lock (struct cache *c, uint64_t first, uint64_t last);
+void range_unlock (struct cache *c, uint64_t first, uint64_t last);
+pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
+/* Lock folios [first, first+n) and look them up; with alloc, create the
+ * missing ones (evicting clean folios, waiting for writeback if needed).
+ * Returns 0 with the range locked, or -1/errno with nothing held. */
+int window_begin (struct cache *c, struct window *w, uint64_t first,
+                  uint32_t n, bool alloc);
+void window_end (struct cache *c, struct window *w);
+/* Visit cached folios with numbers in [first, last], caller holding their
+ * stripes.  fn returns 0 to go on, else stops and is returned. */
+int cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
+                        int (*fn) (struct cache *, struct folio *, void *),
+                        void *opaque);
+/* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
+int throttle_dirty (struct cache *c, uint64_t len);
+void wb_kick_locked (struct cache *c);
+
+/* --- backing I/O (io.c): clamp at the export end, count, per-thread
+ * bounce buffer. */
+int io_read (struct cache *c, void *buf, uint64_t len, uint64_t off);
+int io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
+              unsigned flags);
+unsigned char *io_bounce (struct cache *c);
+/* Bring blocks [blk, blk+n) (global numbers) of the window's folios
+ * uptodate: holes are zero-filled, data runs read with one request each. */
+int io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n);
+
+/* --- writeback (writeback.c) --- */
+/* Write back dirty blocks in global blocks [blk, blk+n) of a locked
+ * window, merging runs across folios.  0 or -1/errno (blocks stay dirty). */
+int wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+               unsigned backing_flags);
+int wb_pass (struct cache *c, bool all, int *err);
+void *wb_thread_main (void *arg);
+
+#endif /* FOLIOD_CACHE_INT_H */

@@ -1,0 +1,323 @@
+/* The cache object: configuration, creation and teardown, flush, block
+ * status and counters.  The request paths are in rw.c and direct.c. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache/cache-int.h"
+#include "cache/ops.h"
+#include "foliod/util.h"
+
+void
+cache_config_default (struct cache_config *cfg)
+{
+  memset (cfg, 0, sizeof *cfg);
+  cfg->cache_size = 256u << 20;
+  cfg->folio_size = 64u << 10;
+  cfg->block_size = 4u << 10;
+  cfg->mode = CACHE_WRITEBACK;
+  cfg->max_io_bytes = 1u << 20;
+  cfg->dirty_background_pct = 10;
+  cfg->dirty_limit_pct = 20;
+  cfg->dirty_expire_ms = 30000;
+  cfg->writeback_interval_ms = 1000;
+}
+
+#define CHECK(cond, ...) \
+  do { if (!(cond)) { snprintf (err, errlen, __VA_ARGS__); \
+                      errno = EINVAL; return -1; } } while (0)
+
+int
+cache_config_check (const struct cache_config *cfg, char *err, size_t errlen)
+{
+  CHECK (is_power_of_2 (cfg->folio_size) && cfg->folio_size >= 4096 &&
+         cfg->folio_size <= (2u << 20),
+         "folio-size must be a power of two from 4K to 2M (got %" PRIu32 ")",
+         cfg->folio_size);
+  CHECK (is_power_of_2 (cfg->block_size) && cfg->block_size >= 512,
+         "block-size must be a power of two of at least 512 (got %" PRIu32 ")",
+         cfg->block_size);
+  CHECK (cfg->block_size <= cfg->folio_size,
+         "block-size (%" PRIu32 ") must not exceed folio-size (%" PRIu32 ")",
+         cfg->block_size, cfg->folio_size);
+  CHECK (cfg->cache_size >= 4ull * cfg->folio_size,
+         "cache-size must hold at least 4 folios (%" PRIu32 " bytes each)",
+         cfg->folio_size);
+  CHECK (cfg->cache_size / cfg->folio_size <= UINT32_MAX,
+         "cache-size too large for this folio-size");
+  CHECK (cfg->max_io_bytes >= cfg->block_size &&
+         cfg->max_io_bytes <= (32u << 20),
+         "max-io must be between block-size and 32M");
+  CHECK (cfg->dirty_limit_pct >= 1 && cfg->dirty_limit_pct <= 100 &&
+         cfg->dirty_background_pct >= 1 &&
+         cfg->dirty_background_pct <= cfg->dirty_limit_pct,
+         "dirty limits must satisfy 1 <= dirty-background <= dirty-limit <= 100");
+  CHECK (cfg->mode <= CACHE_NONE, "unknown cache mode");
+  CHECK (cfg->writeback_interval_ms > 0, "writeback interval must be > 0");
+  return 0;
+}
+
+static unsigned
+log2u (uint64_t v)
+{
+  return (unsigned) __builtin_ctzll (v);
+}
+
+static int
+cache_init_locks (struct cache *c)
+{
+  pthread_condattr_t ca;
+
+  for (unsigned i = 0; i < NSTRIPES; i++)
+    pthread_mutex_init (&c->stripes[i], NULL);
+  pthread_mutex_init (&c->lock, NULL);
+  pthread_mutex_init (&c->wb_mutex, NULL);
+  pthread_condattr_init (&ca);
+  pthread_cond_init (&c->space_cv, &ca);
+  pthread_cond_init (&c->wb_cv, &ca);
+  pthread_condattr_destroy (&ca);
+  if (pthread_key_create (&c->bounce_key, free) != 0)
+    return -1;
+  c->bounce_key_ok = true;
+  return 0;
+}
+
+static int
+cache_init_slots (struct cache *c)
+{
+  uint32_t n = c->store->nslots;
+
+  c->folios = calloc (n, sizeof *c->folios);
+  c->free_slots = calloc (n, sizeof *c->free_slots);
+  if (c->folios == NULL || c->free_slots == NULL)
+    return -1;
+  for (uint32_t i = 0; i < n; i++) {
+    struct folio *f = &c->folios[i];
+    f->slot = i;
+    f->data = c->store->ops->data (c->store, i);
+    f->bits = c->store->ops->bitmap (c->store, i);
+    c->free_slots[n - 1 - i] = i;   /* slot 0 is handed out first */
+  }
+  c->nr_free = n;
+  return 0;
+}
+
+static void cache_free (struct cache *c);
+
+struct cache *
+cache_create (struct backing *b, struct store *store,
+              const struct cache_config *cfg, char *err, size_t errlen)
+{
+  struct cache *c;
+
+  if (cache_config_check (cfg, err, errlen) == -1)
+    return NULL;
+  c = calloc (1, sizeof *c);
+  if (c == NULL)
+    goto nomem;
+  c->b = b;
+  c->cfg = *cfg;
+  c->size = b->size;
+  c->folio_shift = log2u (cfg->folio_size);
+  c->block_shift = log2u (cfg->block_size);
+  c->blocks_per_folio = cfg->folio_size / cfg->block_size;
+  c->last_folio = c->size ? (c->size - 1) >> c->folio_shift : 0;
+  c->store = store;
+  if (store == NULL) {
+    uint32_t n = (uint32_t) (cfg->cache_size / cfg->folio_size);
+    c->store = c->own_store = store_ram_create (n, cfg->folio_size,
+                                                cfg->block_size);
+    if (c->store == NULL)
+      goto nomem;
+  }
+  uint64_t bytes = (uint64_t) c->store->nslots * cfg->folio_size;
+  c->window = c->store->nslots / 4 < WINDOW_MAX ? c->store->nslots / 4
+                                                : WINDOW_MAX;
+  if (c->window == 0)
+    c->window = 1;
+  c->dirty_limit = bytes * cfg->dirty_limit_pct / 100;
+  c->dirty_background = bytes * cfg->dirty_background_pct / 100;
+  fidx_init (&c->index, c->last_folio);
+  c->zero_block = calloc (1, cfg->block_size);
+  if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
+      cache_init_slots (c) == -1)
+    goto nomem;
+  if (cache_start_writeback (c) == -1) {
+    snprintf (err, errlen, "cannot start the writeback thread: %s",
+              strerror (errno));
+    cache_free (c);
+    return NULL;
+  }
+  return c;
+
+ nomem:
+  snprintf (err, errlen, "out of memory creating the cache");
+  cache_free (c);
+  errno = ENOMEM;
+  return NULL;
+}
+
+int
+cache_start_writeback (struct cache *c)
+{
+  int r;
+
+  if (c->wb_running)
+    return 0;
+  c->wb_stop = false;
+  r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
+  if (r != 0) {
+    errno = r;
+    return -1;
+  }
+  c->wb_running = true;
+  return 0;
+}
+
+void
+cache_stop_writeback (struct cache *c)
+{
+  if (!c->wb_running)
+    return;
+  pthread_mutex_lock (&c->lock);
+  c->wb_stop = true;
+  pthread_cond_signal (&c->wb_cv);
+  pthread_mutex_unlock (&c->lock);
+  pthread_join (c->wb_thread, NULL);
+  c->wb_running = false;
+}
+
+static void
+cache_free (struct cache *c)
+{
+  if (c == NULL)
+    return;
+  fidx_destroy (&c->index);
+  free (c->folios);
+  free (c->free_slots);
+  free (c->zero_block);
+  store_destroy (c->own_store);
+  if (c->bounce_key_ok) {
+    free (pthread_getspecific (c->bounce_key));
+    pthread_key_delete (c->bounce_key);
+  }
+  free (c);
+}
+
+int
+cache_shutdown (struct cache *c, unsigned attempts)
+{
+  int r = 0;
+
+  cache_stop_writeback (c);
+  for (unsigned i = 0; i < (attempts ? attempts : 1); i++) {
+    if (i > 0)
+      sleep (1);
+    r = cache_flush (c);
+    if (r == 0)
+      break;
+  }
+  return r;
+}
+
+int
+cache_destroy (struct cache *c)
+{
+  int r;
+
+  if (c == NULL)
+    return 0;
+  r = cache_shutdown (c, 1);
+  cache_free (c);
+  return r;
+}
+
+int
+cache_flush (struct cache *c)
+{
+  int err = 0;
+
+  pthread_mutex_lock (&c->wb_mutex);
+  wb_pass (c, true, &err);
+  pthread_mutex_unlock (&c->wb_mutex);
+  pthread_mutex_lock (&c->lock);
+  pthread_cond_broadcast (&c->space_cv);
+  pthread_mutex_unlock (&c->lock);
+  if (atomic_exchange (&c->backing_unflushed, false)) {
+    STAT_ADD (c, backing_flush_ops, 1);
+    if (c->b->ops->flush (c->b) == -1) {
+      atomic_store (&c->backing_unflushed, true);
+      if (err == 0)
+        err = errno ? errno : EIO;
+    }
+  }
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+int
+range_check (const struct cache *c, uint64_t len, uint64_t off)
+{
+  if (off > c->size || len > c->size - off) {
+    errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+int
+writable_check (const struct cache *c)
+{
+  if (c->b->caps & BACKING_READ_ONLY) {
+    errno = EPERM;
+    return -1;
+  }
+  return 0;
+}
+
+bool
+use_direct (const struct cache *c, uint64_t len, unsigned flags)
+{
+  return (flags & CACHE_DIRECT) || c->cfg.mode == CACHE_NONE ||
+         (c->cfg.direct_threshold && len >= c->cfg.direct_threshold);
+}
+
+void
+cache_get_stats (struct cache *c, struct cache_stats *s)
+{
+#define G(f) s->f = STAT_GET (c, f)
+  G (read_ops); G (read_hits); G (read_misses);
+  G (client_read_bytes); G (client_write_bytes);
+  G (client_zero_bytes); G (client_trim_bytes);
+  G (backing_read_ops); G (backing_read_bytes);
+  G (backing_write_ops); G (backing_write_bytes);
+  G (backing_zero_ops); G (backing_zero_bytes);
+  G (backing_trim_ops); G (backing_flush_ops);
+  G (direct_read_ops); G (direct_read_bytes);
+  G (direct_write_ops); G (direct_write_bytes);
+  G (dirty_bytes); G (evictions); G (writeback_errors); G (read_errors);
+  G (throttle_waits);
+#undef G
+  pthread_mutex_lock (&c->lock);
+  s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
+                    << c->folio_shift;
+  pthread_mutex_unlock (&c->lock);
+}
+
+const struct cache_config *
+cache_get_config (const struct cache *c)
+{
+  return &c->cfg;
+}
+
+uint64_t
+cache_size_bytes (const struct cache *c)
+{
+  return c->size;
+}

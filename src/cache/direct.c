@@ -1,0 +1,199 @@
+/* Requests that go straight to the backing — direct reads and writes,
+ * zero, trim — kept coherent with the cache.  Each one holds the range
+ * lock of every folio it touches (cached or not) across its backing I/O, so
+ * no fill or writeback of those folios can interleave; then it brings the
+ * cached copies in line with what the backing now holds. */
+#include <errno.h>
+#include <string.h>
+
+#include "cache/cache-int.h"
+#include "cache/ops.h"
+
+enum fix_kind {
+  FIX_WRITE,  /* backing now holds src over the range */
+  FIX_ZERO,   /* backing now reads zeroes over the range */
+  FIX_DROP,   /* whole blocks discarded: forget them */
+  FIX_FAILED, /* backing content unknown: forget clean copies */
+  FIX_OVERLAY,/* direct read: copy dirty blocks into the caller's buffer */
+};
+
+struct fix {
+  enum fix_kind kind;
+  uint64_t off, end;         /* the request */
+  const unsigned char *src;  /* FIX_WRITE: data at off */
+  unsigned char *dst;        /* FIX_OVERLAY: buffer at off */
+};
+
+/* Apply the fix to block i of folio f, whose part [s, e) (export offsets)
+ * the request covers. */
+static void
+fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
+           uint64_t e, const struct fix *x)
+{
+  uint64_t bstart = folio_pos (c, f->index) + block_pos (c, i);
+  uint64_t bend = bstart + ((uint64_t) 1 << c->block_shift);
+  bool whole = s == bstart && (e == bend || (e == c->size && bend > e));
+  bool uptodate = folio_block_uptodate (c, f, i);
+  unsigned char *p = f->data + (s - folio_pos (c, f->index));
+
+  switch (x->kind) {
+  case FIX_WRITE:
+  case FIX_ZERO:
+    if (!whole && !uptodate)
+      return;                   /* nothing cached to update */
+    if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
+    else memset (p, 0, e - s);
+    if (whole) {
+      folio_set_uptodate (c, f, i, 1);
+      folio_clear_dirty (c, f, i, 1);
+    }
+    return;
+  case FIX_DROP:
+    folio_clear_dirty (c, f, i, 1);
+    folio_clear_uptodate (c, f, i, 1);
+    return;
+  case FIX_FAILED:
+    if (!folio_block_dirty (c, f, i))
+      folio_clear_uptodate (c, f, i, 1);
+    return;
+  case FIX_OVERLAY:
+    if (folio_block_dirty (c, f, i))
+      memcpy (x->dst + (s - x->off), p, e - s);
+    return;
+  }
+}
+
+static int
+fix_folio (struct cache *c, struct folio *f, void *opaque)
+{
+  const struct fix *x = opaque;
+  uint64_t fstart = folio_pos (c, f->index);
+  uint64_t s = x->off > fstart ? x->off : fstart;
+  uint64_t fend = fstart + ((uint64_t) 1 << c->folio_shift);
+  uint64_t e = x->end < fend ? x->end : fend;
+
+  while (s < e) {
+    uint32_t i = (uint32_t) ((s - fstart) >> c->block_shift);
+    uint64_t bend = fstart + block_pos (c, i + 1);
+    uint64_t be = e < bend ? e : bend;
+    fix_block (c, f, i, s, be, x);
+    s = be;
+  }
+  return 0;
+}
+
+static void
+fix_cached (struct cache *c, struct fix *x)
+{
+  cached_folios_each (c, folio_of (c, x->off), folio_of (c, x->end - 1),
+                      fix_folio, x);
+}
+
+static unsigned
+backing_flags (unsigned flags)
+{
+  return (flags & CACHE_FUA ? BACKING_FUA : 0) |
+         (flags & CACHE_MAY_TRIM ? BACKING_MAY_TRIM : 0) |
+         (flags & CACHE_FAST_ZERO ? BACKING_FAST_ZERO : 0);
+}
+
+int
+direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
+{
+  struct fix x = { .kind = FIX_OVERLAY, .off = off, .end = off + len,
+                   .dst = buf };
+  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
+
+  STAT_ADD (c, direct_read_ops, 1);
+  STAT_ADD (c, direct_read_bytes, len);
+  range_lock (c, first, last);
+  int r = io_read (c, buf, len, off);
+  if (r == 0)
+    fix_cached (c, &x);   /* dirty blocks are newer than the backing */
+  range_unlock (c, first, last);
+  return r;
+}
+
+int
+direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
+              unsigned flags)
+{
+  struct fix x = { .kind = FIX_WRITE, .off = off, .end = off + len,
+                   .src = buf };
+  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
+
+  STAT_ADD (c, direct_write_ops, 1);
+  STAT_ADD (c, direct_write_bytes, len);
+  range_lock (c, first, last);
+  int r = io_write (c, buf, len, off, backing_flags (flags));
+  int err = errno;
+  if (r == -1)
+    x.kind = FIX_FAILED;
+  fix_cached (c, &x);
+  range_unlock (c, first, last);
+  errno = err;
+  return r;
+}
+
+int
+cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
+{
+  struct fix x = { .kind = FIX_ZERO, .off = off, .end = off + len };
+
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+    return -1;
+  if (len == 0)
+    return 0;
+  if ((flags & CACHE_FAST_ZERO) && !(c->b->caps & BACKING_CAN_FAST_ZERO)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  STAT_ADD (c, client_zero_bytes, len);
+  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
+  range_lock (c, first, last);
+  STAT_ADD (c, backing_zero_ops, 1);
+  STAT_ADD (c, backing_zero_bytes, len);
+  if (!(flags & CACHE_FUA))
+    atomic_store (&c->backing_unflushed, true);
+  int r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
+  int err = errno;
+  if (r == -1)
+    x.kind = FIX_FAILED;
+  fix_cached (c, &x);
+  range_unlock (c, first, last);
+  errno = err;
+  return r;
+}
+
+/* Trim whole blocks only: the parts of partial blocks keep their data. */
+int
+cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
+{
+  uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
+  uint64_t end = off + len;
+
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+    return -1;
+  STAT_ADD (c, client_trim_bytes, len);
+  if (!(c->b->caps & BACKING_CAN_TRIM))
+    return 0;                      /* advisory: nothing to do */
+  off = (off + bmask) & ~bmask;
+  if (end != c->size)
+    end &= ~bmask;
+  if (off >= end)
+    return 0;
+  struct fix x = { .kind = FIX_DROP, .off = off, .end = end };
+  uint64_t first = folio_of (c, off), last = folio_of (c, end - 1);
+  range_lock (c, first, last);
+  STAT_ADD (c, backing_trim_ops, 1);
+  if (!(flags & CACHE_FUA))
+    atomic_store (&c->backing_unflushed, true);
+  int r = c->b->ops->trim (c->b, end - off, off, backing_flags (flags));
+  int err = errno;
+  if (r == -1)
+    x.kind = FIX_FAILED;
+  fix_cached (c, &x);
+  range_unlock (c, first, last);
+  errno = err;
+  return r;
+}

@@ -1,0 +1,232 @@
+/* Sparse radix tree with a mark; see fidx.h. */
+#include <assert.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#include "cache/fidx.h"
+
+#define FIDX_BITS 6
+#define FIDX_SLOTS (1u << FIDX_BITS)
+
+struct fidx_node {
+  uint64_t present; /* slot i holds a child or an item */
+  uint64_t marked;  /* slot i is marked (inner: some descendant is) */
+  void *slots[FIDX_SLOTS];
+};
+
+static unsigned
+slot_of (uint64_t index, unsigned shift)
+{
+  return (index >> shift) & (FIDX_SLOTS - 1);
+}
+
+static unsigned
+leaf_shift (const struct fidx *x, unsigned level)
+{
+  return (x->height - 1 - level) * FIDX_BITS;
+}
+
+void
+fidx_init (struct fidx *x, uint64_t max_index)
+{
+  unsigned bits = 0;
+
+  while (bits < 64 && (max_index >> bits) != 0)
+    bits++;
+  x->root = NULL;
+  x->height = bits ? (bits + FIDX_BITS - 1) / FIDX_BITS : 1;
+  x->max_index = max_index;
+  x->count = 0;
+  x->nodes = 0;
+}
+
+static void
+node_free (struct fidx_node *n, unsigned levels_below)
+{
+  if (n == NULL)
+    return;
+  if (levels_below > 0) {
+    uint64_t bits = n->present;
+    while (bits) {
+      unsigned s = __builtin_ctzll (bits);
+      node_free (n->slots[s], levels_below - 1);
+      bits &= bits - 1;
+    }
+  }
+  free (n);
+}
+
+void
+fidx_destroy (struct fidx *x)
+{
+  node_free (x->root, x->height - 1);
+  x->root = NULL;
+  x->count = x->nodes = 0;
+}
+
+void *
+fidx_get (const struct fidx *x, uint64_t index)
+{
+  const struct fidx_node *n = x->root;
+
+  if (index > x->max_index)
+    return NULL;
+  for (unsigned level = 0; n != NULL; level++) {
+    unsigned s = slot_of (index, leaf_shift (x, level));
+    if (!(n->present & (1ull << s)))
+      return NULL;
+    if (level == x->height - 1)
+      return n->slots[s];
+    n = n->slots[s];
+  }
+  return NULL;
+}
+
+int
+fidx_insert (struct fidx *x, uint64_t index, void *item)
+{
+  struct fidx_node **np = &x->root;
+
+  assert (index <= x->max_index && item != NULL);
+  for (unsigned level = 0;; level++) {
+    if (*np == NULL) {
+      *np = calloc (1, sizeof **np);
+      if (*np == NULL)
+        return -1;
+      x->nodes++;
+    }
+    unsigned s = slot_of (index, leaf_shift (x, level));
+    if (level == x->height - 1) {
+      assert (!((*np)->present & (1ull << s)));
+      (*np)->slots[s] = item;
+      (*np)->present |= 1ull << s;
+      x->count++;
+      return 0;
+    }
+    (*np)->present |= 1ull << s;
+    np = (struct fidx_node **) &(*np)->slots[s];
+  }
+}
+
+/* Fill path[] with the nodes from the root to the leaf holding index.
+ * Returns false if index is absent. */
+static bool
+fidx_path (const struct fidx *x, uint64_t index, struct fidx_node **path)
+{
+  struct fidx_node *n = x->root;
+
+  if (index > x->max_index)
+    return false;
+  for (unsigned level = 0; level < x->height; level++) {
+    unsigned s = slot_of (index, leaf_shift (x, level));
+    if (n == NULL || !(n->present & (1ull << s)))
+      return false;
+    path[level] = n;
+    n = n->slots[s];
+  }
+  return true;
+}
+
+/* After the mark of slot s in path[level] changed, fix the ancestors. */
+static void
+marks_propagate (const struct fidx *x, struct fidx_node **path,
+                 uint64_t index, unsigned level)
+{
+  while (level > 0) {
+    bool any = path[level]->marked != 0;
+    unsigned s = slot_of (index, leaf_shift (x, level - 1));
+    uint64_t bit = 1ull << s;
+    if (any == !!(path[level - 1]->marked & bit))
+      return;
+    path[level - 1]->marked ^= bit;
+    level--;
+  }
+}
+
+void
+fidx_set_mark (struct fidx *x, uint64_t index, bool on)
+{
+  struct fidx_node *path[11];
+  unsigned leaf = x->height - 1;
+  uint64_t bit;
+
+  if (!fidx_path (x, index, path))
+    return;
+  bit = 1ull << slot_of (index, 0);
+  if (on)
+    path[leaf]->marked |= bit;
+  else
+    path[leaf]->marked &= ~bit;
+  marks_propagate (x, path, index, leaf);
+}
+
+bool
+fidx_get_mark (const struct fidx *x, uint64_t index)
+{
+  struct fidx_node *path[11];
+
+  if (!fidx_path (x, index, path))
+    return false;
+  return path[x->height - 1]->marked & (1ull << slot_of (index, 0));
+}
+
+void *
+fidx_remove (struct fidx *x, uint64_t index)
+{
+  struct fidx_node *path[11];
+  if (!fidx_path (x, index, path))
+    return NULL;
+  void *item = path[x->height - 1]->slots[slot_of (index, 0)];
+  fidx_set_mark (x, index, false);
+  for (int level = x->height - 1; level >= 0; level--) {
+    unsigned s = slot_of (index, leaf_shift (x, level));
+    path[level]->present &= ~(1ull << s);
+    path[level]->slots[s] = NULL;
+    if (path[level]->present != 0)
+      break;
+    /* The node is empty: free it and clear its slot in the parent. */
+    free (path[level]);
+    x->nodes--;
+    if (level == 0)
+      x->root = NULL;
+  }
+  x->count--;
+  return item;
+}
+
+static void *
+node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
+           uint64_t start, uint64_t last, bool marked, uint64_t *found)
+{
+  unsigned first = (unsigned) ((start - base) >> shift);
+  uint64_t bits = (marked ? n->marked : n->present) & (~0ull << first);
+
+  while (bits) {
+    unsigned s = __builtin_ctzll (bits);
+    uint64_t child_base = base + ((uint64_t) s << shift);
+    if (child_base > last)
+      return NULL;
+    if (shift == 0) {
+      *found = child_base;
+      return n->slots[s];
+    }
+    void *r = node_find (n->slots[s], shift - FIDX_BITS, child_base,
+                         start > child_base ? start : child_base, last,
+                         marked, found);
+    if (r)
+      return r;
+    bits &= bits - 1;
+  }
+  return NULL;
+}
+
+void *
+fidx_find (const struct fidx *x, uint64_t *index, uint64_t last, bool marked)
+{
+  if (x->root == NULL || *index > x->max_index || *index > last)
+    return NULL;
+  if (last > x->max_index)
+    last = x->max_index;
+  return node_find (x->root, leaf_shift (x, 0), 0, *index, last, marked,
+                    index);
+}

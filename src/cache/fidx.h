@@ -1,0 +1,43 @@
+/* The folio index: a sparse radix tree from folio number to folio, with one
+ * mark ("dirty") propagated up the tree so that walking the dirty folios in
+ * offset order costs time proportional to the dirty folios, not to the size
+ * of the export (an idle flush on a 1 TiB export looks at the root only).
+ *
+ * 64 slots per node.  The height is fixed at init from the largest folio
+ * number, so inserting never reshapes the tree.  Not thread-safe: the cache
+ * calls it under its index lock.
+ */
+#ifndef FOLIOD_FIDX_H
+#define FOLIOD_FIDX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct fidx_node;
+
+struct fidx {
+  struct fidx_node *root;
+  unsigned height;    /* levels; leaves at level height-1 */
+  uint64_t max_index; /* largest folio number that may be inserted */
+  size_t count;       /* entries */
+  size_t nodes;       /* allocated nodes, for memory accounting */
+};
+
+void fidx_init (struct fidx *x, uint64_t max_index);
+void fidx_destroy (struct fidx *x);
+
+void *fidx_get (const struct fidx *x, uint64_t index);
+/* Returns 0, or -1 with errno ENOMEM.  index must be absent. */
+int fidx_insert (struct fidx *x, uint64_t index, void *item);
+/* Removes and returns the item (NULL if absent); also drops its mark. */
+void *fidx_remove (struct fidx *x, uint64_t index);
+void fidx_set_mark (struct fidx *x, uint64_t index, bool on);
+bool fidx_get_mark (const struct fidx *x, uint64_t index);
+
+/* First entry (marked only, if marked) with index in [*index, last].
+ * Sets *index to its index.  NULL if none. */
+void *fidx_find (const struct fidx *x, uint64_t *index, uint64_t last,
+                 bool marked);
+
+#endif /* FOLIOD_FIDX_H */

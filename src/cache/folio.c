@@ -1,0 +1,114 @@
+/* Per-block state of a folio: uptodate bits, then dirty bits (as in the
+ * kernel's iomap_folio_state).  Helpers keep the counters in step. */
+#include <string.h>
+
+#include "cache/cache-int.h"
+#include "foliod/util.h"
+
+static inline bool
+bit_test (const uint64_t *bits, uint32_t i)
+{
+  return bits[i / 64] & (1ull << (i % 64));
+}
+
+/* Set (on) or clear bits [first, first+n); returns how many changed. */
+static uint32_t
+bits_assign (uint64_t *bits, uint32_t first, uint32_t n, bool on)
+{
+  uint32_t changed = 0;
+
+  for (uint32_t i = first; i < first + n; i++) {
+    uint64_t m = 1ull << (i % 64);
+    if (!!(bits[i / 64] & m) != on) {
+      bits[i / 64] ^= m;
+      changed++;
+    }
+  }
+  return changed;
+}
+
+bool
+folio_block_uptodate (const struct cache *c, const struct folio *f,
+                      uint32_t blk)
+{
+  (void) c;
+  return bit_test (f->bits, blk);
+}
+
+bool
+folio_block_dirty (const struct cache *c, const struct folio *f, uint32_t blk)
+{
+  return bit_test (f->bits, c->blocks_per_folio + blk);
+}
+
+void
+folio_set_uptodate (struct cache *c, struct folio *f, uint32_t first,
+                    uint32_t n)
+{
+  (void) c;
+  f->nr_uptodate += bits_assign (f->bits, first, n, true);
+}
+
+void
+folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
+                      uint32_t n)
+{
+  (void) c;
+  f->nr_uptodate -= bits_assign (f->bits, first, n, false);
+}
+
+/* The folio went clean <-> dirty: update its mark in the index. */
+static void
+folio_mark (struct cache *c, struct folio *f, bool dirty)
+{
+  pthread_mutex_lock (&c->lock);
+  fidx_set_mark (&c->index, f->index, dirty);
+  if (!dirty)
+    pthread_cond_broadcast (&c->space_cv);
+  pthread_mutex_unlock (&c->lock);
+}
+
+void
+folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
+                 uint32_t n)
+{
+  uint32_t was = f->nr_dirty;
+  uint32_t added = bits_assign (f->bits, c->blocks_per_folio + first, n, true);
+
+  if (added == 0)
+    return;
+  f->nr_dirty += added;
+  STAT_ADD (c, dirty_bytes, (uint64_t) added << c->block_shift);
+  if (was == 0) {
+    f->dirtied_ms = now_ms ();
+    folio_mark (c, f, true);
+  }
+}
+
+void
+folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
+                   uint32_t n)
+{
+  uint32_t removed = bits_assign (f->bits, c->blocks_per_folio + first, n,
+                                  false);
+
+  if (removed == 0)
+    return;
+  f->nr_dirty -= removed;
+  atomic_fetch_sub_explicit (&c->st.dirty_bytes,
+                             (uint64_t) removed << c->block_shift,
+                             memory_order_relaxed);
+  if (f->nr_dirty == 0) {
+    f->dirtied_ms = 0;
+    folio_mark (c, f, false);
+  }
+}
+
+/* Forget all state: the slot is about to hold another folio. */
+void
+folio_reset (struct cache *c, struct folio *f)
+{
+  memset (f->bits, 0, c->store->bitmap_words * sizeof (uint64_t));
+  f->nr_uptodate = f->nr_dirty = 0;
+  f->dirtied_ms = 0;
+}

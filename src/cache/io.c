@@ -1,0 +1,162 @@
+/* Backing I/O on behalf of the cache: requests clamped to the export,
+ * counted, and bounce buffers for runs that cross folios. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache-int.h"
+
+unsigned char *
+io_bounce (struct cache *c)
+{
+  unsigned char *buf = pthread_getspecific (c->bounce_key);
+
+  if (buf == NULL) {
+    if (posix_memalign ((void **) &buf, 4096, c->cfg.max_io_bytes) != 0) {
+      errno = ENOMEM;
+      return NULL;
+    }
+    pthread_setspecific (c->bounce_key, buf);
+  }
+  return buf;
+}
+
+int
+io_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
+{
+  uint64_t n = off >= c->size ? 0 : len;
+
+  if (off + n > c->size)
+    n = c->size - off;
+  if (n < len)
+    memset ((char *) buf + n, 0, len - n);
+  if (n == 0)
+    return 0;
+  STAT_ADD (c, backing_read_ops, 1);
+  STAT_ADD (c, backing_read_bytes, n);
+  if (c->b->ops->read (c->b, buf, n, off) == -1) {
+    STAT_ADD (c, read_errors, 1);
+    return -1;
+  }
+  return 0;
+}
+
+int
+io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
+          unsigned flags)
+{
+  if (off >= c->size)
+    return 0;
+  if (off + len > c->size)
+    len = c->size - off;
+  STAT_ADD (c, backing_write_ops, 1);
+  STAT_ADD (c, backing_write_bytes, len);
+  if (!(flags & BACKING_FUA))
+    atomic_store (&c->backing_unflushed, true);
+  return c->b->ops->write (c->b, buf, len, off, flags);
+}
+
+/* Read global blocks [blk, blk+n) (inside the window, all cached) with one
+ * request, straight into folio memory when they sit in one folio. */
+static int
+fill_data (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+{
+  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
+  uint64_t fi = folio_of (c, off);
+  uint32_t bpf = c->blocks_per_folio;
+
+  if (folio_of (c, off + len - 1) == fi) {
+    struct folio *f = w->f[fi - w->first];
+    uint64_t in = off - folio_pos (c, fi);
+    if (io_read (c, f->data + in, len, off) == -1)
+      return -1;
+    folio_set_uptodate (c, f, (uint32_t) (blk % bpf), (uint32_t) n);
+    return 0;
+  }
+  unsigned char *bounce = io_bounce (c);
+  if (bounce == NULL || io_read (c, bounce, len, off) == -1)
+    return -1;
+  for (uint64_t b = blk; b < blk + n;) {
+    struct folio *f = w->f[b / bpf - w->first];
+    uint32_t first = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
+                                                          : blk + n - b);
+    memcpy (f->data + block_pos (c, first), bounce + block_pos (c, b - blk),
+            block_pos (c, cnt));
+    folio_set_uptodate (c, f, first, cnt);
+    b += cnt;
+  }
+  return 0;
+}
+
+/* Zero-fill global blocks [blk, blk+n): the backing says they read as 0. */
+static void
+fill_zero (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  for (uint64_t b = blk; b < blk + n; b++) {
+    struct folio *f = w->f[b / bpf - w->first];
+    uint32_t i = (uint32_t) (b % bpf);
+    memset (f->data + block_pos (c, i), 0, (size_t) 1 << c->block_shift);
+    folio_set_uptodate (c, f, i, 1);
+  }
+}
+
+/* Classify the blocks from blk on with one map call: *hole says whether
+ * they read as zeroes, *cnt (>= 1, <= n) how many share that answer.  A
+ * block that is only partly a hole counts as data. */
+static int
+extent_blocks (struct cache *c, uint64_t blk, uint64_t n, uint64_t *cnt,
+               bool *hole)
+{
+  struct backing_extent ext;
+  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
+  uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
+
+  *cnt = n;
+  *hole = false;
+  if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
+    return 0;
+  if (off + len > c->size)
+    len = c->size - off;
+  if (c->b->ops->map (c->b, off, len, &ext) == -1)
+    return -1;
+  uint64_t end = ext.offset + ext.length;
+  if (ext.type != BACKING_DATA) {
+    if (end >= c->size)            /* the export's last block may be short */
+      end = (c->size + bmask) & ~bmask;
+    *cnt = block_of (c, end) - blk;
+    *hole = *cnt > 0;
+  } else
+    *cnt = block_of (c, end + bmask) - blk;
+  if (*cnt == 0)
+    *cnt = 1;
+  if (*cnt > n)
+    *cnt = n;
+  return 0;
+}
+
+int
+io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+{
+  uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
+
+  while (n > 0) {
+    uint64_t cnt;
+    bool hole;
+    if (extent_blocks (c, blk, n, &cnt, &hole) == -1)
+      return -1;
+    if (hole)
+      fill_zero (c, w, blk, cnt);
+    else {
+      if (cnt > max_blocks)
+        cnt = max_blocks;
+      if (fill_data (c, w, blk, cnt) == -1)
+        return -1;
+    }
+    blk += cnt;
+    n -= cnt;
+  }
+  return 0;
+}

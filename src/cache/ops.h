@@ -1,0 +1,27 @@
+/* Helpers shared by the request paths of src/cache/. */
+#ifndef FOLIOD_CACHE_OPS_H
+#define FOLIOD_CACHE_OPS_H
+
+#include "cache/cache-int.h"
+
+/* Run fn on each window of folios covering [off, off+len), with the part
+ * of the range inside the window.  fn returns 0 or -1/errno. */
+typedef int (*window_fn) (struct cache *c, struct window *w, uint64_t off,
+                          uint64_t len, void *opaque);
+int windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
+                  window_fn fn, void *opaque);
+
+/* 0 if [off, off+len) lies in the export, else -1/EINVAL. */
+int range_check (const struct cache *c, uint64_t len, uint64_t off);
+/* 0 if the backing may be written, else -1/EPERM. */
+int writable_check (const struct cache *c);
+/* Does this request bypass the cache (cache=none, direct flag, or at least
+ * direct_threshold bytes)? */
+bool use_direct (const struct cache *c, uint64_t len, unsigned flags);
+
+/* Direct I/O kept coherent with the cache (direct.c). */
+int direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off);
+int direct_write (struct cache *c, const void *buf, uint64_t len,
+                  uint64_t off, unsigned flags);
+
+#endif /* FOLIOD_CACHE_OPS_H */

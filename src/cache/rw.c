@@ -1,0 +1,230 @@
+/* The buffered read and write paths (iomap_read_folio / iomap_write_begin
+ * and _end): whole windows of folios under their range lock, block-granular
+ * read-modify-write, FUA and write-through by writing back the range. */
+#include <errno.h>
+#include <string.h>
+
+#include "cache/cache-int.h"
+#include "cache/ops.h"
+
+int
+windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
+              window_fn fn, void *opaque)
+{
+  uint64_t end = off + len;
+  uint64_t fi = folio_of (c, off), last = folio_of (c, end - 1);
+  struct window w;
+
+  while (fi <= last) {
+    uint32_t n = (uint32_t) (last - fi + 1 < c->window ? last - fi + 1
+                                                        : c->window);
+    uint64_t wstart = folio_pos (c, fi), wend = folio_pos (c, fi + n);
+    uint64_t s = off > wstart ? off : wstart, e = end < wend ? end : wend;
+    if (window_begin (c, &w, fi, n, alloc) == -1)
+      return -1;
+    int r = fn (c, &w, s, e - s, opaque);
+    window_end (c, &w);
+    if (r == -1)
+      return -1;
+    fi += n;
+  }
+  return 0;
+}
+
+static struct folio *
+window_folio (struct cache *c, struct window *w, uint64_t blk)
+{
+  return w->f[blk / c->blocks_per_folio - w->first];
+}
+
+/* Bring every block overlapping [off, off+len) uptodate: one fill per
+ * contiguous run of missing blocks.  *missed is set if any was missing. */
+static int
+fill_range (struct cache *c, struct window *w, uint64_t off, uint64_t len,
+            bool *missed)
+{
+  uint64_t b = block_of (c, off), last = block_of (c, off + len - 1);
+  uint32_t bpf = c->blocks_per_folio;
+
+  while (b <= last) {
+    struct folio *f = window_folio (c, w, b);
+    if (f->nr_uptodate == bpf) {           /* skip a fully uptodate folio */
+      b = (b / bpf + 1) * bpf;
+      continue;
+    }
+    if (folio_block_uptodate (c, f, b % bpf)) {
+      b++;
+      continue;
+    }
+    uint64_t run = 1;
+    while (b + run <= last &&
+           !folio_block_uptodate (c, window_folio (c, w, b + run),
+                                  (b + run) % bpf))
+      run++;
+    if (io_fill (c, w, b, run) == -1)
+      return -1;
+    *missed = true;
+    b += run;
+  }
+  return 0;
+}
+
+/* Copy between buf and the window's folios; to_folio picks the direction. */
+static void
+copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
+            uint64_t len, bool to_folio)
+{
+  unsigned char *p = buf;
+
+  while (len > 0) {
+    uint64_t fi = folio_of (c, off);
+    uint64_t in = off - folio_pos (c, fi);
+    uint64_t n = ((uint64_t) 1 << c->folio_shift) - in;
+    struct folio *f = w->f[fi - w->first];
+    if (n > len)
+      n = len;
+    if (to_folio)
+      memcpy (f->data + in, p, n);
+    else
+      memcpy (p, f->data + in, n);
+    p += n;
+    off += n;
+    len -= n;
+  }
+}
+
+struct rw_ctx {
+  unsigned char *buf;   /* client buffer at the request's offset */
+  uint64_t req_off;     /* the request's offset */
+  unsigned flags;
+  bool missed;
+};
+
+static int
+read_step (struct cache *c, struct window *w, uint64_t off, uint64_t len,
+           void *opaque)
+{
+  struct rw_ctx *x = opaque;
+
+  if (fill_range (c, w, off, len, &x->missed) == -1)
+    return -1;
+  if (x->buf)
+    copy_range (c, w, x->buf + (off - x->req_off), off, len, false);
+  return 0;
+}
+
+int
+cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct rw_ctx x = { .buf = buf, .req_off = off };
+
+  if (range_check (c, len, off) == -1)
+    return -1;
+  if (len == 0)
+    return 0;
+  if (buf != NULL) {
+    STAT_ADD (c, read_ops, 1);
+    STAT_ADD (c, client_read_bytes, len);
+  }
+  if (use_direct (c, len, flags))
+    return buf ? direct_read (c, buf, len, off) : 0;
+  int r = windows_each (c, off, len, true, read_step, &x);
+  if (buf != NULL) {
+    if (x.missed) STAT_ADD (c, read_misses, 1);
+    else if (r == 0) STAT_ADD (c, read_hits, 1);
+  }
+  return r;
+}
+
+int
+cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
+{
+  return cache_read (c, NULL, len, off, 0);
+}
+
+/* Is block blk only partly covered by [off, end)?  Bytes past the export's
+ * end do not count: a write up to the end covers the short last block. */
+static bool
+block_partial (struct cache *c, uint64_t blk, uint64_t off, uint64_t end)
+{
+  uint64_t bstart = block_pos (c, blk), bend = block_pos (c, blk + 1);
+
+  if (bend > c->size)
+    bend = c->size;
+  return off > bstart || end < bend;
+}
+
+/* Read-modify-write: a partly written block that is not uptodate is read
+ * first, that block only (rule 1). */
+static int
+fill_edges (struct cache *c, struct window *w, uint64_t off, uint64_t end)
+{
+  uint64_t edge[2] = { block_of (c, off), block_of (c, end - 1) };
+  uint32_t bpf = c->blocks_per_folio;
+
+  for (int i = 0; i < 2; i++) {
+    if (i == 1 && edge[1] == edge[0])
+      break;
+    struct folio *f = window_folio (c, w, edge[i]);
+    if (block_partial (c, edge[i], off, end) &&
+        !folio_block_uptodate (c, f, edge[i] % bpf) &&
+        io_fill (c, w, edge[i], 1) == -1)
+      return -1;
+  }
+  return 0;
+}
+
+/* Mark blocks [first, last] (global) uptodate and dirty. */
+static void
+dirty_blocks (struct cache *c, struct window *w, uint64_t first,
+              uint64_t last)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  for (uint64_t b = first; b <= last;) {
+    struct folio *f = window_folio (c, w, b);
+    uint32_t i = (uint32_t) (b % bpf);
+    uint32_t n = (uint32_t) (bpf - i < last - b + 1 ? bpf - i : last - b + 1);
+    folio_set_uptodate (c, f, i, n);
+    folio_set_dirty (c, f, i, n);
+    b += n;
+  }
+}
+
+static int
+write_step (struct cache *c, struct window *w, uint64_t off, uint64_t len,
+            void *opaque)
+{
+  struct rw_ctx *x = opaque;
+  uint64_t first = block_of (c, off), last = block_of (c, off + len - 1);
+
+  if (fill_edges (c, w, off, off + len) == -1)
+    return -1;
+  copy_range (c, w, x->buf + (off - x->req_off), off, len, true);
+  dirty_blocks (c, w, first, last);
+  if (x->flags & CACHE_FUA)
+    return wb_window (c, w, first, last - first + 1, BACKING_FUA);
+  return 0;
+}
+
+int
+cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
+             unsigned flags)
+{
+  struct rw_ctx x = { .buf = (unsigned char *) buf, .req_off = off };
+
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+    return -1;
+  if (len == 0)
+    return 0;
+  STAT_ADD (c, client_write_bytes, len);
+  if (use_direct (c, len, flags))
+    return direct_write (c, buf, len, off, flags);
+  if (c->cfg.mode == CACHE_WRITETHROUGH)
+    flags |= CACHE_FUA;
+  x.flags = flags;
+  if (!(flags & CACHE_FUA) && throttle_dirty (c, len) == -1)
+    return -1;
+  return windows_each (c, off, len, true, write_step, &x);
+}

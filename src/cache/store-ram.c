@@ -1,0 +1,87 @@
+/* The ram store: folio memory in one anonymous mapping (pages are only
+ * touched when a slot is first used), bitmaps in one array. */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "foliod/store.h"
+
+struct store_ram {
+  struct store s;   /* first: the base */
+  unsigned char *data;
+  size_t data_len;
+  uint64_t *bitmaps;
+};
+
+static void *
+ram_data (struct store *s, uint32_t slot)
+{
+  struct store_ram *r = (struct store_ram *) s;
+  return r->data + (size_t) slot * s->folio_size;
+}
+
+static uint64_t *
+ram_bitmap (struct store *s, uint32_t slot)
+{
+  struct store_ram *r = (struct store_ram *) s;
+  return r->bitmaps + (size_t) slot * s->bitmap_words;
+}
+
+static void
+ram_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
+{
+  (void) s; (void) slot; (void) folio_index; /* nothing survives a crash */
+}
+
+static int
+ram_persist (struct store *s, const void *p, size_t len)
+{
+  (void) s; (void) p; (void) len;
+  return 0;
+}
+
+static void
+ram_destroy (struct store *s)
+{
+  struct store_ram *r = (struct store_ram *) s;
+
+  munmap (r->data, r->data_len);
+  free (r->bitmaps);
+  free (r);
+}
+
+static const struct store_ops ram_ops = {
+  .name = "ram",
+  .data = ram_data,
+  .bitmap = ram_bitmap,
+  .set_index = ram_set_index,
+  .persist = ram_persist,
+  .destroy = ram_destroy,
+};
+
+struct store *
+store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
+{
+  struct store_ram *r = calloc (1, sizeof *r);
+  uint32_t blocks = folio_size / block_size;
+
+  if (r == NULL)
+    return NULL;
+  r->s.ops = &ram_ops;
+  r->s.nslots = nslots;
+  r->s.folio_size = folio_size;
+  r->s.bitmap_words = (2 * blocks + 63) / 64;
+  r->data_len = (size_t) nslots * folio_size;
+  r->data = mmap (NULL, r->data_len, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  r->bitmaps = calloc ((size_t) nslots * r->s.bitmap_words, sizeof (uint64_t));
+  if (r->data == MAP_FAILED || r->bitmaps == NULL) {
+    if (r->data != MAP_FAILED)
+      munmap (r->data, r->data_len);
+    free (r->bitmaps);
+    free (r);
+    errno = ENOMEM;
+    return NULL;
+  }
+  return &r->s;
+}

@@ -1,0 +1,257 @@
+/* Range locks, folio lookup and allocation, eviction, dirty throttling.
+ * See the lock order in cache-int.h. */
+#include <assert.h>
+#include <errno.h>
+#include <time.h>
+
+#include "cache/cache-int.h"
+#include "foliod/util.h"
+
+pthread_mutex_t *
+stripe_of (struct cache *c, uint64_t fi)
+{
+  return &c->stripes[fi % NSTRIPES];
+}
+
+/* Call fn on each stripe index of folios [first, last], in ascending
+ * stripe order (the only order in which several stripes are taken). */
+static void
+stripes_each (struct cache *c, uint64_t first, uint64_t last,
+              int (*fn) (pthread_mutex_t *))
+{
+  uint64_t n = last - first + 1;
+  uint32_t s0 = first % NSTRIPES;
+
+  if (n >= NSTRIPES) {
+    for (uint32_t s = 0; s < NSTRIPES; s++)
+      fn (&c->stripes[s]);
+    return;
+  }
+  if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
+    for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
+      fn (&c->stripes[s]);
+    n = NSTRIPES - s0;
+  }
+  for (uint32_t s = s0; s < s0 + n; s++)
+    fn (&c->stripes[s]);
+}
+
+void
+range_lock (struct cache *c, uint64_t first, uint64_t last)
+{
+  stripes_each (c, first, last, pthread_mutex_lock);
+}
+
+void
+range_unlock (struct cache *c, uint64_t first, uint64_t last)
+{
+  stripes_each (c, first, last, pthread_mutex_unlock);
+}
+
+static void
+lru_unlink (struct cache *c, struct folio *f)
+{
+  if (f->lru_prev) f->lru_prev->lru_next = f->lru_next;
+  else c->lru_head = f->lru_next;
+  if (f->lru_next) f->lru_next->lru_prev = f->lru_prev;
+  else c->lru_tail = f->lru_prev;
+  f->lru_prev = f->lru_next = NULL;
+}
+
+static void
+lru_append (struct cache *c, struct folio *f)
+{
+  f->lru_prev = c->lru_tail;
+  f->lru_next = NULL;
+  if (c->lru_tail) c->lru_tail->lru_next = f;
+  else c->lru_head = f;
+  c->lru_tail = f;
+}
+
+/* Try to take one clean folio off the LRU (lock held).  Its stripe must be
+ * free (trylock), which also keeps us from evicting our own window.  Dirty
+ * folios met on the way get a second chance at the tail. */
+static struct folio *
+evict_one_locked (struct cache *c)
+{
+  unsigned budget = 2 * c->window + 16;
+  struct folio *f = c->lru_head;
+
+  while (f != NULL && budget-- > 0) {
+    struct folio *next = f->lru_next;
+    pthread_mutex_t *m = stripe_of (c, f->index);
+    if (pthread_mutex_trylock (m) == 0) {
+      if (f->nr_dirty == 0) {
+        lru_unlink (c, f);
+        fidx_remove (&c->index, f->index);
+        f->cached = false;
+        folio_reset (c, f);
+        c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
+        pthread_mutex_unlock (m);
+        STAT_ADD (c, evictions, 1);
+        return f;
+      }
+      pthread_mutex_unlock (m);
+      lru_unlink (c, f);
+      lru_append (c, f);
+    }
+    f = next;
+  }
+  return NULL;
+}
+
+static struct folio *
+slot_take_locked (struct cache *c)
+{
+  if (c->nr_free > 0)
+    return &c->folios[c->free_slots[--c->nr_free]];
+  return evict_one_locked (c);
+}
+
+/* Put a new folio for number fi in the index (lock held). */
+static int
+folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
+{
+  if (fidx_insert (&c->index, fi, f) == -1) {
+    c->free_slots[c->nr_free++] = f->slot;
+    return -1;
+  }
+  f->index = fi;
+  f->cached = true;
+  c->store->ops->set_index (c->store, f->slot, fi);
+  lru_append (c, f);
+  return 0;
+}
+
+/* Look up (and with alloc, create) the window's folios.  Lock held.
+ * Returns 0, or -1 with errno EAGAIN when memory must be cleaned first. */
+static int
+window_lookup_locked (struct cache *c, struct window *w, bool alloc)
+{
+  for (uint32_t i = 0; i < w->n; i++) {
+    struct folio *f = fidx_get (&c->index, w->first + i);
+    if (f != NULL) {
+      lru_unlink (c, f);
+      lru_append (c, f);
+    } else if (alloc) {
+      f = slot_take_locked (c);
+      if (f == NULL) {
+        errno = EAGAIN;
+        return -1;
+      }
+      if (folio_insert_locked (c, f, w->first + i) == -1)
+        return -1;
+    }
+    w->f[i] = f;
+  }
+  return 0;
+}
+
+/* Wait up to 100 ms for writeback to free room (lock held). */
+static void
+wait_for_space_locked (struct cache *c)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 100 * 1000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  c->space_waiters++;
+  wb_kick_locked (c);
+  pthread_cond_timedwait (&c->space_cv, &c->lock, &ts);
+  c->space_waiters--;
+}
+
+int
+window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
+              bool alloc)
+{
+  assert (n > 0 && n <= WINDOW_MAX);
+  w->first = first;
+  w->n = n;
+  for (;;) {
+    range_lock (c, first, first + n - 1);
+    pthread_mutex_lock (&c->lock);
+    if (window_lookup_locked (c, w, alloc) == 0) {
+      pthread_mutex_unlock (&c->lock);
+      return 0;
+    }
+    int err = errno;
+    /* Never wait holding stripes: writeback needs them. */
+    range_unlock (c, first, first + n - 1);
+    int failing = atomic_load (&c->wb_failing);
+    if (err != EAGAIN || failing) {
+      pthread_mutex_unlock (&c->lock);
+      errno = err != EAGAIN ? err : failing;
+      return -1;
+    }
+    STAT_ADD (c, throttle_waits, 1);
+    wait_for_space_locked (c);
+    pthread_mutex_unlock (&c->lock);
+  }
+}
+
+void
+window_end (struct cache *c, struct window *w)
+{
+  range_unlock (c, w->first, w->first + w->n - 1);
+}
+
+int
+cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
+                    int (*fn) (struct cache *, struct folio *, void *),
+                    void *opaque)
+{
+  uint64_t fi = first;
+
+  while (fi <= last) {
+    pthread_mutex_lock (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi, last, false);
+    pthread_mutex_unlock (&c->lock);
+    if (f == NULL)
+      break;
+    /* The caller holds fi's stripe, so f stays cached. */
+    int r = fn (c, f, opaque);
+    if (r != 0)
+      return r;
+    if (fi == UINT64_MAX)
+      break;
+    fi++;
+  }
+  return 0;
+}
+
+void
+wb_kick_locked (struct cache *c)
+{
+  c->wb_kick = true;
+  pthread_cond_signal (&c->wb_cv);
+}
+
+int
+throttle_dirty (struct cache *c, uint64_t len)
+{
+  bool waited = false;
+
+  if (STAT_GET (c, dirty_bytes) + len <= c->dirty_limit)
+    return 0;
+  pthread_mutex_lock (&c->lock);
+  while (STAT_GET (c, dirty_bytes) > 0 &&
+         STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
+    int failing = atomic_load (&c->wb_failing);
+    if (failing) {
+      pthread_mutex_unlock (&c->lock);
+      errno = failing;
+      return -1;
+    }
+    if (!waited)
+      STAT_ADD (c, throttle_waits, 1);
+    waited = true;
+    wait_for_space_locked (c);
+  }
+  pthread_mutex_unlock (&c->lock);
+  return 0;
+}

@@ -1,0 +1,229 @@
+/* Writeback: dirty blocks to the backing, only the dirty ones, adjacent
+ * runs merged across folios up to max_io_bytes (iomap_writepage_map and
+ * ifs_find_dirty_range in the kernel).  A failed write leaves its blocks
+ * dirty; they are retried by the next pass. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/cache-int.h"
+#include "foliod/util.h"
+
+/* Write global blocks [blk, blk+n), all dirty and cached in w. */
+static int
+wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+        unsigned flags)
+{
+  uint32_t bpf = c->blocks_per_folio;
+  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
+  struct folio *f = w->f[blk / bpf - w->first];
+  const unsigned char *src;
+  int r;
+
+  if ((blk + n - 1) / bpf == blk / bpf)
+    src = f->data + block_pos (c, blk % bpf);
+  else {
+    unsigned char *bounce = io_bounce (c);
+    if (bounce == NULL)
+      return -1;
+    for (uint64_t b = blk; b < blk + n; b++) {
+      struct folio *g = w->f[b / bpf - w->first];
+      memcpy (bounce + block_pos (c, b - blk),
+              g->data + block_pos (c, b % bpf), (size_t) 1 << c->block_shift);
+    }
+    src = bounce;
+  }
+  r = io_write (c, src, len, off, flags);
+  if (r == -1) {
+    int err = errno;
+    STAT_ADD (c, writeback_errors, 1);
+    atomic_store (&c->wb_failing, err ? err : EIO);
+    errno = err;
+    return -1;
+  }
+  atomic_store (&c->wb_failing, 0);
+  for (uint64_t b = blk; b < blk + n;) {
+    struct folio *g = w->f[b / bpf - w->first];
+    uint32_t first = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
+                                                          : blk + n - b);
+    folio_clear_dirty (c, g, first, cnt);
+    b += cnt;
+  }
+  return 0;
+}
+
+static bool
+block_dirty (struct cache *c, struct window *w, uint64_t b)
+{
+  struct folio *f = w->f[b / c->blocks_per_folio - w->first];
+
+  return f != NULL && folio_block_dirty (c, f, b % c->blocks_per_folio);
+}
+
+int
+wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+           unsigned flags)
+{
+  uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
+  uint64_t end = blk + n;
+  int err = 0;
+
+  for (uint64_t b = blk; b < end;) {
+    if (!block_dirty (c, w, b)) {
+      b++;
+      continue;
+    }
+    uint64_t run = 1;
+    while (b + run < end && run < max_blocks && block_dirty (c, w, b + run))
+      run++;
+    if (wb_run (c, w, b, run, flags) == -1 && err == 0)
+      err = errno;
+    b += run;
+  }
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+/* Is folio f worth writing in this pass? */
+static bool
+wb_wanted (struct cache *c, struct folio *f, bool all)
+{
+  if (all || STAT_GET (c, dirty_bytes) > c->dirty_background ||
+      c->space_waiters > 0)
+    return true;
+  return f->dirtied_ms + c->cfg.dirty_expire_ms <= now_ms ();
+}
+
+/* Lock the dirty folio fi (blocking) and the dirty folios after it
+ * (trylock) into w.  Returns false if fi is no longer worth writing. */
+static bool
+wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
+{
+  uint64_t bytes = (uint64_t) 1 << c->folio_shift;
+
+  pthread_mutex_lock (stripe_of (c, fi));
+  pthread_mutex_lock (&c->lock);
+  struct folio *f = fidx_get (&c->index, fi);
+  pthread_mutex_unlock (&c->lock);
+  if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all)) {
+    pthread_mutex_unlock (stripe_of (c, fi));
+    return false;
+  }
+  w->first = fi;
+  w->f[0] = f;
+  w->n = 1;
+  while (w->n < c->window && bytes < c->cfg.max_io_bytes &&
+         fi + w->n <= c->last_folio) {
+    uint64_t next = fi + w->n;
+    pthread_mutex_lock (&c->lock);
+    struct folio *g = fidx_get (&c->index, next);
+    bool marked = g != NULL && fidx_get_mark (&c->index, next);
+    pthread_mutex_unlock (&c->lock);
+    if (!marked || pthread_mutex_trylock (stripe_of (c, next)) != 0)
+      break;
+    w->f[w->n++] = g;
+    bytes += (uint64_t) 1 << c->folio_shift;
+  }
+  return true;
+}
+
+/* One pass over the dirty folios (caller holds wb_mutex).  all: write
+ * everything (flush); else only what background policy wants, starting at
+ * the cursor.  Returns folios written; *err gets the first error. */
+int
+wb_pass (struct cache *c, bool all, int *err)
+{
+  uint64_t start = all ? 0 : c->wb_cursor, fi = start;
+  bool wrapped = all;
+  int written = 0;
+  struct window w;
+
+  *err = 0;
+  for (;;) {
+    pthread_mutex_lock (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi,
+                                 wrapped && !all ? start - 1 : c->last_folio,
+                                 true);
+    pthread_mutex_unlock (&c->lock);
+    if (f == NULL) {
+      if (wrapped || start == 0)
+        break;
+      wrapped = true;
+      fi = 0;
+      continue;
+    }
+    if (!all && STAT_GET (c, dirty_bytes) <= c->dirty_background / 2 &&
+        c->space_waiters == 0 &&
+        f->dirtied_ms + c->cfg.dirty_expire_ms > now_ms ()) {
+      fi++;                      /* below the threshold and still young */
+      continue;
+    }
+    if (wb_batch_begin (c, &w, fi, all)) {
+      uint64_t blk = fi * c->blocks_per_folio;
+      if (wb_window (c, &w, blk, (uint64_t) w.n * c->blocks_per_folio, 0)
+          == -1 && *err == 0)
+        *err = errno;
+      window_end (c, &w);
+      written += w.n;
+      fi += w.n;
+    } else
+      fi++;
+    c->wb_cursor = fi > c->last_folio ? 0 : fi;
+  }
+  return written;
+}
+
+static void
+wb_sleep (struct cache *c, unsigned ms)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long) (ms % 1000) * 1000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock (&c->lock);
+  while (!c->wb_stop && !c->wb_kick)
+    if (pthread_cond_timedwait (&c->wb_cv, &c->lock, &ts) == ETIMEDOUT)
+      break;
+  c->wb_kick = false;
+  pthread_mutex_unlock (&c->lock);
+}
+
+/* The background writeback thread: wakes every writeback_interval_ms or
+ * when kicked (dirty data over the background threshold, writers waiting
+ * for room), writes back, and backs off while the backing fails. */
+void *
+wb_thread_main (void *arg)
+{
+  struct cache *c = arg;
+  unsigned backoff_ms = 0;
+
+  while (!c->wb_stop) {
+    wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
+    if (c->wb_stop)
+      break;
+    if (STAT_GET (c, dirty_bytes) == 0)
+      continue;
+    int err;
+    pthread_mutex_lock (&c->wb_mutex);
+    wb_pass (c, false, &err);
+    pthread_mutex_unlock (&c->wb_mutex);
+    pthread_mutex_lock (&c->lock);
+    pthread_cond_broadcast (&c->space_cv);
+    pthread_mutex_unlock (&c->lock);
+    if (err)
+      backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
+                              : 100;
+    else
+      backoff_ms = 0;
+  }
+  return NULL;
+}

@@ -1,0 +1,196 @@
+/* Export options: one parser for the daemon's --export and config file and
+ * for the nbdkit plugin's key=value parameters. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "foliod/export.h"
+#include "foliod/util.h"
+
+const struct export_key_help export_keys[] = {
+  { "backing", "where the data lives: file:PATH, nbd://HOST[:PORT]/NAME, "
+               "nbds://..., nbd+unix:///NAME?socket=PATH (required)" },
+  { "cache", "writeback (default), writethrough, or none (direct I/O)" },
+  { "cache-size", "folio memory, e.g. 1G (default 256M)" },
+  { "folio-size", "cache unit, power of two 4K..2M (default 64K)" },
+  { "block-size", "dirty/uptodate tracking unit, power of two "
+                  "512..folio-size (default 4K)" },
+  { "direct-threshold", "requests this large bypass the cache (default 0: off)" },
+  { "max-io", "largest backing request the cache sends (default 1M)" },
+  { "dirty-background", "start background writeback at this % of the "
+                        "cache (default 10)" },
+  { "dirty-limit", "throttle writers at this % of the cache (default 20)" },
+  { "dirty-expire", "write back dirty data older than this many ms "
+                    "(default 30000)" },
+  { "writeback-interval", "writeback thread wake-up period in ms "
+                          "(default 1000)" },
+  { "read-only", "serve the export read-only (default false)" },
+  { "description", "text shown to clients (NBD_INFO_DESCRIPTION)" },
+  { "store", "folio memory: ram (default)" },
+  { "connections", "nbd backing: connections to the remote (default 4)" },
+  { "tls-certificates", "nbds backing: directory with ca-cert.pem etc." },
+  { "tls-psk-file", "nbds backing: PSK file" },
+  { "tls-username", "nbds backing: PSK user name" },
+  { "tls", "per export TLS policy: require, or off to follow the server" },
+  { NULL, NULL },
+};
+
+void
+export_config_init (struct export_config *cfg)
+{
+  memset (cfg, 0, sizeof *cfg);
+  cfg->tls_require = -1;
+  cache_config_default (&cfg->cache);
+}
+
+void
+export_config_free (struct export_config *cfg)
+{
+  free (cfg->name);
+  free (cfg->description);
+  free (cfg->backing);
+  free (cfg->store);
+  free ((char *) cfg->bopts.tls_certificates);
+  free ((char *) cfg->bopts.tls_psk_file);
+  free ((char *) cfg->bopts.tls_username);
+  memset (cfg, 0, sizeof *cfg);
+}
+
+static int
+set_string (char **dst, const char *value)
+{
+  char *s = strdup (value);
+
+  if (s == NULL)
+    return -1;
+  free (*dst);
+  *dst = s;
+  return 0;
+}
+
+static int
+set_u32_size (uint32_t *dst, const char *value)
+{
+  uint64_t v;
+
+  if (parse_size (value, &v) == -1)
+    return -1;
+  if (v > UINT32_MAX) {
+    errno = ERANGE;
+    return -1;
+  }
+  *dst = (uint32_t) v;
+  return 0;
+}
+
+static int
+set_uint (unsigned *dst, const char *value, unsigned max)
+{
+  char *end;
+  unsigned long v;
+
+  errno = 0;
+  v = strtoul (value, &end, 10);
+  if (errno || end == value || *end || v > max) {
+    errno = EINVAL;
+    return -1;
+  }
+  *dst = (unsigned) v;
+  return 0;
+}
+
+static int
+set_mode (enum cache_mode *dst, const char *value)
+{
+  static const char *names[] = { "writeback", "writethrough", "none" };
+
+  for (int i = 0; i < 3; i++)
+    if (strcmp (value, names[i]) == 0) {
+      *dst = (enum cache_mode) i;
+      return 0;
+    }
+  errno = EINVAL;
+  return -1;
+}
+
+static int
+set_tls (int *dst, const char *value)
+{
+  if (strcmp (value, "require") == 0) *dst = 1;
+  else if (strcmp (value, "off") == 0 || strcmp (value, "on") == 0) *dst = 0;
+  else { errno = EINVAL; return -1; }
+  return 0;
+}
+
+static int
+set_key (struct export_config *cfg, const char *key, const char *value)
+{
+  struct cache_config *cc = &cfg->cache;
+  struct backing_opts *bo = &cfg->bopts;
+
+  if (!strcmp (key, "backing")) return set_string (&cfg->backing, value);
+  if (!strcmp (key, "cache")) return set_mode (&cc->mode, value);
+  if (!strcmp (key, "cache-size")) return parse_size (value, &cc->cache_size);
+  if (!strcmp (key, "folio-size")) return set_u32_size (&cc->folio_size, value);
+  if (!strcmp (key, "block-size")) return set_u32_size (&cc->block_size, value);
+  if (!strcmp (key, "direct-threshold"))
+    return parse_size (value, &cc->direct_threshold);
+  if (!strcmp (key, "max-io")) return set_u32_size (&cc->max_io_bytes, value);
+  if (!strcmp (key, "dirty-background"))
+    return set_uint (&cc->dirty_background_pct, value, 100);
+  if (!strcmp (key, "dirty-limit"))
+    return set_uint (&cc->dirty_limit_pct, value, 100);
+  if (!strcmp (key, "dirty-expire"))
+    return set_uint (&cc->dirty_expire_ms, value, 86400000);
+  if (!strcmp (key, "writeback-interval"))
+    return set_uint (&cc->writeback_interval_ms, value, 3600000);
+  if (!strcmp (key, "read-only")) return parse_bool (value, &cfg->read_only);
+  if (!strcmp (key, "description"))
+    return set_string (&cfg->description, value);
+  if (!strcmp (key, "store")) return set_string (&cfg->store, value);
+  if (!strcmp (key, "connections"))
+    return set_uint (&bo->connections, value, 64);
+  if (!strcmp (key, "tls-certificates"))
+    return set_string ((char **) &bo->tls_certificates, value);
+  if (!strcmp (key, "tls-psk-file"))
+    return set_string ((char **) &bo->tls_psk_file, value);
+  if (!strcmp (key, "tls-username"))
+    return set_string ((char **) &bo->tls_username, value);
+  if (!strcmp (key, "tls")) return set_tls (&cfg->tls_require, value);
+  errno = ENOENT;
+  return -1;
+}
+
+int
+export_config_set (struct export_config *cfg, const char *key,
+                   const char *value, char *err, size_t errlen)
+{
+  if (set_key (cfg, key, value) == 0)
+    return 0;
+  if (errno == ENOENT)
+    snprintf (err, errlen, "unknown export option '%s'", key);
+  else
+    snprintf (err, errlen, "bad value for %s: '%s'%s", key, value,
+              errno == ERANGE ? " (too large)" : "");
+  return -1;
+}
+
+int
+export_config_check (const struct export_config *cfg, char *err,
+                     size_t errlen)
+{
+  if (cfg->backing == NULL || cfg->backing[0] == '\0') {
+    snprintf (err, errlen, "no backing given (backing=file:PATH or nbd://...)");
+    errno = EINVAL;
+    return -1;
+  }
+  if (cfg->store && strcmp (cfg->store, "ram") != 0) {
+    snprintf (err, errlen, "unknown store '%s' (only ram is supported)",
+              cfg->store);
+    errno = EINVAL;
+    return -1;
+  }
+  return cache_config_check (&cfg->cache, err, errlen);
+}
