@@ -294,3 +294,10 @@ stats_bytes() {
 stats_ops() {
   awk -v op="$2" '$1 == op ":" { print $2; found = 1 } END { if (!found) print 0 }' "$1"
 }
+
+# foliod_metric CONTROL_SOCKET NAME: a foliod counter (Prometheus name),
+# summed over exports; 0 when the daemon does not answer.
+foliod_metric() {
+  "$FOLIOD" stats --control "$1" --prometheus 2>/dev/null |
+    awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $NF } END { printf "%.0f\n", s }'
+}

@@ -32,7 +32,7 @@
 
 #include <libnbd.h>
 
-enum lg_mode { LG_RANDREAD, LG_RANDWRITE, LG_SEQREAD, LG_SEQWRITE };
+enum lg_mode { LG_RANDREAD, LG_RANDWRITE, LG_RANDRW, LG_SEQREAD, LG_SEQWRITE };
 
 /* Options shared read-only by every connection thread. */
 struct lg_opts {
@@ -51,6 +51,7 @@ struct lg_opts {
   bool fua;                    /* writes with NBD_CMD_FLAG_FUA */
   bool flush_only;             /* connect, send one flush, exit */
   bool once;                   /* random modes: each block once per pass */
+  unsigned read_pct;           /* randrw: percentage of reads */
 };
 
 struct lg_conn;
@@ -134,9 +135,9 @@ parse_size(const char *s)
 }
 
 static bool
-mode_is_write(enum lg_mode m)
+mode_is_random(enum lg_mode m)
 {
-  return m == LG_RANDWRITE || m == LG_SEQWRITE;
+  return m == LG_RANDREAD || m == LG_RANDWRITE || m == LG_RANDRW;
 }
 
 static uint64_t
@@ -146,14 +147,14 @@ conn_next_offset(struct lg_conn *c)
   uint64_t nblocks = c->range_len / o->bs_bytes;
   uint64_t off;
 
-  if ((o->mode == LG_RANDREAD || o->mode == LG_RANDWRITE) && o->once) {
+  if (mode_is_random(o->mode) && o->once) {
     /* i -> i * P + salt mod n is a bijection when P is prime to n: every
      * block once per pass, in a scattered order. */
     uint64_t i = c->id + (uint64_t) o->conns * c->issued;
     off = (uint64_t) (((unsigned __int128) i * 2654435761u + o->seed)
                       % nblocks) * o->bs_bytes;
   }
-  else if (o->mode == LG_RANDREAD || o->mode == LG_RANDWRITE)
+  else if (mode_is_random(o->mode))
     off = (rng_next(&c->rng) % nblocks) * o->bs_bytes;
   else {
     off = c->seq_next;
@@ -233,7 +234,9 @@ conn_issue_data(struct lg_conn *c, struct lg_slot *s)
   s->busy = true;
   s->is_flush = false;
   s->start_ns = now_ns();
-  if (mode_is_write(o->mode)) {
+  bool is_write = o->mode == LG_RANDWRITE || o->mode == LG_SEQWRITE ||
+    (o->mode == LG_RANDRW && rng_next(&c->rng) % 100 >= o->read_pct);
+  if (is_write) {
     /* Change the first word so every write carries new data. */
     uint64_t v = rng_next(&c->rng);
     memcpy(s->buf, &v, sizeof v < o->bs_bytes ? sizeof v : o->bs_bytes);
@@ -390,7 +393,8 @@ usage(FILE *f)
 {
   fprintf(f,
 "usage: loadgen [options] URI\n"
-"  --mode randwrite|randread|seqwrite|seqread   (default randwrite)\n"
+"  --mode randwrite|randread|randrw|seqwrite|seqread   (default randwrite)\n"
+"  --read-pct N         randrw: percentage of reads (default 50)\n"
 "  --bs SIZE            request size (default 4k)\n"
 "  --qd N               requests in flight per connection (default 16)\n"
 "  --conns N            connections, one thread each (default 1)\n"
@@ -424,6 +428,7 @@ parse_args(int argc, char **argv, struct lg_opts *o)
     { "seed", required_argument, NULL, 'r' },
     { "flush-only", no_argument, NULL, 'X' },
     { "once", no_argument, NULL, 'O' },
+    { "read-pct", required_argument, NULL, 'R' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -431,12 +436,13 @@ parse_args(int argc, char **argv, struct lg_opts *o)
 
   *o = (struct lg_opts) { .mode = LG_RANDWRITE, .bs_bytes = 4096, .qd = 16,
                           .conns = 1, .barrier = true, .seconds = 10,
-                          .seed = 1 };
+                          .seed = 1, .read_pct = 50 };
   while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (ch) {
     case 'm':
       if (!strcmp(optarg, "randwrite")) o->mode = LG_RANDWRITE;
       else if (!strcmp(optarg, "randread")) o->mode = LG_RANDREAD;
+      else if (!strcmp(optarg, "randrw")) o->mode = LG_RANDRW;
       else if (!strcmp(optarg, "seqwrite") || !strcmp(optarg, "write"))
         o->mode = LG_SEQWRITE;
       else if (!strcmp(optarg, "seqread") || !strcmp(optarg, "read"))
@@ -456,6 +462,7 @@ parse_args(int argc, char **argv, struct lg_opts *o)
     case 'r': o->seed = strtoull(optarg, NULL, 10); break;
     case 'X': o->flush_only = true; break;
     case 'O': o->once = true; break;
+    case 'R': o->read_pct = (unsigned) atoi(optarg); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return -1;
     }
