@@ -5,7 +5,7 @@
 # is dirty when the signal arrives; the test checks that first.
 . "$(dirname "$0")/lib.sh"
 lib_init daemon-sigterm
-requires nbdsh python3
+requires nbdsh python3 nbdkit
 
 size=$((64 * 1024 * 1024))
 img=$tmp/img
@@ -64,4 +64,32 @@ a.seek(off); b.seek(off)
 x, y = a.read(n), b.read(n)
 sys.exit(0 if x == y or x == bytes(n) else 1)
 PY
+
+# A second signal forces the exit: with a backing that takes 20 s per
+# write, the first SIGTERM starts a slow writeback; a second one (later
+# than the 1 s that counts as the same request) exits at once, status 1,
+# saying dirty data is lost.
+timeout 120 nbdkit -f -U "$tmp/kit.sock" --filter=delay memory 64M \
+  delay-write=20 >"$tmp/nbdkit.log" 2>&1 &
+track $!
+SOCK=$tmp/kit.sock wait_for_socket "$tmp/kit.sock" 20
+FOLIOD_LOG=$tmp/foliod2.log
+timeout 120 "$FOLIOD" --foreground --unix "$tmp/sock2" --pidfile "$tmp/pid2" \
+  --export "slow=nbd+unix:///?socket=$tmp/kit.sock,connections=1,dirty-expire=3600000" \
+  >"$FOLIOD_LOG" 2>&1 &
+FOLIOD_PID=$!; track $FOLIOD_PID
+wait_for_socket "$tmp/sock2" 20
+nbdsh -u "nbd+unix:///slow?socket=$tmp/sock2" -c 'h.pwrite(b"x" * 65536, 0)' ||
+  fail "write to the slow export"
+pid=$(cat "$tmp/pid2")
+kill -TERM "$pid"
+sleep 1.5
+kill -0 "$pid" 2>/dev/null || fail "first SIGTERM did not wait for the writeback"
+start=$(date +%s)
+kill -TERM "$pid"
+rc=0; wait $FOLIOD_PID || rc=$?
+FOLIOD_PID=
+[ $(( $(date +%s) - start )) -le 5 ] || fail "second SIGTERM did not force the exit"
+[ $rc -ne 0 ] || fail "forced exit reported success"
+grep -q "dirty data is lost" "$FOLIOD_LOG" || fail "forced exit not explained"
 echo OK

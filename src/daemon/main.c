@@ -19,6 +19,7 @@
 
 #include <ev.h>
 
+#include "foliod/util.h"
 #include "daemon/daemon.h"
 #include "server/log.h"
 #include "server/server.h"
@@ -83,6 +84,19 @@ on_status_timer (struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- shutdown ---------------------------------------------------------- */
 
+/* When the first SIGTERM/SIGINT arrived (CLOCK_MONOTONIC ns).  A repeat
+ * within FORCE_DEBOUNCE_NS is the same request delivered twice (timeout(1)
+ * and shells signal the child and then its whole process group), not a
+ * user insisting; only a later one forces the exit. */
+#define FORCE_DEBOUNCE_NS 1000000000ull
+static volatile uint64_t first_stop_ns;
+
+static int
+is_repeat_of_first (void)
+{
+  return now_ns () - first_stop_ns < FORCE_DEBOUNCE_NS;
+}
+
 /* Signal handler while writing back (the loop has stopped): no locks,
  * no stdio, just say what happens and go. */
 static void
@@ -91,6 +105,8 @@ force_exit (int sig)
   static const char msg[] = "foliod: second signal during writeback: "
                             "exiting now, dirty data is lost\n";
 
+  if (is_repeat_of_first ())
+    return;
   if (write (STDERR_FILENO, msg, sizeof msg - 1) < 0)
     _exit (1);
   _exit (1);
@@ -110,6 +126,10 @@ on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
 {
   struct daemon *d = w->data;
 
+  if (d->stopping && is_repeat_of_first ()) {
+    log_debug ("%s again within 1 s: same stop request", strsignal (w->signum));
+    return;
+  }
   if (d->stopping) {
     log_error ("%s again: exiting now, %llu bytes of dirty data lost",
                strsignal (w->signum),
@@ -117,6 +137,7 @@ on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
     _exit (1);
   }
   d->stopping = 1;
+  first_stop_ns = now_ns ();
   log_info ("%s: stopping: finishing requests in flight, then writing back "
             "%llu bytes of dirty data", strsignal (w->signum),
             (unsigned long long) dirty_bytes_total (d->cfg));
