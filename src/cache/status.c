@@ -1,5 +1,12 @@
 /* Block status: the backing's map, with every dirty block reported as
- * DATA (the backing may still call it a hole: the data is only here). */
+ * DATA (the backing may still call it a hole: the data is only here).
+ *
+ * Race with writeback: a map answer of "hole" goes stale if writeback
+ * writes a dirty block after map() and clears its bit before we look.  So
+ * ranges are first checked for dirty folios: a range with none is mapped
+ * without locks (every completed write there is already in the backing);
+ * a dirty folio is mapped and checked under its stripe lock, which
+ * writeback needs too. */
 #include <errno.h>
 
 #include "cache/cache-int.h"
@@ -8,75 +15,114 @@
 struct emitter {
   cache_extent_fn fn;
   void *opaque;
-  uint64_t pos;             /* next offset to report */
+  uint64_t start, end;      /* pending extent, merged with like neighbours */
+  enum backing_extent_type type;
   int stop;                 /* fn asked to stop */
 };
 
-static int
-emit (struct emitter *e, uint64_t end, enum backing_extent_type type)
+static void
+emit_pending (struct emitter *e)
 {
-  if (e->stop || end <= e->pos)
-    return e->stop;
-  e->stop = e->fn (e->opaque, e->pos, end - e->pos, type);
-  e->pos = end;
-  return e->stop;
+  if (!e->stop && e->end > e->start)
+    e->stop = e->fn (e->opaque, e->start, e->end - e->start, e->type);
+  e->start = e->end;
 }
 
-/* Report [e->pos, end), which the backing calls type (a hole or zero), as
- * DATA where dirty blocks lie. */
-static int
-emit_hole (struct cache *c, struct emitter *e, uint64_t end,
-           enum backing_extent_type type)
+/* Report [e->end, end) as type. */
+static void
+emit (struct emitter *e, uint64_t end, enum backing_extent_type type)
 {
-  uint64_t fi = folio_of (c, e->pos), last = folio_of (c, end - 1);
-  uint32_t bpf = c->blocks_per_folio;
-
-  while (!e->stop && fi <= last) {
-    pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, last, true);
-    pthread_mutex_unlock (&c->lock);
-    if (f == NULL)
-      break;
-    pthread_mutex_t *m = stripe_of (c, fi);
-    pthread_mutex_lock (m);
-    pthread_mutex_lock (&c->lock);
-    f = fidx_get (&c->index, fi);
-    pthread_mutex_unlock (&c->lock);
-    for (uint32_t i = 0; f != NULL && i < bpf && !e->stop; i++) {
-      uint64_t bs = folio_pos (c, fi) + block_pos (c, i);
-      uint64_t be = bs + block_pos (c, 1);
-      if (be <= e->pos || bs >= end || !folio_block_dirty (c, f, i))
-        continue;
-      emit (e, bs, type);
-      emit (e, be < end ? be : end, BACKING_DATA);
-    }
-    pthread_mutex_unlock (m);
-    fi++;
+  if (end <= e->end)
+    return;
+  if (type != e->type) {
+    emit_pending (e);
+    e->type = type;
   }
-  return emit (e, end, type);
+  e->end = end;
+}
+
+/* The backing's extent at off, clipped to end. */
+static int
+map_at (struct cache *c, uint64_t off, uint64_t end, struct backing_extent *x)
+{
+  *x = (struct backing_extent) { off, end - off, BACKING_DATA };
+  if ((c->b->caps & BACKING_CAN_MAP) && c->b->ops->map != NULL &&
+      c->b->ops->map (c->b, off, end - off, x) == -1)
+    return -1;
+  if (x->length == 0 || x->offset + x->length > end)
+    x->length = end - off;
+  return 0;
+}
+
+/* [e->end, end) has no dirty block: the backing's answer stands. */
+static int
+emit_clean (struct cache *c, struct emitter *e, uint64_t end)
+{
+  struct backing_extent x;
+
+  while (e->end < end && !e->stop) {
+    if (map_at (c, e->end, end, &x) == -1)
+      return -1;
+    emit (e, x.offset + x.length, x.type);
+  }
+  return 0;
+}
+
+/* [e->end, end) lies in cached folio f, whose stripe we hold. */
+static int
+emit_folio (struct cache *c, struct emitter *e, struct folio *f, uint64_t end)
+{
+  struct backing_extent x;
+  uint64_t fstart = folio_pos (c, f->index);
+
+  while (e->end < end && !e->stop) {
+    if (map_at (c, e->end, end, &x) == -1)
+      return -1;
+    uint64_t xend = x.offset + x.length;
+    if (x.type == BACKING_DATA) {
+      emit (e, xend, BACKING_DATA);
+      continue;
+    }
+    /* A hole per the backing: dirty blocks in it are data. */
+    while (e->end < xend) {
+      uint32_t i = (uint32_t) ((e->end - fstart) >> c->block_shift);
+      uint64_t bend = fstart + block_pos (c, i + 1);
+      emit (e, bend < xend ? bend : xend,
+            folio_block_dirty (c, f, i) ? BACKING_DATA : x.type);
+    }
+  }
+  return 0;
 }
 
 int
 cache_block_status (struct cache *c, uint64_t len, uint64_t off,
                     cache_extent_fn fn, void *opaque)
 {
-  struct emitter e = { .fn = fn, .opaque = opaque, .pos = off };
+  struct emitter e = { .fn = fn, .opaque = opaque, .start = off, .end = off };
   uint64_t end = off + len;
+  int r = 0;
 
   if (range_check (c, len, off) == -1)
     return -1;
-  while (e.pos < end && !e.stop) {
-    struct backing_extent ext = { e.pos, end - e.pos, BACKING_DATA };
-    if ((c->b->caps & BACKING_CAN_MAP) && c->b->ops->map != NULL &&
-        c->b->ops->map (c->b, e.pos, end - e.pos, &ext) == -1)
-      return -1;
-    uint64_t ext_end = ext.offset + ext.length;
-    if (ext_end > end || ext.length == 0)
-      ext_end = end;
-    if (ext.type == BACKING_DATA)
-      emit (&e, ext_end, BACKING_DATA);
-    else
-      emit_hole (c, &e, ext_end, ext.type);
+  while (e.end < end && !e.stop && r == 0) {
+    uint64_t fi = folio_of (c, e.end);
+    pthread_mutex_lock (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1), true);
+    pthread_mutex_unlock (&c->lock);
+    uint64_t clean_end = f ? folio_pos (c, fi) : end;
+    if (e.end < clean_end) {
+      r = emit_clean (c, &e, clean_end);
+      continue;
+    }
+    uint64_t fend = folio_pos (c, fi + 1) < end ? folio_pos (c, fi + 1) : end;
+    pthread_mutex_t *m = stripe_of (c, fi);
+    pthread_mutex_lock (m);
+    pthread_mutex_lock (&c->lock);
+    f = fidx_get (&c->index, fi);
+    pthread_mutex_unlock (&c->lock);
+    r = f ? emit_folio (c, &e, f, fend) : emit_clean (c, &e, fend);
+    pthread_mutex_unlock (m);
   }
-  return 0;
+  emit_pending (&e);
+  return r;
 }
