@@ -8,10 +8,11 @@
  * phases: clean, transient (each request fails with probability p) and
  * persistent (every request on a range fails).
  *
- * The reference knows each byte or marks it unknown: a failed write, zero
- * or trim may have done any part of its work, so its range becomes unknown
- * until a successful read or flush tells what the cache holds (from then
- * on the cache must stick to it).  Checked:
+ * The reference knows each byte, or knows it is one of two values: a
+ * failed write leaves each byte old or new, a failed zero or trim (or a
+ * trim the backing cannot do) old or zero.  A successful read or flush
+ * tells which, and from then on the cache must stick to it; a byte in
+ * doubt twice over becomes unknown until then.  Checked:
  *   - every successful read equals the reference (known bytes);
  *   - after every successful flush the backing equals the reference;
  *   - block status never calls known non-zero data a hole;
@@ -23,7 +24,8 @@
  * whole when the trim reaches the end of the export.
  *
  * Environment: MODEL_SEED (default: time), MODEL_OPS (default 100000, or
- * 10000 under VALGRIND=1), MODEL_VERBOSE=1 prints the geometry.
+ * 10000 under VALGRIND=1), MODEL_VERBOSE=1 prints the geometry,
+ * MODEL_ERRORS=0 keeps every phase clean (no injected errors).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -66,14 +68,16 @@ struct model {
   unsigned caps;
   struct fake_backing *fb;
   struct cache *c;
-  uint8_t *ref, *unk, *buf, *bbuf;
-  uint64_t nunk;            /* unknown bytes in ref */
+  uint8_t *ref, *buf, *bbuf;
+  uint8_t *unk;             /* per byte: 0 known, 1 unknown, 2 ref or alt */
+  uint8_t *alt;             /* the other possible value when unk == 2 */
+  uint64_t nunk;            /* bytes in doubt */
   int phase;                /* 0 clean, 1 transient, 2 persistent */
   uint64_t phase_end;
   struct hist hist[HIST];
   uint64_t ok[OP_NKINDS], failed[OP_NKINDS];
   uint64_t flush_checks, phases[3];
-  uint64_t adopted;         /* unknown bytes resolved by a read/flush */
+  uint64_t adopted;         /* bytes in doubt resolved by a read/flush */
 };
 
 static void
@@ -141,47 +145,73 @@ ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
     memset (m->ref + off, 0, len);
   if (m->nunk) {
     for (uint64_t i = off; i < off + len; i++) {
-      m->nunk -= m->unk[i];
+      m->nunk -= m->unk[i] != 0;
       m->unk[i] = 0;
     }
   }
 }
 
+/* A failed or advisory request: each byte now holds its old value or
+ * src's (zero when src is NULL).  A byte already in doubt becomes fully
+ * unknown. */
 static void
-ref_unknown (struct model *m, uint64_t len, uint64_t off)
+ref_maybe (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
 {
-  for (uint64_t i = off; i < off + len; i++) {
-    m->nunk += !m->unk[i];
-    m->unk[i] = 1;
+  for (uint64_t i = 0; i < len; i++) {
+    uint64_t p = off + i;
+    uint8_t v = src ? src[i] : 0;
+    if (m->unk[p] == 0) {
+      if (v != m->ref[p]) {
+        m->unk[p] = 2;
+        m->alt[p] = v;
+        m->nunk++;
+      }
+    }
+    else if (m->unk[p] == 2 && v != m->ref[p] && v != m->alt[p])
+      m->unk[p] = 1;
   }
 }
 
 /* Check data read from the cache (or backing, what) against the
- * reference; adopt it where the reference does not know. */
+ * reference; where in doubt, adopt what the cache holds (from then on
+ * it must stick to it). */
 static void
 ref_check (struct model *m, const uint8_t *got, uint64_t len, uint64_t off,
            const char *what)
 {
-  if (m->nunk == 0 || memchr (m->unk + off, 1, len) == NULL) {
-    if (memcmp (got, m->ref + off, len) == 0)
-      return;
+  int doubt = m->nunk != 0;
+
+  if (doubt) {
+    doubt = 0;
+    for (uint64_t i = 0; i < len && !doubt; i++)
+      doubt = m->unk[off + i] != 0;
   }
+  if (!doubt && memcmp (got, m->ref + off, len) == 0)
+    return;
   for (uint64_t i = 0; i < len; i++) {
     uint64_t p = off + i;
+    int bad;
     if (m->unk[p]) {
-      m->ref[p] = got[i];
-      m->unk[p] = 0;
-      m->nunk--;
-      m->adopted++;
+      bad = m->unk[p] == 2 && got[i] != m->ref[p] && got[i] != m->alt[p];
+      if (!bad) {
+        m->ref[p] = got[i];
+        m->unk[p] = 0;
+        m->nunk--;
+        m->adopted++;
+        continue;
+      }
     }
-    else if (got[i] != m->ref[p]) {
+    else
+      bad = got[i] != m->ref[p];
+    if (bad) {
       uint64_t j = i;
       while (j < len && !m->unk[off + j] && got[j] != m->ref[off + j])
         j++;
       MFAIL (m, "%s mismatch at byte %" PRIu64 " (range off=%" PRIu64
-             " len=%" PRIu64 "): got %#x want %#x, %" PRIu64
+             " len=%" PRIu64 "): got %#x want %#x%s%s (alt %#x), %" PRIu64
              " bytes differ from there", what, p, off, len, got[i],
-             m->ref[p], j - i);
+             m->ref[p], m->unk[p] ? " or " : "",
+             m->unk[p] ? "the alternative" : "", m->alt[p], j - i);
     }
   }
 }
@@ -280,7 +310,8 @@ status_cb (void *opaque, uint64_t off, uint64_t len,
            off, len, s->pos, s->end);
   if (type != BACKING_DATA) {
     for (uint64_t i = off; i < off + len; i++)
-      if (!m->unk[i] && m->ref[i] != 0)
+      if ((m->unk[i] == 0 && m->ref[i] != 0) ||
+          (m->unk[i] == 2 && m->ref[i] != 0 && m->alt[i] != 0))
         MFAIL (m, "block status calls %" PRIu64 "+%" PRIu64
                " type %d but byte %" PRIu64 " is %#x", off, len, type, i,
                m->ref[i]);
@@ -334,7 +365,7 @@ do_op (struct model *m, enum op_kind kind)
     if (r == 0)
       ref_set (m, m->buf, len, off);
     else
-      ref_unknown (m, len, off);
+      ref_maybe (m, m->buf, len, off);
     break;
 
   case OP_ZERO:
@@ -351,7 +382,7 @@ do_op (struct model *m, enum op_kind kind)
              !(m->caps & BACKING_CAN_FAST_ZERO))
       ;  /* refused up front: nothing happened */
     else
-      ref_unknown (m, len, off);
+      ref_maybe (m, NULL, len, off);
     break;
 
   case OP_TRIM: {
@@ -365,7 +396,7 @@ do_op (struct model *m, enum op_kind kind)
     else if (e > s)
       /* Failed, or advisory without a trimming backing: each whole block
        * holds its old data or zeroes; the reads will tell. */
-      ref_unknown (m, e - s, s);
+      ref_maybe (m, NULL, e - s, s);
     break;
   }
 
@@ -435,6 +466,8 @@ next_phase (struct model *m)
   }
   unsigned x = (unsigned) rnd (m, 100);
   m->phase = x < 50 ? 0 : x < 80 ? 1 : 2;
+  if (!ct_env_u64 ("MODEL_ERRORS", 1))
+    m->phase = 0;
   m->phases[m->phase]++;
   m->phase_end = m->op + 300 + rnd (m, 3000);
   int err = chance (m, 80) ? EIO : chance (m, 50) ? ENOSPC : EROFS;
@@ -523,9 +556,10 @@ model_setup (struct model *m)
   fake_set_torn_writes (m->fb, 1);
   m->ref = calloc (1, m->size);
   m->unk = calloc (1, m->size);
+  m->alt = calloc (1, m->size);
   m->buf = malloc (4 * (size_t) cfg->folio_size + 8192);
   m->bbuf = malloc (1 << 20);
-  assert_true (m->ref && m->unk && m->buf && m->bbuf);
+  assert_true (m->ref && m->unk && m->alt && m->buf && m->bbuf);
   /* Old data in part of the device, holes elsewhere. */
   for (uint64_t off = 0; off < m->size; off += 65536) {
     uint64_t n = m->size - off < 65536 ? m->size - off : 65536;
@@ -605,17 +639,19 @@ test_model (void **state)
           ct_now_ms () - t0);
   for (int k = 0; k < OP_RECOVER; k++)
     printf (" %s=%" PRIu64 "/%" PRIu64, op_names[k], m->ok[k], m->failed[k]);
-  printf ("\nunknown bytes adopted=%" PRIu64 " flush checks=%" PRIu64
+  printf ("\ndoubtful bytes resolved=%" PRIu64 " flush checks=%" PRIu64
           " phases clean/transient/persistent=%" PRIu64 "/%" PRIu64 "/%" PRIu64 " evictions=%" PRIu64
           " backing reads=%" PRIu64 " writes=%" PRIu64 " injected=%" PRIu64
-          "\n", m->adopted, m->flush_checks, m->phases[0], m->phases[1],
-          m->phases[2], st.evictions, tot.ops[FAKE_READ], tot.ops[FAKE_WRITE], tot.failed);
+          " throttle_waits=%" PRIu64 "\n", m->adopted, m->flush_checks, m->phases[0], m->phases[1],
+          m->phases[2], st.evictions, tot.ops[FAKE_READ], tot.ops[FAKE_WRITE], tot.failed,
+          st.throttle_waits);
   if (m->cfg.mode != CACHE_NONE && m->nops >= 10000)
     assert_true (st.evictions > 0);   /* the cache really was too small */
 
   fake_free (m->fb);
   free (m->ref);
   free (m->unk);
+  free (m->alt);
   free (m->buf);
   free (m->bbuf);
   free (m);
