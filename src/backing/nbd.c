@@ -1,18 +1,11 @@
 /* The nbd backing: a remote NBD export through libnbd.
  *
- * Connections: a pool of libnbd handles, each used by one thread at a time
- * with libnbd's synchronous calls.  Several handles only when the remote
- * advertises multi-conn (then a flush on any handle covers writes done on
- * all of them); otherwise one, shared in turn.  One handle per thread was
- * chosen over one handle driven with the aio API because a blocking op
- * then needs no completion plumbing, and the pool gives the same
- * parallelism the remote allows.
- *
- * Faults: when a call fails and the handle is dead (connection dropped,
- * or the server said ESHUTDOWN), the handle is thrown away and the request
- * waits for a new connection, backing off 50 ms .. 2 s, retry_timeout_ms
- * in total, then re-issued.  An error the remote answered (EIO, ENOSPC,
- * ...) on a live connection is returned to the caller at once.
+ * Connections (nbd-conn.c): several when the remote advertises multi-conn
+ * (then a flush on any of them covers writes done on all), else one; each
+ * carries many commands in flight (libnbd aio, one poller thread per
+ * connection).  A dropped connection is reconnected with backoff and the
+ * requests on it are issued again; an error the remote answers (EIO,
+ * ENOSPC, ...) is returned at once.
  *
  * Mapping: base:allocation block status, asked for more than the caller
  * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
@@ -21,249 +14,29 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include <libnbd.h>
-
-#include "foliod/backing.h"
+#include "backing/nbd-private.h"
 
 #define NBD_DEFAULT_CONNS      4
 #define NBD_MAX_CONNS          64
 #define NBD_DEFAULT_RETRY_MS   30000
-#define NBD_BACKOFF_MIN_MS     50
-#define NBD_BACKOFF_MAX_MS     2000
 #define NBD_MAX_IO             (32u << 20) /* read/write request cap */
 #define NBD_MAX_ZERO           (1u << 30)  /* zero/trim request cap */
 #define NBD_MAP_LOOKAHEAD      (64u << 20)
 #define NBD_MAP_MAX            (1u << 30)
-#define NBD_EXT_SLOTS          64  /* cached extents */
-#define NBD_INVAL_LOG          16  /* recent invalidations remembered */
 #define NBD_ZERO_BUF           (1u << 20)
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 
-struct nbd_conn {
-  struct nbd_handle *h;         /* NULL: not connected */
-  int busy;                     /* taken by a thread (pool_lock) */
-};
-
-struct ext_slot {
-  uint64_t off, len;            /* len 0: free */
-  enum backing_extent_type type;
-};
-
-struct inval {
-  uint64_t off, end, gen;
-};
-
-struct nbd_backing {
-  struct backing b;             /* first */
-  char *uri;
-  char *tls_certificates, *tls_psk_file, *tls_username;
-  unsigned retry_timeout_ms;
-  int can_fua, can_flush, can_zero, can_fast_zero, can_trim, has_map;
-  uint32_t max_io;              /* bytes per read/write request */
-  void *zero_buf;               /* for remotes without WRITE_ZEROES */
-
-  /* Lock order: pool_lock and ext_lock are leaves; never held together,
-   * never held across a libnbd call. */
-  pthread_mutex_t pool_lock;
-  pthread_cond_t pool_cond;     /* a connection became free */
-  unsigned nconns;
-  struct nbd_conn *conns;
-
-  pthread_mutex_t ext_lock;     /* protects everything below */
-  struct ext_slot ext[NBD_EXT_SLOTS];
-  unsigned ext_hand;            /* next slot to replace */
-  uint64_t gen;                 /* bumped by every invalidation */
-  struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
-
-  atomic_uint_fast64_t reconnects, retries, errors;
-};
-
 static inline struct nbd_backing *
 to_nbd (struct backing *b)
 {
   return (struct nbd_backing *) b;
-}
-
-static uint64_t
-mono_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void
-sleep_ms (uint64_t ms)
-{
-  struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000 };
-
-  while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
-    ;
-}
-
-/* ---- connections ---- */
-
-static void ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len);
-
-/* Open one handle.  Returns NULL with a reason in err (may be NULL). */
-static struct nbd_handle *
-conn_open (struct nbd_backing *nb, char *err, size_t errlen)
-{
-  struct nbd_handle *h = nbd_create ();
-
-  if (!h)
-    goto fail;
-  /* The spec comes from the administrator: let it name local files
-   * (tls-certificates=, tls-psk-file= in the query). */
-  if (nbd_set_uri_allow_local_file (h, true) == -1 ||
-      nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
-    goto fail;
-  if (nb->tls_certificates &&
-      nbd_set_tls_certificates (h, nb->tls_certificates) == -1)
-    goto fail;
-  if (nb->tls_psk_file && nbd_set_tls_psk_file (h, nb->tls_psk_file) == -1)
-    goto fail;
-  if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
-    goto fail;
-  if (nbd_connect_uri (h, nb->uri) == -1)
-    goto fail;
-  return h;
-
- fail:
-  if (err)
-    snprintf (err, errlen, "%s: %s", nb->uri,
-              nbd_get_error () ? nbd_get_error () : "cannot create handle");
-  if (h)
-    nbd_close (h);
-  return NULL;
-}
-
-/* A new handle for a dropped one: same export, same size. */
-static struct nbd_handle *
-conn_reopen (struct nbd_backing *nb)
-{
-  struct nbd_handle *h = conn_open (nb, NULL, 0);
-
-  if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
-    nbd_close (h);
-    return NULL;
-  }
-  if (h) {
-    atomic_fetch_add (&nb->reconnects, 1);
-    /* The remote may have restarted with other contents (or been
-     * written by someone else meanwhile): forget what it told us. */
-    ext_invalidate (nb, 0, nb->b.size);
-  }
-  return h;
-}
-
-/* Take a connection, preferring a live one. */
-static struct nbd_conn *
-pool_get (struct nbd_backing *nb)
-{
-  struct nbd_conn *c = NULL;
-  unsigned i;
-
-  pthread_mutex_lock (&nb->pool_lock);
-  for (;;) {
-    for (i = 0; i < nb->nconns; i++) {
-      if (nb->conns[i].busy)
-        continue;
-      if (!c || (!c->h && nb->conns[i].h))
-        c = &nb->conns[i];
-      if (c->h)
-        break;
-    }
-    if (c)
-      break;
-    pthread_cond_wait (&nb->pool_cond, &nb->pool_lock);
-  }
-  c->busy = 1;
-  pthread_mutex_unlock (&nb->pool_lock);
-  return c;
-}
-
-static void
-pool_put (struct nbd_backing *nb, struct nbd_conn *c)
-{
-  pthread_mutex_lock (&nb->pool_lock);
-  c->busy = 0;
-  pthread_cond_signal (&nb->pool_cond);
-  pthread_mutex_unlock (&nb->pool_lock);
-}
-
-/* Did this failure lose the connection (retry elsewhere), or is it the
- * remote's answer (return it)? */
-static int
-conn_lost (struct nbd_handle *h, int e)
-{
-  if (nbd_aio_is_dead (h) || nbd_aio_is_closed (h) || !nbd_aio_is_ready (h))
-    return 1;
-  switch (e) {
-  case ENOTCONN: case ESHUTDOWN: case ECONNRESET: case EPIPE:
-  case ECONNABORTED:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-typedef int (*nbd_call) (struct nbd_handle *h, void *arg);
-
-/* Run one request on a pooled connection, reconnecting and retrying while
- * the connection is what failed.  0, or -1 with errno. */
-static int
-nbd_run (struct nbd_backing *nb, nbd_call fn, void *arg)
-{
-  struct nbd_conn *c = pool_get (nb);
-  uint64_t deadline = mono_ms () + nb->retry_timeout_ms;
-  uint64_t backoff = NBD_BACKOFF_MIN_MS;
-  int tries = 0, e = ENOTCONN;
-
-  for (;;) {
-    if (!c->h)
-      c->h = conn_reopen (nb);
-    if (c->h) {
-      if (tries++ > 0)
-        atomic_fetch_add (&nb->retries, 1);
-      if (fn (c->h, arg) == 0) {
-        pool_put (nb, c);
-        return 0;
-      }
-      e = nbd_get_errno ();
-      if (e == 0)
-        e = EIO;
-      if (!conn_lost (c->h, e))
-        break;
-      nbd_close (c->h);
-      c->h = NULL;
-      if (tries == 1)
-        continue;               /* first loss: reconnect without waiting */
-    }
-    uint64_t now = mono_ms ();
-    if (now >= deadline) {
-      if (e == ESHUTDOWN || e == ECONNRESET || e == EPIPE)
-        e = ENOTCONN;
-      break;
-    }
-    sleep_ms (MIN (backoff, deadline - now));
-    backoff = MIN (backoff * 2, NBD_BACKOFF_MAX_MS);
-  }
-  pool_put (nb, c);
-  atomic_fetch_add (&nb->errors, 1);
-  errno = e;
-  return -1;
 }
 
 /* ---- the extent cache ---- */
@@ -287,8 +60,8 @@ ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
 }
 
 /* Cut [off, off+len) out of every cached extent and log the change. */
-static void
-ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
+void
+nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
 {
   uint64_t end = off + len;
   unsigned i;
@@ -366,39 +139,39 @@ struct io_req {
   uint32_t flags;
 };
 
-static int
-call_pread (struct nbd_handle *h, void *arg)
+static int64_t
+call_pread (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   struct io_req *r = arg;
-  return nbd_pread (h, r->buf, r->len, r->off, 0);
+  return nbd_aio_pread (h, r->buf, r->len, r->off, cb, 0);
 }
 
-static int
-call_pwrite (struct nbd_handle *h, void *arg)
+static int64_t
+call_pwrite (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   struct io_req *r = arg;
-  return nbd_pwrite (h, r->buf, r->len, r->off, r->flags);
+  return nbd_aio_pwrite (h, r->buf, r->len, r->off, cb, r->flags);
 }
 
-static int
-call_zero (struct nbd_handle *h, void *arg)
+static int64_t
+call_zero (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   struct io_req *r = arg;
-  return nbd_zero (h, r->len, r->off, r->flags);
+  return nbd_aio_zero (h, r->len, r->off, cb, r->flags);
 }
 
-static int
-call_trim (struct nbd_handle *h, void *arg)
+static int64_t
+call_trim (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   struct io_req *r = arg;
-  return nbd_trim (h, r->len, r->off, r->flags);
+  return nbd_aio_trim (h, r->len, r->off, cb, r->flags);
 }
 
-static int
-call_flush (struct nbd_handle *h, void *arg)
+static int64_t
+call_flush (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   (void) arg;
-  return nbd_flush (h, 0);
+  return nbd_aio_flush (h, cb, 0);
 }
 
 static int
@@ -417,7 +190,7 @@ check_range (struct backing *b, uint64_t len, uint64_t off, int write)
 
 /* Split [off, off+len) into requests of at most chunk bytes. */
 static int
-nbd_chunked (struct nbd_backing *nb, nbd_call fn, char *buf, uint64_t len,
+nbd_chunked (struct nbd_backing *nb, nbd_issue fn, char *buf, uint64_t len,
              uint64_t off, uint32_t flags, uint64_t chunk)
 {
   while (len > 0) {
@@ -478,7 +251,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     return -1;
   r = nbd_chunked (nb, call_pwrite, (char *) buf, len, off,
                    fua_flag (nb, flags), nb->max_io);
-  ext_invalidate (nb, off, len);
+  nbd_ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, r);
 }
 
@@ -520,7 +293,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   }
   else
     r = write_zeroes (nb, len, off, f);
-  ext_invalidate (nb, off, len);
+  nbd_ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, r);
 }
 
@@ -536,7 +309,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
     return 0;                   /* advisory */
   r = nbd_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                    NBD_MAX_ZERO);
-  ext_invalidate (nb, off, len);
+  nbd_ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, r);
 }
 
@@ -586,15 +359,16 @@ map_extent_cb (void *user, const char *metacontext, uint64_t offset,
   return 0;
 }
 
-static int
-call_block_status (struct nbd_handle *h, void *arg)
+static int64_t
+call_block_status (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
 {
   struct map_req *m = arg;
 
   m->n = 0;
-  return nbd_block_status (h, m->count, m->off,
-                           (nbd_extent_callback) { .callback = map_extent_cb,
-                                                   .user_data = m }, 0);
+  return nbd_aio_block_status (h, m->count, m->off,
+                               (nbd_extent_callback) {
+                                 .callback = map_extent_cb, .user_data = m },
+                               cb, 0);
 }
 
 static int
@@ -655,39 +429,17 @@ nbdb_stats (struct backing *b, struct backing_stats *st)
   st->errors = atomic_load (&nb->errors);
 }
 
-/* Say goodbye (NBD_CMD_DISC) on a connection that still looks alive.
- * libnbd 1.14 touches freed memory when it sends the disconnect to a
- * remote that has already gone, so an idle connection with something to
- * read (the remote's EOF) is just closed. */
-static void
-conn_disconnect (struct nbd_handle *h)
-{
-  struct pollfd p = { .fd = nbd_aio_get_fd (h), .events = POLLIN };
-
-  if (p.fd >= 0 && nbd_aio_is_ready (h) && poll (&p, 1, 0) == 0)
-    nbd_shutdown (h, 0);
-}
-
 static void
 nbdb_close (struct backing *b)
 {
   struct nbd_backing *nb = to_nbd (b);
-  unsigned i;
 
-  for (i = 0; nb->conns && i < nb->nconns; i++) {
-    if (nb->conns[i].h) {
-      conn_disconnect (nb->conns[i].h);
-      nbd_close (nb->conns[i].h);
-    }
-  }
-  free (nb->conns);
+  nbd_conns_stop (nb);
   free (nb->zero_buf);
   free (nb->uri);
   free (nb->tls_certificates);
   free (nb->tls_psk_file);
   free (nb->tls_username);
-  pthread_mutex_destroy (&nb->pool_lock);
-  pthread_cond_destroy (&nb->pool_cond);
   pthread_mutex_destroy (&nb->ext_lock);
   free (nb);
 }
@@ -766,7 +518,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
   struct nbd_backing *nb;
   struct nbd_handle *h;
   int oom = 0;
-  unsigned i, want;
+  unsigned want;
 
   if (!o)
     o = &defaults;
@@ -776,8 +528,6 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     return NULL;
   }
   nb->b.ops = &nbd_ops;
-  pthread_mutex_init (&nb->pool_lock, NULL);
-  pthread_cond_init (&nb->pool_cond, NULL);
   pthread_mutex_init (&nb->ext_lock, NULL);
   nb->uri = dup_opt (uri, &oom);
   nb->tls_certificates = dup_opt (o->tls_certificates, &oom);
@@ -790,7 +540,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     goto fail;
   }
 
-  h = conn_open (nb, err, errlen);
+  h = nbd_conn_open (nb, err, errlen);
   if (!h)
     goto fail;
   if (read_caps (nb, h, o, err, errlen) == -1) {
@@ -801,17 +551,8 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
                         : NBD_DEFAULT_CONNS;
   if (!(nb->b.caps & BACKING_CAN_MULTI_CONN))
     want = 1;
-  nb->conns = calloc (want, sizeof *nb->conns);
-  if (!nb->conns) {
-    nbd_close (h);
-    snprintf (err, errlen, "%s: out of memory", uri);
+  if (nbd_conns_start (nb, h, want, err, errlen) == -1)
     goto fail;
-  }
-  nb->nconns = want;
-  nb->conns[0].h = h;
-  /* The others now; one that fails is opened on first use instead. */
-  for (i = 1; i < want; i++)
-    nb->conns[i].h = conn_open (nb, NULL, 0);
 
   if (!nb->can_zero && !(nb->b.caps & BACKING_READ_ONLY)) {
     nb->zero_buf = calloc (1, NBD_ZERO_BUF);

@@ -1,0 +1,93 @@
+/* The nbd backing's private state, shared by nbd.c (the ops, the extent
+ * cache) and nbd-conn.c (connections, reconnect, request issue). */
+#ifndef FOLIOD_BACKING_NBD_PRIVATE_H
+#define FOLIOD_BACKING_NBD_PRIVATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <libnbd.h>
+
+#include "foliod/backing.h"
+
+#define NBD_EXT_SLOTS   64  /* cached extents */
+#define NBD_INVAL_LOG   16  /* recent invalidations remembered */
+
+/* One connection to the remote.  Any number of threads issue aio
+ * commands on it at once; one poller thread per connection moves the
+ * libnbd state machine and runs the completion callbacks.
+ *
+ * Lock order: conn.lock, then libnbd's own handle lock (taken inside
+ * every nbd_* call).  ext_lock is a leaf, never held across libnbd. */
+struct nbd_conn {
+  pthread_rwlock_t lock;        /* read: issuing on h; write: replacing h */
+  struct nbd_handle *h;         /* NULL: down */
+  uint64_t gen;                 /* bumped each time h is replaced/retried */
+  atomic_int users;             /* commands issued on h, waiter not done:
+                                 * h is not closed while this is > 0 */
+  atomic_int up;                /* h != NULL (cheap hint for picking) */
+  int efd;                      /* eventfd: wakes the poller */
+  atomic_int stop;              /* tells the poller to exit */
+  pthread_t poller;
+  int has_poller;
+};
+
+struct ext_slot {
+  uint64_t off, len;            /* len 0: free */
+  enum backing_extent_type type;
+};
+
+struct inval {
+  uint64_t off, end, gen;
+};
+
+struct nbd_backing {
+  struct backing b;             /* first */
+  char *uri;
+  char *tls_certificates, *tls_psk_file, *tls_username;
+  unsigned retry_timeout_ms;
+  int can_fua, can_flush, can_zero, can_fast_zero, can_trim, has_map;
+  uint32_t max_io;              /* bytes per read/write request */
+  void *zero_buf;               /* for remotes without WRITE_ZEROES */
+
+  unsigned nconns;
+  struct nbd_conn *conns;
+  atomic_uint next_conn;        /* round robin */
+
+  pthread_mutex_t ext_lock;     /* protects everything below */
+  struct ext_slot ext[NBD_EXT_SLOTS];
+  unsigned ext_hand;            /* next slot to replace */
+  uint64_t gen;                 /* bumped by every invalidation */
+  struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
+
+  atomic_uint_fast64_t reconnects, retries, errors;
+};
+
+/* Issue one aio command on h with completion callback cb.  Returns the
+ * cookie, or -1 (libnbd error set; cb will not be called). */
+typedef int64_t (*nbd_issue) (struct nbd_handle *h, void *arg,
+                              nbd_completion_callback cb);
+
+/* Run one request: issue it on a connection and wait.  When the
+ * connection is what failed, reconnect (backoff 50 ms .. 2 s, up to
+ * retry_timeout_ms) and issue it again.  0, or -1 with errno. */
+int nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg);
+
+/* Open a handle (TLS options, base:allocation requested).  NULL with a
+ * one-line reason in err (err may be NULL). */
+struct nbd_handle *nbd_conn_open (struct nbd_backing *nb, char *err,
+                                  size_t errlen);
+
+/* Set up nb->conns[0..n): the first on handle first, the others opened
+ * now or on first use.  0, or -1 with err. */
+int nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
+                     unsigned n, char *err, size_t errlen);
+
+/* Stop every poller and close every handle.  No request in flight. */
+void nbd_conns_stop (struct nbd_backing *nb);
+
+/* Cut [off, off+len) out of the extent cache (nbd.c). */
+void nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len);
+
+#endif /* FOLIOD_BACKING_NBD_PRIVATE_H */
