@@ -132,7 +132,9 @@ poller_main (void *arg)
       p[0].events |= POLLIN;
     if (dir & LIBNBD_AIO_DIRECTION_WRITE)
       p[0].events |= POLLOUT;
-    if (poll (p, 2, -1) == -1) {
+    if (dir == 0)               /* nothing to wait for on the socket */
+      p[0].fd = -1;
+    if (poll (p, 2, dir ? -1 : 100) == -1) {
       if (errno == EINTR)
         continue;
       break;
@@ -387,8 +389,10 @@ nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
       break;
     }
     /* Another connection that looks up (reconnected, or not yet found
-     * dead) is worth a try at once; wait only when none is. */
-    if (any_up (nb))
+     * dead) is worth a try at once, a few times: enough to sweep the
+     * stale ones, not a hot loop against a remote that keeps saying
+     * ESHUTDOWN. */
+    if (losses <= (int) nb->nconns && any_up (nb))
       continue;
     sleep_ms (MIN (backoff, deadline - now));
     backoff = MIN (backoff * 3 / 2, NBD_BACKOFF_MAX_MS);

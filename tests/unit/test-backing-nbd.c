@@ -362,6 +362,123 @@ test_reconnect (void **state)
   close (fd);
 }
 
+/* The remote dies and comes back while several threads keep writing and
+ * reading: every request succeeds, the data is all there. */
+struct rc_arg {
+  struct backing *b;
+  int t;
+};
+
+#define RC_PIECES 60
+#define RC_LEN 5000
+
+static void *
+rc_thread (void *p)
+{
+  struct rc_arg *a = p;
+  uint8_t w[RC_LEN], r[RC_LEN];
+
+  for (int i = 0; i < RC_PIECES; i++) {
+    uint64_t off = (uint64_t) a->t * MiB + (uint64_t) i * RC_LEN;
+    fill (w, sizeof w, a->t * 1000 + i);
+    if (a->b->ops->write (a->b, w, sizeof w, off, 0) != 0 ||
+        a->b->ops->read (a->b, r, sizeof r, off) != 0 ||
+        memcmp (w, r, sizeof w) != 0)
+      return (void *) 1;
+    usleep (10000);
+  }
+  return NULL;
+}
+
+static void
+test_reconnect_under_load (void **state)
+{
+  struct fx *f = *state;
+  const char *args[] = { "file", f->disk, NULL };
+  enum { N = 4 };
+  pthread_t th[N];
+  struct rc_arg a[N];
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t w[RC_LEN], r[RC_LEN];
+  void *ret;
+  int fd;
+
+  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  assert_int_equal (ftruncate (fd, 8 * MiB), 0);
+  close (fd);
+  remote_start (f, args);
+  b = open_nbd (f, 10000);
+  for (int t = 0; t < N; t++) {
+    a[t] = (struct rc_arg) { b, t };
+    assert_int_equal (pthread_create (&th[t], NULL, rc_thread, &a[t]), 0);
+  }
+  usleep (150000);
+  remote_kill (f);
+  remote_spawn (f, args, 300);
+  for (int t = 0; t < N; t++) {
+    assert_int_equal (pthread_join (th[t], &ret), 0);
+    assert_null (ret);
+  }
+  assert_int_equal (b->ops->flush (b), 0);
+  b->ops->stats (b, &st);
+  assert_true (st.reconnects >= 1);
+  assert_int_equal (st.errors, 0);
+  backing_close (b);
+
+  fd = open (f->disk, O_RDONLY);
+  for (int t = 0; t < N; t++)
+    for (int i = 0; i < RC_PIECES; i++) {
+      uint64_t off = (uint64_t) t * MiB + (uint64_t) i * RC_LEN;
+      fill (w, sizeof w, t * 1000 + i);
+      assert_int_equal (pread (fd, r, sizeof r, off), (ssize_t) sizeof r);
+      assert_memory_equal (r, w, sizeof r);
+    }
+  close (fd);
+}
+
+/* ESHUTDOWN means "the server is going away": the request is issued
+ * again on a new connection until the remote serves it. */
+static void *
+unlink_later (void *p)
+{
+  usleep (400000);
+  unlink (p);
+  return NULL;
+}
+
+static void
+test_eshutdown_retried (void **state)
+{
+  struct fx *f = *state;
+  char file_arg[128];
+  const char *args[] = { "--filter=error", "memory", "8M", "error=ESHUTDOWN",
+                         "error-rate=100%", file_arg, NULL };
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t w[4096], r[4096];
+  pthread_t th;
+  int fd;
+
+  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
+  remote_start (f, args);
+  b = open_nbd (f, 10000);
+  fill (w, sizeof w, 8);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (pthread_create (&th, NULL, unlink_later, f->errfile), 0);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 0), 0);
+  assert_memory_equal (r, w, sizeof r);
+  assert_int_equal (pthread_join (th, NULL), 0);
+  b->ops->stats (b, &st);
+  assert_true (st.retries >= 1);
+  assert_int_equal (st.errors, 0);
+  backing_close (b);
+}
+
 /* No remote comes back: the request fails after retry_timeout_ms. */
 static void
 test_reconnect_gives_up (void **state)
@@ -522,6 +639,8 @@ main (void)
     T (test_no_native_zero),
     T (test_parallel),
     T (test_reconnect),
+    T (test_reconnect_under_load),
+    T (test_eshutdown_retried),
     T (test_reconnect_gives_up),
     T (test_remote_errors),
     T (test_enospc),
