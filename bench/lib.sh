@@ -5,7 +5,8 @@
 # server_start, and sets the tunables below.
 #
 # Environment (all optional):
-#   FOLIOD, BUILD, TOP   the daemon and build dir (default $TOP/build)
+#   FOLIOD, PLUGIN, BUILD, TOP   the daemon, the nbdkit plugin and the
+#                        build dir (default $TOP/build)
 #   LOADGEN              the load generator (default $BUILD/bench/loadgen)
 #   BENCH_SECONDS        seconds per measured run (default 20)
 #   BENCH_SIZE           export size (default 1G)
@@ -18,6 +19,7 @@
 TOP=${TOP:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 BUILD=${BUILD:-$TOP/build}
 FOLIOD=${FOLIOD:-$BUILD/foliod}
+PLUGIN=${PLUGIN:-$BUILD/nbdkit-folio-plugin.so}
 LOADGEN=${LOADGEN:-$BUILD/bench/loadgen}
 BENCHDIR=$TOP/bench
 export PATH=/usr/bin:$PATH
