@@ -91,7 +91,11 @@ struct backing {
   const struct backing_ops *ops;
   uint64_t size;       /* bytes; fixed for the backing's life */
   unsigned caps;       /* BACKING_CAN_* */
-  uint32_t io_align;   /* direct I/O alignment in bytes (1: none needed) */
+  uint32_t io_align;   /* direct I/O alignment in bytes (1: none needed).
+                        * Any range works; a request whose offset, length
+                        * and buffer address are multiples of io_align
+                        * avoids a bounce copy (and, for writes, reading
+                        * the partial edge sectors first). */
   int direct;          /* 1 when opened for direct I/O (O_DIRECT) */
 };
 
