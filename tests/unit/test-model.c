@@ -25,7 +25,8 @@
  *
  * Environment: MODEL_SEED (default: time), MODEL_OPS (default 100000, or
  * 10000 under VALGRIND=1), MODEL_VERBOSE=1 prints the geometry,
- * MODEL_ERRORS=0 keeps every phase clean (no injected errors).
+ * MODEL_ERRORS=0 keeps every phase clean (no injected errors),
+ * MODEL_SLOW_MS=N prints every op that took N ms or more.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -77,6 +78,7 @@ struct model {
   struct hist hist[HIST];
   uint64_t ok[OP_NKINDS], failed[OP_NKINDS];
   uint64_t flush_checks, phases[3];
+  uint64_t slow_ms;         /* MODEL_SLOW_MS: report ops slower than this */
   uint64_t adopted;         /* bytes in doubt resolved by a read/flush */
 };
 
@@ -136,6 +138,27 @@ chance (struct model *m, unsigned percent)
 
 /* ---- reference bookkeeping ---- */
 
+/* First byte in [from, to) whose value is in doubt, or to. */
+static uint64_t
+next_doubt (struct model *m, uint64_t from, uint64_t to)
+{
+  if (m->nunk == 0)
+    return to;
+  while (from < to && (from & 7))
+    if (m->unk[from++])
+      return from - 1;
+  while (from + 8 <= to) {
+    uint64_t w;
+    memcpy (&w, m->unk + from, 8);
+    if (w)
+      break;
+    from += 8;
+  }
+  while (from < to && !m->unk[from])
+    from++;
+  return from;
+}
+
 static void
 ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
 {
@@ -143,11 +166,10 @@ ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
     memcpy (m->ref + off, src, len);
   else
     memset (m->ref + off, 0, len);
-  if (m->nunk) {
-    for (uint64_t i = off; i < off + len; i++) {
-      m->nunk -= m->unk[i] != 0;
-      m->unk[i] = 0;
-    }
+  for (uint64_t i = next_doubt (m, off, off + len); i < off + len;
+       i = next_doubt (m, i + 1, off + len)) {
+    m->nunk--;
+    m->unk[i] = 0;
   }
 }
 
@@ -172,6 +194,19 @@ ref_maybe (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
   }
 }
 
+static void
+mismatch (struct model *m, const uint8_t *got, uint64_t len, uint64_t off,
+          uint64_t i, const char *what)
+{
+  uint64_t p = off + i, j = i;
+  while (j < len && !m->unk[off + j] && got[j] != m->ref[off + j])
+    j++;
+  MFAIL (m, "%s mismatch at byte %" PRIu64 " (range off=%" PRIu64
+         " len=%" PRIu64 "): got %#x want %#x%s (alt %#x, doubt %d), %" PRIu64
+         " bytes differ from there", what, p, off, len, got[i], m->ref[p],
+         m->unk[p] ? " or the alternative" : "", m->alt[p], m->unk[p], j - i);
+}
+
 /* Check data read from the cache (or backing, what) against the
  * reference; where in doubt, adopt what the cache holds (from then on
  * it must stick to it). */
@@ -179,41 +214,40 @@ static void
 ref_check (struct model *m, const uint8_t *got, uint64_t len, uint64_t off,
            const char *what)
 {
-  int doubt = m->nunk != 0;
+  uint64_t i = 0;
 
-  if (doubt) {
-    doubt = 0;
-    for (uint64_t i = 0; i < len && !doubt; i++)
-      doubt = m->unk[off + i] != 0;
-  }
-  if (!doubt && memcmp (got, m->ref + off, len) == 0)
-    return;
-  for (uint64_t i = 0; i < len; i++) {
-    uint64_t p = off + i;
-    int bad;
-    if (m->unk[p]) {
-      bad = m->unk[p] == 2 && got[i] != m->ref[p] && got[i] != m->alt[p];
-      if (!bad) {
-        m->ref[p] = got[i];
-        m->unk[p] = 0;
-        m->nunk--;
-        m->adopted++;
-        continue;
-      }
+  while (i < len) {
+    uint64_t d = next_doubt (m, off + i, off + len) - off;
+    if (d > i && memcmp (got + i, m->ref + off + i, d - i) != 0) {
+      while (got[i] == m->ref[off + i])
+        i++;
+      mismatch (m, got, len, off, i, what);
     }
-    else
-      bad = got[i] != m->ref[p];
-    if (bad) {
-      uint64_t j = i;
-      while (j < len && !m->unk[off + j] && got[j] != m->ref[off + j])
-        j++;
-      MFAIL (m, "%s mismatch at byte %" PRIu64 " (range off=%" PRIu64
-             " len=%" PRIu64 "): got %#x want %#x%s%s (alt %#x), %" PRIu64
-             " bytes differ from there", what, p, off, len, got[i],
-             m->ref[p], m->unk[p] ? " or " : "",
-             m->unk[p] ? "the alternative" : "", m->alt[p], j - i);
+    i = d;
+    for (; i < len && m->unk[off + i]; i++) {
+      uint64_t p = off + i;
+      if (m->unk[p] == 2 && got[i] != m->ref[p] && got[i] != m->alt[p])
+        mismatch (m, got, len, off, i, what);
+      m->ref[p] = got[i];
+      m->unk[p] = 0;
+      m->nunk--;
+      m->adopted++;
     }
   }
+}
+
+static int
+all_zero (const uint8_t *p, uint64_t n)
+{
+  static const uint8_t z[4096];
+  while (n > 0) {
+    uint64_t k = n < sizeof z ? n : sizeof z;
+    if (memcmp (p, z, k) != 0)
+      return 0;
+    p += k;
+    n -= k;
+  }
+  return 1;
 }
 
 /* After a successful flush the backing must equal the reference. */
@@ -308,7 +342,7 @@ status_cb (void *opaque, uint64_t off, uint64_t len,
     MFAIL (m, "block status extent off=%" PRIu64 " len=%" PRIu64
            " does not continue at %" PRIu64 " inside end %" PRIu64,
            off, len, s->pos, s->end);
-  if (type != BACKING_DATA) {
+  if (type != BACKING_DATA && !(m->nunk == 0 && all_zero (m->ref + off, len))) {
     for (uint64_t i = off; i < off + len; i++)
       if ((m->unk[i] == 0 && m->ref[i] != 0) ||
           (m->unk[i] == 2 && m->ref[i] != 0 && m->alt[i] != 0))
@@ -339,6 +373,7 @@ do_op (struct model *m, enum op_kind kind)
   uint64_t off = 0, len = 0;
   unsigned flags = 0;
   int r = 0;
+  uint64_t t0 = m->slow_ms ? ct_now_ms () : 0;
 
   if (kind != OP_FLUSH && kind != OP_RECOVER)
     pick_range (m, &off, &len);
@@ -433,6 +468,17 @@ do_op (struct model *m, enum op_kind kind)
   h->flags = flags;
   h->ret = r;
   h->err = r ? errno : 0;
+  if (m->slow_ms) {
+    uint64_t ms = ct_now_ms () - t0;
+    if (ms >= m->slow_ms) {
+      struct cache_stats st;
+      cache_get_stats (m->c, &st);
+      printf ("slow: #%" PRIu64 " %s off=%" PRIu64 " len=%" PRIu64
+              " took %" PRIu64 " ms (dirty=%" PRIu64 " cached=%" PRIu64 ")\n",
+              m->op, op_names[kind], off, len, ms, st.dirty_bytes,
+              st.cached_bytes);
+    }
+  }
   if (r == 0)
     m->ok[kind]++;
   else
@@ -588,6 +634,7 @@ test_model (void **state)
   }
   m->nops = ct_env_u64 ("MODEL_OPS", ct_valgrind () ? 10000 : 100000);
   m->rng = m->seed;
+  m->slow_ms = ct_env_u64 ("MODEL_SLOW_MS", 0);
   printf ("MODEL_SEED=%" PRIu64 " MODEL_OPS=%" PRIu64 "\n", m->seed, m->nops);
   fflush (stdout);
   model_setup (m);
