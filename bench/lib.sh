@@ -15,6 +15,7 @@
 #                        disk, not tmpfs)
 #   BENCH_KEEP=1         keep the temp dir (logs) after the run
 #   BENCH_VERBOSE=1      print each measurement to stderr as it is made
+#   BENCH_FOLIOD_ARGS    extra foliod options (e.g. "--workers 8")
 
 TOP=${TOP:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 BUILD=${BUILD:-$TOP/build}
@@ -31,6 +32,7 @@ else
   BENCH_SECONDS=${BENCH_SECONDS:-20}
   BENCH_SIZE=${BENCH_SIZE:-1G}
 fi
+BENCH_FOLIOD_ARGS=${BENCH_FOLIOD_ARGS:-}
 CLK_TCK=$(getconf CLK_TCK)
 
 bench_pids=""
