@@ -1,6 +1,7 @@
 /* Threads against one cache: writers on disjoint ranges (checked exactly)
  * and on a shared range (checked against every serial order), a flusher
- * and a prober (prefetch, block status, reads), while background
+ * and a prober (prefetch, block status, reads), with cached and direct
+ * I/O, FUA, zero and trim mixed in, while background
  * writeback (short interval and expiry) and eviction (small cache) run.
  *
  * Shared-range writes are block-aligned runs of one constant byte, so in
@@ -158,10 +159,14 @@ own_op (struct writer *wr)
   if (roff + len > REGION)
     len = REGION - roff;
   if (x < 4) {                          /* write */
+    unsigned flags = 0;
+    switch (fake_rand_below (r, 20)) {
+    case 0: flags = CACHE_FUA; break;
+    case 1: case 2: flags = CACHE_DIRECT; break;
+    }
     for (uint64_t i = 0; i < len; i++)
       wr->buf[i] = (uint8_t) (fake_rand (r) >> 7);
-    if (cache_write (w->c, wr->buf, len, base + roff,
-                     fake_rand_below (r, 20) == 0 ? CACHE_FUA : 0) == 0) {
+    if (cache_write (w->c, wr->buf, len, base + roff, flags) == 0) {
       memcpy (wr->exp + roff, wr->buf, len);
       memset (wr->unk + roff, 0, len);
     }
@@ -173,7 +178,8 @@ own_op (struct writer *wr)
     }
   }
   else if (x < 8) {                     /* read back */
-    if (cache_read (w->c, wr->buf, len, base + roff, 0) == 0)
+    unsigned flags = fake_rand_below (r, 10) == 0 ? CACHE_DIRECT : 0;
+    if (cache_read (w->c, wr->buf, len, base + roff, flags) == 0)
       check_own (wr, wr->buf, len, roff, "read");
     else if (!w->errors)
       report (w, "writer %d: read failed: %s", wr->id, strerror (errno));
@@ -225,7 +231,12 @@ shared_op (struct writer *wr, uint64_t seq)
       cand_set (&w->cand[wr->id][b + i], v, ok);
   }
   else if (x < 6) {
-    int ok = cache_zero (w->c, len, off, fake_rand_below (r, 2) ? CACHE_MAY_TRIM : 0) == 0;
+    int ok;
+    if (fake_rand_below (r, 3) == 0)
+      ok = cache_trim (w->c, len, off, 0) == 0;
+    else
+      ok = cache_zero (w->c, len, off,
+                       fake_rand_below (r, 2) ? CACHE_MAY_TRIM : 0) == 0;
     if (!ok && !w->errors)
       report (w, "writer %d: shared zero failed: %s", wr->id, strerror (errno));
     for (unsigned i = 0; i < n; i++)
