@@ -138,10 +138,11 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= nbd-bench write-amp seed-workload remote-read
+BENCHES ?= core-bench nbd-bench write-amp seed-workload remote-read
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \
+	  if [ $$b = core-bench ]; then $(BUILD)/bench/core-bench || rc=1; continue; fi; \
 	  $(TEST_ENV) bench/$$b || { echo "bench/$$b failed"; rc=1; }; done; exit $$rc
 
 run: deps all
