@@ -172,3 +172,33 @@ random_file () {
   fi
   [ "$(stat -c %s "$1")" -eq "$n" ] || fail "random_file $1: short"
 }
+
+# ---- nbdkit-folio-plugin tests (tests/test-plugin-*.sh) ----
+
+# plugin_init NAME: like lib_init for the plugin tests: needs $PLUGIN and
+# nbdkit (not foliod), makes $tmp, arranges cleanup, and fills the array
+# NBDKIT_ENV: run nbdkit as  env "${NBDKIT_ENV[@]}" nbdkit ...
+# In the sanitizer build (SAN=1) the plugin is instrumented but nbdkit is
+# not, so NBDKIT_ENV preloads the ASan runtime (clients started by --run
+# must drop it again: env -u LD_PRELOAD).  It also preloads a one-line shim
+# making freelocale() a no-op: with libasan preloaded, glibc's
+# __libc_setlocale_lock ends up with a reader count of -1 after any
+# strerror()/%m, and p11-kit's destructor (nbdkit links gnutls) then
+# deadlocks in freelocale() during exit().  Reproducible without foliod:
+# a 5-line program that calls gnutls_global_init(), strerror(), exit().
+plugin_init () {
+  : "${PLUGIN:?PLUGIN not set (run through make check)}"
+  [ -f "$PLUGIN" ] || fail "plugin not built: $PLUGIN"
+  requires nbdkit
+  tmp=$(mktemp -d "/tmp/foliod-$1-XXXXXX")
+  trap _lib_cleanup EXIT
+  trap 'exit 130' INT TERM
+  NBDKIT_ENV=()
+  if [ "${SAN:-}" = 1 ]; then
+    printf '%s\n' '#include <locale.h>' 'void freelocale (locale_t l) { (void) l; }' |
+      cc -shared -fPIC -x c -o "$tmp/san-shim.so" - || fail "cannot build the shim"
+    NBDKIT_ENV=(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $tmp/san-shim.so"
+                ASAN_OPTIONS=detect_leaks=0
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+  fi
+}

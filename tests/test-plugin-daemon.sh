@@ -3,26 +3,9 @@
 #  - the writeback thread runs after the fork (after_fork restarts it):
 #    unflushed writes reach the backing file on their own once they expire;
 #  - SIGTERM writes back all dirty data before nbdkit exits.
-set -euo pipefail
-export PATH=/usr/bin:$PATH
-: "${PLUGIN:?PLUGIN not set (run through make check)}"
-[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
-command -v nbdkit >/dev/null || { echo "nbdkit not installed"; exit 77; }
-
-tmp=$(mktemp -d /tmp/foliod-plugin-daemon-XXXXXX)
-pid=
-cleanup () {
-  [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-san_env=()
-if [ "${SAN:-}" = 1 ]; then
-  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-           ASAN_OPTIONS=detect_leaks=0
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-fi
+. "$(dirname "$0")/lib.sh"
+plugin_init plugin-daemon
+requires nbdsh
 
 img=$tmp/disk.img
 head -c $((8 * 1024 * 1024)) /dev/urandom > "$img"
@@ -31,10 +14,11 @@ head -c $((1024 * 1024 + 333)) /dev/urandom > "$tmp/data"
 # start ARGS...: nbdkit forks into the background; sets pid.
 start () {
   rm -f "$tmp/sock" "$tmp/pid"
-  env "${san_env[@]}" nbdkit -U "$tmp/sock" -P "$tmp/pid" \
+  env "${NBDKIT_ENV[@]}" nbdkit -U "$tmp/sock" -P "$tmp/pid" \
     --log=stderr "$PLUGIN" backing=file:"$img" "$@" 2>>"$tmp/nbdkit.log"
   for _ in $(seq 100); do [ -s "$tmp/pid" ] && break; sleep 0.1; done
   pid=$(cat "$tmp/pid")
+  track "$pid"
   [ -S "$tmp/sock" ] || { echo "nbdkit did not start"; exit 1; }
 }
 # write_unflushed OFF: write $tmp/data at OFF and disconnect without flush.

@@ -5,32 +5,11 @@
 # backing file must equal the model; after nbdkit exits (no final flush) it
 # must too: the plugin writes all dirty data back on unload.
 # Run under several cache geometries and modes.
-set -euo pipefail
-export PATH=/usr/bin:$PATH
-: "${PLUGIN:?PLUGIN not set (run through make check)}"
-[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
-command -v nbdkit >/dev/null || { echo "nbdkit not installed"; exit 77; }
-
-tmp=$(mktemp -d /tmp/foliod-plugin-io-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-
-# Sanitizer build: the plugin is instrumented but nbdkit is not, so the ASan
-# runtime has to be preloaded into nbdkit (and only nbdkit: clients started
-# by --run drop it again).
-san_env=()
-if [ "${SAN:-}" = 1 ]; then
-  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-           ASAN_OPTIONS=detect_leaks=0
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-fi
+. "$(dirname "$0")/lib.sh"
+plugin_init plugin-io
+requires python3
 nbdkit_folio () {
-  timeout 300 env "${san_env[@]}" nbdkit "$@"
-}
-# Fail if a sanitizer spoke in an nbdkit log.
-check_log () {
-  if grep -E 'AddressSanitizer|runtime error:|LeakSanitizer' "$1"; then
-    echo "sanitizer report in $1"; exit 1
-  fi
+  timeout 300 env "${NBDKIT_ENV[@]}" nbdkit "$@"
 }
 
 # 5 MiB + 1234 bytes: data, hole, data, hole, data (holes are sparse).
@@ -196,7 +175,7 @@ run () {
     cat "$log"; echo "$name: run failed"; exit 1
   fi
   grep -E '^(seed|ops)' "$log" || true
-  check_log "$log"
+  check_sanitizer_log "$log"
   if ! cmp "$img" "$tmp/$name.model"; then
     echo "$name: backing file differs from the model after nbdkit exited"
     exit 1

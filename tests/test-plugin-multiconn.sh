@@ -5,21 +5,9 @@
 #  - four handles write disjoint ranges in parallel threads (PARALLEL thread
 #    model), one flush, every handle reads every range back;
 #  - after nbdkit exits the backing file holds everything.
-set -euo pipefail
-export PATH=/usr/bin:$PATH
-: "${PLUGIN:?PLUGIN not set (run through make check)}"
-[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
-command -v nbdkit >/dev/null || { echo "nbdkit not installed"; exit 77; }
-
-tmp=$(mktemp -d /tmp/foliod-plugin-mc-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-
-san_env=()
-if [ "${SAN:-}" = 1 ]; then
-  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-           ASAN_OPTIONS=detect_leaks=0
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-fi
+. "$(dirname "$0")/lib.sh"
+plugin_init plugin-mc
+requires python3
 
 img=$tmp/disk.img
 size=$((16 * 1024 * 1024 + 512))
@@ -100,12 +88,12 @@ print("multi-conn ok")
 EOF
 
 log=$tmp/nbdkit.log
-if ! IMG=$img MODEL=$tmp/model timeout 300 env "${san_env[@]}" \
+if ! IMG=$img MODEL=$tmp/model timeout 300 env "${NBDKIT_ENV[@]}" \
      nbdkit -U - "$PLUGIN" backing=file:"$img" cache-size=2M \
      --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/mc.py" 2>"$log"; then
   cat "$log"; exit 1
 fi
 cat "$log"
-if grep -E 'AddressSanitizer|runtime error:' "$log"; then exit 1; fi
+check_sanitizer_log "$log"
 cmp "$img" "$tmp/model"
 echo "backing file holds every write after exit"

@@ -2,23 +2,9 @@
 # nbdkit-folio-plugin with qemu-img: convert a sparse image into the export
 # and compare it through the export; convert out of the export to qcow2 and
 # compare; the backing file equals the source once nbdkit has exited.
-set -euo pipefail
-export PATH=/usr/bin:$PATH
-: "${PLUGIN:?PLUGIN not set (run through make check)}"
-[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
-for p in nbdkit qemu-img; do
-  command -v $p >/dev/null || { echo "$p not installed"; exit 77; }
-done
-
-tmp=$(mktemp -d /tmp/foliod-plugin-qemu-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-
-san_env=()
-if [ "${SAN:-}" = 1 ]; then
-  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-           ASAN_OPTIONS=detect_leaks=0
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-fi
+. "$(dirname "$0")/lib.sh"
+plugin_init plugin-qemu
+requires qemu-img
 
 # Source: 24 MiB with data runs at odd places and holes between them.
 src=$tmp/src.img
@@ -36,7 +22,7 @@ dst=$tmp/dst.img
 head -c $((24 * MiB)) /dev/urandom > "$dst"
 
 log=$tmp/nbdkit.log
-if ! timeout 300 env "${san_env[@]}" \
+if ! timeout 300 env "${NBDKIT_ENV[@]}" \
      nbdkit -U - "$PLUGIN" backing=file:"$dst" cache-size=4M \
      folio-size=128K block-size=4K \
      --run 'set -e; unset LD_PRELOAD
@@ -48,6 +34,6 @@ if ! timeout 300 env "${san_env[@]}" \
   cat "$log"; echo "qemu-img through the plugin failed"; exit 1
 fi
 cat "$log"
-if grep -E 'AddressSanitizer|runtime error:' "$log"; then exit 1; fi
+check_sanitizer_log "$log"
 cmp "$src" "$dst"
 echo "backing file equals the source after nbdkit exited"

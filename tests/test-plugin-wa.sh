@@ -8,27 +8,9 @@
 #     nothing from the backing;
 #  3. nbd backing (when built): a remote nbdkit with the log filter counts
 #     the bytes that really arrive, independently of the cache's counters.
-set -euo pipefail
-export PATH=/usr/bin:$PATH
-: "${PLUGIN:?PLUGIN not set (run through make check)}"
-[ -f "$PLUGIN" ] || { echo "plugin not built: $PLUGIN"; exit 1; }
-command -v nbdkit >/dev/null || { echo "nbdkit not installed"; exit 77; }
-TOP=${TOP:-$(cd "$(dirname "$0")/.." && pwd)}
-
-tmp=$(mktemp -d /tmp/foliod-plugin-wa-XXXXXX)
-remote_pid=
-cleanup () {
-  [ -n "$remote_pid" ] && kill "$remote_pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-san_env=()
-if [ "${SAN:-}" = 1 ]; then
-  san_env=(LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
-           ASAN_OPTIONS=detect_leaks=0
-           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-fi
+. "$(dirname "$0")/lib.sh"
+plugin_init plugin-wa
+requires python3
 
 MiB=$((1024 * 1024))
 size=$((32 * MiB))
@@ -60,13 +42,13 @@ stat () {
 run_file () {
   local warm=$1 img=$tmp/disk.img log=$tmp/file-$1.log
   head -c $size /dev/urandom > "$img"
-  if ! WARM=$warm NWRITES=$nwrites timeout 300 env "${san_env[@]}" \
+  if ! WARM=$warm NWRITES=$nwrites timeout 300 env "${NBDKIT_ENV[@]}" \
        nbdkit -v -U - "$PLUGIN" backing=file:"$img" cache-size=64M \
        folio-size=64K block-size=4K \
        --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/wa.py" 2>"$log"; then
     tail -n 50 "$log"; exit 1
   fi
-  if grep -E 'AddressSanitizer|runtime error:' "$log"; then exit 1; fi
+  check_sanitizer_log "$log"
   grep 'folio: stats' "$log" | sed 's/.*folio: /  /'
   local cw bw br
   cw=$(stat client_write_bytes "$log")
@@ -100,17 +82,18 @@ rm -f "$tmp/remote.log"
 nbdkit -f -U "$tmp/remote.sock" --filter=log file "$remote" \
   logfile="$tmp/remote.log" &
 remote_pid=$!
+track $remote_pid
 for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
 [ -S "$tmp/remote.sock" ] || { echo "remote nbdkit did not start"; exit 1; }
 
 log=$tmp/nbd.log
-if ! WARM=1 NWRITES=$nwrites timeout 300 env "${san_env[@]}" \
+if ! WARM=1 NWRITES=$nwrites timeout 300 env "${NBDKIT_ENV[@]}" \
      nbdkit -v -U - "$PLUGIN" backing="nbd+unix:///?socket=$tmp/remote.sock" \
      cache-size=64M folio-size=64K block-size=4K \
      --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/wa.py" 2>"$log"; then
   tail -n 50 "$log"; exit 1
 fi
-if grep -E 'AddressSanitizer|runtime error:' "$log"; then exit 1; fi
+check_sanitizer_log "$log"
 kill "$remote_pid"; wait "$remote_pid" || true; remote_pid=
 
 # Sum the counts of Write and Zero requests the remote received.

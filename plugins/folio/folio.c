@@ -60,8 +60,11 @@ folio_fail (const char *what, uint32_t count, uint64_t offset)
 {
   int err = errno ? errno : EIO;
 
-  nbdkit_error ("folio: %s count=%" PRIu32 " offset=%" PRIu64 ": %s",
-                what, count, offset, strerror (err));
+  if (count == 0) /* flush: no range */
+    nbdkit_error ("folio: %s: %s", what, strerror (err));
+  else
+    nbdkit_error ("folio: %s count=%" PRIu32 " offset=%" PRIu64 ": %s",
+                  what, count, offset, strerror (err));
   nbdkit_set_error (err);
   return -1;
 }
