@@ -152,6 +152,7 @@ poller_main (void *arg)
   return NULL;
 }
 
+/* Caller holds poller_lock, or owns c alone. */
 static int
 poller_start (struct nbd_conn *c)
 {
@@ -159,30 +160,46 @@ poller_start (struct nbd_conn *c)
   if (pthread_create (&c->poller, NULL, poller_main, c) != 0)
     return -1;
   c->has_poller = 1;
+  c->poller_pid = getpid ();
   return 0;
 }
 
+/* Caller holds c->lock for writing (no issuer, no poller_ensure). */
 static void
 poller_stop (struct nbd_conn *c)
 {
   if (!c->has_poller)
     return;
+  c->has_poller = 0;
+  if (c->poller_pid != getpid ())
+    return;                     /* it stayed in the parent */
   atomic_store (&c->stop, 1);
   conn_wake (c);
   pthread_join (c->poller, NULL);
-  c->has_poller = 0;
 }
 
-/* Install h (may be NULL) as c's handle.  Caller holds c->lock for
- * writing, or owns c alone. */
+/* Make sure c->h has its poller in this process.  Caller holds c->lock
+ * (reading is enough: poller_lock orders the starters). */
+static int
+poller_ensure (struct nbd_conn *c)
+{
+  int r = 0;
+
+  pthread_mutex_lock (&c->poller_lock);
+  if (c->has_poller && c->poller_pid != getpid ())
+    c->has_poller = 0;          /* forked: that thread is not ours */
+  if (!c->has_poller)
+    r = poller_start (c);
+  pthread_mutex_unlock (&c->poller_lock);
+  return r;
+}
+
+/* Install h (may be NULL) as c's handle; its poller starts on first use.
+ * Caller holds c->lock for writing, or owns c alone. */
 static void
 conn_install (struct nbd_conn *c, struct nbd_handle *h)
 {
   c->h = h;
-  if (h && poller_start (c) == -1) {
-    nbd_close (h);
-    c->h = NULL;
-  }
   atomic_store (&c->up, c->h != NULL);
 }
 
@@ -307,6 +324,12 @@ conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
     errno = ENOTCONN;
     return -1;
   }
+  if (poller_ensure (c) == -1) {
+    pthread_rwlock_unlock (&c->lock);
+    *lost = 0;
+    errno = EAGAIN;
+    return -1;
+  }
   pthread_mutex_init (&w.lock, NULL);
   pthread_cond_init (&w.cond, NULL);
   atomic_fetch_add (&c->users, 1);
@@ -417,6 +440,7 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
   for (i = 0; i < n; i++) {
     struct nbd_conn *c = &nb->conns[i];
     pthread_rwlock_init (&c->lock, NULL);
+    pthread_mutex_init (&c->poller_lock, NULL);
     c->efd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
     nb->nconns = i + 1;
     if (c->efd == -1) {
@@ -427,10 +451,6 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
     }
     /* The others now; one that fails is opened on first use instead. */
     conn_install (c, i == 0 ? first : nbd_conn_open (nb, NULL, 0));
-  }
-  if (!nb->conns[0].h) {
-    snprintf (err, errlen, "%s: cannot start connection thread", nb->uri);
-    return -1;
   }
   return 0;
 }
@@ -450,6 +470,7 @@ nbd_conns_stop (struct nbd_backing *nb)
     if (c->efd >= 0)
       close (c->efd);
     pthread_rwlock_destroy (&c->lock);
+    pthread_mutex_destroy (&c->poller_lock);
   }
   free (nb->conns);
   nb->conns = NULL;

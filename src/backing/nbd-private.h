@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <libnbd.h>
 
@@ -29,8 +30,12 @@ struct nbd_conn {
   atomic_int up;                /* h != NULL (cheap hint for picking) */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
+  /* The poller starts on first use, and again in a child after fork
+   * (nbdkit forks after .get_ready; threads do not survive it). */
+  pthread_mutex_t poller_lock;  /* protects the three below */
   pthread_t poller;
   int has_poller;
+  pid_t poller_pid;             /* process the poller runs in */
 };
 
 struct ext_slot {

@@ -479,6 +479,57 @@ test_eshutdown_retried (void **state)
   backing_close (b);
 }
 
+/* nbdkit opens the backing in .get_ready, forks, and the parent exits;
+ * the child must be able to use it (the connection threads did not come
+ * along).  Played here by a child that uses the backing, forks and exits
+ * at once; the grandchild reports through a pipe. */
+static void
+test_use_after_fork (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t w[4096], r[4096];
+  int pfd[2], st;
+  char ok = 0;
+  pid_t pid;
+
+  remote_start (f, args);
+  b = open_nbd (f, 5000);
+  fill (w, sizeof w, 4);
+  assert_int_equal (pipe (pfd), 0);
+  pid = fork ();
+  assert_true (pid >= 0);
+  if (pid == 0) {
+    close (pfd[0]);
+    /* Used before the fork, so pollers run in this process. */
+    if (b->ops->write (b, w, sizeof w, 0, 0) != 0)
+      _exit (1);
+    pid = fork ();
+    if (pid != 0)
+      _exit (pid > 0 ? 0 : 1);
+    alarm (20);
+    ok = b->ops->read (b, r, sizeof r, 0) == 0 &&
+         memcmp (r, w, sizeof r) == 0 &&
+         b->ops->write (b, w, sizeof w, 8192, BACKING_FUA) == 0 &&
+         b->ops->flush (b) == 0;
+    backing_close (b);
+    (void) !write (pfd[1], &ok, 1);
+    _exit (0);
+  }
+  close (pfd[1]);
+  assert_int_equal (waitpid (pid, &st, 0), pid);
+  assert_true (WIFEXITED (st) && WEXITSTATUS (st) == 0);
+  assert_int_equal (read (pfd[0], &ok, 1), 1);
+  close (pfd[0]);
+  assert_int_equal (ok, 1);
+  /* This copy was never used; the remote still has what the others
+   * wrote. */
+  assert_int_equal (b->ops->read (b, r, sizeof r, 8192), 0);
+  assert_memory_equal (r, w, sizeof r);
+  backing_close (b);
+}
+
 /* No remote comes back: the request fails after retry_timeout_ms. */
 static void
 test_reconnect_gives_up (void **state)
@@ -641,6 +692,7 @@ main (void)
     T (test_reconnect),
     T (test_reconnect_under_load),
     T (test_eshutdown_retried),
+    T (test_use_after_fork),
     T (test_reconnect_gives_up),
     T (test_remote_errors),
     T (test_enospc),
