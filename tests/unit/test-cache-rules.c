@@ -973,6 +973,49 @@ test_direct_io_coherent (void **state)
   t_close (&t);
 }
 
+/* Zero-length requests do nothing; requests past the end fail cleanly. */
+static void
+test_zero_length_and_out_of_range (void **state)
+{
+  struct t t;
+  uint8_t buf[8192];
+  struct ext_list l = { 0 };
+
+  t_open (&t, 4 * MiB + 512, NULL);
+  assert_int_equal (cache_size_bytes (t.c), 4 * MiB + 512);
+  assert_int_equal (cache_get_config (t.c)->folio_size, 64 * KiB);
+  fake_fill_pattern (t.fb, 4 * MiB + 512, 0, 1);
+  assert_int_equal (cache_read (t.c, buf, 0, 4096, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 0, 4096, 0), 0);
+  assert_int_equal (cache_zero (t.c, 0, 4096, 0), 0);
+  assert_int_equal (cache_trim (t.c, 0, 4096, 0), 0);
+  assert_int_equal (cache_prefetch (t.c, 0, 4096), 0);
+  assert_int_equal (cache_block_status (t.c, 0, 4096, ext_collect, &l), 0);
+  assert_int_equal (l.n, 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ] + totals (&t).ops[FAKE_WRITE] +
+                    totals (&t).ops[FAKE_ZERO] + totals (&t).ops[FAKE_TRIM], 0);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+
+  errno = 0;
+  assert_int_equal (cache_read (t.c, buf, 4096, 4 * MiB - 2048, 0), -1);
+  assert_int_equal (errno, EINVAL);
+  assert_int_equal (cache_write (t.c, buf, 1, 4 * MiB + 512, 0), -1);
+  assert_int_equal (cache_zero (t.c, 2, UINT64_MAX - 1, 0), -1);
+  assert_int_equal (cache_trim (t.c, UINT64_MAX, 4096, 0), -1);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+
+  /* The odd tail: a write over the last 512 bytes reads nothing (the
+   * block ends at the export end) and writes back exactly those bytes. */
+  fill (buf, 512, 3);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_write (t.c, buf, 512, 4 * MiB, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 4 * MiB, 512);
+  expect_backing (&t, buf, 512, 4 * MiB);
+  t_close (&t);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1042,6 +1085,7 @@ main (void)
     cmocka_unit_test (test_dirty_limit_and_background_threshold),
     cmocka_unit_test (test_writethrough_mode),
     cmocka_unit_test (test_direct_io_coherent),
+    cmocka_unit_test (test_zero_length_and_out_of_range),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
