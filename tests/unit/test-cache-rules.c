@@ -1016,6 +1016,169 @@ test_zero_length_and_out_of_range (void **state)
   t_close (&t);
 }
 
+/* With every folio dirty and writeback failing, a request that needs a
+ * new folio fails (it must not hang); the dirty data survives. */
+static void
+test_full_of_unwritable_dirty_data (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *buf = malloc (4 * 65536), got[4096];
+
+  cfg_small (&cfg);
+  cfg.cache_size = 4 * 64 * KiB;
+  cfg.dirty_limit_pct = 100;
+  cfg.dirty_background_pct = 100;
+  cfg.writeback_interval_ms = 10;
+  t_open (&t, 4 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
+  fill (buf, 4 * 65536, 7);
+  assert_int_equal (cache_write (t.c, buf, 4 * 65536, 0, 0), 0);
+  assert_int_equal (cache_flush (t.c), -1);
+  uint64_t t0 = ct_now_ms ();
+  int r = cache_read (t.c, got, 4096, 1 * MiB, 0);
+  uint64_t ms = ct_now_ms () - t0;
+  if (r == -1)
+    assert_true (errno != 0);
+  if (ms > 10000)
+    fail_msg ("read with the cache full of unwritable data took %llu ms",
+              (unsigned long long) ms);
+  r = cache_write (t.c, buf, 4096, 2 * MiB, 0);
+  assert_true (ct_now_ms () - t0 < 20000);
+  fake_clear_faults (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 4 * 65536, 0);
+  if (r == 0)
+    expect_backing (&t, buf, 4096, 2 * MiB);
+  free (buf);
+  t_close (&t);
+}
+
+/* cache_shutdown gives up after its attempts when the backing keeps
+ * failing; cache_destroy then reports the loss instead of hanging. */
+static void
+test_shutdown_gives_up (void **state)
+{
+  struct fake_backing *fb = fake_backing_new (4 * MiB);
+  struct cache_config cfg;
+  struct cache *c;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  c = ct_cache (fb, &cfg);
+  assert_non_null (c);
+  fill (buf, sizeof buf, 1);
+  assert_int_equal (cache_write (c, buf, 4096, 0, 0), 0);
+  fake_fail_range (fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
+  uint64_t t0 = ct_now_ms ();
+  assert_int_equal (cache_shutdown (c, 2), -1);
+  assert_int_equal (cache_destroy (c), -1);
+  assert_true (ct_now_ms () - t0 < 20000);
+  fake_free (fb);
+}
+
+static void
+test_fast_zero_refused_and_read_only (void **state)
+{
+  struct t t;
+  uint8_t buf[4096], want[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  fake_peek (t.fb, want, 4096, 0);
+  fake_set_caps (t.fb, FAKE_DEFAULT_CAPS & ~BACKING_CAN_FAST_ZERO);
+  errno = 0;
+  assert_int_equal (cache_zero (t.c, 4096, 0, CACHE_FAST_ZERO), -1);
+  assert_int_equal (errno, ENOTSUP);
+  expect_read (&t, want, 4096, 0);
+  assert_int_equal (cache_zero (t.c, 4096, 0, 0), 0);
+  memset (want, 0, sizeof want);
+  expect_read (&t, want, 4096, 0);
+  t_close (&t);
+
+  /* A read-only backing: reads work, every write kind fails. */
+  struct fake_backing *fb = fake_backing_new (4 * MiB);
+  struct cache_config cfg;
+  cfg_small (&cfg);
+  fake_fill_pattern (fb, 4 * MiB, 0, 2);
+  fake_set_caps (fb, FAKE_DEFAULT_CAPS | BACKING_READ_ONLY);
+  struct cache *c = ct_cache (fb, &cfg);
+  assert_non_null (c);
+  fake_peek (fb, want, 4096, 8192);
+  assert_int_equal (cache_read (c, buf, 4096, 8192, 0), 0);
+  assert_memory_equal (buf, want, 4096);
+  assert_int_equal (cache_write (c, buf, 4096, 0, 0), -1);
+  assert_int_equal (cache_zero (c, 4096, 0, 0), -1);
+  assert_int_equal (cache_trim (c, 4096, 0, 0), -1);
+  assert_int_equal (cache_flush (c), 0);
+  assert_int_equal (cache_destroy (c), 0);
+  struct fake_totals tot;
+  fake_get_totals (fb, &tot);
+  assert_int_equal (tot.ops[FAKE_WRITE] + tot.ops[FAKE_ZERO] + tot.ops[FAKE_TRIM], 0);
+  fake_free (fb);
+}
+
+/* Without map() the cache must read what it cannot know is a hole, and
+ * still return the right data. */
+static void
+test_backing_without_map (void **state)
+{
+  struct t t;
+  uint8_t want[65536], got[65536];
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_set_caps (t.fb, FAKE_DEFAULT_CAPS & ~BACKING_CAN_MAP);
+  fake_fill_pattern (t.fb, 16384, 65536 + 8192, 3);
+  fake_peek (t.fb, want, 65536, 65536);
+  assert_int_equal (cache_read (t.c, got, 65536, 65536, 0), 0);
+  assert_memory_equal (got, want, 65536);
+  expect_one (&t, FAKE_READ, 65536, 65536);
+  struct ext_list l = { 0 };
+  assert_int_equal (cache_block_status (t.c, 65536, 0, ext_collect, &l), 0);
+  assert_int_equal (ext_type_at (&l, 0, 65536, 0), BACKING_DATA);
+  t_close (&t);
+}
+
+/* The counters agree with what the backing saw. */
+static void
+test_stats_match_backing (void **state)
+{
+  struct t t;
+  uint8_t buf[65536];
+  uint64_t seed = 5;
+
+  t_open (&t, 4 * MiB, NULL);
+  fake_fill_pattern (t.fb, 2 * MiB, 0, 1);
+  uint64_t wbytes = 0;
+  for (int i = 0; i < 200; i++) {
+    uint64_t len = 1 + fake_rand_below (&seed, sizeof buf);
+    uint64_t off = fake_rand_below (&seed, 4 * MiB - len);
+    fill (buf, len, (uint8_t) i);
+    switch (i % 4) {
+    case 0: assert_int_equal (cache_write (t.c, buf, len, off, 0), 0);
+      wbytes += len; break;
+    case 1: assert_int_equal (cache_read (t.c, buf, len, off, 0), 0); break;
+    case 2: assert_int_equal (cache_zero (t.c, len, off, 0), 0); break;
+    default: assert_int_equal (cache_flush (t.c), 0); break;
+    }
+  }
+  assert_int_equal (cache_flush (t.c), 0);
+  struct cache_stats st = stats (&t);
+  struct fake_totals tot = totals (&t);
+  assert_int_equal (st.client_write_bytes, wbytes);
+  assert_int_equal (st.backing_read_ops, tot.ops[FAKE_READ]);
+  assert_int_equal (st.backing_read_bytes, tot.read_bytes);
+  assert_int_equal (st.backing_write_ops, tot.ops[FAKE_WRITE]);
+  assert_int_equal (st.backing_write_bytes, tot.write_bytes);
+  assert_int_equal (st.backing_zero_ops, tot.ops[FAKE_ZERO]);
+  assert_int_equal (st.backing_flush_ops, tot.ops[FAKE_FLUSH]);
+  assert_int_equal (st.read_ops, 50);
+  assert_int_equal (st.read_hits + st.read_misses, 50);
+  assert_int_equal (st.dirty_bytes, 0);
+  t_close (&t);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1086,6 +1249,11 @@ main (void)
     cmocka_unit_test (test_writethrough_mode),
     cmocka_unit_test (test_direct_io_coherent),
     cmocka_unit_test (test_zero_length_and_out_of_range),
+    cmocka_unit_test (test_full_of_unwritable_dirty_data),
+    cmocka_unit_test (test_shutdown_gives_up),
+    cmocka_unit_test (test_fast_zero_refused_and_read_only),
+    cmocka_unit_test (test_backing_without_map),
+    cmocka_unit_test (test_stats_match_backing),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
