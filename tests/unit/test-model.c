@@ -672,12 +672,26 @@ test_model (void **state)
     MFAIL (m, "%" PRIu64 " bytes still unknown after reading everything",
            m->nunk);
 
+  /* The cache's counters agree with what the backing saw. */
   struct cache_stats st;
+  struct fake_totals tot;
   cache_get_stats (m->c, &st);
+  fake_get_totals (m->fb, &tot);
+  if (st.backing_read_ops != tot.ops[FAKE_READ] ||
+      st.backing_write_ops != tot.ops[FAKE_WRITE] ||
+      st.backing_zero_ops != tot.ops[FAKE_ZERO] ||
+      st.backing_trim_ops != tot.ops[FAKE_TRIM] ||
+      st.backing_flush_ops != tot.ops[FAKE_FLUSH] || st.dirty_bytes != 0)
+    MFAIL (m, "counters: cache says reads %" PRIu64 " writes %" PRIu64
+           " zeros %" PRIu64 " trims %" PRIu64 " flushes %" PRIu64
+           " dirty %" PRIu64 "; backing saw %" PRIu64 "/%" PRIu64 "/%" PRIu64
+           "/%" PRIu64 "/%" PRIu64, st.backing_read_ops, st.backing_write_ops,
+           st.backing_zero_ops, st.backing_trim_ops, st.backing_flush_ops,
+           st.dirty_bytes, tot.ops[FAKE_READ], tot.ops[FAKE_WRITE],
+           tot.ops[FAKE_ZERO], tot.ops[FAKE_TRIM], tot.ops[FAKE_FLUSH]);
   assert_int_equal (cache_destroy (m->c), 0);
   m->c = NULL;
   check_backing (m);
-  struct fake_totals tot;
   fake_get_totals (m->fb, &tot);
   if (tot.bad)
     MFAIL (m, "%" PRIu64 " out-of-range backing requests", tot.bad);
