@@ -1,0 +1,92 @@
+# Helpers for the remote-backing tests (tests/test-remote-*.sh): nbdkit is
+# the remote NBD server behind foliod's nbd: backing.  Source after lib.sh:
+#
+#   . "$(dirname "$0")/lib.sh"
+#   lib_init remote-x
+#   . "$(dirname "$0")/lib-remote.sh"
+#   start_remote "$tmp/remote.sock" file "$tmp/img"
+#   start_foliod --control "$tmp/ctl" --export "disk0=$(remote_uri),cache-size=64M"
+#   foliod_stat foliod_backing_reconnects_total
+#   stop_foliod; stop_remote
+
+requires nbdkit nbdsh
+
+REMOTE_PID=     # the nbdkit started last
+REMOTE_SOCK=    # its Unix socket
+
+# A killed foliod is not left running: lib.sh's cleanup KILLs the timeout
+# wrapper started by start_foliod, which cannot pass SIGKILL on to foliod.
+_remote_cleanup () {
+  if [ -n "${FOLIOD_PID:-}" ]; then
+    pkill -KILL -P "$FOLIOD_PID" 2>/dev/null || true
+  fi
+  _lib_cleanup
+}
+trap _remote_cleanup EXIT
+
+# start_remote SOCKET NBDKIT-ARGS...: run  nbdkit -f -U SOCKET ARGS  in the
+# background (it also exits when the test's shell does); returns once it
+# listens.  Sets REMOTE_PID and REMOTE_SOCK; output goes to $tmp/remote.log.
+start_remote () {
+  local i
+  REMOTE_SOCK=$1
+  shift
+  # nbdkit 1.32 leaves its socket behind on exit.
+  rm -f "$REMOTE_SOCK" "$tmp/remote.pid"
+  nbdkit -f --exit-with-parent -U "$REMOTE_SOCK" -P "$tmp/remote.pid" "$@" \
+    >>"$tmp/remote.log" 2>&1 &
+  REMOTE_PID=$!
+  track "$REMOTE_PID"
+  # nbdkit writes the pid file once the socket is bound.
+  for ((i = 0; i < 200 * TSCALE; i++)); do
+    [ -s "$tmp/remote.pid" ] && return 0
+    kill -0 "$REMOTE_PID" 2>/dev/null ||
+      fail "nbdkit exited at start: $(tail -n 5 "$tmp/remote.log")"
+    sleep 0.1
+  done
+  fail "nbdkit did not start"
+}
+
+# stop_remote [SIGNAL]: signal the remote (default TERM), wait for it to
+# exit (its stats/log filters write their files then) and remove its socket.
+stop_remote () {
+  local sig=${1:-TERM} i
+  [ -n "$REMOTE_PID" ] || return 0
+  kill -"$sig" "$REMOTE_PID" 2>/dev/null || true
+  for ((i = 0; i < 300 * TSCALE; i++)); do
+    kill -0 "$REMOTE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$REMOTE_PID" 2>/dev/null && fail "nbdkit still running after SIG$sig"
+  wait "$REMOTE_PID" 2>/dev/null || true
+  REMOTE_PID=
+  rm -f "$REMOTE_SOCK"
+}
+
+# remote_uri [SOCKET]: the backing spec of the remote.
+remote_uri () {
+  echo "nbd+unix:///?socket=${1:-$REMOTE_SOCK}"
+}
+
+# foliod_stat CONTROL NAME: one Prometheus counter of export disk0 (or of
+# the server when it has no label), from  foliod stats --control CONTROL.
+foliod_stat () {
+  "$FOLIOD" stats --control "$1" --prometheus > "$tmp/stats.prom" ||
+    fail "foliod stats"
+  awk -v n="$2" '$1 == n "{export=\"disk0\"}" || $1 == n {print $2}' \
+    "$tmp/stats.prom"
+}
+
+# same_file A B: fail unless the files are equal; names the first
+# differing 4 KiB blocks.
+same_file () {
+  cmp -s "$1" "$2" && return 0
+  python3 - "$1" "$2" <<'PY' >&2 || true
+import sys
+a, b = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+print("sizes", len(a), len(b))
+bad = [i for i in range(0, min(len(a), len(b)), 4096) if a[i:i+4096] != b[i:i+4096]]
+print("%d blocks differ, first at offsets %r" % (len(bad), bad[:8]))
+PY
+  fail "${3:-$1 and $2 differ}"
+}
