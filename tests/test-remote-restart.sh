@@ -1,0 +1,81 @@
+#!/bin/bash
+# The remote is killed (SIGKILL) and restarted on the same file twice
+# while a client runs random writes, reads and flushes: no request fails
+# (foliod reconnects and issues them again), reads stay right, foliod's
+# reconnect counter moves, and after a final flush and SIGTERM the
+# remote's file equals what the client wrote.
+. "$(dirname "$0")/lib.sh"
+lib_init remote-restart
+. "$(dirname "$0")/lib-remote.sh"
+
+img=$tmp/remote.img
+ctl=$tmp/ctl.sock
+truncate -s 64M "$img"
+cp "$img" "$tmp/model"
+start_remote "$tmp/remote.sock" file "$img"
+# A cache smaller than what the client touches: misses and evictions too.
+start_foliod --control "$ctl" \
+  --export "disk0=$(remote_uri),cache-size=8M,dirty-background=10,dirty-limit=50"
+[ "$(foliod_stat "$ctl" foliod_backing_reconnects_total)" = 0 ] ||
+  fail "reconnects before any fault"
+
+cat > "$tmp/client.py" <<'PY'
+import os, random, time
+import nbd
+
+env = os.environ
+seed = int(env.get("SEED") or random.randrange(1 << 30))
+print("seed", seed)
+rng = random.Random(seed)
+model = bytearray(open(env["MODEL"], "rb").read())
+h = nbd.NBD()
+h.connect_uri(env["URI"])
+size = h.get_size()
+ops = slowest = 0
+while not os.path.exists(env["STOP"]) and ops < 100000:
+    op = rng.choice("rrwwwwf")
+    n = rng.choice([512, 4096, 65536, 300000, rng.randrange(1, 100000)])
+    off = rng.randrange(0, 32 << 20)
+    t = time.monotonic()
+    if op == "r":
+        assert h.pread(n, off) == model[off:off + n], "read at %d+%d (seed %d)" % (off, n, seed)
+    elif op == "w":
+        d = rng.randbytes(n)
+        h.pwrite(d, off)
+        model[off:off + n] = d
+    else:
+        h.flush()
+    slowest = max(slowest, time.monotonic() - t)
+    ops += 1
+h.flush()
+assert h.pread(32 << 20, 0) == model[:32 << 20], "final read-back (seed %d)" % seed
+h.shutdown()
+open(env["MODEL"], "wb").write(model)
+print("client: %d ops, slowest %.2f s" % (ops, slowest))
+PY
+MODEL=$tmp/model STOP=$tmp/stop URI=$(uri disk0) timeout $((180 * TSCALE)) \
+  nbdsh -c "exec(open('$tmp/client.py').read())" > "$tmp/client.log" 2>&1 &
+client=$!
+track $client
+
+for round in 1 2; do
+  sleep 2
+  kill -0 $client 2>/dev/null || { cat "$tmp/client.log"; fail "client ended early"; }
+  stop_remote KILL
+  echo "round $round: remote killed"
+  sleep 1
+  start_remote "$tmp/remote.sock" file "$img"
+done
+sleep 2
+touch "$tmp/stop"
+wait $client || { cat "$tmp/client.log"; fail "the client saw an error"; }
+cat "$tmp/client.log"
+foliod_alive
+reconnects=$(foliod_stat "$ctl" foliod_backing_reconnects_total)
+echo "reconnects: $reconnects"
+[ "$reconnects" -ge 2 ] || fail "reconnect counter: $reconnects, expected >= 2"
+[ "$(foliod_stat "$ctl" foliod_dirty_bytes)" = 0 ] || fail "dirty data after the final flush"
+stop_foliod
+stop_remote
+same_file "$img" "$tmp/model" "remote differs from what the client wrote"
+echo OK
