@@ -301,6 +301,8 @@ conn_run_input (struct conn *c)
 int
 conn_out_append (struct conn *c, const void *p, size_t n)
 {
+  if (n == 0)
+    return 0; /* p may be NULL */
   if (c->hsout_sent == c->hsout_len)
     c->hsout_sent = c->hsout_len = 0;
   if (c->hsout_len + n > c->hsout_cap) {

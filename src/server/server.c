@@ -39,6 +39,10 @@ server_done_idle_cb (struct ev_loop *loop, ev_idle *w, int revents)
   ev_idle_stop (loop, w);
   ev_timer_stop (loop, &s->shutdown_timer);
   s->shutdown_done = NULL;
+  /* No connection is left, so the workers are idle: join them now, before
+   * the daemon closes the exports, so that per-thread state the cache
+   * keeps (bounce buffers) is released while the cache still exists. */
+  pool_stop (&s->pool);
   if (done)
     done (s->shutdown_opaque);
 }

@@ -18,7 +18,9 @@
  *        server_free (s);                         // after ev_run returns
  *   - server_shutdown keeps replying to requests already received, stops
  *     reading new ones, closes each connection once it has nothing in
- *     flight, and calls done once no connection is left.  A second call
+ *     flight, and calls done once no connection is left.  The worker
+ *     threads are joined just before done runs, so exports may be closed
+ *     from done (thread-local cache state is freed by then).  A second call
  *     (second signal) drops connections at once; in-flight worker calls
  *     still finish before done runs (the cache stays consistent).
  */
