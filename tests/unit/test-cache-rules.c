@@ -1179,6 +1179,73 @@ test_stats_match_backing (void **state)
   t_close (&t);
 }
 
+/* FLUSH must flush the backing whenever something reached it since the
+ * last flush: background writeback, a direct write, a zero, a trim. */
+static void
+test_flush_reaches_backing_after_background_writes (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[8192];
+
+  cfg_small (&cfg);
+  cfg.dirty_expire_ms = 30;
+  cfg.writeback_interval_ms = 10;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, sizeof buf, 3);
+  assert_int_equal (cache_write (t.c, buf, 8192, 65536 - 4096, 0), 0);
+  assert_true (wait_for (&t, cond_clean, 5000));
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (totals (&t).ops[FAKE_FLUSH], 1);
+  assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
+
+  static const struct { const char *what; int kind; } steps[] = {
+    { "direct write", 0 }, { "zero", 1 }, { "trim", 2 },
+  };
+  for (unsigned i = 0; i < 3; i++) {
+    int r = -1;
+    switch (steps[i].kind) {
+    case 0: r = cache_write (t.c, buf, 8192, 1 * MiB, CACHE_DIRECT); break;
+    case 1: r = cache_zero (t.c, 8192, 1 * MiB, 0); break;
+    default: r = cache_trim (t.c, 8192, 1 * MiB, 0); break;
+    }
+    assert_int_equal (r, 0);
+    fake_reset_log (t.fb);
+    assert_int_equal (cache_flush (t.c), 0);
+    if (totals (&t).ops[FAKE_FLUSH] != 1)
+      fail_msg ("flush after a %s did not flush the backing", steps[i].what);
+  }
+  t_close (&t);
+}
+
+/* A folio read again and again stays cached while a stream of other
+ * folios passes through a small cache (LRU or CLOCK, not FIFO). */
+static void
+test_hot_folio_stays_cached (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  cfg.cache_size = 8 * 64 * KiB;
+  t_open (&t, 16 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 16 * MiB, 0, 1);
+  assert_int_equal (cache_read (t.c, buf, 4096, 0, 0), 0);
+  fake_reset_log (t.fb);
+  for (int i = 1; i < 100; i++) {
+    assert_int_equal (cache_read (t.c, buf, 4096, i * 65536ull, 0), 0);
+    assert_int_equal (cache_read (t.c, buf, 4096, 0, 0), 0);
+  }
+  /* Only the stream missed: 99 reads, none of offset 0. */
+  assert_int_equal (totals (&t).ops[FAKE_READ], 99);
+  for (int i = 0; i < 99; i++)
+    assert_int_not_equal (nth (&t, FAKE_READ, i).off, 0);
+  assert_true (stats (&t).evictions >= 90);
+  t_close (&t);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1254,6 +1321,8 @@ main (void)
     cmocka_unit_test (test_fast_zero_refused_and_read_only),
     cmocka_unit_test (test_backing_without_map),
     cmocka_unit_test (test_stats_match_backing),
+    cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
+    cmocka_unit_test (test_hot_folio_stays_cached),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
