@@ -62,6 +62,14 @@ t_close (struct t *t)
   fake_free (t->fb);
 }
 
+static struct cache_stats
+stats_of (struct cache *c)
+{
+  struct cache_stats st;
+  cache_get_stats (c, &st);
+  return st;
+}
+
 static struct fake_totals
 totals (struct t *t)
 {
@@ -1246,6 +1254,51 @@ test_hot_folio_stays_cached (void **state)
   t_close (&t);
 }
 
+/* A store supplied by the caller: used as is when its geometry fits,
+ * refused when it does not (a pmem store's header may disagree with the
+ * configuration), and never freed by the cache. */
+static void
+test_external_store (void **state)
+{
+  struct fake_backing *fb = fake_backing_new (4 * MiB);
+  struct cache_config cfg;
+  char err[256] = "";
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  struct store *good = store_ram_create (8, cfg.folio_size, cfg.block_size);
+  assert_non_null (good);
+  struct cache *c = cache_create (fake_backing_base (fb), good, &cfg, err,
+                                  sizeof err);
+  assert_non_null (c);
+  fill (buf, sizeof buf, 1);
+  for (int i = 0; i < 32; i++)
+    assert_int_equal (cache_write (c, buf, 4096, i * 65536ull, 0), 0);
+  assert_true (stats_of (c).cached_bytes <= 8 * 65536);
+  assert_int_equal (cache_destroy (c), 0);
+  assert_int_equal (good->nslots, 8);          /* still ours, still alive */
+
+  struct store *small = store_ram_create (8, cfg.folio_size / 2, cfg.block_size);
+  assert_non_null (small);
+  c = cache_create (fake_backing_base (fb), small, &cfg, err, sizeof err);
+  if (c != NULL) {
+    cache_destroy (c);
+    fail_msg ("a store of 32 KiB folios was accepted for 64 KiB folios");
+  }
+  struct store *coarse = store_ram_create (8, cfg.folio_size, 64 * KiB);
+  assert_non_null (coarse);
+  cfg.block_size = 512;   /* 128 blocks: more bitmap than the store has */
+  c = cache_create (fake_backing_base (fb), coarse, &cfg, err, sizeof err);
+  if (c != NULL) {
+    cache_destroy (c);
+    fail_msg ("a store with a 1-block bitmap was accepted for 128 blocks");
+  }
+  store_destroy (good);
+  store_destroy (small);
+  store_destroy (coarse);
+  fake_free (fb);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1323,6 +1376,7 @@ main (void)
     cmocka_unit_test (test_stats_match_backing),
     cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
     cmocka_unit_test (test_hot_folio_stays_cached),
+    cmocka_unit_test (test_external_store),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
