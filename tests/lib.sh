@@ -198,7 +198,7 @@ plugin_init () {
     printf '%s\n' '#include <locale.h>' 'void freelocale (locale_t l) { (void) l; }' |
       cc -shared -fPIC -x c -o "$tmp/san-shim.so" - || fail "cannot build the shim"
     NBDKIT_ENV=(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $tmp/san-shim.so"
-                ASAN_OPTIONS=detect_leaks=0
+                ASAN_OPTIONS=detect_leaks=1
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
   fi
 }

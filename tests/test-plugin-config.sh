@@ -9,7 +9,7 @@
 plugin_init plugin-cfg
 set +e   # expect_error looks at exit statuses itself
 nbdkit_folio () {
-  timeout 60 env "${NBDKIT_ENV[@]}" nbdkit "$@"
+  timeout $((60 * TSCALE)) env "${NBDKIT_ENV[@]}" nbdkit "$@"
 }
 fails=0
 bad () { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -40,7 +40,7 @@ done
 expect_error () {
   local pat=$1; shift
   local out=$tmp/err rc
-  timeout -k 2 10 env "${NBDKIT_ENV[@]}" \
+  timeout -k 2 $((30 * TSCALE)) env "${NBDKIT_ENV[@]}" \
     nbdkit -U - "$PLUGIN" "$@" --run 'exit 0' > "$out" 2>&1
   rc=$?
   echo "-- $* -> exit $rc: $(grep -m1 -i folio "$out")"
@@ -96,7 +96,7 @@ if [ -f "${TOP:-.}/src/backing/nbd.c" ]; then
   nbdkit -r -f -U "$tmp/remote.sock" file "$img" &
   remote_pid=$!
   track $remote_pid
-  for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
+  for _ in $(seq $((300 * TSCALE))); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
   DESC= nbdkit_folio -U - "$PLUGIN" backing="nbd+unix:///?socket=$tmp/remote.sock" \
     --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/ro.py" > "$tmp/ro.log" 2>&1 ||
     { cat "$tmp/ro.log"; bad "read-only nbd backing"; }

@@ -19,7 +19,7 @@ start () {
   env "${NBDKIT_ENV[@]}" nbdkit -U "$tmp/sock" -P "$tmp/pid" \
     --log=stderr "$PLUGIN" backing="${BACKING:-file:$img}" "$@" \
     2>>"$tmp/nbdkit.log"
-  for _ in $(seq 100); do [ -s "$tmp/pid" ] && break; sleep 0.1; done
+  for _ in $(seq $((300 * TSCALE))); do [ -s "$tmp/pid" ] && break; sleep 0.1; done
   pid=$(cat "$tmp/pid")
   track "$pid"
   [ -S "$tmp/sock" ] || { echo "nbdkit did not start"; exit 1; }
@@ -35,7 +35,7 @@ on_disk () {
 }
 stop () {
   kill -TERM "$pid"
-  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq $((600 * TSCALE))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then echo "nbdkit did not exit on SIGTERM"; exit 1; fi
   pid=
 }
@@ -44,7 +44,7 @@ stop () {
 start dirty-expire=200 writeback-interval=100
 write_unflushed 12345
 ok=0
-for _ in $(seq 100); do on_disk 12345 && { ok=1; break; }; sleep 0.1; done
+for _ in $(seq $((300 * TSCALE))); do on_disk 12345 && { ok=1; break; }; sleep 0.1; done
 [ $ok = 1 ] || { cat "$tmp/nbdkit.log"; echo "FAIL: no background writeback after fork"; exit 1; }
 echo "background writeback ran in the forked server"
 stop
@@ -61,12 +61,12 @@ echo "SIGTERM wrote back all dirty data"
 if [ -f "$TOP/src/backing/nbd.c" ]; then
   nbdkit -f -U "$tmp/remote.sock" file "$img" 2>>"$tmp/remote.log" &
   track $!
-  for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
+  for _ in $(seq $((300 * TSCALE))); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
   BACKING="nbd+unix:///?socket=$tmp/remote.sock"
   BACKING=$BACKING start dirty-expire=200 writeback-interval=100
   write_unflushed 4000003
   ok=0
-  for _ in $(seq 100); do on_disk 4000003 && { ok=1; break; }; sleep 0.1; done
+  for _ in $(seq $((300 * TSCALE))); do on_disk 4000003 && { ok=1; break; }; sleep 0.1; done
   [ $ok = 1 ] || { cat "$tmp/nbdkit.log"; echo "FAIL: nbd backing: no background writeback after fork"; exit 1; }
   head -c 77777 /dev/urandom > "$tmp/data"
   write_unflushed 6000001

@@ -20,7 +20,7 @@ nbdkit -f -U "$tmp/remote.sock" --filter=error file "$img" \
   2>"$tmp/remote.log" &
 remote_pid=$!
 track $remote_pid
-for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
+for _ in $(seq $((300 * TSCALE))); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
 [ -S "$tmp/remote.sock" ] || { echo "remote nbdkit did not start"; exit 1; }
 
 cat > "$tmp/err.py" <<'EOF'
@@ -75,7 +75,7 @@ h.shutdown()
 EOF
 
 log=$tmp/nbdkit.log
-if ! TMP=$tmp IMG=$img timeout 120 env "${NBDKIT_ENV[@]}" \
+if ! TMP=$tmp IMG=$img timeout $((120 * TSCALE)) env "${NBDKIT_ENV[@]}" \
      nbdkit -U - "$PLUGIN" backing="nbd+unix:///?socket=$tmp/remote.sock" \
      cache-size=1M dirty-expire=600000 writeback-interval=60000 \
      --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/err.py" 2>"$log"; then

@@ -9,7 +9,7 @@
 plugin_init plugin-io
 requires python3
 nbdkit_folio () {
-  timeout 300 env "${NBDKIT_ENV[@]}" nbdkit "$@"
+  timeout $((300 * TSCALE)) env "${NBDKIT_ENV[@]}" nbdkit "$@"
 }
 
 # 5 MiB + 1234 bytes: data, hole, data, hole, data (holes are sparse).

@@ -88,7 +88,7 @@ print("multi-conn ok")
 EOF
 
 log=$tmp/nbdkit.log
-if ! IMG=$img MODEL=$tmp/model timeout 300 env "${NBDKIT_ENV[@]}" \
+if ! IMG=$img MODEL=$tmp/model timeout $((300 * TSCALE)) env "${NBDKIT_ENV[@]}" \
      nbdkit -U - "$PLUGIN" backing=file:"$img" cache-size=2M \
      --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/mc.py" 2>"$log"; then
   cat "$log"; exit 1

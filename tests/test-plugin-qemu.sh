@@ -22,7 +22,7 @@ dst=$tmp/dst.img
 head -c $((24 * MiB)) /dev/urandom > "$dst"
 
 log=$tmp/nbdkit.log
-if ! timeout 300 env "${NBDKIT_ENV[@]}" \
+if ! timeout $((300 * TSCALE)) env "${NBDKIT_ENV[@]}" \
      nbdkit -U - "$PLUGIN" backing=file:"$dst" cache-size=4M \
      folio-size=128K block-size=4K \
      --run 'set -e; unset LD_PRELOAD

@@ -42,7 +42,7 @@ stat () {
 run_file () {
   local warm=$1 img=$tmp/disk.img log=$tmp/file-$1.log
   head -c $size /dev/urandom > "$img"
-  if ! WARM=$warm NWRITES=$nwrites timeout 300 env "${NBDKIT_ENV[@]}" \
+  if ! WARM=$warm NWRITES=$nwrites timeout $((300 * TSCALE)) env "${NBDKIT_ENV[@]}" \
        nbdkit -v -U - "$PLUGIN" backing=file:"$img" cache-size=64M \
        folio-size=64K block-size=4K \
        --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/wa.py" 2>"$log"; then
@@ -83,11 +83,11 @@ nbdkit -f -U "$tmp/remote.sock" --filter=log file "$remote" \
   logfile="$tmp/remote.log" &
 remote_pid=$!
 track $remote_pid
-for _ in $(seq 100); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
+for _ in $(seq $((300 * TSCALE))); do [ -S "$tmp/remote.sock" ] && break; sleep 0.1; done
 [ -S "$tmp/remote.sock" ] || { echo "remote nbdkit did not start"; exit 1; }
 
 log=$tmp/nbd.log
-if ! WARM=1 NWRITES=$nwrites timeout 300 env "${NBDKIT_ENV[@]}" \
+if ! WARM=1 NWRITES=$nwrites timeout $((300 * TSCALE)) env "${NBDKIT_ENV[@]}" \
      nbdkit -v -U - "$PLUGIN" backing="nbd+unix:///?socket=$tmp/remote.sock" \
      cache-size=64M folio-size=64K block-size=4K \
      --run 'env -u LD_PRELOAD URI="$uri" python3 '"$tmp/wa.py" 2>"$log"; then
