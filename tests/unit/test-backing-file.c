@@ -30,6 +30,7 @@ struct fx {
   char dir[64];
   char path[96];
   uint8_t *ref;                 /* what the file should hold */
+  char loopdev[64];             /* attached loop device, if any */
   uint64_t seed;
 };
 
@@ -74,7 +75,13 @@ static int
 teardown (void **state)
 {
   struct fx *f = *state;
+  char cmd[128];
 
+  if (f->loopdev[0]) {
+    snprintf (cmd, sizeof cmd, "losetup -d %s", f->loopdev);
+    if (system (cmd) != 0)
+      fprintf (stderr, "cannot detach %s\n", f->loopdev);
+  }
   unlink (f->path);
   rmdir (f->dir);
   free (f->ref);
@@ -446,6 +453,73 @@ test_direct_threads_rmw (void **state)
   backing_close (b);
 }
 
+/* A block device (a loop device over our file, when we may make one):
+ * size from BLKGETSIZE64, alignment from BLKSSZGET, zero and trim by
+ * ioctl/fallocate on the device, data through both buffered and direct
+ * I/O.  Skipped without root or loop devices. */
+static void
+test_block_device (void **state)
+{
+  struct fx *f = *state;
+  char cmd[256], dev[64] = "", err[256];
+  struct backing *b;
+  FILE *p;
+
+  if (geteuid () != 0)
+    skip ();
+  snprintf (cmd, sizeof cmd, "losetup -f --show %s 2>/dev/null", f->path);
+  p = popen (cmd, "r");
+  if (!p)
+    skip ();
+  if (!fgets (dev, sizeof dev, p))
+    dev[0] = '\0';
+  if (pclose (p) != 0 || strncmp (dev, "/dev/loop", 9) != 0)
+    skip ();
+  dev[strcspn (dev, "\n")] = '\0';
+  strcpy (f->loopdev, dev);
+
+  for (int direct = 0; direct < 2; direct++) {
+    struct backing_opts o = { .direct = direct };
+    struct file_backing *fb;
+    b = backing_file_open (dev, &o, err, sizeof err);
+    if (!b)
+      break;
+    fb = (struct file_backing *) b;
+    if (!fb->is_blk || b->size != FSIZE / 512 * 512 ||
+        (direct && (!b->direct || b->io_align != fb->sector))) {
+      backing_close (b);
+      b = NULL;
+      break;
+    }
+    /* The loop device ends at the last whole sector of the file. */
+    uint8_t *mem = malloc (300 * KiB + 8), *buf = mem + 3;
+    for (int i = 0; i < 60; i++) {
+      uint64_t len = 1 + rnd (f) % (300 * KiB);
+      uint64_t off = rnd (f) % (b->size - len);
+      fill_random (f, buf, len);
+      if (b->ops->write (b, buf, len, off, i % 5 ? 0 : BACKING_FUA) != 0)
+        fail_msg ("write: %s", strerror (errno));
+      memcpy (f->ref + off, buf, len);
+      off = rnd (f) % (b->size - 70000);
+      if (b->ops->zero (b, 70000, off, i % 2 ? BACKING_MAY_TRIM : 0) != 0)
+        fail_msg ("zero: %s", strerror (errno));
+      memset (f->ref + off, 0, 70000);
+      off = rnd (f) % (b->size - len);
+      if (b->ops->read (b, buf, len, off) != 0)
+        fail_msg ("read: %s", strerror (errno));
+      if (memcmp (buf, f->ref + off, len) != 0)
+        fail_msg ("data differs at %llu", (unsigned long long) off);
+    }
+    free (mem);
+    if (b->ops->flush (b) != 0)
+      fail_msg ("flush: %s", strerror (errno));
+    backing_close (b);
+  }
+  if (!b)
+    fail_msg ("block device %s: open or geometry wrong", dev);
+  assert_file_equals_ref (f);
+}
+
 static void
 test_open_dispatch (void **state)
 {
@@ -496,6 +570,7 @@ main (void)
     T (test_direct_probe),
     T (test_direct_refused),
     T (test_direct_threads_rmw),
+    T (test_block_device),
     T (test_open_dispatch),
 #undef T
   };
