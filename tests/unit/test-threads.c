@@ -50,6 +50,7 @@ struct world {
   struct fake_backing *fb;
   uint64_t seed, ops;
   int errors;                    /* inject transient errors */
+  uint64_t block_size;           /* the cache's: trim works in these */
   atomic_int stop, failed;
   char msg[512];
   pthread_mutex_t msg_lock;
@@ -195,7 +196,8 @@ own_op (struct writer *wr)
       memset (wr->unk + roff, 1, len);
   }
   else {                                /* trim: whole blocks only */
-    uint64_t s = (base + roff + BS - 1) / BS * BS, e = (base + roff + len) / BS * BS;
+    uint64_t bs = w->block_size;
+    uint64_t s = (base + roff + bs - 1) / bs * bs, e = (base + roff + len) / bs * bs;
     int ok = cache_trim (w->c, len, base + roff, 0) == 0;
     if (!ok && !w->errors)
       report (w, "writer %d: trim failed: %s", wr->id, strerror (errno));
@@ -352,11 +354,16 @@ run (int errors)
   fake_set_log (w->fb, 0);
   fake_fill_pattern (w->fb, SHARED_OFF, 0, 7);   /* old data to merge with */
 
+  /* Geometry per seed; the shared 4 KiB units stay whole blocks. */
+  static const uint32_t folios[] = { 4096, 16384, 16384, 65536 };
+  static const uint32_t blocks[] = { 512, 1024, 4096, 4096 };
+  uint64_t g = w->seed;
   cache_config_default (&cfg);
-  cfg.folio_size = 16384;
-  cfg.block_size = BS;
-  cfg.cache_size = 24 * 16384;                   /* eviction all the time */
-  cfg.max_io_bytes = 64 * 1024;
+  cfg.folio_size = folios[fake_rand_below (&g, 4)];
+  cfg.block_size = blocks[fake_rand_below (&g, 4)];
+  cfg.cache_size = 24 * (uint64_t) cfg.folio_size;  /* eviction all the time */
+  cfg.max_io_bytes = cfg.folio_size * (1 + (uint32_t) fake_rand_below (&g, 4));
+  w->block_size = cfg.block_size;
   cfg.dirty_expire_ms = 20;
   cfg.writeback_interval_ms = 5;
   cfg.dirty_background_pct = 10;
@@ -421,6 +428,8 @@ run (int errors)
 
   struct cache_stats st;
   cache_get_stats (w->c, &st);
+  printf ("folio=%u block=%u max_io=%u: ", cfg.folio_size, cfg.block_size,
+          cfg.max_io_bytes);
   printf ("%" PRIu64 " ms: flushes=%" PRIu64 " (failed %" PRIu64 ")"
           " writes failed=%" PRIu64 " evictions=%" PRIu64
           " backing writes=%" PRIu64 " throttle waits=%" PRIu64 "\n",
