@@ -1299,6 +1299,40 @@ test_external_store (void **state)
   fake_free (fb);
 }
 
+/* Exports smaller than one folio, and an empty one. */
+static void
+test_tiny_exports (void **state)
+{
+  struct t t;
+  uint8_t buf[1536], got[1536];
+
+  t_open (&t, 1536, NULL);
+  fake_fill_pattern (t.fb, 1536, 0, 4);
+  fill (buf, 100, 9);
+  assert_int_equal (cache_write (t.c, buf, 100, 1400, 0), 0);
+  /* The only block is partial (ends at the export end): one read of it. */
+  expect_one (&t, FAKE_READ, 0, 1536);
+  fake_peek (t.fb, got, 1536, 0);
+  memcpy (got + 1400, buf, 100);
+  expect_read (&t, got, 1536, 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 0, 1536);
+  expect_backing (&t, got, 1536, 0);
+  assert_int_equal (cache_zero (t.c, 1536, 0, 0), 0);
+  memset (got, 0, sizeof got);
+  expect_read (&t, got, 1536, 0);
+  assert_int_equal (cache_read (t.c, got, 1, 1536, 0), -1);
+  t_close (&t);
+
+  t_open (&t, 0, NULL);
+  assert_int_equal (cache_size_bytes (t.c), 0);
+  assert_int_equal (cache_read (t.c, buf, 0, 0, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 1, 0, 0), -1);
+  assert_int_equal (cache_flush (t.c), 0);
+  t_close (&t);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1377,6 +1411,7 @@ main (void)
     cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
     cmocka_unit_test (test_hot_folio_stays_cached),
     cmocka_unit_test (test_external_store),
+    cmocka_unit_test (test_tiny_exports),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
