@@ -47,26 +47,41 @@ while not os.path.exists(env["STOP"]) and ops < 100000:
         h.flush()
     slowest = max(slowest, time.monotonic() - t)
     ops += 1
+    if ops % 10 == 0:
+        open(env["OPS"] + ".new", "w").write("%d\n" % ops)
+        os.replace(env["OPS"] + ".new", env["OPS"])
 h.flush()
 assert h.pread(32 << 20, 0) == model[:32 << 20], "final read-back (seed %d)" % seed
 h.shutdown()
 open(env["MODEL"], "wb").write(model)
 print("client: %d ops, slowest %.2f s" % (ops, slowest))
 PY
-MODEL=$tmp/model STOP=$tmp/stop URI=$(uri disk0) timeout $((180 * TSCALE)) \
+MODEL=$tmp/model STOP=$tmp/stop OPS=$tmp/ops URI=$(uri disk0) timeout $((180 * TSCALE)) \
   nbdsh -c "exec(open('$tmp/client.py').read())" > "$tmp/client.log" 2>&1 &
 client=$!
 track $client
 
+# progress N: wait until the client has done N more operations (it may be
+# slow to start on a busy machine; each outage must hit it mid-run).
+progress () {
+  local from i
+  from=$(cat "$tmp/ops" 2>/dev/null || echo 0)
+  for ((i = 0; i < 600 * TSCALE; i++)); do
+    [ "$(cat "$tmp/ops" 2>/dev/null || echo 0)" -ge $((from + $1)) ] && return 0
+    kill -0 $client 2>/dev/null || { cat "$tmp/client.log"; fail "client ended early"; }
+    sleep 0.1
+  done
+  fail "client made no progress"
+}
+
 for round in 1 2; do
-  sleep 2
-  kill -0 $client 2>/dev/null || { cat "$tmp/client.log"; fail "client ended early"; }
+  progress 100
   stop_remote KILL
   echo "round $round: remote killed"
   sleep 1
   start_remote "$tmp/remote.sock" file "$img"
 done
-sleep 2
+progress 100
 touch "$tmp/stop"
 wait $client || { cat "$tmp/client.log"; fail "the client saw an error"; }
 cat "$tmp/client.log"

@@ -1,0 +1,114 @@
+#!/bin/bash
+# Randomized: a client runs random writes, zeroes, reads and flushes
+# against a reference while a thread switches the remote's errors on and
+# off (nbdkit --filter=error error-rate=100% error-file=F) at random
+# moments.  A failed write is repeated until it succeeds (then its range is
+# defined again); a read that succeeds must match the reference.  At the
+# end, errors off, a FLUSH succeeds, the export reads as the reference, and
+# after SIGTERM so does the remote's file.  SEED=N replays a run.
+. "$(dirname "$0")/lib.sh"
+lib_init remote-random
+. "$(dirname "$0")/lib-remote.sh"
+
+img=$tmp/remote.img
+truncate -s 32M "$img"
+head -c 4M /dev/urandom | dd of="$img" bs=1M seek=8 conv=notrunc status=none
+cp "$img" "$tmp/model"
+start_remote "$tmp/remote.sock" --filter=error file "$img" \
+  error=EIO error-rate=100% error-file="$tmp/errfile"
+# A small cache so that reads miss and writeback runs while errors come
+# and go; short expiry so background writeback meets them too.
+start_foliod --export "disk0=$(remote_uri),cache-size=4M,dirty-expire=200,writeback-interval=100"
+
+cat > "$tmp/random.py" <<'PY'
+import os, random, threading, time
+import nbd
+
+env = os.environ
+seed = int(env.get("SEED") or random.randrange(1 << 30))
+print("seed", seed)
+rng = random.Random(seed)
+errfile = env["ERRFILE"]
+model = bytearray(open(env["MODEL"], "rb").read())
+duration = float(env.get("DURATION", "8"))
+stop = threading.Event()
+toggles = 0
+
+def toggler():
+    global toggles
+    trng = random.Random(seed + 1)
+    while not stop.wait(trng.uniform(0.05, 0.4)):
+        if os.path.exists(errfile):
+            os.unlink(errfile)
+        else:
+            open(errfile, "w").close()
+        toggles += 1
+    if os.path.exists(errfile):
+        os.unlink(errfile)
+
+h = nbd.NBD()
+h.connect_uri(env["URI"])
+size = h.get_size()
+t = threading.Thread(target=toggler)
+t.start()
+fails = {"write": 0, "zero": 0, "read": 0, "flush": 0}
+good = {"write": 0, "zero": 0, "read": 0, "flush": 0}
+
+def until_ok(kind, fn, *args):
+    while True:
+        try:
+            fn(*args)
+            good[kind] += 1
+            return
+        except nbd.Error:
+            fails[kind] += 1
+            time.sleep(0.02)
+
+end = time.monotonic() + duration
+try:
+    while time.monotonic() < end:
+        op = rng.choice("wwwwzrrrf")
+        n = rng.choice([1, 512, 4096, 4097, 65536, 131072 + 3, rng.randrange(1, 200000)])
+        off = rng.randrange(0, size - n)
+        if op == "w":
+            d = rng.randbytes(n)
+            until_ok("write", h.pwrite, d, off)
+            model[off:off + n] = d
+        elif op == "z":
+            until_ok("zero", h.zero, n, off)
+            model[off:off + n] = bytes(n)
+        elif op == "r":
+            try:
+                got = h.pread(n, off)
+            except nbd.Error:
+                fails["read"] += 1
+                continue
+            good["read"] += 1
+            assert got == model[off:off + n], "read at %d+%d (seed %d)" % (off, n, seed)
+        else:
+            try:
+                h.flush()
+                good["flush"] += 1
+            except nbd.Error:
+                fails["flush"] += 1
+finally:
+    stop.set()
+    t.join()
+
+assert not os.path.exists(errfile)
+h.flush()           # errors off: must succeed
+assert h.pread(size, 0) == model, "export differs from the reference (seed %d)" % seed
+h.shutdown()
+open(env["MODEL"], "wb").write(model)
+print("toggles %d, succeeded %r, failed %r" % (toggles, good, fails))
+assert toggles >= 4, "too few error switches"
+assert sum(fails.values()) > 0, "no request ever failed: errors not injected?"
+PY
+MODEL=$tmp/model ERRFILE=$tmp/errfile URI=$(uri disk0) \
+  timeout $((120 * TSCALE)) nbdsh -c "exec(open('$tmp/random.py').read())" ||
+  fail "randomized run"
+foliod_alive
+stop_foliod
+stop_remote
+same_file "$img" "$tmp/model" "remote differs from the reference"
+echo OK
