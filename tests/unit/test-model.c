@@ -44,11 +44,11 @@
 
 enum op_kind {
   OP_READ, OP_WRITE, OP_ZERO, OP_TRIM, OP_FLUSH, OP_PREFETCH, OP_STATUS,
-  OP_DREAD, OP_DWRITE, OP_RECOVER, OP_NKINDS
+  OP_DREAD, OP_DWRITE, OP_RESTART, OP_RECOVER, OP_NKINDS
 };
 static const char *op_names[] = {
   "read", "write", "zero", "trim", "flush", "prefetch", "status",
-  "dread", "dwrite", "recover"
+  "dread", "dwrite", "restart", "recover"
 };
 
 #define HIST 48
@@ -454,6 +454,28 @@ do_op (struct model *m, enum op_kind kind)
     break;
   }
 
+  case OP_RESTART:
+    /* Clean phases only: stop and restart the writeback thread (as the
+     * nbdkit adapter does around fork), or destroy the cache (which
+     * writes everything back) and start a new one, cold. */
+    if (chance (m, 50)) {
+      cache_stop_writeback (m->c);
+      r = cache_start_writeback (m->c);
+      if (r == -1)
+        MFAIL (m, "cache_start_writeback failed: %s", strerror (errno));
+      break;
+    }
+    r = cache_destroy (m->c);
+    m->c = NULL;
+    if (r == -1)
+      MFAIL (m, "cache_destroy with a working backing failed");
+    check_backing (m);
+    fake_reset_log (m->fb);     /* the new cache counts from zero */
+    m->c = ct_cache (m->fb, &m->cfg);
+    if (m->c == NULL)
+      MFAIL (m, "cache_create again failed");
+    break;
+
   case OP_RECOVER:
     /* Errors have stopped: the first flush must succeed. */
     r = cache_flush (m->c);
@@ -497,6 +519,7 @@ pick_kind (struct model *m)
   if (x < 840) return OP_PREFETCH;
   if (x < 900) return OP_STATUS;
   if (x < 950) return OP_DREAD;
+  if (x == 999 && m->phase == 0 && rnd (m, 2) == 0) return OP_RESTART;
   return OP_DWRITE;
 }
 
