@@ -863,8 +863,10 @@ test_idle_flush_1tib (void **state)
     assert_int_equal (cache_flush (t.c), 0);
   uint64_t ms = ct_now_ms () - t0;
   assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
-  /* 100 idle flushes: microseconds each; allow plenty under valgrind. */
-  if (ms > (ct_valgrind () ? 2000u : 200u))
+  /* 100 idle flushes: microseconds each.  The bound is loose for loaded
+   * machines and valgrind; walking the 16 Mi folios of 1 TiB would take
+   * seconds per flush. */
+  if (ms > (ct_valgrind () ? 5000u : 1000u))
     fail_msg ("100 idle flushes on 1 TiB took %llu ms", (unsigned long long) ms);
   assert_true (stats (&t).cached_bytes <= 4 * 64 * KiB);
   expect_backing (&t, buf, 4096, (1ull << 40) - 4096);
