@@ -264,7 +264,7 @@ conn_close (struct conn *c, const char *why)
 }
 
 static void
-conn_run_input (struct conn *c)
+conn_run_steps (struct conn *c)
 {
   c->steps_left = CONN_STEPS_PER_WAKE;
   c->recvs_left = CONN_STEPS_PER_WAKE / 4;
@@ -294,6 +294,14 @@ conn_run_input (struct conn *c)
     }
     return;
   }
+}
+
+/* Run input steps, then hand what was parsed to the workers at once. */
+static void
+conn_run_input (struct conn *c)
+{
+  conn_run_steps (c);
+  pool_submit_flush (c->srv);
 }
 
 /* ---- output ------------------------------------------------------------ */

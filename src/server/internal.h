@@ -187,6 +187,8 @@ struct server {
   struct conn *flush_list;       /* connections with new replies */
 
   struct pool pool;
+  struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
+  unsigned sub_n;
   ev_async done_async;
   pthread_mutex_t done_lock;
   struct req *done_head, *done_tail; /* executed, waiting for the loop */
@@ -223,7 +225,8 @@ void server_conn_gone (struct server *s);
 
 /* pool.c */
 int pool_start (struct pool *p, struct server *s, unsigned nthreads);
-void pool_submit (struct pool *p, struct req *r);
+void pool_submit (struct server *s, struct req *r);
+void pool_submit_flush (struct server *s);
 void pool_stop (struct pool *p);
 void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
 

@@ -86,18 +86,41 @@ pool_start (struct pool *p, struct server *s, unsigned nthreads)
   return 0;
 }
 
+/* Requests parsed during one wake-up are handed over together (one lock
+ * round trip, one wake-up call) by pool_submit_flush, which the loop
+ * calls at the end of every input pass. */
 void
-pool_submit (struct pool *p, struct req *r)
+pool_submit (struct server *s, struct req *r)
 {
   r->next = NULL;
+  if (s->sub_tail)
+    s->sub_tail->next = r;
+  else
+    s->sub_head = r;
+  s->sub_tail = r;
+  s->sub_n++;
+}
+
+void
+pool_submit_flush (struct server *s)
+{
+  struct pool *p = &s->pool;
+
+  if (!s->sub_head)
+    return;
   pthread_mutex_lock (&p->lock);
   if (p->tail)
-    p->tail->next = r;
+    p->tail->next = s->sub_head;
   else
-    p->head = r;
-  p->tail = r;
-  pthread_cond_signal (&p->cond);
+    p->head = s->sub_head;
+  p->tail = s->sub_tail;
+  if (s->sub_n > 1)
+    pthread_cond_broadcast (&p->cond);
+  else
+    pthread_cond_signal (&p->cond);
   pthread_mutex_unlock (&p->lock);
+  s->sub_head = s->sub_tail = NULL;
+  s->sub_n = 0;
 }
 
 /* Stop and join the workers (after they finish the queue). */

@@ -102,7 +102,7 @@ req_submit (struct conn *c, struct req *r)
     return;
   }
   c->nworker++;
-  pool_submit (&c->srv->pool, r);
+  pool_submit (c->srv, r);
 }
 
 enum step
