@@ -53,6 +53,29 @@ expect_fail "flush without export" "usage: foliod flush EXPORT" flush
 expect_fail "stats without daemon" "cannot connect to the control socket" \
   stats --control "$tmp/no-such.sock"
 
+# TLS is refused rather than silently served in clear text, until the
+# server has it.
+if ! grep -q SERVER_TLS_SUPPORTED "$TOP/src/server/server.h"; then
+  expect_fail "tls without support" "does not support TLS" --foreground \
+    --unix "$tmp/s" --tls require --tls-certificates "$tmp" --export "disk0=$tmp/img"
+  expect_fail "export tls without support" "does not support TLS" --foreground \
+    --unix "$tmp/s" --export "disk0=$tmp/img,tls=require"
+fi
+
+# IPv6 in brackets.
+if python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then
+  port6=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET6); s.bind(("::1",0)); print(s.getsockname()[1])')
+  "$FOLIOD" --foreground --listen "[::1]:$port6" --export "disk0=$tmp/img" \
+    2>"$tmp/v6.log" &
+  p=$!; track $p
+  for i in $(seq 100); do
+    nbdinfo --size "nbd://[::1]:$port6/disk0" >"$out" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -qx 16777216 "$out" || fail "not served on [::1]:$port6: $(cat "$tmp/v6.log")"
+  kill -TERM $p; wait $p || fail "exit status $? after SIGTERM"
+fi
+
 # A busy address is a start-up error, not a hang.
 python3 -c '
 import socket, sys, time

@@ -322,6 +322,27 @@ listen_all (struct daemon *d)
   return 0;
 }
 
+/* Until the server implements TLS (it will define SERVER_TLS_SUPPORTED in
+ * server.h), asking for it must not silently serve plaintext. */
+static int
+tls_supported (struct daemon_config *cfg)
+{
+#ifndef SERVER_TLS_SUPPORTED
+  if (cfg->tls != TLS_OFF) {
+    log_error ("tls = %s: this build does not support TLS yet",
+               cfg->tls == TLS_ON ? "on" : "require");
+    return 0;
+  }
+  for (size_t i = 0; i < cfg->n_exports; i++)
+    if (cfg->exports[i].cfg.tls_require == 1) {
+      log_error ("export %s: tls = require: this build does not support "
+                 "TLS yet", cfg->exports[i].cfg.name);
+      return 0;
+    }
+#endif
+  return 1;
+}
+
 static int
 server_start (struct daemon *d)
 {
@@ -404,7 +425,8 @@ daemon_start (struct daemon *d)
     log_error ("cannot detach: %s", strerror (errno));
     return -1;
   }
-  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1)
+  if (!tls_supported (cfg) || exports_create_missing (cfg) == -1 ||
+      exports_open (cfg) == -1)
     return -1;
   d->loop = ev_default_loop (EVFLAG_AUTO);
   if (d->loop == NULL) {
