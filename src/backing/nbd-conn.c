@@ -167,7 +167,7 @@ poller_start (struct nbd_conn *c)
   return 0;
 }
 
-/* Caller holds c->lock for writing (no issuer, no poller_ensure). */
+/* Caller holds poller_lock. */
 static void
 poller_stop (struct nbd_conn *c)
 {
@@ -182,7 +182,8 @@ poller_stop (struct nbd_conn *c)
 }
 
 /* Make sure c->h has its poller in this process.  Caller holds c->lock
- * (reading is enough: poller_lock orders the starters). */
+ * (reading is enough: poller_lock orders the starters).  Returns 0 when
+ * it was running, 1 when started now, -1 on failure. */
 static int
 poller_ensure (struct nbd_conn *c)
 {
@@ -192,9 +193,21 @@ poller_ensure (struct nbd_conn *c)
   if (c->has_poller && c->poller_pid != getpid ())
     c->has_poller = 0;          /* forked: that thread is not ours */
   if (!c->has_poller)
-    r = poller_start (c);
+    r = poller_start (c) == 0 ? 1 : -1;
   pthread_mutex_unlock (&c->poller_lock);
   return r;
+}
+
+/* Has the remote hung up on a handle nobody watched (no poller until
+ * now)?  libnbd 1.14 reads freed memory when a command is sent into a
+ * connection that is already gone, so such a handle is not used. */
+static int
+peer_gone (struct nbd_handle *h)
+{
+  struct pollfd p = { .fd = nbd_aio_get_fd (h), .events = POLLRDHUP };
+
+  return p.fd < 0 || (poll (&p, 1, 0) == 1 &&
+                      (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
 }
 
 /* Install h (may be NULL) as c's handle; its poller starts on first use.
@@ -237,7 +250,9 @@ conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
      * the handle, so it stays until they are done. */
     while (atomic_load (&c->users) > 0)
       sleep_ms (1);
+    pthread_mutex_lock (&c->poller_lock);
     poller_stop (c);
+    pthread_mutex_unlock (&c->poller_lock);
     nbd_close (c->h);
     c->h = NULL;
     atomic_store (&c->up, 0);
@@ -327,11 +342,20 @@ conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
     errno = ENOTCONN;
     return -1;
   }
-  if (poller_ensure (c) == -1) {
+  switch (poller_ensure (c)) {
+  case -1:
     pthread_rwlock_unlock (&c->lock);
     *lost = 0;
     errno = EAGAIN;
     return -1;
+  case 1:
+    if (peer_gone (h)) {
+      pthread_rwlock_unlock (&c->lock);
+      *lost = 1;
+      errno = ENOTCONN;
+      return -1;
+    }
+    break;
   }
   pthread_mutex_init (&w.lock, NULL);
   pthread_cond_init (&w.cond, NULL);
@@ -428,6 +452,83 @@ nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
   return -1;
 }
 
+/* Fork safety.  A poller holds libnbd's handle lock for moments; a fork
+ * at such a moment would leave the child a handle locked for ever.  So
+ * around fork every poller is stopped, and restarted in the parent (the
+ * child starts its own on first use).  This list of open nbd backings is
+ * the only process-wide state of the backing layer; pthread_atfork gives
+ * no context pointer.  Lock order: fork_lock, then poller_lock. */
+static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct nbd_backing *fork_list;   /* linked by fork_next */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_prepare (void)
+{
+  struct nbd_backing *nb;
+  unsigned i;
+
+  pthread_mutex_lock (&fork_lock);
+  for (nb = fork_list; nb; nb = nb->fork_next)
+    for (i = 0; i < nb->nconns; i++) {
+      struct nbd_conn *c = &nb->conns[i];
+      pthread_mutex_lock (&c->poller_lock);
+      c->restart = c->has_poller && c->poller_pid == getpid ();
+      poller_stop (c);
+    }
+}
+
+static void
+fork_release (int parent)
+{
+  struct nbd_backing *nb;
+  unsigned i;
+
+  for (nb = fork_list; nb; nb = nb->fork_next)
+    for (i = 0; i < nb->nconns; i++) {
+      struct nbd_conn *c = &nb->conns[i];
+      /* Someone may be waiting on a command in flight: its poller. */
+      if (parent && c->restart && c->h)
+        poller_start (c);
+      c->restart = 0;
+      pthread_mutex_unlock (&c->poller_lock);
+    }
+  pthread_mutex_unlock (&fork_lock);
+}
+
+static void fork_parent (void) { fork_release (1); }
+static void fork_child (void) { fork_release (0); }
+
+static void
+fork_register_once (void)
+{
+  pthread_atfork (fork_prepare, fork_parent, fork_child);
+}
+
+static void
+fork_list_add (struct nbd_backing *nb)
+{
+  pthread_once (&fork_once, fork_register_once);
+  pthread_mutex_lock (&fork_lock);
+  nb->fork_next = fork_list;
+  fork_list = nb;
+  pthread_mutex_unlock (&fork_lock);
+}
+
+static void
+fork_list_remove (struct nbd_backing *nb)
+{
+  struct nbd_backing **pp;
+
+  pthread_mutex_lock (&fork_lock);
+  for (pp = &fork_list; *pp; pp = &(*pp)->fork_next)
+    if (*pp == nb) {
+      *pp = nb->fork_next;
+      break;
+    }
+  pthread_mutex_unlock (&fork_lock);
+}
+
 int
 nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
                  unsigned n, char *err, size_t errlen)
@@ -455,6 +556,8 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
     /* The others now; one that fails is opened on first use instead. */
     conn_install (c, i == 0 ? first : nbd_conn_open (nb, NULL, 0));
   }
+  fork_list_add (nb);
+  nb->forkable = 1;
   return 0;
 }
 
@@ -463,9 +566,13 @@ nbd_conns_stop (struct nbd_backing *nb)
 {
   unsigned i;
 
+  if (nb->forkable)
+    fork_list_remove (nb);
   for (i = 0; nb->conns && i < nb->nconns; i++) {
     struct nbd_conn *c = &nb->conns[i];
+    pthread_mutex_lock (&c->poller_lock);
     poller_stop (c);
+    pthread_mutex_unlock (&c->poller_lock);
     if (c->h) {
       conn_disconnect (c->h);
       nbd_close (c->h);

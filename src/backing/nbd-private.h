@@ -36,6 +36,7 @@ struct nbd_conn {
   pthread_t poller;
   int has_poller;
   pid_t poller_pid;             /* process the poller runs in */
+  int restart;                  /* fork: restart the poller in the parent */
 };
 
 struct ext_slot {
@@ -67,6 +68,9 @@ struct nbd_backing {
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
 
   atomic_uint_fast64_t reconnects, retries, errors;
+
+  struct nbd_backing *fork_next; /* list of open backings (nbd-conn.c) */
+  int forkable;                 /* on that list */
 };
 
 /* Issue one aio command on h with completion callback cb.  Returns the

@@ -18,6 +18,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 #include <cmocka.h>
 
@@ -666,6 +668,107 @@ test_tls_psk (void **state)
   unlink (psk);
 }
 
+/* nbds:// over TCP with X.509: the certificates directory from the
+ * options is used and the remote's certificate is checked against it
+ * (libnbd verifies the peer on TCP only). */
+static int
+free_tcp_port (void)
+{
+  struct sockaddr_in sa = { .sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
+  socklen_t len = sizeof sa;
+  int fd = socket (AF_INET, SOCK_STREAM, 0), port = -1;
+
+  if (fd >= 0 && bind (fd, (struct sockaddr *) &sa, sizeof sa) == 0 &&
+      getsockname (fd, (struct sockaddr *) &sa, &len) == 0)
+    port = ntohs (sa.sin_port);
+  if (fd >= 0)
+    close (fd);
+  return port;
+}
+
+static int
+can_connect_tcp (int port)
+{
+  struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons (port),
+                            .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
+  int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+  ok = fd >= 0 && connect (fd, (struct sockaddr *) &sa, sizeof sa) == 0;
+  if (fd >= 0)
+    close (fd);
+  return ok;
+}
+
+static void
+test_tls_certificates (void **state)
+{
+  struct fx *f = *state;
+  char cmd[2048], pki[128], other[128], portarg[32], certarg[160], uri[128];
+  char err[256] = "";
+  struct backing_opts o = { .retry_timeout_ms = 2000 };
+  struct backing *b;
+  uint8_t buf[4096];
+  int port = free_tcp_port ();
+  uint64_t deadline;
+
+  if (port < 0 || system ("openssl version >/dev/null 2>&1") != 0)
+    skip ();
+  snprintf (pki, sizeof pki, "%s/pki", f->dir);
+  snprintf (other, sizeof other, "%s/other", f->dir);
+  snprintf (cmd, sizeof cmd,
+    "set -e; mkdir -p %1$s %2$s; cd %1$s; "
+    "C='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'; "
+    "openssl req -x509 $C -keyout ca-key.pem -out ca-cert.pem -days 2 "
+    "  -subj /CN=ca; "
+    "openssl req $C -keyout server-key.pem -out s.csr -subj /CN=localhost; "
+    "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > ext; "
+    "openssl x509 -req -in s.csr -CA ca-cert.pem -CAkey ca-key.pem "
+    "  -CAcreateserial -out server-cert.pem -days 2 -extfile ext; "
+    "cd %2$s; openssl req -x509 $C -keyout ca-key.pem -out ca-cert.pem "
+    "  -days 2 -subj /CN=other",
+    pki, other);
+  snprintf (cmd + strlen (cmd), sizeof cmd - strlen (cmd),
+            " >/dev/null 2>&1");
+  if (system (cmd) != 0)
+    fail_msg ("cannot make certificates");
+
+  /* A TCP remote: started by hand (remote_start speaks Unix sockets). */
+  snprintf (portarg, sizeof portarg, "%d", port);
+  snprintf (certarg, sizeof certarg, "--tls-certificates=%s", pki);
+  f->pid = fork ();
+  assert_true (f->pid >= 0);
+  if (f->pid == 0) {
+    execlp ("nbdkit", "nbdkit", "-f", "--exit-with-parent", "-i", "127.0.0.1",
+            "-p", portarg, "--tls=require", certarg, "memory", "8M", NULL);
+    _exit (127);
+  }
+  deadline = ms_now () + 10000;
+  while (!can_connect_tcp (port)) {
+    if (ms_now () > deadline)
+      fail_msg ("nbdkit did not start on port %d", port);
+    usleep (10000);
+  }
+
+  snprintf (uri, sizeof uri, "nbds://localhost:%d/", port);
+  o.tls_certificates = pki;
+  b = backing_open (uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("%s", err);
+  fill (buf, sizeof buf, 6);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, 0), 0);
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), 0);
+  backing_close (b);
+
+  /* Signed by a CA we were not told to trust: refused. */
+  o.tls_certificates = other;
+  assert_null (backing_open (uri, &o, err, sizeof err));
+  assert_true (strlen (err) > 0);
+
+  snprintf (cmd, sizeof cmd, "rm -rf %s %s", pki, other);
+  assert_int_equal (system (cmd), 0);
+}
+
 static void
 test_open_errors (void **state)
 {
@@ -697,6 +800,7 @@ main (void)
     T (test_remote_errors),
     T (test_enospc),
     T (test_tls_psk),
+    T (test_tls_certificates),
     T (test_open_errors),
 #undef T
   };
