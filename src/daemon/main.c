@@ -131,7 +131,7 @@ on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
     return;
   }
   if (d->stopping) {
-    log_error ("%s again: exiting now, %llu bytes of dirty data lost",
+    log_error ("%s again: exiting now, dirty data is lost (%llu bytes)",
                strsignal (w->signum),
                (unsigned long long) dirty_bytes_total (d->cfg));
     _exit (1);
@@ -258,6 +258,25 @@ detach (struct daemon *d)
   return 0;
 }
 
+/* Say once how a file backing that was asked for direct I/O (cache=none,
+ * direct-threshold) does it: O_DIRECT, or buffered where the file system
+ * refuses O_DIRECT (tmpfs) and the page cache then holds a second copy. */
+static void
+log_direct (const struct daemon_export *e)
+{
+  const struct backing *b = e->ex->backing;
+
+  if ((e->cfg.cache.mode != CACHE_NONE && !e->cfg.cache.direct_threshold) ||
+      strcmp (b->ops->name, "file") != 0)
+    return;
+  if (b->direct)
+    log_info ("export %s: O_DIRECT, alignment %u bytes", e->cfg.name,
+              (unsigned) b->io_align);
+  else
+    log_warn ("export %s: the file system refuses O_DIRECT; direct "
+              "requests use buffered I/O", e->cfg.name);
+}
+
 static int
 exports_open (struct daemon_config *cfg)
 {
@@ -273,6 +292,7 @@ exports_open (struct daemon_config *cfg)
     log_info ("export %s: %s, %llu bytes%s", e->cfg.name, e->cfg.backing,
               (unsigned long long) e->ex->size,
               e->ex->read_only ? ", read-only" : "");
+    log_direct (e);
   }
   return 0;
 }
