@@ -149,6 +149,17 @@ test_no_map_caps (void **state)
   assert_int_equal (b->ops->zero (b, 4096, 0, BACKING_FAST_ZERO), -1);
   assert_int_equal (errno, ENOTSUP);
   assert_int_equal (b->ops->zero (b, 4096, 0, 0), 0);
+  /* Durability tracking: plain writes count until a flush; FUA and
+   * failed requests do not. */
+  uint8_t buf[512] = { 1 };
+  assert_int_equal (fake_unflushed (fb), 1);
+  assert_int_equal (b->ops->write (b, buf, 512, 0, BACKING_FUA), 0);
+  assert_int_equal (b->ops->trim (b, 512, 0, 0), -1);
+  assert_int_equal (fake_unflushed (fb), 1);
+  assert_int_equal (b->ops->write (b, buf, 512, 0, 0), 0);
+  assert_int_equal (fake_unflushed (fb), 2);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_int_equal (fake_unflushed (fb), 0);
   backing_close (b);
 }
 

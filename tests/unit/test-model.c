@@ -14,7 +14,8 @@
  * tells which, and from then on the cache must stick to it; a byte in
  * doubt twice over becomes unknown until then.  Checked:
  *   - every successful read equals the reference (known bytes);
- *   - after every successful flush the backing equals the reference;
+ *   - after every successful flush the backing equals the reference, and
+ *     every backing write since is durable (flushed or FUA);
  *   - block status never calls known non-zero data a hole;
  *   - when errors stop, a flush succeeds, and at the end the backing and a
  *     fresh read of the whole device equal the reference.
@@ -254,6 +255,9 @@ all_zero (const uint8_t *p, uint64_t n)
 static void
 check_backing (struct model *m)
 {
+  if (fake_unflushed (m->fb) != 0)
+    MFAIL (m, "flush succeeded but %" PRIu64 " backing writes since the "
+           "last backing flush are not durable", fake_unflushed (m->fb));
   const uint64_t chunk = 1 << 20;
   for (uint64_t off = 0; off < m->size; off += chunk) {
     uint64_t n = m->size - off < chunk ? m->size - off : chunk;

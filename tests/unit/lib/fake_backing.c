@@ -54,6 +54,7 @@ struct fake_backing {
   unsigned nranges;
   int torn;
   unsigned delay_us, map_delay_us;
+  uint64_t unflushed;   /* see fake_unflushed() */
 };
 
 static void
@@ -250,6 +251,11 @@ request_begin (struct fake_backing *fb, enum fake_op op, uint64_t off,
   else if (op != FAKE_MAP && op != FAKE_READ && op != FAKE_FLUSH &&
            (fb->base.caps & BACKING_READ_ONLY))
     err = EROFS;
+  else if (op == FAKE_ZERO && (flags & BACKING_FAST_ZERO) &&
+           !(fb->base.caps & BACKING_CAN_FAST_ZERO))
+    err = ENOTSUP;
+  else if (op == FAKE_TRIM && !(fb->base.caps & BACKING_CAN_TRIM))
+    err = EOPNOTSUPP;
   else {
     err = fault_for (fb, op, off, len);
     if (err)
@@ -257,6 +263,11 @@ request_begin (struct fake_backing *fb, enum fake_op op, uint64_t off,
   }
   if (err == 0 && (flags & BACKING_FUA))
     fb->tot.fua_writes++;
+  if (err == 0 && op == FAKE_FLUSH)
+    fb->unflushed = 0;
+  else if (err == 0 && !(flags & BACKING_FUA) &&
+           (op == FAKE_WRITE || op == FAKE_ZERO || op == FAKE_TRIM))
+    fb->unflushed++;
   log_add (fb, op, off, len, flags, err);
   return err;
 }
@@ -330,12 +341,6 @@ fake_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   delay (fb);
   lock (fb);
   err = request_begin (fb, FAKE_ZERO, off, len, flags);
-  if (err == 0 && (flags & BACKING_FAST_ZERO) &&
-      !(fb->base.caps & BACKING_CAN_FAST_ZERO)) {
-    err = ENOTSUP;
-    if (fb->log_on && fb->log_len > 0)
-      fb->log[fb->log_len - 1].err = err;
-  }
   if (err == 0) {
     zero_bytes (fb, len, off);
     fb->tot.zero_bytes += len;
@@ -360,11 +365,6 @@ fake_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   delay (fb);
   lock (fb);
   err = request_begin (fb, FAKE_TRIM, off, len, flags);
-  if (err == 0 && !(fb->base.caps & BACKING_CAN_TRIM)) {
-    err = EOPNOTSUPP;
-    if (fb->log_on && fb->log_len > 0)
-      fb->log[fb->log_len - 1].err = err;
-  }
   if (err == 0) {
     /* Advisory in general; this fake always zeroes the whole range. */
     zero_bytes (fb, len, off);
@@ -722,4 +722,14 @@ fake_set_map_delay_us (struct fake_backing *fb, unsigned us)
   lock (fb);
   fb->map_delay_us = us;
   unlock (fb);
+}
+
+uint64_t
+fake_unflushed (struct fake_backing *fb)
+{
+  uint64_t n;
+  lock (fb);
+  n = fb->unflushed;
+  unlock (fb);
+  return n;
 }

@@ -100,6 +100,11 @@ size_t fake_log_count (struct fake_backing *fb, enum fake_op op);
 /* Print the log to stderr (debugging failed tests). */
 void fake_log_dump (struct fake_backing *fb, const char *title);
 
+/* Successful write/zero/trim requests without BACKING_FUA since the last
+ * successful flush: what a power cut could still lose.  After the cache
+ * says FLUSH succeeded this must be 0. */
+uint64_t fake_unflushed (struct fake_backing *fb);
+
 /* --- content and hole map (test side: not logged, never fail) --- */
 void fake_peek (struct fake_backing *fb, void *buf, uint64_t len, uint64_t off);
 /* Store data and mark the sectors DATA. */
