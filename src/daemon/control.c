@@ -50,7 +50,8 @@ struct control {
 
 enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
-  M_DIRTY, M_CACHED, M_PASSTHROUGH, M_BACKING_READ, M_BACKING_ERRORS,
+  M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
+  M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
   M_RECONNECTS, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
 };
 
@@ -79,6 +80,14 @@ static const struct {
   [M_PASSTHROUGH] = { "foliod_passthrough_bytes_total", "counter",
                       "Bytes read or written directly, bypassing the cache "
                       "(cache=none, direct-threshold)." },
+  [M_PT_READ_OPS] = { "foliod_passthrough_read_ops_total", "counter",
+                      "Client reads that bypassed the cache." },
+  [M_PT_READ_BYTES] = { "foliod_passthrough_read_bytes_total", "counter",
+                        "Bytes of client reads that bypassed the cache." },
+  [M_PT_WRITE_OPS] = { "foliod_passthrough_write_ops_total", "counter",
+                       "Client writes that bypassed the cache." },
+  [M_PT_WRITE_BYTES] = { "foliod_passthrough_write_bytes_total", "counter",
+                         "Bytes of client writes that bypassed the cache." },
   [M_BACKING_READ] = { "foliod_backing_read_bytes_total", "counter",
                        "Bytes read from the backing." },
   [M_BACKING_ERRORS] = { "foliod_backing_errors_total", "counter",
@@ -115,6 +124,10 @@ export_values (struct export *ex, struct export_values *out)
   v[M_DIRTY] = st.dirty_bytes;
   v[M_CACHED] = st.cached_bytes;
   v[M_PASSTHROUGH] = st.direct_read_bytes + st.direct_write_bytes;
+  v[M_PT_READ_OPS] = st.direct_read_ops;
+  v[M_PT_READ_BYTES] = st.direct_read_bytes;
+  v[M_PT_WRITE_OPS] = st.direct_write_ops;
+  v[M_PT_WRITE_BYTES] = st.direct_write_bytes;
   v[M_BACKING_READ] = st.backing_read_bytes;
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
