@@ -405,6 +405,12 @@ do_op (struct model *m, enum op_kind kind)
       ref_set (m, m->buf, len, off);
     else
       ref_maybe (m, m->buf, len, off);
+    if (r == 0 && (flags & CACHE_FUA || m->cfg.mode != CACHE_WRITEBACK)) {
+      /* FUA (and write-through, and no cache): in the backing now. */
+      fake_peek (m->fb, m->bbuf, len, off);
+      if (memcmp (m->bbuf, m->buf, len) != 0)
+        MFAIL (m, "FUA/write-through write is not in the backing");
+    }
     break;
 
   case OP_ZERO:
