@@ -436,7 +436,10 @@ conn_send (struct conn *c)
         return;
       }
       log_debug ("conn %" PRIu64 ": send: %m", c->id);
-      conn_close (c, "send failed (client gone)");
+      /* A client that sent NBD_OPT_ABORT or NBD_CMD_DISC may well be gone
+       * before our last bytes: that is a normal end. */
+      conn_close (c, c->state == CONN_DRAINING ? "client disconnected"
+                  : "send failed (client gone)");
       return;
     }
     conn_consume (c, k);
