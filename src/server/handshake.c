@@ -151,6 +151,24 @@ hs_step_opt_skip (struct conn *c)
                                 "option data too long"));
 }
 
+/* ---- TLS policy ------------------------------------------------------------ */
+
+/* Must this client start TLS before it may use export e (NULL: before
+ * any option at all)?  Per export "tls = require" overrides the server's
+ * mode, as the spec's SELECTIVETLS mode allows. */
+static bool
+hs_tls_required (const struct conn *c, const struct export *e)
+{
+  int req;
+
+  if (c->tls_active)
+    return false;
+  req = e ? e->tls_require : -1;
+  if (req == -1)
+    req = c->srv->cfg.tls_mode == SERVER_TLS_REQUIRE;
+  return req == 1;
+}
+
 /* ---- transmission entry ------------------------------------------------- */
 
 static void
@@ -192,7 +210,8 @@ opt_export_name (struct conn *c)
   uint8_t reply[8 + 2 + 124] = { 0 };
 
   if (hs_string (name, c->optbuf, c->opt_len) < 0
-      || !(e = server_find_export (c->srv, name))) {
+      || !(e = server_find_export (c->srv, name))
+      || hs_tls_required (c, e)) {
     /* NBD_OPT_EXPORT_NAME cannot carry an error: hard disconnect. */
     log_warn ("conn %" PRIu64 ": unknown export '%.*s'", c->id,
               (int) (c->opt_len > 64 ? 64 : c->opt_len),
@@ -228,6 +247,9 @@ opt_list (struct conn *c)
   for (size_t i = 0; i < s->nexports; i++) {
     const struct export *e = s->exports[i];
     size_t nlen = strlen (e->name);
+
+    if (hs_tls_required (c, e))
+      continue; /* TLS-only exports are not shown in plaintext */
     size_t dlen = e->description ? strlen (e->description) : 0;
     uint8_t len[4];
 
@@ -330,6 +352,9 @@ opt_info_go (struct conn *c)
   if (!e)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_UNKNOWN,
                                   "export '%s' not found", name));
+  if (hs_tls_required (c, e))
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_TLS_REQD,
+                                  "export '%s' requires TLS", name));
   if (hs_info_export (c, e, want_name, want_desc) < 0
       || hs_reply (c, NBD_REP_ACK, NULL, 0) < 0)
     return STEP_CLOSE;
@@ -391,6 +416,9 @@ opt_meta_context (struct conn *c)
   if (!(e = server_find_export (c->srv, name)))
     return hs_done (hs_reply_err (c, NBD_REP_ERR_UNKNOWN,
                                   "export '%s' not found", name));
+  if (hs_tls_required (c, e))
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_TLS_REQD,
+                                  "export '%s' requires TLS", name));
   if (list && nq == 0)
     match = true; /* no query: list everything */
   if (match) {
@@ -416,6 +444,13 @@ hs_handle_option (struct conn *c)
   /* Most options go back to reading the next option header; the few
    * that end the handshake change the state again. */
   conn_set_state (c, CONN_HS_OPT_HDR);
+  if (hs_tls_required (c, NULL) && c->opt != NBD_OPT_STARTTLS
+      && c->opt != NBD_OPT_ABORT) {
+    if (c->opt == NBD_OPT_EXPORT_NAME)
+      return STEP_CLOSE; /* cannot carry an error */
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_TLS_REQD,
+                                  "TLS required: send NBD_OPT_STARTTLS"));
+  }
   switch (c->opt) {
   case NBD_OPT_EXPORT_NAME:      return opt_export_name (c);
   case NBD_OPT_ABORT:            return opt_abort (c);

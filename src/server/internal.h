@@ -137,6 +137,7 @@ struct conn {
   uint64_t skip_left;            /* bytes to discard (option or payload) */
   uint8_t *hsout;                /* handshake replies waiting to be sent */
   size_t hsout_len, hsout_sent, hsout_cap;
+  bool tls_active;               /* STARTTLS done (TLS transport in tops) */
   bool structured;               /* NBD_OPT_STRUCTURED_REPLY acked */
   bool meta_alloc;               /* base:allocation selected ... */
   struct export *meta_exp;       /* ... for this export */
