@@ -53,22 +53,58 @@ server_key_short (const char *key)
   return 0;
 }
 
+#define HELP_COL 31      /* where option descriptions start */
+#define HELP_WIDTH 79
+
+/* Print left (an option or key), then text wrapped at word boundaries
+ * into the column HELP_COL..HELP_WIDTH. */
+static void
+print_entry (const char *left, const char *text)
+{
+  int col = printf ("%s", left);
+
+  if (col >= HELP_COL) {
+    putchar ('\n');
+    col = 0;
+  }
+  while (*text) {
+    int n = (int) strcspn (text, " ");
+    if (col > HELP_COL && col + 1 + n > HELP_WIDTH) {
+      putchar ('\n');
+      col = 0;
+    }
+    if (col < HELP_COL) {
+      col += printf ("%*s", HELP_COL - col, "");
+    } else
+      col += printf (" ");
+    col += printf ("%.*s", n, text);
+    text += n;
+    text += strspn (text, " ");
+  }
+  putchar ('\n');
+}
+
 static void
 print_opt (int shortopt, const char *name, const char *arg, const char *help)
 {
   char left[80];
-  int n;
 
   if (shortopt)
-    n = snprintf (left, sizeof left, "  -%c, --%s%s%s", shortopt, name,
-                  arg ? " " : "", arg ? arg : "");
+    snprintf (left, sizeof left, "  -%c, --%s%s%s", shortopt, name,
+              arg ? " " : "", arg ? arg : "");
   else
-    n = snprintf (left, sizeof left, "      --%s%s%s", name, arg ? " " : "",
-                  arg ? arg : "");
-  if (n < 30)
-    printf ("%-30s %s\n", left, help);
-  else
-    printf ("%s\n%-30s %s\n", left, "", help);
+    snprintf (left, sizeof left, "      --%s%s%s", name, arg ? " " : "",
+              arg ? arg : "");
+  print_entry (left, help);
+}
+
+static void
+print_key (const char *key, const char *help)
+{
+  char left[80];
+
+  snprintf (left, sizeof left, "  %s", key);
+  print_entry (left, help);
 }
 
 static void
@@ -92,9 +128,9 @@ usage (void)
   printf ("\nExport keys (--export NAME=BACKING,KEY=VALUE,... or "
           "[export NAME] sections):\n");
   for (int i = 0; export_keys[i].key; i++)
-    printf ("  %-28s %s\n", export_keys[i].key, export_keys[i].help);
-  printf ("  %-28s %s\n", EXPORT_KEY_CREATE_SIZE, "file backing: create a "
-          "sparse file of this size if it does not exist (daemon only)");
+    print_key (export_keys[i].key, export_keys[i].help);
+  print_key (EXPORT_KEY_CREATE_SIZE, "file backing: create a sparse file "
+             "of this size if it does not exist (foliod only)");
   printf ("\nWith no --config and no --export, foliod runs the built-in\n"
           "configuration (conf/foliod.conf): export disk0 on %s.\n"
           "See foliod(8) and foliod.conf(5).\n", DEFAULT_LISTEN);

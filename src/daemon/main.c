@@ -435,9 +435,12 @@ daemon_start (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
 
-  if (cfg->state_dir && chdir (cfg->state_dir) == -1) {
-    log_error ("state-dir %s: %s", cfg->state_dir, strerror (errno));
-    return -1;
+  if (cfg->state_dir) {
+    if (chdir (cfg->state_dir) == -1) {
+      log_error ("state-dir %s: %s", cfg->state_dir, strerror (errno));
+      return -1;
+    }
+    log_info ("state directory %s", cfg->state_dir);
   }
   /* Under systemd (NOTIFY_SOCKET) we never detach: Type=notify tracks us. */
   if (!cfg->foreground && getenv ("NOTIFY_SOCKET") == NULL &&
