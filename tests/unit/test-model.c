@@ -27,7 +27,8 @@
  * Environment: MODEL_SEED (default: time), MODEL_OPS (default 100000, or
  * 10000 under VALGRIND=1), MODEL_VERBOSE=1 prints the geometry,
  * MODEL_ERRORS=0 keeps every phase clean (no injected errors),
- * MODEL_SLOW_MS=N prints every op that took N ms or more.
+ * MODEL_SLOW_MS=N prints every op that took N ms or more,
+ * MODEL_DELAY_US=N makes every backing request sleep N us first.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -68,6 +69,7 @@ struct model {
   uint64_t size;
   struct cache_config cfg;
   unsigned caps;
+  unsigned delay_us;        /* fake backing delay per request */
   struct fake_backing *fb;
   struct cache *c;
   uint8_t *ref, *buf, *bbuf;
@@ -92,13 +94,14 @@ model_dump (struct model *m)
            "MODEL FAILURE: MODEL_SEED=%" PRIu64 " at op %" PRIu64 "\n"
            "  size=%" PRIu64 " folio=%u block=%u cache=%" PRIu64
            " max_io=%u mode=%d direct_threshold=%" PRIu64
-           " expire=%ums interval=%ums bg=%u%% limit=%u%% caps=%#x phase=%d"
+           " expire=%ums interval=%ums bg=%u%% limit=%u%% caps=%#x delay=%uus"
+           " phase=%d"
            " unknown=%" PRIu64 "\n",
            m->seed, m->op, m->size, m->cfg.folio_size, m->cfg.block_size,
            m->cfg.cache_size, m->cfg.max_io_bytes, (int) m->cfg.mode,
            m->cfg.direct_threshold, m->cfg.dirty_expire_ms,
            m->cfg.writeback_interval_ms, m->cfg.dirty_background_pct,
-           m->cfg.dirty_limit_pct, m->caps, m->phase, m->nunk);
+           m->cfg.dirty_limit_pct, m->caps, m->delay_us, m->phase, m->nunk);
   fprintf (stderr, "  last ops (oldest first):\n");
   for (uint64_t i = m->op >= HIST ? m->op - HIST + 1 : 0; i <= m->op; i++) {
     struct hist *h = &m->hist[i % HIST];
@@ -633,6 +636,10 @@ model_setup (struct model *m)
   fake_set_caps (m->fb, m->caps);
   fake_set_log (m->fb, 0);
   fake_set_torn_writes (m->fb, 1);
+  /* On request a slow backing, so that background writeback overlaps the
+   * foreground more (too slow for every make check). */
+  m->delay_us = (unsigned) ct_env_u64 ("MODEL_DELAY_US", 0);
+  fake_set_delay_us (m->fb, m->delay_us);
   m->ref = calloc (1, m->size);
   m->unk = calloc (1, m->size);
   m->alt = calloc (1, m->size);
@@ -674,10 +681,10 @@ test_model (void **state)
   if (ct_env_u64 ("MODEL_VERBOSE", 0))
     printf ("size=%" PRIu64 " folio=%u block=%u cache=%" PRIu64 " max_io=%u"
             " mode=%d direct_threshold=%" PRIu64 " expire=%u interval=%u"
-            " caps=%#x\n", m->size, m->cfg.folio_size, m->cfg.block_size,
+            " caps=%#x delay=%uus\n", m->size, m->cfg.folio_size, m->cfg.block_size,
             m->cfg.cache_size, m->cfg.max_io_bytes, (int) m->cfg.mode,
             m->cfg.direct_threshold, m->cfg.dirty_expire_ms,
-            m->cfg.writeback_interval_ms, m->caps);
+            m->cfg.writeback_interval_ms, m->caps, m->delay_us);
 
   m->phase = 0;
   m->phase_end = 200 + rnd (m, 2000);
