@@ -41,14 +41,15 @@ struct cache_config {
   uint32_t block_size;        /* power of two, 512 .. folio_size */
   enum cache_mode mode;
   uint64_t direct_threshold;  /* writeback mode: requests >= this bypass; 0 off */
-  uint32_t max_io_bytes;      /* cap of one merged backing request */
+  uint32_t max_io_bytes;      /* cap of one merged backing request (raised
+                                 to block_size if smaller) */
   unsigned dirty_background_pct; /* background writeback above this % */
   unsigned dirty_limit_pct;      /* writers throttled above this % */
   unsigned dirty_expire_ms;      /* dirty data older than this is written */
   unsigned writeback_interval_ms;/* how often the writeback thread wakes */
 };
 
-/* Fill *cfg with the defaults: 64 MiB cache, 64 KiB folios, 4 KiB blocks,
+/* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
  * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
 void cache_config_default (struct cache_config *cfg);
 

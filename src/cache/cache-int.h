@@ -36,7 +36,9 @@ struct folio {
   uint32_t slot;            /* store slot, fixed */
   uint32_t nr_uptodate;     /* uptodate blocks; stripe */
   uint32_t nr_dirty;        /* dirty blocks; stripe */
-  uint64_t dirtied_ms;      /* when it went from clean to dirty; stripe */
+  /* When it went from clean to dirty; written under the stripe, read
+   * without it by the writeback scan (a hint, rechecked under the stripe). */
+  _Atomic uint64_t dirtied_ms;
   struct folio *lru_prev, *lru_next; /* lock */
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */

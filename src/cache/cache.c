@@ -48,9 +48,9 @@ cache_config_check (const struct cache_config *cfg, char *err, size_t errlen)
          cfg->folio_size);
   CHECK (cfg->cache_size / cfg->folio_size <= UINT32_MAX,
          "cache-size too large for this folio-size");
-  CHECK (cfg->max_io_bytes >= cfg->block_size &&
-         cfg->max_io_bytes <= (32u << 20),
-         "max-io must be between block-size and 32M");
+  CHECK (cfg->max_io_bytes >= 512 && cfg->max_io_bytes <= (32u << 20),
+         "max-io must be between 512 and 32M (got %" PRIu32 ")",
+         cfg->max_io_bytes);
   CHECK (cfg->dirty_limit_pct >= 1 && cfg->dirty_limit_pct <= 100 &&
          cfg->dirty_background_pct >= 1 &&
          cfg->dirty_background_pct <= cfg->dirty_limit_pct,
@@ -107,19 +107,38 @@ cache_init_slots (struct cache *c)
 
 static void cache_free (struct cache *c);
 
+/* A store handed in by the caller must have the configured geometry. */
+static int
+store_check (const struct store *s, const struct cache_config *cfg,
+             char *err, size_t errlen)
+{
+  uint32_t blocks = cfg->folio_size / cfg->block_size;
+
+  CHECK (s->folio_size == cfg->folio_size,
+         "store folio size %" PRIu32 " does not match folio-size %" PRIu32,
+         s->folio_size, cfg->folio_size);
+  CHECK ((uint64_t) s->bitmap_words * 64 >= 2ull * blocks,
+         "store bitmaps too small for %" PRIu32 " blocks per folio", blocks);
+  CHECK (s->nslots >= 4, "store must hold at least 4 folios");
+  return 0;
+}
+
 struct cache *
 cache_create (struct backing *b, struct store *store,
               const struct cache_config *cfg, char *err, size_t errlen)
 {
   struct cache *c;
 
-  if (cache_config_check (cfg, err, errlen) == -1)
+  if (cache_config_check (cfg, err, errlen) == -1 ||
+      (store && store_check (store, cfg, err, errlen) == -1))
     return NULL;
   c = calloc (1, sizeof *c);
   if (c == NULL)
     goto nomem;
   c->b = b;
   c->cfg = *cfg;
+  if (c->cfg.max_io_bytes < cfg->block_size) /* a request is one block at least */
+    c->cfg.max_io_bytes = cfg->block_size;
   c->size = b->size;
   c->folio_shift = log2u (cfg->folio_size);
   c->block_shift = log2u (cfg->block_size);
