@@ -224,8 +224,13 @@ shared_op (struct writer *wr, uint64_t seq)
     /* A byte naming the writer and the write; never 0. */
     uint8_t v = (uint8_t) (1 + (wr->id * 42 + seq % 42));
     int ok;
+    unsigned flags = 0;
+    switch (fake_rand_below (r, 10)) {
+    case 0: case 1: flags = CACHE_DIRECT; break;
+    case 2: flags = CACHE_FUA; break;
+    }
     memset (wr->buf, v, len);
-    ok = cache_write (w->c, wr->buf, len, off, 0) == 0;
+    ok = cache_write (w->c, wr->buf, len, off, flags) == 0;
     if (!ok && !w->errors)
       report (w, "writer %d: shared write failed: %s", wr->id,
               strerror (errno));
@@ -245,7 +250,8 @@ shared_op (struct writer *wr, uint64_t seq)
       cand_set (&w->cand[wr->id][b + i], 0, ok);
   }
   else {
-    if (cache_read (w->c, wr->buf, len, off, 0) == 0)
+    unsigned flags = fake_rand_below (r, 5) == 0 ? CACHE_DIRECT : 0;
+    if (cache_read (w->c, wr->buf, len, off, flags) == 0)
       check_uniform (w, wr->buf, len, off, "shared read");
     else if (!w->errors)
       report (w, "writer %d: shared read failed: %s", wr->id, strerror (errno));
