@@ -26,8 +26,7 @@
 #define NBD_DEFAULT_RETRY_MS   30000
 #define NBD_MAX_IO             (32u << 20) /* read/write request cap */
 #define NBD_MAX_ZERO           (1u << 30)  /* zero/trim request cap */
-#define NBD_MAP_LOOKAHEAD      (64u << 20)
-#define NBD_MAP_MAX            (1u << 30)
+#define NBD_MAP_LOOKAHEAD      (1u << 30)  /* block status asks this much */
 #define NBD_ZERO_BUF           (1u << 20)
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -394,8 +393,8 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   if (!m)
     return -1;
   m->off = off;
-  m->count = MIN (MAX (len, (uint64_t) NBD_MAP_LOOKAHEAD),
-                  MIN (b->size - off, (uint64_t) NBD_MAP_MAX));
+  /* One round trip answers for a lot more than this call needs. */
+  m->count = MIN (b->size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
   pthread_mutex_lock (&nb->ext_lock);
   gen = nb->gen;
   pthread_mutex_unlock (&nb->ext_lock);

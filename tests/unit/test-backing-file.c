@@ -82,8 +82,9 @@ teardown (void **state)
     if (system (cmd) != 0)
       fprintf (stderr, "cannot detach %s\n", f->loopdev);
   }
-  unlink (f->path);
-  rmdir (f->dir);
+  snprintf (cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+  if (system (cmd) != 0)
+    fprintf (stderr, "cannot remove %s\n", f->dir);
   free (f->ref);
   free (f);
   return 0;
