@@ -92,4 +92,27 @@ FOLIOD_PID=
 [ $(( $(date +%s) - start )) -le 5 ] || fail "second SIGTERM did not force the exit"
 [ $rc -ne 0 ] || fail "forced exit reported success"
 grep -q "dirty data is lost" "$FOLIOD_LOG" || fail "forced exit not explained"
+
+# A backing that refuses every write: SIGTERM still ends the process, but
+# with status 1 and a log line saying dirty data could not be written
+# back (never a claim of success).
+timeout 120 nbdkit -f -U "$tmp/bad.sock" --filter=error memory 64M \
+  error-pwrite=EIO error-pwrite-rate=100% >"$tmp/nbdkit-bad.log" 2>&1 &
+track $!
+SOCK=$tmp/bad.sock wait_for_socket "$tmp/bad.sock" 20
+FOLIOD_LOG=$tmp/foliod3.log
+timeout 120 "$FOLIOD" --foreground --unix "$tmp/sock3" \
+  --export "bad=nbd+unix:///?socket=$tmp/bad.sock,connections=1,dirty-expire=3600000" \
+  >"$FOLIOD_LOG" 2>&1 &
+FOLIOD_PID=$!; track $FOLIOD_PID
+wait_for_socket "$tmp/sock3" 20
+nbdsh -u "nbd+unix:///bad?socket=$tmp/sock3" -c 'h.pwrite(b"y" * 65536, 0)' ||
+  fail "write to the failing export (should land in the cache)"
+kill -TERM $FOLIOD_PID
+rc=0; wait $FOLIOD_PID || rc=$?
+FOLIOD_PID=
+[ $rc -eq 1 ] || fail "exit status $rc with unwritable dirty data, expected 1"
+grep -q "dirty data could not be written back" "$FOLIOD_LOG" ||
+  fail "lost data not reported"
+grep -q "all data written back" "$FOLIOD_LOG" && fail "claims success"
 echo OK

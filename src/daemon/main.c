@@ -36,6 +36,7 @@ struct daemon {
   ev_timer status_timer;     /* refreshes systemd's STATUS= line */
   int stopping;              /* first SIGTERM/SIGINT seen */
   int ready_fd;              /* detaching: tells the parent we are up */
+  int pidfile_written;
   char where[1024];          /* "127.0.0.1:10809, /run/foliod.sock" */
 };
 
@@ -464,8 +465,11 @@ daemon_start (struct daemon *d)
     if (d->ctl == NULL)
       return -1;
   }
-  if (cfg->pidfile && pidfile_write (cfg->pidfile) == -1)
-    return -1;
+  if (cfg->pidfile) {
+    if (pidfile_write (cfg->pidfile) == -1)
+      return -1;
+    d->pidfile_written = 1;
+  }
   signals_start (d);
   announce_ready (d);
   return 0;
@@ -486,7 +490,7 @@ daemon_run (struct daemon_config *cfg)
     r = -1;
   if (d.server)
     server_free (d.server);
-  if (cfg->pidfile && r == 0)
+  if (d.pidfile_written)
     unlink (cfg->pidfile);
   if (d.loop)
     ev_loop_destroy (d.loop);
