@@ -181,17 +181,16 @@ signals_start (struct daemon *d)
   }
 }
 
-/* After the loop: no watcher runs, so a plain handler turns the second
- * signal into an immediate exit while we write back. */
+/* After the loop: no watcher runs, so a plain handler turns a later
+ * signal into an immediate exit while we write back.  sigaction replaces
+ * libev's handler in one step; stopping the watchers first would leave
+ * SIG_DFL in between, and a duplicate SIGTERM there would kill us before
+ * the writeback. */
 static void
 signals_stop (struct daemon *d)
 {
   struct sigaction sa = { .sa_handler = force_exit };
 
-  ev_signal_stop (d->loop, &d->sig_term);
-  ev_signal_stop (d->loop, &d->sig_int);
-  ev_signal_stop (d->loop, &d->sig_usr1);
-  ev_signal_stop (d->loop, &d->sig_hup);
   sigemptyset (&sa.sa_mask);
   sigaction (SIGTERM, &sa, NULL);
   sigaction (SIGINT, &sa, NULL);
