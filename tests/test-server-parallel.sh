@@ -26,7 +26,7 @@ h = nbd.NBD()
 h.connect_uri(os.environ["URI"])
 assert h.can_multi_conn()
 model = bytearray(span)
-for rnd in range(12):
+for rnd in range(8):
     cookies = []
     # 24 writes in flight at once, each in its own slot: overlapping
     # writes in flight together have no defined order.

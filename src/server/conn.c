@@ -486,6 +486,9 @@ conn_after_io (struct conn *c)
   if (c->state == CONN_DRAINING && c->nactive == 0
       && !conn_output_pending (c))
     conn_close (c, c->eof ? "client disconnected" : "done");
+  else if (c->srv->shutting_down && state_is_transmission (c->state)
+           && c->nactive == 0 && !conn_output_pending (c))
+    conn_close (c, "server shutting down");
   if (c->state == CONN_DEAD) {
     conn_maybe_free (c);
     return;
@@ -587,8 +590,11 @@ conn_new (struct server *s, int fd, const char *peer)
 }
 
 /* Server shutdown: a connection in handshake (or everything, when forced)
- * is closed at once; one in transmission stops reading and finishes the
- * requests it has. */
+ * is closed at once.  One in transmission finishes the requests it has;
+ * requests that arrive meanwhile are answered NBD_ESHUTDOWN (req_check),
+ * and it closes as soon as nothing is in flight (conn_after_io).  Reading
+ * on rather than stopping keeps unread requests from turning our close
+ * into a reset that could swallow the last replies. */
 void
 conn_begin_shutdown (struct conn *c, bool force)
 {
@@ -596,8 +602,6 @@ conn_begin_shutdown (struct conn *c, bool force)
     return;
   if (force || state_is_handshake (c->state))
     conn_close (c, "server shutting down");
-  else
-    conn_stop_input (c);
   conn_after_io (c);
 }
 

@@ -67,6 +67,8 @@ req_check (struct conn *c, struct req *r)
     || r->type == NBD_CMD_WRITE_ZEROES;
   bool beyond = r->offset > e->size || r->count > e->size - r->offset;
 
+  if (c->srv->shutting_down)
+    return req_refuse (r, NBD_ESHUTDOWN, "server is shutting down");
   if (r->type > NBD_CMD_BLOCK_STATUS)
     return req_refuse (r, NBD_EINVAL, "unknown command");
   if (r->flags & ~req_allowed_flags (c, r->type))

@@ -16,9 +16,10 @@
  *        ... done_cb runs on the loop once every connection is gone:
  *        export_close (e) for each export;  ev_break (loop, EVBREAK_ALL);
  *        server_free (s);                         // after ev_run returns
- *   - server_shutdown keeps replying to requests already received, stops
- *     reading new ones, closes each connection once it has nothing in
- *     flight, and calls done once no connection is left.  The worker
+ *   - server_shutdown closes connections still in the handshake, keeps
+ *     replying to requests already received (new ones get NBD_ESHUTDOWN),
+ *     closes each connection once it has nothing in flight (after 30 s
+ *     it drops the rest), and calls done once no connection is left.  The worker
  *     threads are joined just before done runs, so exports may be closed
  *     from done (thread-local cache state is freed by then).  A second call
  *     (second signal) drops connections at once; in-flight worker calls
