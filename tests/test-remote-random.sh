@@ -30,7 +30,7 @@ print("seed", seed)
 rng = random.Random(seed)
 errfile = env["ERRFILE"]
 model = bytearray(open(env["MODEL"], "rb").read())
-duration = float(env.get("DURATION", "8"))
+duration = float(env.get("DURATION", "6"))
 stop = threading.Event()
 toggles = 0
 
