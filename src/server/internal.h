@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/uio.h>
 
 #include <ev.h>
@@ -208,6 +209,22 @@ struct server {
   __atomic_fetch_add (&(s)->stats.field, (n), __ATOMIC_RELAXED)
 #define STAT_SUB(s, field, n) \
   __atomic_fetch_sub (&(s)->stats.field, (n), __ATOMIC_RELAXED)
+
+/* Locking that cannot fail in a correct program: a failure is a bug
+ * (corrupted or destroyed mutex), so stop rather than run unlocked. */
+static inline void
+lock_or_die (pthread_mutex_t *m)
+{
+  if (pthread_mutex_lock (m) != 0)
+    abort ();
+}
+
+static inline void
+unlock_or_die (pthread_mutex_t *m)
+{
+  if (pthread_mutex_unlock (m) != 0)
+    abort ();
+}
 
 /* Map a byte-level I/O result to an input step result. */
 static inline enum step

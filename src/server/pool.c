@@ -15,13 +15,13 @@ static void
 server_req_done (struct server *s, struct req *r)
 {
   r->next = NULL;
-  pthread_mutex_lock (&s->done_lock);
+  lock_or_die (&s->done_lock);
   if (s->done_tail)
     s->done_tail->next = r;
   else
     s->done_head = r;
   s->done_tail = r;
-  pthread_mutex_unlock (&s->done_lock);
+  unlock_or_die (&s->done_lock);
   ev_async_send (s->loop, &s->done_async);
 }
 
@@ -30,26 +30,27 @@ pool_worker (void *arg)
 {
   struct pool *p = arg;
 
-  pthread_mutex_lock (&p->lock);
+  lock_or_die (&p->lock);
   for (;;) {
     struct req *r;
 
     while (!p->head && !p->stop)
-      pthread_cond_wait (&p->cond, &p->lock);
+      if (pthread_cond_wait (&p->cond, &p->lock) != 0)
+        abort ();
     if (!p->head)
       break; /* stopping and nothing left */
     r = p->head;
     p->head = r->next;
     if (!p->head)
       p->tail = NULL;
-    pthread_mutex_unlock (&p->lock);
+    unlock_or_die (&p->lock);
 
     req_execute (r);
     server_req_done (p->srv, r);
 
-    pthread_mutex_lock (&p->lock);
+    lock_or_die (&p->lock);
   }
-  pthread_mutex_unlock (&p->lock);
+  unlock_or_die (&p->lock);
   return NULL;
 }
 
@@ -108,7 +109,7 @@ pool_submit_flush (struct server *s)
 
   if (!s->sub_head)
     return;
-  pthread_mutex_lock (&p->lock);
+  lock_or_die (&p->lock);
   if (p->tail)
     p->tail->next = s->sub_head;
   else
@@ -118,7 +119,7 @@ pool_submit_flush (struct server *s)
     pthread_cond_broadcast (&p->cond);
   else
     pthread_cond_signal (&p->cond);
-  pthread_mutex_unlock (&p->lock);
+  unlock_or_die (&p->lock);
   s->sub_head = s->sub_tail = NULL;
   s->sub_n = 0;
 }
@@ -129,10 +130,10 @@ pool_stop (struct pool *p)
 {
   if (!p->threads)
     return;
-  pthread_mutex_lock (&p->lock);
+  lock_or_die (&p->lock);
   p->stop = true;
   pthread_cond_broadcast (&p->cond);
-  pthread_mutex_unlock (&p->lock);
+  unlock_or_die (&p->lock);
   for (unsigned i = 0; i < p->nthreads; i++)
     pthread_join (p->threads[i], NULL);
   free (p->threads);
@@ -149,10 +150,10 @@ server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
   struct server *s = w->data;
   struct req *r, *next;
 
-  pthread_mutex_lock (&s->done_lock);
+  lock_or_die (&s->done_lock);
   r = s->done_head;
   s->done_head = s->done_tail = NULL;
-  pthread_mutex_unlock (&s->done_lock);
+  unlock_or_die (&s->done_lock);
 
   for (; r; r = next) {
     struct conn *c = r->conn;
