@@ -6,7 +6,9 @@
 # reference; after every flush the backing FILE equals it (with
 # writethrough and cache=none: after every round, flush or not).
 # Run for writeback + direct-threshold, writethrough (+ threshold) and
-# cache=none; the counters must show each mode took the path it claims:
+# cache=none, on a file backing, then writeback + threshold on an nbd:
+# backing (nbdkit file serving the same kind of file, when nbdkit is
+# installed); the counters must show each mode took the path it claims:
 #   writeback+threshold  passthrough reads and writes > 0, cached ones too;
 #   cache=none           passthrough bytes = all bytes clients read + wrote.
 # DIRECT_SEED=N replays one seed (it is printed on failure).
@@ -27,13 +29,11 @@ metric () {
     awk -v n="$1" '$1 == n "{export=\"disk0\"}" {print $2}'
 }
 
-# run_mode LABEL OPTIONS MIXED-ARGS...
+# run_mode LABEL OPTIONS MIXED-ARGS...  (BACKING: default file:$tmp/img)
 run_mode () {
   local label=$1 opts=$2
   shift 2
-  rm -f "$tmp/img"
-  head -c "$size" /dev/urandom > "$tmp/img"
-  start_foliod --control "$tmp/ctl" --export "disk0=file:$tmp/img,$opts"
+  start_foliod --control "$tmp/ctl" --export "disk0=${BACKING:-file:$tmp/img},$opts"
   echo "== $label: $opts"
   timeout $(( 120 * TSCALE )) python3 "$MIXED" "$(uri disk0)" "$tmp/img" \
     --rounds "$ROUNDS" --threshold 65536 --block 4096 \
@@ -56,18 +56,46 @@ run_mode () {
 # Writeback with a 64 KiB threshold: dirty blocks stay in the cache until
 # a flush (or eviction), so direct reads must overlay them and direct
 # writes must update or clean them.
+new_image () {
+  rm -f "$tmp/img"
+  head -c "$size" /dev/urandom > "$tmp/img"
+}
+
+new_image
 run_mode writeback "$geom,direct-threshold=64K,dirty-expire=3600000"
 [ "$ro" -gt 0 ] && [ "$wo" -gt 0 ] || fail "writeback: no direct requests counted"
 [ "$pr" -lt "$cr" ] && [ "$pw" -lt "$cw" ] && [ "$hm" -gt 0 ] ||
   fail "writeback: every request went direct, none through the cache"
 
+new_image
 run_mode writethrough "$geom,cache=writethrough,direct-threshold=64K" --through
 [ "$wo" -gt 0 ] && [ "$pw" -lt "$cw" ] ||
   fail "writethrough: expected both cached and direct writes"
 
+new_image
 run_mode none "$geom,cache=none" --through
 [ "$pr" = "$cr" ] && [ "$pw" = "$cw" ] ||
   fail "cache=none: passthrough bytes ($pr read, $pw written) differ from" \
        "client bytes ($cr read, $cw written)"
 [ "$hm" = 0 ] || fail "cache=none: $hm reads went through the cache"
+
+if command -v nbdkit >/dev/null; then
+  new_image
+  rm -f "$tmp/remote.sock"
+  nbdkit -f --exit-with-parent -U "$tmp/remote.sock" -P "$tmp/remote.pid" \
+    file "$tmp/img" > "$tmp/remote.log" 2>&1 &
+  track $!
+  for ((i = 0; i < 100 * TSCALE; i++)); do
+    [ -s "$tmp/remote.pid" ] && break
+    sleep 0.1
+  done
+  [ -s "$tmp/remote.pid" ] || fail "nbdkit did not start: $(cat "$tmp/remote.log")"
+  BACKING="nbd+unix:///?socket=$tmp/remote.sock" \
+    run_mode nbd-backing "$geom,direct-threshold=64K,dirty-expire=3600000" \
+    --rounds $(( ROUNDS / 2 ))
+  [ "$ro" -gt 0 ] && [ "$wo" -gt 0 ] || fail "nbd-backing: no direct requests counted"
+  kill "$(cat "$tmp/remote.pid")"
+else
+  echo "nbdkit not installed: no run on an nbd: backing"
+fi
 echo "ok"
