@@ -521,12 +521,15 @@ static void
 conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
 {
   struct conn *c = w->data;
+  /* An event the transport waited for (TLS: a read that needs the socket
+   * writable, or the reverse) retries both directions. */
+  bool tport = (revents & c->tport_want) != 0;
 
-  if (revents & EV_WRITE) {
+  if ((revents & EV_WRITE) || tport) {
     c->send_blocked = false;
     conn_send (c);
   }
-  if ((revents & EV_READ) && c->state != CONN_DEAD)
+  if (((revents & EV_READ) || tport) && c->state != CONN_DEAD)
     conn_run_input (c);
   conn_after_io (c);
 }

@@ -15,9 +15,11 @@
  *
  * c->tport_want: the socket events (EV_READ/EV_WRITE) the transport itself
  * needs to make progress on the last call that returned EAGAIN ("read
- * wants write" for TLS).  The plain transport leaves it 0; the connection
- * recomputes its watched events in one place (conn_update_events) from
- * its own needs plus this.
+ * wants write" for TLS); a transport sets it on every recv/send (0 when
+ * the call did not block for that reason).  The plain transport leaves it
+ * 0.  The connection recomputes its watched events in one place
+ * (conn_update_events) from its own needs plus this, and an event the
+ * transport waited for retries both directions (conn_io_cb).
  */
 #ifndef FOLIOD_TRANSPORT_H
 #define FOLIOD_TRANSPORT_H
