@@ -69,6 +69,13 @@ test_sparse_holes_and_data (void **state)
   fake_get_totals (fb, &t);
   assert_int_equal (t.bad, 1);
 
+  /* Map style: zero extents, capped lengths. */
+  fake_set_map_style (fb, 1, 3000);
+  assert_int_equal (b->ops->map (b, 0, b->size, &ext), 0);
+  assert_int_equal (ext.type, BACKING_ZERO);
+  assert_int_equal (ext.length, 3000);
+  fake_set_map_style (fb, 0, 0);
+
   fake_reset_log (fb);
   assert_int_equal (fake_log_len (fb), 0);
   backing_close (b);

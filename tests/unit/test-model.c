@@ -70,6 +70,8 @@ struct model {
   struct cache_config cfg;
   unsigned caps;
   unsigned delay_us;        /* fake backing delay per request */
+  int map_zero;             /* map() says ZERO instead of HOLE */
+  uint64_t map_max;         /* map() extent cap (0: none) */
   struct fake_backing *fb;
   struct cache *c;
   uint8_t *ref, *buf, *bbuf;
@@ -95,13 +97,14 @@ model_dump (struct model *m)
            "  size=%" PRIu64 " folio=%u block=%u cache=%" PRIu64
            " max_io=%u mode=%d direct_threshold=%" PRIu64
            " expire=%ums interval=%ums bg=%u%% limit=%u%% caps=%#x delay=%uus"
-           " phase=%d"
+           " map_zero=%d map_max=%" PRIu64 " phase=%d"
            " unknown=%" PRIu64 "\n",
            m->seed, m->op, m->size, m->cfg.folio_size, m->cfg.block_size,
            m->cfg.cache_size, m->cfg.max_io_bytes, (int) m->cfg.mode,
            m->cfg.direct_threshold, m->cfg.dirty_expire_ms,
            m->cfg.writeback_interval_ms, m->cfg.dirty_background_pct,
-           m->cfg.dirty_limit_pct, m->caps, m->delay_us, m->phase, m->nunk);
+           m->cfg.dirty_limit_pct, m->caps, m->delay_us, m->map_zero,
+           m->map_max, m->phase, m->nunk);
   fprintf (stderr, "  last ops (oldest first):\n");
   for (uint64_t i = m->op >= HIST ? m->op - HIST + 1 : 0; i <= m->op; i++) {
     struct hist *h = &m->hist[i % HIST];
@@ -639,6 +642,12 @@ model_setup (struct model *m)
   /* On request a slow backing, so that background writeback overlaps the
    * foreground more (too slow for every make check). */
   m->delay_us = (unsigned) ct_env_u64 ("MODEL_DELAY_US", 0);
+  /* map() style: holes or zero extents; extents cut short, even across
+   * block boundaries. */
+  static const uint64_t map_caps[] = { 0, 0, 512, 3000, 4096, 65536 + 512 };
+  m->map_zero = chance (m, 30);
+  m->map_max = map_caps[rnd (m, 6)];
+  fake_set_map_style (m->fb, m->map_zero, m->map_max);
   fake_set_delay_us (m->fb, m->delay_us);
   m->ref = calloc (1, m->size);
   m->unk = calloc (1, m->size);

@@ -55,6 +55,8 @@ struct fake_backing {
   int torn;
   unsigned delay_us, map_delay_us;
   uint64_t unflushed;   /* see fake_unflushed() */
+  int holes_as_zero;
+  uint64_t map_max;
 };
 
 static void
@@ -433,9 +435,12 @@ fake_map (struct backing *b, uint64_t off, uint64_t len,
     }
     if (pos > end)
       pos = end;
+    if (fb->map_max && pos - off > fb->map_max)
+      pos = off + fb->map_max;
     ext->offset = off;
     ext->length = pos - off;
-    ext->type = data ? BACKING_DATA : BACKING_HOLE;
+    ext->type = data ? BACKING_DATA
+                     : fb->holes_as_zero ? BACKING_ZERO : BACKING_HOLE;
   }
   unsigned us = fb->map_delay_us;
   unlock (fb);
@@ -732,4 +737,14 @@ fake_unflushed (struct fake_backing *fb)
   n = fb->unflushed;
   unlock (fb);
   return n;
+}
+
+void
+fake_set_map_style (struct fake_backing *fb, int holes_as_zero,
+                    uint64_t max_len)
+{
+  lock (fb);
+  fb->holes_as_zero = holes_as_zero;
+  fb->map_max = max_len;
+  unlock (fb);
 }

@@ -100,6 +100,12 @@ size_t fake_log_count (struct fake_backing *fb, enum fake_op op);
 /* Print the log to stderr (debugging failed tests). */
 void fake_log_dump (struct fake_backing *fb, const char *title);
 
+/* map() answers: report holes as BACKING_ZERO instead of BACKING_HOLE;
+ * cut every extent to at most max_len bytes (0: no cap; any value, even
+ * one that splits blocks, to stress the caller's extent loop). */
+void fake_set_map_style (struct fake_backing *fb, int holes_as_zero,
+                         uint64_t max_len);
+
 /* Successful write/zero/trim requests without BACKING_FUA since the last
  * successful flush: what a power cut could still lose.  After the cache
  * says FLUSH succeeded this must be 0. */
