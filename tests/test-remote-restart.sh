@@ -2,8 +2,9 @@
 # The remote is killed (SIGKILL) and restarted on the same file twice
 # while a client runs random writes, reads and flushes: no request fails
 # (foliod reconnects and issues them again), reads stay right, foliod's
-# reconnect counter moves, and after a final flush and SIGTERM the
-# remote's file equals what the client wrote.
+# reconnect counter moves, and after a final flush the remote's file
+# equals what the client wrote.  Then SIGTERM while the remote is down:
+# foliod waits, and writes back everything once the remote returns.
 . "$(dirname "$0")/lib.sh"
 lib_init remote-restart
 . "$(dirname "$0")/lib-remote.sh"
@@ -90,7 +91,38 @@ reconnects=$(foliod_stat "$ctl" foliod_backing_reconnects_total)
 echo "reconnects: $reconnects"
 [ "$reconnects" -ge 2 ] || fail "reconnect counter: $reconnects, expected >= 2"
 [ "$(foliod_stat "$ctl" foliod_dirty_bytes)" = 0 ] || fail "dirty data after the final flush"
-stop_foliod
+
+# SIGTERM while the remote is down: foliod's final writeback waits for
+# it, and once it is back writes everything and exits 0.
+MODEL=$tmp/model URI=$(uri disk0) timeout $((60 * TSCALE)) nbdsh -c '
+import os, random
+h.connect_uri(os.environ["URI"])
+model = bytearray(open(os.environ["MODEL"], "rb").read())
+for i in range(64):
+    off, d = random.randrange(0, 60 << 20), random.randbytes(random.choice([4096, 65536, 5000]))
+    h.pwrite(d, off)
+    model[off:off + len(d)] = d
+h.shutdown()
+open(os.environ["MODEL"], "wb").write(model)
+' || fail "unflushed writes"
+dirty=$(foliod_stat "$ctl" foliod_dirty_bytes)
+[ "$dirty" -gt 0 ] || fail "no dirty data before SIGTERM"
+stop_remote KILL
+kill -TERM "$FOLIOD_PID"
+sleep 1
+foliod_alive
+start_remote "$tmp/remote.sock" file "$img"
+for ((i = 0; i < 600 * TSCALE; i++)); do
+  kill -0 "$FOLIOD_PID" 2>/dev/null || break
+  sleep 0.1
+done
+rc=0
+wait "$FOLIOD_PID" || rc=$?
+FOLIOD_PID=
+check_sanitizer_log "$FOLIOD_LOG"
+[ "$rc" = 0 ] || fail "foliod exited $rc after SIGTERM with the remote down then back"
+grep -q "stopped: all data written back" "$FOLIOD_LOG" || fail "no final writeback logged"
+echo "SIGTERM with the remote down: $dirty dirty bytes written back once it returned"
 stop_remote
 same_file "$img" "$tmp/model" "remote differs from what the client wrote"
 echo OK
