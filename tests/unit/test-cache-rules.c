@@ -1207,7 +1207,8 @@ test_flush_reaches_backing_after_background_writes (void **state)
   assert_true (wait_for (&t, cond_clean, 5000));
   fake_reset_log (t.fb);
   assert_int_equal (cache_flush (t.c), 0);
-  assert_int_equal (totals (&t).ops[FAKE_FLUSH], 1);
+  assert_int_equal (fake_unflushed (t.fb), 0);  /* durable now */
+  assert_true (totals (&t).ops[FAKE_FLUSH] <= 1);
   assert_int_equal (totals (&t).ops[FAKE_WRITE], 0);
 
   static const struct { const char *what; int kind; } steps[] = {
@@ -1223,7 +1224,7 @@ test_flush_reaches_backing_after_background_writes (void **state)
     assert_int_equal (r, 0);
     fake_reset_log (t.fb);
     assert_int_equal (cache_flush (t.c), 0);
-    if (totals (&t).ops[FAKE_FLUSH] != 1 || fake_unflushed (t.fb) != 0)
+    if (totals (&t).ops[FAKE_FLUSH] == 0 || fake_unflushed (t.fb) != 0)
       fail_msg ("flush after a %s did not flush the backing", steps[i].what);
   }
   t_close (&t);
