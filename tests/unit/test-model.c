@@ -4,9 +4,11 @@
  *
  * Per seed: a random geometry (folio 4K..128K, block 512..4K), a cache of
  * 8-16 folios (so eviction never stops), a backing of a few MiB with an
- * awkward size, random writeback timing, mode and caps.  Errors come in
+ * awkward size, random writeback timing, mode, direct threshold, caps and
+ * map() style (ZERO extents, extents cut at odd lengths).  Errors come in
  * phases: clean, transient (each request fails with probability p) and
- * persistent (every request on a range fails).
+ * persistent (every request on a range fails).  Clean phases sometimes
+ * restart the writeback thread or the whole cache.
  *
  * The reference knows each byte, or knows it is one of two values: a
  * failed write leaves each byte old or new, a failed zero or trim (or a
@@ -16,7 +18,9 @@
  *   - every successful read equals the reference (known bytes);
  *   - after every successful flush the backing equals the reference, and
  *     every backing write since is durable (flushed or FUA);
- *   - block status never calls known non-zero data a hole;
+ *   - a successful FUA (or write-through) write is in the backing;
+ *   - block status tiles the range and never calls non-zero data a hole;
+ *   - the cache's backing counters match the requests the fake saw;
  *   - when errors stop, a flush succeeds, and at the end the backing and a
  *     fresh read of the whole device equal the reference.
  * Trim semantics (the cache's contract): whole blocks inside the range read
