@@ -5,20 +5,14 @@
 # moments.  A failed write is repeated until it succeeds (then its range is
 # defined again); a read that succeeds must match the reference.  At the
 # end, errors off, a FLUSH succeeds, the export reads as the reference, and
-# after SIGTERM so does the remote's file.  SEED=N replays a run.
+# after SIGTERM so does the remote's file.
+# Two rounds: error=EIO (the remote answers an error: requests fail, and
+# some must have failed) and error=ESHUTDOWN (the remote is going away:
+# foliod reconnects and retries, so no request may fail and the reconnect
+# counter moves).  SEED=N replays a run; REMOTE_ERRORS="EIO" picks rounds.
 . "$(dirname "$0")/lib.sh"
 lib_init remote-random
 . "$(dirname "$0")/lib-remote.sh"
-
-img=$tmp/remote.img
-truncate -s 32M "$img"
-head -c 4M /dev/urandom | dd of="$img" bs=1M seek=8 conv=notrunc status=none
-cp "$img" "$tmp/model"
-start_remote "$tmp/remote.sock" --filter=error file "$img" \
-  error=EIO error-rate=100% error-file="$tmp/errfile"
-# A small cache so that reads miss and writeback runs while errors come
-# and go; short expiry so background writeback meets them too.
-start_foliod --export "disk0=$(remote_uri),cache-size=4M,dirty-expire=200,writeback-interval=100"
 
 cat > "$tmp/random.py" <<'PY'
 import os, random, threading, time
@@ -30,7 +24,7 @@ print("seed", seed)
 rng = random.Random(seed)
 errfile = env["ERRFILE"]
 model = bytearray(open(env["MODEL"], "rb").read())
-duration = float(env.get("DURATION", "6"))
+duration = float(env.get("DURATION", "5"))
 stop = threading.Event()
 toggles = 0
 
@@ -102,13 +96,36 @@ h.shutdown()
 open(env["MODEL"], "wb").write(model)
 print("toggles %d, succeeded %r, failed %r" % (toggles, good, fails))
 assert toggles >= 4, "too few error switches"
-assert sum(fails.values()) > 0, "no request ever failed: errors not injected?"
+if env["REMOTE_ERROR"] == "ESHUTDOWN":
+    assert sum(fails.values()) == 0, "a request failed although the remote only went away"
+else:
+    assert sum(fails.values()) > 0, "no request ever failed: errors not injected?"
 PY
-MODEL=$tmp/model ERRFILE=$tmp/errfile URI=$(uri disk0) \
-  timeout $((120 * TSCALE)) nbdsh -c "exec(open('$tmp/random.py').read())" ||
-  fail "randomized run"
-foliod_alive
-stop_foliod
-stop_remote
-same_file "$img" "$tmp/model" "remote differs from the reference"
+ctl=$tmp/ctl.sock
+img=$tmp/remote.img
+for err in ${REMOTE_ERRORS:-EIO ESHUTDOWN}; do
+  echo "== error=$err"
+  rm -f "$img"
+  truncate -s 32M "$img"
+  head -c 4M /dev/urandom | dd of="$img" bs=1M seek=8 conv=notrunc status=none
+  cp "$img" "$tmp/model"
+  start_remote "$tmp/remote.sock" --filter=error file "$img" \
+    error="$err" error-rate=100% error-file="$tmp/errfile"
+  # A small cache so that reads miss and writeback runs while errors come
+  # and go; short expiry so background writeback meets them too.
+  start_foliod --control "$ctl" \
+    --export "disk0=$(remote_uri),cache-size=4M,dirty-expire=200,writeback-interval=100"
+  MODEL=$tmp/model ERRFILE=$tmp/errfile REMOTE_ERROR=$err URI=$(uri disk0) \
+    timeout $((120 * TSCALE)) nbdsh -c "exec(open('$tmp/random.py').read())" ||
+    fail "randomized run, error=$err"
+  reconnects=$(foliod_stat "$ctl" foliod_backing_reconnects_total)
+  echo "reconnects $reconnects"
+  if [ "$err" = ESHUTDOWN ]; then
+    [ "$reconnects" -gt 0 ] || fail "ESHUTDOWN made no reconnects"
+  fi
+  foliod_alive
+  stop_foliod
+  stop_remote
+  same_file "$img" "$tmp/model" "remote differs from the reference (error=$err)"
+done
 echo OK
