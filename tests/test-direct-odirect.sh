@@ -7,6 +7,8 @@
 # data: bounced, read-modify-write, and what the file holds afterwards is
 # exactly what was written.  On tmpfs foliod says once in the log whether
 # it got O_DIRECT or fell back to buffered I/O, and the data is right.
+# Where O_DIRECT is refused (simulated by a preloaded shim) foliod warns
+# once and serves the export with buffered I/O.
 . "$(dirname "$0")/lib.sh"
 lib_init direct-odirect
 requires python3 nbdsh
@@ -144,6 +146,55 @@ if [ -d /dev/shm ] && [ "$(stat -f -c %T /dev/shm)" = tmpfs ] && [ -w /dev/shm ]
   timeout $(( 60 * TSCALE )) python3 "$TOP/tests/tools/mixed-io.py" \
     "$(uri disk0)" "$shm/img" --rounds 40 --conns 2 --threshold 65536 ||
     fail "tmpfs: mixed I/O"
+  stop_foliod
+fi
+# 4. A file system that refuses O_DIRECT (a preloaded shim makes open with
+# O_DIRECT fail with EINVAL, as tmpfs did before Linux 6.6): foliod warns
+# once, serves the export with buffered I/O, and the data is right.
+if command -v cc >/dev/null; then
+  cat > "$tmp/nodirect.c" <<'EOF2'
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static int shim_open (const char *path, int flags, va_list ap)
+{
+  mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? va_arg (ap, mode_t) : 0;
+  if (flags & O_DIRECT) { errno = EINVAL; return -1; }
+  return (int) syscall (SYS_openat, AT_FDCWD, path, flags, mode);
+}
+int open (const char *path, int flags, ...)
+{ va_list ap; va_start (ap, flags); int r = shim_open (path, flags, ap); va_end (ap); return r; }
+int open64 (const char *path, int flags, ...)
+{ va_list ap; va_start (ap, flags); int r = shim_open (path, flags, ap); va_end (ap); return r; }
+EOF2
+  cc -shared -fPIC -o "$tmp/nodirect.so" "$tmp/nodirect.c" || fail "cannot build the shim"
+  preload=$tmp/nodirect.so
+  [ "${SAN:-}" = 1 ] && preload="$(gcc -print-file-name=libasan.so) $preload"
+  head -c "$size" /dev/urandom > "$img"
+  : > "$tmp/foliod.log"
+  # Only foliod gets the shim (not the clients lib.sh starts).
+  printf '#!/bin/sh\nLD_PRELOAD="%s" exec "%s" "$@"\n' "$preload" "$FOLIOD" \
+    > "$tmp/foliod-nodirect"
+  chmod +x "$tmp/foliod-nodirect"
+  FOLIOD=$tmp/foliod-nodirect start_foliod --pidfile "$tmp/pid" \
+    --export "disk0=file:$img,cache=none,cache-size=1M"
+  pid=$(cat "$tmp/pid")
+  n=$(grep -c "export disk0: the file system refuses O_DIRECT" "$FOLIOD_LOG" || true)
+  [ "$n" = 1 ] || fail "O_DIRECT refused: expected one warning in the log, got $n"
+  grep -q "export disk0: O_DIRECT, alignment" "$FOLIOD_LOG" &&
+    fail "O_DIRECT refused, but the log claims O_DIRECT"
+  for fd in /proc/"$pid"/fd/*; do
+    [ "$(readlink "$fd")" = "$img" ] || continue
+    flags=$(awk '$1 == "flags:" {print $2}' /proc/"$pid"/fdinfo/"${fd##*/}")
+    python3 -c 'import os, sys; sys.exit(1 if int(sys.argv[1], 8) & os.O_DIRECT else 0)' \
+      "$flags" || fail "the shim did not work: an fd has O_DIRECT"
+  done
+  timeout $(( 60 * TSCALE )) python3 "$TOP/tests/tools/mixed-io.py" \
+    "$(uri disk0)" "$img" --rounds 40 --conns 2 --through ||
+    fail "buffered fallback: mixed I/O"
   stop_foliod
 fi
 echo ok
