@@ -5,7 +5,7 @@
  * let in-flight requests finish (server_shutdown), write back every dirty
  * block and flush the backing (cache_flush, export_close), exit 0.  A
  * second signal exits at once (dirty data is lost; we say how much).
- * SIGUSR1 logs the counters; SIGHUP is reserved (TLS reload) and ignored.
+ * SIGUSR1 logs the counters; SIGHUP reloads the TLS certificates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -159,7 +159,15 @@ on_usr1 (struct ev_loop *loop, ev_signal *w, int revents)
 static void
 on_hup (struct ev_loop *loop, ev_signal *w, int revents)
 {
-  log_info ("SIGHUP ignored (reserved for reloading TLS certificates)");
+  struct daemon *d = w->data;
+  char err[512];
+
+  /* A bad new set keeps the old one: the server stays up. */
+  if (server_tls_reload (d->server, err, sizeof err) == -1)
+    log_error ("SIGHUP: TLS reload failed, keeping the old certificates: "
+               "%s", err);
+  else
+    log_info ("SIGHUP: TLS certificates reloaded (if TLS is in use)");
 }
 
 static void
@@ -342,32 +350,12 @@ listen_all (struct daemon *d)
   return 0;
 }
 
-/* Until the server implements TLS (it will define SERVER_TLS_SUPPORTED in
- * server.h), asking for it must not silently serve plaintext. */
-static int
-tls_supported (struct daemon_config *cfg)
-{
-#ifndef SERVER_TLS_SUPPORTED
-  if (cfg->tls != TLS_OFF) {
-    log_error ("tls = %s: this build does not support TLS yet",
-               cfg->tls == TLS_ON ? "on" : "require");
-    return 0;
-  }
-  for (size_t i = 0; i < cfg->n_exports; i++)
-    if (cfg->exports[i].cfg.tls_require == 1) {
-      log_error ("export %s: tls = require: this build does not support "
-                 "TLS yet", cfg->exports[i].cfg.name);
-      return 0;
-    }
-#endif
-  return 1;
-}
-
 static int
 server_start (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
   struct server_config sc;
+  char err[512];
 
   server_config_default (&sc);
   if (cfg->workers) sc.workers = cfg->workers;
@@ -394,6 +382,10 @@ server_start (struct daemon *d)
         return -1;
       }
     }
+  if (server_tls_reload (d->server, err, sizeof err) == -1) {
+    log_error ("TLS: %s", err);
+    return -1;
+  }
   return listen_all (d);
 }
 
@@ -448,8 +440,7 @@ daemon_start (struct daemon *d)
     log_error ("cannot detach: %s", strerror (errno));
     return -1;
   }
-  if (!tls_supported (cfg) || exports_create_missing (cfg) == -1 ||
-      exports_open (cfg) == -1)
+  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1)
     return -1;
   d->loop = ev_default_loop (EVFLAG_AUTO);
   if (d->loop == NULL) {

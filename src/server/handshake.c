@@ -15,6 +15,7 @@
 #include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
+#include "server/tls.h"
 #include "server/wire.h"
 
 /* ---- replies ----------------------------------------------------------- */
@@ -269,9 +270,29 @@ opt_starttls (struct conn *c)
   if (c->opt_len != 0)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
                                   "NBD_OPT_STARTTLS takes no data"));
-  /* TLS (issue 8) will switch c->tops here once the ACK is sent. */
-  return hs_done (hs_reply_err (c, NBD_REP_ERR_POLICY,
-                                "TLS is not enabled on this server"));
+  if (c->tls_active)
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
+                                  "TLS is already active"));
+  if (!c->srv->tls_ctx || !(c->client_flags & NBD_FLAG_C_FIXED_NEWSTYLE))
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_POLICY,
+                                  "TLS is not enabled on this server"));
+  if (c->rpos < c->rlen) {
+    /* Bytes sent after STARTTLS, before our ACK, would be taken as if
+     * they came through TLS: an injection attempt, not a client bug. */
+    log_warn ("conn %" PRIu64 " (%s): data after NBD_OPT_STARTTLS",
+              c->id, c->peer);
+    return STEP_CLOSE;
+  }
+  /* The ACK goes out in clear, then everything is TLS.  Nothing agreed
+   * before STARTTLS survives it (spec). */
+  if (hs_reply (c, NBD_REP_ACK, NULL, 0) < 0
+      || tls_conn_start (c, c->srv->tls_ctx) < 0)
+    return STEP_CLOSE;
+  c->tls_active = true;
+  c->structured = false;
+  c->meta_alloc = false;
+  c->meta_exp = NULL;
+  return STEP_NEXT;
 }
 
 static enum step

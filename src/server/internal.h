@@ -203,6 +203,8 @@ struct server {
   ev_idle done_idle;             /* calls shutdown_done from the loop */
 
   struct server_stats stats;     /* updated with __atomic ops */
+  struct ssl_ctx_st *tls_ctx;    /* TLS for new connections (tls.h);
+                                    NULL: STARTTLS refused */
 };
 
 #define STAT_ADD(s, field, n) \

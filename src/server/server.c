@@ -6,6 +6,7 @@
 #include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
+#include "server/tls.h"
 
 #define SHUTDOWN_GRACE_S 30.0 /* then connections are dropped */
 
@@ -167,6 +168,7 @@ server_free (struct server *s)
   ev_timer_stop (s->loop, &s->shutdown_timer);
   ev_idle_stop (s->loop, &s->done_idle);
   pthread_mutex_destroy (&s->done_lock);
+  tls_ctx_free (s->tls_ctx);
   free (s->exports);
   free (s);
 }

@@ -46,9 +46,12 @@ struct server_config {
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
-  enum server_tls_mode tls_mode;/* only OFF works until TLS lands */
-  const char *tls_certificates; /* directory, for TLS (later); may be NULL */
-  int tls_verify_peer;          /* for TLS (later) */
+  enum server_tls_mode tls_mode;
+  const char *tls_certificates; /* directory with server-cert.pem,
+                                   server-key.pem, ca-cert.pem; may be
+                                   NULL when TLS is not used */
+  int tls_verify_peer;          /* clients need a certificate signed by
+                                   ca-cert.pem */
 };
 
 /* Fill cfg with the defaults above. */
@@ -105,6 +108,17 @@ struct server_stats {
   uint64_t bytes_read;          /* NBD_CMD_READ payload sent */
   uint64_t bytes_written;       /* NBD_CMD_WRITE payload received */
 };
+
+/* TLS (OpenSSL) is built in: the daemon may offer it. */
+#define SERVER_TLS_SUPPORTED 1
+
+/* (Re)load the TLS credentials from cfg.tls_certificates, if TLS is used
+ * at all (tls_mode not OFF, or an export with tls_require == 1): call it
+ * once after the server_add_export calls, and again to reload (SIGHUP).
+ * New connections get the new credentials; open ones keep theirs.
+ * Returns 0 (also when TLS is not used), or -1 with a reason naming the
+ * file in err; on failure the previous credentials stay in use. */
+int server_tls_reload (struct server *s, char *err, size_t errlen);
 
 /* Snapshot of the counters (thread-safe). */
 void server_get_stats (struct server *s, struct server_stats *st);
