@@ -496,6 +496,33 @@ test_flush_error_keeps_data_dirty (void **state)
   t_close (&t);
 }
 
+/* A failing range does not stop writeback of everything else. */
+static void
+test_flush_error_writes_the_rest (void **state)
+{
+  struct t t;
+  uint8_t a[8192], b[8192];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (a, sizeof a, 1);
+  fill (b, sizeof b, 2);
+  assert_int_equal (cache_write (t.c, a, 8192, 1 * MiB, 0), 0);
+  assert_int_equal (cache_write (t.c, b, 8192, 3 * MiB, 0), 0);
+  assert_int_equal (cache_write (t.c, b, 8192, 64 * KiB, 0), 0);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE), 1 * MiB, 8192, EIO);
+  assert_int_equal (cache_flush (t.c), -1);
+  assert_int_equal (errno, EIO);
+  expect_backing (&t, b, 8192, 3 * MiB);
+  expect_backing (&t, b, 8192, 64 * KiB);
+  assert_int_equal (stats (&t).dirty_bytes, 8192);
+  fake_clear_faults (t.fb);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_one (&t, FAKE_WRITE, 1 * MiB, 8192);
+  expect_backing (&t, a, 8192, 1 * MiB);
+  t_close (&t);
+}
+
 /* A transient error on the backing flush itself reaches cache_flush. */
 static void
 test_backing_flush_error_reported (void **state)
@@ -1388,6 +1415,7 @@ main (void)
     cmocka_unit_test (test_writeback_cap_splits),
     cmocka_unit_test (test_write_amplification_one),
     cmocka_unit_test (test_flush_error_keeps_data_dirty),
+    cmocka_unit_test (test_flush_error_writes_the_rest),
     cmocka_unit_test (test_backing_flush_error_reported),
     cmocka_unit_test (test_background_error_reported_by_flush),
     cmocka_unit_test (test_fua_write_error_returned),
