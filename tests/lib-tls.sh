@@ -8,8 +8,7 @@
 #                  certificate it signed
 #     ca/, ca2/    the two CAs' keys (to sign more)
 #   tls_uri EXPORT CLIDIR   nbds+unix URI of EXPORT on $SOCK using CLIDIR
-#   tls_nbdsh CLIDIR ARGS   nbdsh with local-file URIs allowed: -c scripts
-#                           see h.connect_uri(uri) working
+#   tls_nbdsh CLIDIR EXPORT CODE   nbdsh connected over TLS, runs CODE
 #   start_foliod_tls ARGS   like start_foliod, but waits with a TLS client
 #                           (a plaintext probe fails under tls=require)
 
@@ -69,12 +68,15 @@ tls_uri () {
   echo "nbds+unix:///$1?socket=$SOCK&tls-certificates=$2"
 }
 
-# tls_nbdsh CLIDIR URI_EXPORT PYTHON: run PYTHON with h connected to
-# export URI_EXPORT over TLS with the credentials in CLIDIR.
+# tls_nbdsh CLIDIR EXPORT PYTHON: run PYTHON with h connected to EXPORT
+# over TLS with the credentials in CLIDIR.  The server's certificate is
+# verified against CLIDIR/ca-cert.pem (libnbd only does so by default
+# over TCP).
 tls_nbdsh () {
   local cli=$1 exp=$2 code=$3
   timeout $(( 120 * TSCALE )) nbdsh -c "
 h.set_uri_allow_local_file(True)
+h.set_tls_verify_peer(True)
 h.connect_uri('$(tls_uri "$exp" "$cli")')
 $code"
 }

@@ -92,8 +92,12 @@ tls_fail (struct conn *c, struct tls_conn *t, int r, const char *what,
       return 0; /* EOF without close_notify */
     errno = saved;
     tls_err_string (msg, sizeof msg);
-    log_debug ("conn %" PRIu64 " (%s): TLS %s: %s", c->id, c->peer, what,
-               msg);
+    if (!t->handshake_done)
+      log_warn ("conn %" PRIu64 " (%s): TLS handshake failed: %s", c->id,
+                c->peer, msg);
+    else
+      log_debug ("conn %" PRIu64 " (%s): TLS %s: %s", c->id, c->peer, what,
+                 msg);
     if (errno == 0)
       errno = ECONNRESET;
     return -1;
