@@ -53,14 +53,12 @@ expect_fail "flush without export" "usage: foliod flush EXPORT" flush
 expect_fail "stats without daemon" "cannot connect to the control socket" \
   stats --control "$tmp/no-such.sock"
 
-# TLS is refused rather than silently served in clear text, until the
-# server has it.
-if ! grep -q SERVER_TLS_SUPPORTED "$TOP/src/server/server.h"; then
-  expect_fail "tls without support" "does not support TLS" --foreground \
-    --unix "$tmp/s" --tls require --tls-certificates "$tmp" --export "disk0=$tmp/img"
-  expect_fail "export tls without support" "does not support TLS" --foreground \
-    --unix "$tmp/s" --export "disk0=$tmp/img,tls=require"
-fi
+# TLS asked for without certificates is refused, never served in clear.
+expect_fail "tls without certificates" "tls = require needs tls-certificates" \
+  --foreground --unix "$tmp/s" --tls require --export "disk0=$tmp/img"
+expect_fail "tls with an empty certificate directory" "server-cert.pem" \
+  --foreground --unix "$tmp/s" --tls require --tls-certificates "$tmp/nocerts" \
+  --export "disk0=$tmp/img"
 
 # IPv6 in brackets.
 if python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null; then

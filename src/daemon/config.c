@@ -34,7 +34,7 @@ const struct server_key server_keys[] = {
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
   { "workers", "N", "worker threads running requests (default 4)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
-  { "max-inflight", "N", "requests in flight per connection (default 16)", 0 },
+  { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },
   { "handshake-timeout", "SECONDS", "drop clients slower than this to handshake (default 10)", 0 },
   { "tls", "off|on|require", "TLS for clients (default off)", 0 },
   { "tls-certificates", "DIR", "directory with server-cert.pem, server-key.pem, ca-cert.pem", 0 },
