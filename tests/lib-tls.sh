@@ -97,3 +97,35 @@ start_foliod_tls () {
   done
   fail "no socket at $SOCK after $(( 20 * TSCALE )) s"
 }
+
+# tls_sign_expired CADIR OUTKEY OUTCERT: a server key and a certificate
+# that expired in 2020, signed by the CA in CADIR (openssl ca sets dates).
+tls_sign_expired () {
+  local ca=$1 key=$2 cert=$3 w
+  w=$(mktemp -d "$tmp/ca-XXXXXX")
+  touch "$w/index.txt"
+  echo 1000 >"$w/serial"
+  cat >"$w/ca.cnf" <<EOC
+[ca]
+default_ca = c
+[c]
+database = $w/index.txt
+new_certs_dir = $w
+serial = $w/serial
+default_md = sha256
+policy = p
+[p]
+commonName = supplied
+[ext]
+basicConstraints = CA:FALSE
+extendedKeyUsage = serverAuth
+subjectAltName = DNS:localhost
+EOC
+  openssl req -new -newkey rsa:2048 -nodes -subj /CN=localhost \
+    -keyout "$key" -out "$w/csr" 2>/dev/null &&
+  openssl ca -batch -config "$w/ca.cnf" -cert "$ca/ca-cert.pem" \
+    -keyfile "$ca/ca-key.pem" -in "$w/csr" -out "$cert" -notext \
+    -extensions ext -startdate 20200101000000Z -enddate 20200201000000Z \
+    2>/dev/null || fail "openssl ca: cannot make an expired certificate"
+  rm -rf "$w"
+}
