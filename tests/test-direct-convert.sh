@@ -30,7 +30,7 @@ with open(sys.argv[1], "r+b") as f:
 EOF
 truncate -s "$size" "$dst"
 start_foliod --control "$tmp/ctl" \
-  --export "disk0=file:$dst,direct-threshold=1M,cache-size=64M"
+  --export "disk0=file:$dst,direct-threshold=1M,cache-size=256M"
 
 metric () {
   "$FOLIOD" stats --control "$tmp/ctl" --prometheus |
@@ -45,11 +45,12 @@ po=$(metric foliod_passthrough_write_ops_total)
 cached=$(metric foliod_cached_bytes)
 echo "client wrote $cw bytes; passthrough writes $po ($pw bytes); cached $cached bytes"
 [ "$cw" -gt $((24 * MiB)) ] || fail "qemu-img wrote only $cw bytes"
-# The small extents (and the unaligned ends of big ones) may be cached;
-# the bulk must not be.
-[ $((pw * 10)) -ge $((cw * 9)) ] ||
+# The small extents and the short tail requests of big ones may be cached
+# (at most ~1 MiB per extent); the bulk must not be.  Through the cache
+# the whole copy (over 100 MiB) would stay cached in this 256 MiB cache.
+[ $((pw * 4)) -ge $((cw * 3)) ] ||
   fail "only $pw of $cw written bytes went direct"
-[ "$cached" -le $((16 * MiB)) ] ||
+[ "$cached" -le $((40 * MiB)) ] ||
   fail "the copy filled the cache: $cached bytes cached"
 
 timeout $((300 * TSCALE)) qemu-img compare -f raw -F raw "$src" "$(uri disk0)" ||
