@@ -409,6 +409,30 @@ test_writeback_skips_clean_blocks (void **state)
   t_close (&t);
 }
 
+/* Merging must not depend on where a writeback batch of folios happens to
+ * end: with a block dirty in each of folios 0-14 and a small run across
+ * the boundary of folios 15 and 16 (1 MiB = max_io from folio 0), the run
+ * still goes out whole: 15 + 1 requests. */
+static void
+test_merge_across_batch_boundary (void **state)
+{
+  struct t t;
+  uint8_t buf[8192];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 5);
+  for (int i = 0; i < 15; i++)
+    assert_int_equal (cache_write (t.c, buf, 4096, i * 65536ull, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 8192, 1 * MiB - 4096, 0), 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  if (fake_log_count (t.fb, FAKE_WRITE) != 16)
+    fake_log_dump (t.fb, "merge across batch boundary");
+  assert_int_equal (fake_log_count (t.fb, FAKE_WRITE), 16);
+  expect_backing (&t, buf, 8192, 1 * MiB - 4096);
+  t_close (&t);
+}
+
 static void
 test_writeback_cap_splits (void **state)
 {
@@ -1363,6 +1387,59 @@ test_tiny_exports (void **state)
   t_close (&t);
 }
 
+/* The extremes of the geometry: 2 MiB folios of 512-byte blocks (4096
+ * blocks, the largest bitmaps), in a cache of the minimum 4 folios. */
+static void
+test_largest_folio_smallest_block (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  const uint64_t F = 2 * MiB;
+  uint8_t buf[1024];
+  uint8_t *want = malloc (F), *got = malloc (F);
+
+  cfg_small (&cfg);
+  cfg.folio_size = (uint32_t) F;
+  cfg.block_size = 512;
+  cfg.max_io_bytes = (uint32_t) F;
+  cfg.cache_size = 4 * F;
+  t_open (&t, 64 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 16 * MiB, 0, 1);
+  fill (buf, sizeof buf, 3);
+  /* Whole sectors: no reads; across the folio boundary: one write. */
+  assert_int_equal (cache_write (t.c, buf, 1024, F - 512, 0), 0);
+  assert_int_equal (cache_write (t.c, buf, 512, 5000 * 512ull, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  if (fake_log_count (t.fb, FAKE_WRITE) != 2)
+    fake_log_dump (t.fb, "2 MiB folios: merge across the folio boundary");
+  assert_int_equal (fake_log_count (t.fb, FAKE_WRITE), 2);
+  assert_int_equal (totals (&t).write_bytes, 1536);
+  struct fake_req w0 = nth (&t, FAKE_WRITE, 0), w1 = nth (&t, FAKE_WRITE, 1);
+  assert_true ((w0.off == F - 512 && w0.len == 1024) ||
+               (w1.off == F - 512 && w1.len == 1024));
+  /* Folio 0 now has block 4095 uptodate: reading it reads one run. */
+  fake_reset_log (t.fb);
+  fake_peek (t.fb, want, F, 0);
+  assert_int_equal (cache_read (t.c, got, F, 0, 0), 0);
+  assert_memory_equal (got, want, F);
+  expect_one (&t, FAKE_READ, 0, F - 512);
+  /* Partial sector write into a cold folio reads that sector only. */
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_write (t.c, buf, 100, 3 * F + 700, 0), 0);
+  expect_one (&t, FAKE_READ, 3 * F + 512, 512);
+  /* Stream through more folios than the cache holds. */
+  for (int i = 0; i < 8; i++)
+    assert_int_equal (cache_write (t.c, buf, 1024, (8 + i) * F + 4096, 0), 0);
+  assert_true (stats (&t).evictions > 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  for (int i = 0; i < 8; i++)
+    expect_backing (&t, buf, 1024, (8 + i) * F + 4096);
+  free (want);
+  free (got);
+  t_close (&t);
+}
+
 /* ---- configuration ---- */
 
 static int
@@ -1412,6 +1489,7 @@ main (void)
     cmocka_unit_test (test_cold_read_spanning_folios_one_request),
     cmocka_unit_test (test_prefetch_makes_read_a_hit),
     cmocka_unit_test (test_writeback_skips_clean_blocks),
+    cmocka_unit_test (test_merge_across_batch_boundary),
     cmocka_unit_test (test_writeback_cap_splits),
     cmocka_unit_test (test_write_amplification_one),
     cmocka_unit_test (test_flush_error_keeps_data_dirty),
@@ -1443,6 +1521,7 @@ main (void)
     cmocka_unit_test (test_hot_folio_stays_cached),
     cmocka_unit_test (test_external_store),
     cmocka_unit_test (test_tiny_exports),
+    cmocka_unit_test (test_largest_folio_smallest_block),
     cmocka_unit_test (test_config_check),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
