@@ -79,6 +79,14 @@ struct backing_ops {
   int (*map) (struct backing *b, uint64_t off, uint64_t len,
               struct backing_extent *ext);
 
+  /* A counter that moves whenever writes the backing acknowledged but had
+   * not yet flushed may have been lost (a remote that dropped the
+   * connection may have dropped its volatile cache too).  The cache keeps
+   * written blocks "unstable" until a flush succeeds with the epoch
+   * unchanged, and writes them again when it moved.  NULL: acknowledged
+   * writes are never lost before a flush fails (local files). */
+  uint64_t (*loss_epoch) (struct backing *b);
+
   /* Fill *st with the backing's own counters.  May be NULL. */
   void (*stats) (struct backing *b, struct backing_stats *st);
 

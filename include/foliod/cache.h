@@ -69,6 +69,7 @@ struct cache_stats {
   uint64_t direct_read_ops, direct_read_bytes;
   uint64_t direct_write_ops, direct_write_bytes;
   uint64_t dirty_bytes;       /* now */
+  uint64_t unstable_bytes;    /* now: written back, backing not yet flushed */
   uint64_t cached_bytes;      /* folio memory in use now */
   uint64_t evictions;
   uint64_t writeback_errors, read_errors;

@@ -21,7 +21,8 @@ struct store_ops {
   const char *name;
   /* Folio memory of a slot: folio_size bytes. */
   void *(*data) (struct store *s, uint32_t slot);
-  /* State bitmap of a slot: 2 * blocks_per_folio bits, uptodate first. */
+  /* State bitmap of a slot: 3 * blocks_per_folio bits: uptodate, dirty,
+   * unstable. */
   uint64_t *(*bitmap) (struct store *s, uint32_t slot);
   /* Record that slot holds folio index (STORE_NO_FOLIO: free). */
   void (*set_index) (struct store *s, uint32_t slot, uint64_t folio_index);

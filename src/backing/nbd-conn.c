@@ -256,6 +256,10 @@ conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
     nbd_close (c->h);
     c->h = NULL;
     atomic_store (&c->up, 0);
+    /* The remote may have lost writes it acknowledged but never
+     * flushed: tell the cache to write them again. */
+    if (atomic_load (&nb->unflushed) > 0)
+      atomic_fetch_add (&nb->loss_epoch, 1);
   }
   conn_install (c, conn_reopen (nb));
   c->gen++;

@@ -68,6 +68,9 @@ struct nbd_backing {
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
 
   atomic_uint_fast64_t reconnects, retries, errors;
+  /* Writes acknowledged since the last successful flush, and the loss
+   * epoch: bumped when a connection drops while any such write exists. */
+  atomic_uint_fast64_t unflushed, loss_epoch;
 
   struct nbd_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */

@@ -208,10 +208,30 @@ static int
 nbdb_flush (struct backing *b)
 {
   struct nbd_backing *nb = to_nbd (b);
+  uint64_t before;
 
   if (!nb->can_flush || (b->caps & BACKING_READ_ONLY))
     return 0;
-  return nbd_run (nb, call_flush, NULL);
+  before = atomic_load (&nb->unflushed);
+  if (nbd_run (nb, call_flush, NULL) == -1)
+    return -1;
+  atomic_fetch_sub (&nb->unflushed, before); /* later ones still count */
+  return 0;
+}
+
+static uint64_t
+nbdb_loss_epoch (struct backing *b)
+{
+  return atomic_load (&to_nbd (b)->loss_epoch);
+}
+
+/* A write-class request succeeded: without FUA it is not yet durable. */
+static int
+count_unflushed (struct nbd_backing *nb, unsigned flags, int r)
+{
+  if (r == 0 && !(flags & BACKING_FUA) && nb->can_flush)
+    atomic_fetch_add (&nb->unflushed, 1);
+  return r;
 }
 
 /* FUA for a remote without native FUA: flush after the op. */
@@ -251,7 +271,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   r = nbd_chunked (nb, call_pwrite, (char *) buf, len, off,
                    fua_flag (nb, flags), nb->max_io);
   nbd_ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
+  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
 static int
@@ -293,7 +313,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   else
     r = write_zeroes (nb, len, off, f);
   nbd_ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
+  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
 static int
@@ -309,7 +329,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   r = nbd_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                    NBD_MAX_ZERO);
   nbd_ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
+  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
 /* base:allocation -> our types.  HOLE without ZERO reads as undefined
@@ -451,6 +471,7 @@ static const struct backing_ops nbd_ops = {
   .trim = nbdb_trim,
   .flush = nbdb_flush,
   .map = nbdb_map,
+  .loss_epoch = nbdb_loss_epoch,
   .stats = nbdb_stats,
   .close = nbdb_close,
 };

@@ -30,12 +30,17 @@
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
 
 /* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
- * store: blocks_per_folio uptodate bits, then as many dirty bits. */
+ * store: blocks_per_folio uptodate bits, then as many dirty bits, then as
+ * many unstable bits (written back, but the backing has not flushed them
+ * yet and could lose them: see backing_ops.loss_epoch).  A folio is marked
+ * in the index while it has dirty or unstable blocks; it is evictable only
+ * when it has neither. */
 struct folio {
   uint64_t index;           /* folio number in the export; lock */
   uint32_t slot;            /* store slot, fixed */
   uint32_t nr_uptodate;     /* uptodate blocks; stripe */
   uint32_t nr_dirty;        /* dirty blocks; stripe */
+  uint32_t nr_unstable;     /* unstable blocks; stripe */
   /* When it went from clean to dirty; written under the stripe, read
    * without it by the writeback scan (a hint, rechecked under the stripe). */
   _Atomic uint64_t dirtied_ms;
@@ -56,7 +61,7 @@ struct cache_counters {
   _Atomic uint64_t backing_trim_ops, backing_flush_ops;
   _Atomic uint64_t direct_read_ops, direct_read_bytes;
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
-  _Atomic uint64_t dirty_bytes;
+  _Atomic uint64_t dirty_bytes, unstable_bytes;
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
 };
 
@@ -95,6 +100,9 @@ struct cache {
   uint64_t wb_cursor;       /* background pass resumes here; wb_mutex */
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
+  uint64_t stable_epoch;    /* backing loss epoch at the last good flush; wb_mutex */
+  _Atomic uint64_t passthrough_unflushed; /* direct writes/zeros/trims since */
+  bool passthrough_lost;    /* some of those were lost; wb_mutex */
 
   pthread_key_t bounce_key; /* per-thread bounce buffer, max_io_bytes */
   bool bounce_key_ok;
@@ -136,6 +144,13 @@ void folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
 void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
                         uint32_t n);
 void folio_reset (struct cache *c, struct folio *f);
+/* Dirty blocks [first, first+n) reached the backing: clean them, or make
+ * them unstable when the backing could still lose them. */
+void folio_written (struct cache *c, struct folio *f, uint32_t first,
+                    uint32_t n, bool unstable);
+/* Unstable blocks become clean (the backing flushed them) or dirty again
+ * (the backing may have lost them). */
+void folio_settle (struct cache *c, struct folio *f, bool lost);
 
 /* --- locking and windows (window.c) --- */
 void range_lock (struct cache *c, uint64_t first, uint64_t last);
@@ -172,6 +187,12 @@ int io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n);
 int wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
                unsigned backing_flags);
 int wb_pass (struct cache *c, bool all, int *err);
+/* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
+ * the backing lost writes (they are dirty again: write back and retry), or
+ * -1/errno. */
+int wb_stabilize (struct cache *c);
+/* Forget every clean cached block (wb_mutex held). */
+void wb_invalidate_clean (struct cache *c);
 void *wb_thread_main (void *arg);
 
 #endif /* FOLIOD_CACHE_INT_H */

@@ -117,7 +117,7 @@ store_check (const struct store *s, const struct cache_config *cfg,
   CHECK (s->folio_size == cfg->folio_size,
          "store folio size %" PRIu32 " does not match folio-size %" PRIu32,
          s->folio_size, cfg->folio_size);
-  CHECK ((uint64_t) s->bitmap_words * 64 >= 2ull * blocks,
+  CHECK ((uint64_t) s->bitmap_words * 64 >= 3ull * blocks,
          "store bitmaps too small for %" PRIu32 " blocks per folio", blocks);
   CHECK (s->nslots >= 4, "store must hold at least 4 folios");
   return 0;
@@ -160,6 +160,7 @@ cache_create (struct backing *b, struct store *store,
   c->dirty_limit = bytes * cfg->dirty_limit_pct / 100;
   c->dirty_background = bytes * cfg->dirty_background_pct / 100;
   fidx_init (&c->index, c->last_folio);
+  c->stable_epoch = b->ops->loss_epoch ? b->ops->loss_epoch (b) : 0;
   c->zero_block = calloc (1, cfg->block_size);
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
       cache_init_slots (c) == -1)
@@ -254,25 +255,43 @@ cache_destroy (struct cache *c)
   return r;
 }
 
+/* Write back everything, then flush the backing.  If the backing lost
+ * acknowledged writes meanwhile (a remote restarted), the cached ones are
+ * dirty again and written once more; lost passthrough writes cannot be, so
+ * they fail the flush (and clean cached copies are dropped). */
 int
 cache_flush (struct cache *c)
 {
-  int err = 0;
+  int err = 0, r;
 
   pthread_mutex_lock (&c->wb_mutex);
-  wb_pass (c, true, &err);
+  for (unsigned attempt = 0;; attempt++) {
+    int pass_err;
+    wb_pass (c, true, &pass_err);
+    r = wb_stabilize (c);
+    if (pass_err) {
+      err = pass_err;
+      break;
+    }
+    if (r == -1)
+      err = errno;
+    if (r != 1)
+      break;
+    if (attempt == 8) {   /* the backing keeps losing writes */
+      err = EIO;
+      break;
+    }
+  }
+  if (c->passthrough_lost) {
+    c->passthrough_lost = false;
+    wb_invalidate_clean (c);
+    if (err == 0)
+      err = EIO;
+  }
   pthread_mutex_unlock (&c->wb_mutex);
   pthread_mutex_lock (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
   pthread_mutex_unlock (&c->lock);
-  if (atomic_exchange (&c->backing_unflushed, false)) {
-    STAT_ADD (c, backing_flush_ops, 1);
-    if (c->b->ops->flush (c->b) == -1) {
-      atomic_store (&c->backing_unflushed, true);
-      if (err == 0)
-        err = errno ? errno : EIO;
-    }
-  }
   if (err) {
     errno = err;
     return -1;
@@ -320,7 +339,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (backing_trim_ops); G (backing_flush_ops);
   G (direct_read_ops); G (direct_read_bytes);
   G (direct_write_ops); G (direct_write_bytes);
-  G (dirty_bytes); G (evictions); G (writeback_errors); G (read_errors);
+  G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
 #undef G
   pthread_mutex_lock (&c->lock);

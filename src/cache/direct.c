@@ -89,12 +89,30 @@ fix_cached (struct cache *c, struct fix *x)
                       fix_folio, x);
 }
 
+/* Zero and trim cannot be redone if a remote loses them before a flush
+ * (the cache keeps no copy), so on such backings they are made durable at
+ * once. */
+static unsigned
+durable_flags (struct cache *c, unsigned flags)
+{
+  return c->b->ops->loss_epoch ? flags | CACHE_FUA : flags;
+}
+
 static unsigned
 backing_flags (unsigned flags)
 {
   return (flags & CACHE_FUA ? BACKING_FUA : 0) |
          (flags & CACHE_MAY_TRIM ? BACKING_MAY_TRIM : 0) |
          (flags & CACHE_FAST_ZERO ? BACKING_FAST_ZERO : 0);
+}
+
+/* A passthrough write that the backing could still lose (see
+ * wb_stabilize). */
+static void
+passthrough_done (struct cache *c, int r, unsigned flags)
+{
+  if (r == 0 && !(flags & CACHE_FUA) && c->b->ops->loss_epoch)
+    atomic_fetch_add (&c->passthrough_unflushed, 1);
 }
 
 int
@@ -127,6 +145,7 @@ direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   range_lock (c, first, last);
   int r = io_write (c, buf, len, off, backing_flags (flags));
   int err = errno;
+  passthrough_done (c, r, flags);
   if (r == -1)
     x.kind = FIX_FAILED;
   fix_cached (c, &x);
@@ -155,8 +174,10 @@ cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   STAT_ADD (c, backing_zero_bytes, len);
   if (!(flags & CACHE_FUA))
     atomic_store (&c->backing_unflushed, true);
+  flags = durable_flags (c, flags);
   int r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
   int err = errno;
+  passthrough_done (c, r, flags);
   if (r == -1)
     x.kind = FIX_FAILED;
   fix_cached (c, &x);
@@ -188,8 +209,10 @@ cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   STAT_ADD (c, backing_trim_ops, 1);
   if (!(flags & CACHE_FUA))
     atomic_store (&c->backing_unflushed, true);
+  flags = durable_flags (c, flags);
   int r = c->b->ops->trim (c->b, end - off, off, backing_flags (flags));
   int err = errno;
+  passthrough_done (c, r, flags);
   if (r == -1)
     x.kind = FIX_FAILED;
   fix_cached (c, &x);

@@ -57,13 +57,23 @@ folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
   f->nr_uptodate -= bits_assign (f->bits, first, n, false);
 }
 
-/* The folio went clean <-> dirty: update its mark in the index. */
-static void
-folio_mark (struct cache *c, struct folio *f, bool dirty)
+static bool
+folio_marked (const struct folio *f)
 {
+  return f->nr_dirty > 0 || f->nr_unstable > 0;
+}
+
+/* The folio's mark in the index must follow folio_marked(). */
+static void
+folio_mark (struct cache *c, struct folio *f, bool was_marked)
+{
+  bool marked = folio_marked (f);
+
+  if (marked == was_marked)
+    return;
   pthread_mutex_lock (&c->lock);
-  fidx_set_mark (&c->index, f->index, dirty);
-  if (!dirty)
+  fidx_set_mark (&c->index, f->index, marked);
+  if (!marked)
     pthread_cond_broadcast (&c->space_cv);
   pthread_mutex_unlock (&c->lock);
 }
@@ -72,23 +82,23 @@ void
 folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
                  uint32_t n)
 {
-  uint32_t was = f->nr_dirty;
+  bool was = folio_marked (f);
   uint32_t added = bits_assign (f->bits, c->blocks_per_folio + first, n, true);
 
   if (added == 0)
     return;
+  if (f->nr_dirty == 0)
+    f->dirtied_ms = now_ms ();
   f->nr_dirty += added;
   STAT_ADD (c, dirty_bytes, (uint64_t) added << c->block_shift);
-  if (was == 0) {
-    f->dirtied_ms = now_ms ();
-    folio_mark (c, f, true);
-  }
+  folio_mark (c, f, was);
 }
 
 void
 folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
                    uint32_t n)
 {
+  bool was = folio_marked (f);
   uint32_t removed = bits_assign (f->bits, c->blocks_per_folio + first, n,
                                   false);
 
@@ -98,9 +108,50 @@ folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
   atomic_fetch_sub_explicit (&c->st.dirty_bytes,
                              (uint64_t) removed << c->block_shift,
                              memory_order_relaxed);
-  if (f->nr_dirty == 0) {
+  if (f->nr_dirty == 0)
     f->dirtied_ms = 0;
-    folio_mark (c, f, false);
+  folio_mark (c, f, was);
+}
+
+static void
+folio_assign_unstable (struct cache *c, struct folio *f, uint32_t first,
+                       uint32_t n, bool on)
+{
+  bool was = folio_marked (f);
+  uint32_t changed = bits_assign (f->bits, 2 * c->blocks_per_folio + first,
+                                  n, on);
+  uint64_t bytes = (uint64_t) changed << c->block_shift;
+
+  if (on) {
+    f->nr_unstable += changed;
+    STAT_ADD (c, unstable_bytes, bytes);
+  } else {
+    f->nr_unstable -= changed;
+    atomic_fetch_sub (&c->st.unstable_bytes, bytes);
+  }
+  folio_mark (c, f, was);
+}
+
+void
+folio_written (struct cache *c, struct folio *f, uint32_t first, uint32_t n,
+               bool unstable)
+{
+  if (unstable)      /* first, so that the folio stays marked throughout */
+    folio_assign_unstable (c, f, first, n, true);
+  folio_clear_dirty (c, f, first, n);
+}
+
+void
+folio_settle (struct cache *c, struct folio *f, bool lost)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  for (uint32_t i = 0; i < bpf && f->nr_unstable > 0; i++) {
+    if (!bit_test (f->bits, 2 * bpf + i))
+      continue;
+    if (lost)
+      folio_set_dirty (c, f, i, 1);
+    folio_assign_unstable (c, f, i, 1, false);
   }
 }
 
@@ -109,6 +160,6 @@ void
 folio_reset (struct cache *c, struct folio *f)
 {
   memset (f->bits, 0, c->store->bitmap_words * sizeof (uint64_t));
-  f->nr_uptodate = f->nr_dirty = 0;
+  f->nr_uptodate = f->nr_dirty = f->nr_unstable = 0;
   f->dirtied_ms = 0;
 }

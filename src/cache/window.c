@@ -81,7 +81,7 @@ evict_one_locked (struct cache *c)
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
     if (pthread_mutex_trylock (m) == 0) {
-      if (f->nr_dirty == 0) {
+      if (f->nr_dirty == 0 && f->nr_unstable == 0) {
         lru_unlink (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;

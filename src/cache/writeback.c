@@ -42,12 +42,13 @@ wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
     return -1;
   }
   atomic_store (&c->wb_failing, 0);
+  bool unstable = c->b->ops->loss_epoch != NULL && !(flags & BACKING_FUA);
   for (uint64_t b = blk; b < blk + n;) {
     struct folio *g = w->f[b / bpf - w->first];
     uint32_t first = (uint32_t) (b % bpf);
     uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
                                                           : blk + n - b);
-    folio_clear_dirty (c, g, first, cnt);
+    folio_written (c, g, first, cnt, unstable);
     b += cnt;
   }
   return 0;
@@ -98,12 +99,14 @@ wb_wanted (struct cache *c, struct folio *f, bool all)
   return f->dirtied_ms + c->cfg.dirty_expire_ms <= now_ms ();
 }
 
-/* Lock the dirty folio fi (blocking) and the dirty folios after it
- * (trylock) into w.  Returns false if fi is no longer worth writing. */
+/* Lock the dirty folio fi (blocking) into w, then, while a dirty run
+ * reaches the end of the last folio, the next folio too (trylock), so that
+ * the run goes out whole wherever the batch started.  Returns false if fi
+ * is no longer worth writing. */
 static bool
 wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
 {
-  uint64_t bytes = (uint64_t) 1 << c->folio_shift;
+  uint32_t last_block = c->blocks_per_folio - 1;
 
   pthread_mutex_lock (stripe_of (c, fi));
   pthread_mutex_lock (&c->lock);
@@ -116,17 +119,19 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
   w->first = fi;
   w->f[0] = f;
   w->n = 1;
-  while (w->n < c->window && bytes < c->cfg.max_io_bytes &&
-         fi + w->n <= c->last_folio) {
+  while (w->n < WINDOW_MAX && fi + w->n <= c->last_folio &&
+         folio_block_dirty (c, w->f[w->n - 1], last_block)) {
     uint64_t next = fi + w->n;
-    pthread_mutex_lock (&c->lock);
-    struct folio *g = fidx_get (&c->index, next);
-    bool marked = g != NULL && fidx_get_mark (&c->index, next);
-    pthread_mutex_unlock (&c->lock);
-    if (!marked || pthread_mutex_trylock (stripe_of (c, next)) != 0)
+    if (pthread_mutex_trylock (stripe_of (c, next)) != 0)
       break;
+    pthread_mutex_lock (&c->lock);      /* held stripe: g cannot go away */
+    struct folio *g = fidx_get (&c->index, next);
+    pthread_mutex_unlock (&c->lock);
+    if (g == NULL || !folio_block_dirty (c, g, 0)) {
+      pthread_mutex_unlock (stripe_of (c, next));
+      break;
+    }
     w->f[w->n++] = g;
-    bytes += (uint64_t) 1 << c->folio_shift;
   }
   return true;
 }
@@ -177,6 +182,82 @@ wb_pass (struct cache *c, bool all, int *err)
   return written;
 }
 
+/* Apply fn to every cached folio (marked only, if marked), each under its
+ * stripe lock. */
+static void
+folios_each_locked (struct cache *c, bool marked,
+                    void (*fn) (struct cache *, struct folio *, bool),
+                    bool arg)
+{
+  for (uint64_t fi = 0; fi <= c->last_folio; fi++) {
+    pthread_mutex_lock (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi, c->last_folio, marked);
+    pthread_mutex_unlock (&c->lock);
+    if (f == NULL)
+      break;
+    pthread_mutex_lock (stripe_of (c, fi));
+    pthread_mutex_lock (&c->lock);
+    f = fidx_get (&c->index, fi);
+    pthread_mutex_unlock (&c->lock);
+    if (f != NULL)
+      fn (c, f, arg);
+    pthread_mutex_unlock (stripe_of (c, fi));
+  }
+}
+
+static uint64_t
+loss_epoch (struct cache *c)
+{
+  return c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
+}
+
+int
+wb_stabilize (struct cache *c)
+{
+  uint64_t passthrough = atomic_load (&c->passthrough_unflushed);
+
+  if (!atomic_exchange (&c->backing_unflushed, false) &&
+      STAT_GET (c, unstable_bytes) == 0 && loss_epoch (c) == c->stable_epoch)
+    return 0;
+  STAT_ADD (c, backing_flush_ops, 1);
+  if (c->b->ops->flush (c->b) == -1) {
+    int err = errno ? errno : EIO;
+    atomic_store (&c->backing_unflushed, true);
+    errno = err;
+    return -1;
+  }
+  uint64_t epoch = loss_epoch (c);
+  if (epoch == c->stable_epoch) {
+    if (STAT_GET (c, unstable_bytes) > 0)
+      folios_each_locked (c, true, folio_settle, false);
+    atomic_fetch_sub (&c->passthrough_unflushed, passthrough);
+    return 0;
+  }
+  /* The backing may have lost what it acknowledged since the last good
+   * flush: cached writes go back to dirty; passthrough writes cannot be
+   * redone, so the next flush must report them. */
+  c->stable_epoch = epoch;
+  if (atomic_exchange (&c->passthrough_unflushed, 0) > 0)
+    c->passthrough_lost = true;
+  folios_each_locked (c, true, folio_settle, true);
+  return 1;
+}
+
+static void
+forget_clean (struct cache *c, struct folio *f, bool unused)
+{
+  (void) unused;
+  for (uint32_t i = 0; i < c->blocks_per_folio; i++)
+    if (!folio_block_dirty (c, f, i))
+      folio_clear_uptodate (c, f, i, 1);
+}
+
+void
+wb_invalidate_clean (struct cache *c)
+{
+  folios_each_locked (c, false, forget_clean, false);
+}
+
 static void
 wb_sleep (struct cache *c, unsigned ms)
 {
@@ -210,11 +291,14 @@ wb_thread_main (void *arg)
     wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
     if (c->wb_stop)
       break;
-    if (STAT_GET (c, dirty_bytes) == 0)
+    if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0)
       continue;
     int err;
     pthread_mutex_lock (&c->wb_mutex);
     wb_pass (c, false, &err);
+    /* Unstable blocks pin memory until the backing flushes them. */
+    if (err == 0 && STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1)
+      err = errno;
     pthread_mutex_unlock (&c->wb_mutex);
     pthread_mutex_lock (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
