@@ -22,7 +22,7 @@
 enum {
   K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
   K_MAX_CONNECTIONS, K_MAX_INFLIGHT, K_HANDSHAKE_TIMEOUT, K_TLS,
-  K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_LOG_LEVEL, K_COUNT
+  K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL, K_COUNT
 };
 
 /* Order must match the enum above. */
@@ -39,6 +39,7 @@ const struct server_key server_keys[] = {
   { "tls", "off|on|require", "TLS for clients (default off)", 0 },
   { "tls-certificates", "DIR", "directory with server-cert.pem, server-key.pem, ca-cert.pem", 0 },
   { "tls-verify-peer", "BOOL", "require client certificates (default no)", 0 },
+  { "tls-psk", "FILE", "pre-shared keys (username:hexkey lines) instead of certificates", 0 },
   { "log-level", "LEVEL", "error, warn, info or debug (default info)", 0 },
   { NULL, NULL, NULL, 0 },
 };
@@ -94,6 +95,7 @@ daemon_config_free (struct daemon_config *c)
   free (c->state_dir);
   free (c->pidfile);
   free (c->tls_certificates);
+  free (c->tls_psk);
   for (size_t i = 0; i < c->n_exports; i++)
     export_config_free (&c->exports[i].cfg);
   free (c->exports);
@@ -252,6 +254,7 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_TLS: r = set_tls (c, value); break;
   case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;
+  case K_TLS_PSK: r = set_string (&c->tls_psk, value); break;
   case K_LOG_LEVEL: r = log_level_parse (value, &c->log_level); break;
   default:
     snprintf (err, errlen, "unknown key '%s'", key);
@@ -762,8 +765,8 @@ daemon_config_check (struct daemon_config *c)
              "an [export NAME] section in --config FILE\n");
     return -1;
   }
-  if (c->tls != TLS_OFF && c->tls_certificates == NULL) {
-    fprintf (stderr, "foliod: tls = %s needs tls-certificates\n",
+  if (c->tls != TLS_OFF && c->tls_certificates == NULL && c->tls_psk == NULL) {
+    fprintf (stderr, "foliod: tls = %s needs tls-certificates (or tls-psk)\n",
              c->tls == TLS_ON ? "on" : "require");
     return -1;
   }

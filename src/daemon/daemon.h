@@ -46,6 +46,7 @@ struct daemon_config {
   char *pidfile;            /* NULL: none */
   enum tls_mode tls;
   char *tls_certificates;
+  char *tls_psk;            /* PSK file; replaces tls_certificates */
   int tls_verify_peer;
   unsigned workers;         /* 0: server default */
   unsigned max_connections; /* 0: server default */

@@ -364,6 +364,7 @@ server_start (struct daemon *d)
   if (cfg->max_inflight) sc.max_inflight = cfg->max_inflight;
   sc.tls_mode = (enum server_tls_mode) cfg->tls;
   sc.tls_certificates = cfg->tls_certificates;
+  sc.tls_psk_file = cfg->tls_psk;
   sc.tls_verify_peer = cfg->tls_verify_peer;
   d->server = server_new (d->loop, &sc);
   if (d->server == NULL) {

@@ -52,6 +52,9 @@ struct server_config {
                                    NULL when TLS is not used */
   int tls_verify_peer;          /* clients need a certificate signed by
                                    ca-cert.pem */
+  const char *tls_psk_file;     /* "username:hexkey" lines: pre-shared
+                                   keys instead of certificates; NULL:
+                                   certificates */
 };
 
 /* Fill cfg with the defaults above. */
@@ -112,7 +115,8 @@ struct server_stats {
 /* TLS (OpenSSL) is built in: the daemon may offer it. */
 #define SERVER_TLS_SUPPORTED 1
 
-/* (Re)load the TLS credentials from cfg.tls_certificates, if TLS is used
+/* (Re)load the TLS credentials from cfg.tls_psk_file if set, else from
+ * cfg.tls_certificates, if TLS is used
  * at all (tls_mode not OFF, or an export with tls_require == 1): call it
  * once after the server_add_export calls, and again to reload (SIGHUP).
  * New connections get the new credentials; open ones keep theirs.

@@ -160,7 +160,7 @@ creds_load_ca (SSL_CTX *ctx, const char *dir, char *err, size_t errlen)
 }
 
 SSL_CTX *
-tls_ctx_new (const char *dir, bool verify_peer, char *err, size_t errlen)
+tls_ctx_base (char *err, size_t errlen)
 {
   SSL_CTX *ctx = SSL_CTX_new (TLS_server_method ());
   char msg[256];
@@ -184,6 +184,16 @@ tls_ctx_new (const char *dir, bool verify_peer, char *err, size_t errlen)
                                   (const unsigned char *) TLS_SESSION_ID_CTX,
                                   strlen (TLS_SESSION_ID_CTX));
   SSL_CTX_set_default_passwd_cb (ctx, creds_no_password);
+  return ctx;
+}
+
+SSL_CTX *
+tls_ctx_new (const char *dir, bool verify_peer, char *err, size_t errlen)
+{
+  SSL_CTX *ctx = tls_ctx_base (err, errlen);
+
+  if (!ctx)
+    return NULL;
   if (creds_load_identity (ctx, dir, err, errlen) < 0
       || (verify_peer && creds_load_ca (ctx, dir, err, errlen) < 0)) {
     SSL_CTX_free (ctx);
@@ -217,18 +227,27 @@ server_tls_reload (struct server *s, char *err, size_t errlen)
 
   if (!server_tls_wanted (s))
     return 0;
-  if (!s->cfg.tls_certificates) {
-    snprintf (err, errlen, "TLS needs a certificates directory "
-              "(tls-certificates)");
+  if (s->cfg.tls_psk_file) {
+    /* Pre-shared keys replace certificates, as with nbdkit --tls-psk. */
+    ctx = tls_ctx_new_psk (s->cfg.tls_psk_file, err, errlen);
+    if (!ctx)
+      return -1;
+    log_info ("TLS pre-shared keys loaded from %s", s->cfg.tls_psk_file);
+  }
+  else if (s->cfg.tls_certificates) {
+    ctx = tls_ctx_new (s->cfg.tls_certificates, s->cfg.tls_verify_peer, err,
+                       errlen);
+    if (!ctx)
+      return -1;
+    log_info ("TLS credentials loaded from %s%s", s->cfg.tls_certificates,
+              s->cfg.tls_verify_peer ? " (client certificates required)"
+                                     : "");
+  }
+  else {
+    snprintf (err, errlen, "TLS needs tls-certificates (or tls-psk)");
     return -1;
   }
-  ctx = tls_ctx_new (s->cfg.tls_certificates, s->cfg.tls_verify_peer, err,
-                     errlen);
-  if (!ctx)
-    return -1;
   tls_ctx_free (s->tls_ctx);
   s->tls_ctx = ctx;
-  log_info ("TLS credentials loaded from %s%s", s->cfg.tls_certificates,
-            s->cfg.tls_verify_peer ? " (client certificates required)" : "");
   return 0;
 }

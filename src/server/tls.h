@@ -41,6 +41,16 @@ struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
 struct ssl_ctx_st *tls_ctx_new (const char *dir, bool verify_peer,
                                 char *err, size_t errlen);
 
+/* A context with the settings above and no credentials yet.  NULL with
+ * the reason in err. */
+struct ssl_ctx_st *tls_ctx_base (char *err, size_t errlen);
+
+/* A context whose clients authenticate with a pre-shared key from path
+ * ("username:hexkey" lines, as nbdkit and qemu read), no certificates.
+ * NULL with the reason naming the file (and line) in err. */
+struct ssl_ctx_st *tls_ctx_new_psk (const char *path, char *err,
+                                    size_t errlen);
+
 /* Drop the server's reference (connections may hold their own). */
 void tls_ctx_free (struct ssl_ctx_st *ctx);
 

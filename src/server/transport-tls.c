@@ -351,6 +351,7 @@ tls_conn_start (struct conn *c, SSL_CTX *ctx)
     errno = ENOMEM;
     return -1;
   }
+  SSL_set_app_data (t->ssl, c); /* for the PSK callback's log line */
   t->clear_left = c->hsout_len - c->hsout_sent;
   c->tport = t;
   c->tops = &transport_tls;
