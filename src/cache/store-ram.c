@@ -74,6 +74,10 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
   r->data_len = (size_t) nslots * folio_size;
   r->data = mmap (NULL, r->data_len, PROT_READ | PROT_WRITE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  /* Huge pages where the kernel allows: first touch of a cold cache then
+   * faults once per 2 MiB instead of once per 4 KiB. */
+  if (r->data != MAP_FAILED)
+    madvise (r->data, r->data_len, MADV_HUGEPAGE);
   r->bitmaps = calloc ((size_t) nslots * r->s.bitmap_words, sizeof (uint64_t));
   if (r->data == MAP_FAILED || r->bitmaps == NULL) {
     if (r->data != MAP_FAILED)
