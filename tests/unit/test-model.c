@@ -79,6 +79,7 @@ struct model {
   struct fake_backing *fb;
   struct cache *c;
   uint8_t *ref, *buf, *bbuf;
+  uint8_t *zeros;           /* as large as buf, all zero */
   uint8_t *unk;             /* per byte: 0 known, 1 unknown, 2 ref or alt */
   uint8_t *alt;             /* the other possible value when unk == 2 */
   uint64_t nunk;            /* bytes in doubt */
@@ -177,10 +178,12 @@ ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
     memcpy (m->ref + off, src, len);
   else
     memset (m->ref + off, 0, len);
-  for (uint64_t i = next_doubt (m, off, off + len); i < off + len;
-       i = next_doubt (m, i + 1, off + len)) {
-    m->nunk--;
-    m->unk[i] = 0;
+  if (next_doubt (m, off, off + len) < off + len) {
+    uint64_t n = 0;
+    for (uint64_t i = off; i < off + len; i++)
+      n += m->unk[i] != 0;
+    memset (m->unk + off, 0, len);
+    m->nunk -= n;
   }
 }
 
@@ -190,19 +193,37 @@ ref_set (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
 static void
 ref_maybe (struct model *m, const uint8_t *src, uint64_t len, uint64_t off)
 {
-  for (uint64_t i = 0; i < len; i++) {
-    uint64_t p = off + i;
-    uint8_t v = src ? src[i] : 0;
-    if (m->unk[p] == 0) {
-      if (v != m->ref[p]) {
-        m->unk[p] = 2;
-        m->alt[p] = v;
-        m->nunk++;
-      }
+  if (src == NULL)
+    src = m->zeros;             /* no branch per byte below */
+  if (next_doubt (m, off, off + len) == off + len) {
+    /* Nothing in doubt yet: a straight (vectorizable) pass. */
+    uint64_t n = 0;
+    uint8_t *ref = m->ref + off, *unk = m->unk + off, *alt = m->alt + off;
+    for (uint64_t i = 0; i < len; i++) {
+      uint8_t v = src[i];
+      uint8_t d = v != ref[i];
+      unk[i] = (uint8_t) (d << 1);
+      alt[i] = v;
+      n += d;
     }
-    else if (m->unk[p] == 2 && v != m->ref[p] && v != m->alt[p])
-      m->unk[p] = 1;
+    m->nunk += n;
+    return;
   }
+  /* Known bytes that change get the new value as alternative; bytes with
+   * an alternative that is neither become unknown (branch-free, so that
+   * the compiler vectorizes it). */
+  uint64_t n = 0;
+  uint8_t *ref = m->ref + off, *unk = m->unk + off, *alt = m->alt + off;
+  for (uint64_t i = 0; i < len; i++) {
+    uint8_t v = src[i], u = unk[i], a = alt[i];
+    uint8_t d = v != ref[i];
+    uint8_t known = u == 0;
+    uint8_t third = d & (v != a);
+    unk[i] = known ? (uint8_t) (d << 1) : u == 2 ? (uint8_t) (2 - third) : 1;
+    alt[i] = known ? v : a;
+    n += known & d;
+  }
+  m->nunk += n;
 }
 
 static void
@@ -658,7 +679,8 @@ model_setup (struct model *m)
   m->alt = calloc (1, m->size);
   m->buf = malloc (4 * (size_t) cfg->folio_size + 8192);
   m->bbuf = malloc (1 << 20);
-  assert_true (m->ref && m->unk && m->alt && m->buf && m->bbuf);
+  m->zeros = calloc (1, 4 * (size_t) cfg->folio_size + 8192);
+  assert_true (m->ref && m->unk && m->alt && m->buf && m->bbuf && m->zeros);
   /* Old data in part of the device, holes elsewhere. */
   for (uint64_t off = 0; off < m->size; off += 65536) {
     uint64_t n = m->size - off < 65536 ? m->size - off : 65536;
@@ -768,6 +790,7 @@ test_model (void **state)
   free (m->alt);
   free (m->buf);
   free (m->bbuf);
+  free (m->zeros);
   free (m);
 }
 
