@@ -15,7 +15,7 @@ lib_init remote-random
 . "$(dirname "$0")/lib-remote.sh"
 
 cat > "$tmp/random.py" <<'PY'
-import os, random, threading, time
+import errno, os, random, threading, time
 import nbd
 
 env = os.environ
@@ -46,6 +46,7 @@ size = h.get_size()
 t = threading.Thread(target=toggler)
 t.start()
 fails = {"write": 0, "zero": 0, "read": 0, "flush": 0}
+errnos = set()
 good = {"write": 0, "zero": 0, "read": 0, "flush": 0}
 
 def until_ok(kind, fn, *args):
@@ -54,8 +55,9 @@ def until_ok(kind, fn, *args):
             fn(*args)
             good[kind] += 1
             return
-        except nbd.Error:
+        except nbd.Error as e:
             fails[kind] += 1
+            errnos.add(e.errnum)
             time.sleep(0.02)
 
 end = time.monotonic() + duration
@@ -74,8 +76,9 @@ try:
         elif op == "r":
             try:
                 got = h.pread(n, off)
-            except nbd.Error:
+            except nbd.Error as e:
                 fails["read"] += 1
+                errnos.add(e.errnum)
                 continue
             good["read"] += 1
             assert got == model[off:off + n], "read at %d+%d (seed %d)" % (off, n, seed)
@@ -83,8 +86,9 @@ try:
             try:
                 h.flush()
                 good["flush"] += 1
-            except nbd.Error:
+            except nbd.Error as e:
                 fails["flush"] += 1
+                errnos.add(e.errnum)
 finally:
     stop.set()
     t.join()
@@ -94,7 +98,8 @@ h.flush()           # errors off: must succeed
 assert h.pread(size, 0) == model, "export differs from the reference (seed %d)" % seed
 h.shutdown()
 open(env["MODEL"], "wb").write(model)
-print("toggles %d, succeeded %r, failed %r" % (toggles, good, fails))
+print("toggles %d, succeeded %r, failed %r, errors %s" % (toggles, good, fails,
+      " ".join(sorted(errno.errorcode.get(e, str(e)) for e in errnos))))
 assert toggles >= 4, "too few error switches"
 if env["REMOTE_ERROR"] == "ESHUTDOWN":
     assert sum(fails.values()) == 0, "a request failed although the remote only went away"
