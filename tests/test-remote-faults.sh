@@ -5,8 +5,8 @@
 #     stays dirty (foliod stats), a read that misses fails, one that hits
 #     does not; once F is gone a FLUSH succeeds and nothing is dirty; after
 #     SIGTERM the remote's file equals what the client wrote.
-#  2. --filter=delay (slow remote, small cache: misses and evictions): a
-#     random workload reads back right and ends up in the remote's file.
+#  2. --filter=delay (slow remote, small cache: misses and evictions): two
+#     clients' random workloads read back right and end up in the remote.
 . "$(dirname "$0")/lib.sh"
 lib_init remote-faults
 . "$(dirname "$0")/lib-remote.sh"
@@ -110,23 +110,26 @@ same_file "$img" "$tmp/model" "remote differs from what the client wrote (errors
 echo "error filter: remote == client data"
 
 # ---- 2. slow remote ----
+# Two clients at once, each in its own half of the disk (misses and
+# writeback of both overlap on foliod's connections to the remote).
 start_remote "$tmp/remote.sock" --filter=delay file "$img" rdelay=2ms wdelay=2ms
 start_foliod --export "disk0=$(remote_uri),cache-size=2M,folio-size=64K,block-size=4K"
 cat > "$tmp/slow.py" <<'PY'
 import os, random
 import nbd
 
-seed = int(os.environ.get("SEED") or random.randrange(1 << 30))
+env = os.environ
+seed = int(env.get("SEED") or random.randrange(1 << 30)) + int(env["LO"])
 print("seed", seed)
 rng = random.Random(seed)
-model = bytearray(open(os.environ["MODEL"], "rb").read())
+lo, hi = int(env["LO"]), int(env["HI"])
+model = bytearray(open(env["MODEL"], "rb").read())
 h = nbd.NBD()
-h.connect_uri(os.environ["URI"])
-size = h.get_size()
-for i in range(400):
+h.connect_uri(env["URI"])
+for i in range(200):
     op = rng.choice("rrww f")
     n = rng.choice([512, 4096, 4097, 65536, 200000, rng.randrange(1, 100000)])
-    off = rng.randrange(0, size - n)
+    off = rng.randrange(lo, hi - n)
     if op == "r":
         assert h.pread(n, off) == model[off:off + n], "read at %d+%d (seed %d)" % (off, n, seed)
     elif op == "w":
@@ -139,15 +142,26 @@ for i in range(400):
         h.zero(n, off)
         model[off:off + n] = bytes(n)
 h.flush()
+assert h.pread(hi - lo, lo) == model[lo:hi], "final read-back (seed %d)" % seed
 h.shutdown()
-open(os.environ["MODEL"], "wb").write(model)
+open(env["OUT"], "wb").write(model[lo:hi])
 PY
 t0=$(date +%s%N)
-MODEL=$tmp/model URI=$(uri disk0) timeout $((120 * TSCALE)) \
-  nbdsh -c "exec(open('$tmp/slow.py').read())" || fail "slow remote workload"
-echo "slow remote: 400 ops in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+half=$((32 << 20))
+pids=()
+for lo in 0 $half; do
+  MODEL=$tmp/model LO=$lo HI=$((lo + half)) OUT=$tmp/part$lo URI=$(uri disk0) \
+    timeout $((120 * TSCALE)) nbdsh -c "exec(open('$tmp/slow.py').read())" &
+  pids+=($!)
+  track $!
+done
+for p in "${pids[@]}"; do
+  wait "$p" || fail "slow remote workload"
+done
+echo "slow remote: 2 x 200 ops in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+cat "$tmp/part0" "$tmp/part$half" > "$tmp/model"
 foliod_alive
 stop_foliod
 stop_remote
-same_file "$img" "$tmp/model" "remote differs from what the client wrote (delay)"
+same_file "$img" "$tmp/model" "remote differs from what the clients wrote (delay)"
 echo OK
