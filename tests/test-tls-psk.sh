@@ -22,6 +22,7 @@ timeout 30 "$FOLIOD" --foreground --unix "$tmp/bad.sock" --tls require \
   --tls-psk "$tmp/bad.psk" --export "disk0=file:$tmp/img" >"$tmp/bad.log" 2>&1 ||
   rc=$?
 [ "$rc" -ne 0 ] || fail "started with a malformed PSK file"
+check_sanitizer_log "$tmp/bad.log"
 grep -q "$tmp/bad.psk:1:" "$tmp/bad.log" || fail "no file:line: $(cat "$tmp/bad.log")"
 
 start_foliod_tls --tls require --tls-psk "$tmp/psk/keys.psk" \

@@ -18,8 +18,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -98,8 +96,7 @@ tls_fail (struct conn *c, struct tls_conn *t, int r, const char *what,
     else
       log_debug ("conn %" PRIu64 " (%s): TLS %s: %s", c->id, c->peer, what,
                  msg);
-    if (errno == 0)
-      errno = ECONNRESET;
+    errno = saved ? saved : ECONNRESET; /* logging may have changed it */
     return -1;
   default:
     t->fatal = true;
@@ -162,7 +159,6 @@ tls_recv (struct conn *c, void *buf, size_t len)
 {
   struct tls_conn *t = c->tport;
   size_t got = 0;
-  ssize_t ret;
 
   if (t->clear_left) {
     /* The client may not speak before it has our ACK. */
@@ -198,8 +194,7 @@ tls_recv (struct conn *c, void *buf, size_t len)
     return r;
   }
   tls_update_want (c, t);
-  ret = got;
-  return ret;
+  return (ssize_t) got;
 }
 
 /* Send the first t->clear_left bytes of iov unencrypted. */
