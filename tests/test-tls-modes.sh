@@ -2,7 +2,8 @@
 # The TLS modes: tls=on serves plaintext and TLS clients side by side,
 # and an export with tls=require is hidden from and refused to plaintext
 # clients while the plaintext export next to it is served (the spec's
-# SELECTIVETLS).  tls=off refuses STARTTLS.
+# SELECTIVETLS).  STARTTLS with data is invalid, data behind it before
+# our ACK ends the connection.  tls=off refuses STARTTLS.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/lib-tls.sh"
 lib_init tls-modes
@@ -39,7 +40,18 @@ def opt(o, data):
 go = lambda name: struct.pack('>I', len(name)) + name + struct.pack('>H', 0)
 assert opt(6, go(b'secure')) == (1 << 31) + 5   # INFO: TLS_REQD
 assert opt(6, go(b'plain')) == 3                 # INFO: NBD_REP_INFO first
+while True:                                      # ... up to the ACK
+    m, ro, t, n = struct.unpack('>QIII', f.read(20)); f.read(n)
+    if t == 1:
+        break
+assert opt(5, b'x') == (1 << 31) + 3             # STARTTLS with data: INVALID
+# Bytes sent behind STARTTLS, before the ACK, would pass as TLS-protected
+# (the STARTTLS injection attack): the server hangs up instead.
+f.write(struct.pack('>QII', 0x49484156454F5054, 5, 0)
+        + struct.pack('>QII', 0x49484156454F5054, 7, 0)); f.flush()
+assert f.read(20) == b'', 'data after STARTTLS accepted'
 EOF
+grep -q "data after NBD_OPT_STARTTLS" "$FOLIOD_LOG" || fail "injection not logged"
 
 # TLS: both exports, the secure one listed too.
 tls_nbdsh "$tmp/c/cli" secure "
