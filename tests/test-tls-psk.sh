@@ -2,7 +2,7 @@
 # TLS with pre-shared keys (--tls-psk FILE, username:hexkey lines) against
 # GnuTLS clients: libnbd (tls-psk-file) and qemu (tls-creds-psk) read and
 # write; an unknown user or a wrong key is refused; a malformed key file
-# stops the start naming the file and line.
+# stops the start naming the file and line; SIGHUP re-reads the keys.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/lib-tls.sh"
 lib_init tls-psk
@@ -14,6 +14,7 @@ key=$(openssl rand -hex 32)
 printf '# test keys\nalice:%s\nbob:%s\n' "$key" "$(openssl rand -hex 16)" \
   >"$tmp/psk/keys.psk"
 echo "alice:$key" >"$tmp/qemu/keys.psk"        # qemu reads DIR/keys.psk
+cp "$tmp/qemu/keys.psk" "$tmp/psk/keys.psk.old"
 
 # Malformed files.
 echo "alice:xyz" >"$tmp/bad.psk"
@@ -64,6 +65,21 @@ if psk_nbdsh alice "$tmp/wrong.psk" "h.get_size()" >/dev/null 2>&1; then
 fi
 if timeout 30 nbdinfo "$(uri disk0)" >/dev/null 2>&1; then
   fail "plaintext served with tls=require and PSK"
+fi
+
+# SIGHUP re-reads the key file (foliod itself: FOLIOD_PID is timeout(1)).
+key2=$(openssl rand -hex 32)
+echo "carol:$key2" >"$tmp/psk/keys.psk"
+echo "carol:$key2" >"$tmp/carol.psk"
+kill -HUP "$(ps -o pid= --ppid "$FOLIOD_PID")"
+for i in $(seq 50); do
+  [ "$(grep -c "TLS pre-shared keys loaded" "$FOLIOD_LOG")" -ge 2 ] && break
+  sleep 0.1
+done
+psk_nbdsh carol "$tmp/carol.psk" "assert h.get_size() == 32 << 20" ||
+  fail "new key after SIGHUP"
+if psk_nbdsh alice "$tmp/psk/keys.psk.old" "h.get_size()" >/dev/null 2>&1; then
+  fail "removed user still served after SIGHUP"
 fi
 foliod_alive
 stop_foliod

@@ -7,7 +7,8 @@
  *   ca-cert.pem       the CA that signs client certificates; required
  *                     only when clients must present one (verify_peer)
  *
- * One SSL_CTX holds them.  Connections take a reference on the context
+ * Or, instead, pre-shared keys from a file of "username:hexkey" lines
+ * (tls-psk.c).  One SSL_CTX holds them.  Connections take a reference on the context
  * they start with (SSL_new does), so a reload (SIGHUP) builds a new
  * context and swaps the server's pointer: new connections use the new
  * credentials, open ones keep theirs until they close.
