@@ -32,7 +32,7 @@ const struct server_key server_keys[] = {
   { "control", "PATH", "control socket for 'foliod stats' and 'foliod flush'", 0 },
   { "state-dir", "DIR", "directory relative paths of the config resolve in", 0 },
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
-  { "workers", "N", "worker threads running requests (default 4)", 0 },
+  { "workers", "N", "worker threads running requests (default 16)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
   { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },
   { "handshake-timeout", "SECONDS", "drop clients slower than this to handshake (default 10)", 0 },

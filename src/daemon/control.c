@@ -52,7 +52,7 @@ enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
 };
 
 static const struct {
@@ -94,6 +94,10 @@ static const struct {
                          "Failed backing reads and writebacks." },
   [M_RECONNECTS] = { "foliod_backing_reconnects_total", "counter",
                      "Reconnections of an nbd: backing." },
+  [M_RETRIES] = { "foliod_backing_retries_total", "counter",
+                  "Requests an nbd: backing sent again after a reconnect." },
+  [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
+                   "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
                     "Clean folios evicted to make room." },
   [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
@@ -131,6 +135,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_BACKING_READ] = st.backing_read_bytes;
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
+  v[M_RETRIES] = bst.retries;
+  v[M_UNSTABLE] = st.unstable_bytes;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_SIZE] = ex->size;

@@ -41,7 +41,7 @@ enum server_tls_mode {
 };
 
 struct server_config {
-  unsigned workers;             /* worker threads; 0: default (4) */
+  unsigned workers;             /* worker threads; 0: default (16) */
   unsigned max_connections;     /* 0: default (128); more are closed */
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
