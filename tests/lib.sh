@@ -53,6 +53,8 @@ requires () {
 _lib_cleanup () {
   local p
   for p in "${_lib_pids[@]}"; do
+    # A tracked "timeout CMD" would not pass SIGKILL on: kill its children.
+    pkill -KILL -P "$p" 2>/dev/null || true
     kill -KILL "$p" 2>/dev/null || true
   done
   wait 2>/dev/null || true
