@@ -33,7 +33,7 @@ void export_config_free (struct export_config *cfg);
  * foliod.conf [export NAME] sections and the nbdkit plugin):
  *   backing, cache (writeback|writethrough|none), cache-size, folio-size,
  *   block-size, direct-threshold, max-io, dirty-background, dirty-limit,
- *   dirty-expire, read-only, description, store, connections,
+ *   dirty-expire, read-only, description, store, connections, retry-timeout,
  *   tls-certificates, tls-psk-file, tls-username, tls.
  * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
  * a reason in err (unknown key, bad value). */
