@@ -4,6 +4,7 @@
  * no fill or writeback of those folios can interleave; then it brings the
  * cached copies in line with what the backing now holds. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cache/cache-int.h"
@@ -132,26 +133,61 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
   return r;
 }
 
+enum pass_op { PASS_WRITE, PASS_ZERO, PASS_TRIM };
+
+/* Send one write-class request straight to the backing under the range
+ * lock of [off, end), then bring the cached copies in line (x->kind says
+ * how on success; on failure clean copies are forgotten). */
+static int
+passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
+             unsigned flags)
+{
+  uint64_t off = x->off, len = x->end - x->off;
+  uint64_t first = folio_of (c, off), last = folio_of (c, x->end - 1);
+  int r;
+
+  if (op != PASS_WRITE)
+    flags = durable_flags (c, flags);
+  range_lock (c, first, last);
+  switch (op) {
+  case PASS_WRITE:
+    r = io_write (c, buf, len, off, backing_flags (flags));
+    break;
+  case PASS_ZERO:
+    STAT_ADD (c, backing_zero_ops, 1);
+    STAT_ADD (c, backing_zero_bytes, len);
+    r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
+    break;
+  case PASS_TRIM:
+    STAT_ADD (c, backing_trim_ops, 1);
+    r = c->b->ops->trim (c->b, len, off, backing_flags (flags));
+    break;
+  default:
+    abort ();
+  }
+  int err = errno;
+  if (r == 0 && !(flags & CACHE_FUA)) {
+    atomic_store (&c->backing_unflushed, true);
+    passthrough_done (c, r, flags);
+  }
+  if (r == -1)
+    x->kind = FIX_FAILED;
+  fix_cached (c, x);
+  range_unlock (c, first, last);
+  errno = err;
+  return r;
+}
+
 int
 direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
               unsigned flags)
 {
   struct fix x = { .kind = FIX_WRITE, .off = off, .end = off + len,
                    .src = buf };
-  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
 
   STAT_ADD (c, direct_write_ops, 1);
   STAT_ADD (c, direct_write_bytes, len);
-  range_lock (c, first, last);
-  int r = io_write (c, buf, len, off, backing_flags (flags));
-  int err = errno;
-  passthrough_done (c, r, flags);
-  if (r == -1)
-    x.kind = FIX_FAILED;
-  fix_cached (c, &x);
-  range_unlock (c, first, last);
-  errno = err;
-  return r;
+  return passthrough (c, PASS_WRITE, buf, &x, flags);
 }
 
 int
@@ -168,22 +204,7 @@ cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
     return -1;
   }
   STAT_ADD (c, client_zero_bytes, len);
-  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
-  range_lock (c, first, last);
-  STAT_ADD (c, backing_zero_ops, 1);
-  STAT_ADD (c, backing_zero_bytes, len);
-  if (!(flags & CACHE_FUA))
-    atomic_store (&c->backing_unflushed, true);
-  flags = durable_flags (c, flags);
-  int r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
-  int err = errno;
-  passthrough_done (c, r, flags);
-  if (r == -1)
-    x.kind = FIX_FAILED;
-  fix_cached (c, &x);
-  range_unlock (c, first, last);
-  errno = err;
-  return r;
+  return passthrough (c, PASS_ZERO, NULL, &x, flags);
 }
 
 /* Trim whole blocks only: the parts of partial blocks keep their data. */
@@ -204,19 +225,5 @@ cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   if (off >= end)
     return 0;
   struct fix x = { .kind = FIX_DROP, .off = off, .end = end };
-  uint64_t first = folio_of (c, off), last = folio_of (c, end - 1);
-  range_lock (c, first, last);
-  STAT_ADD (c, backing_trim_ops, 1);
-  if (!(flags & CACHE_FUA))
-    atomic_store (&c->backing_unflushed, true);
-  flags = durable_flags (c, flags);
-  int r = c->b->ops->trim (c->b, end - off, off, backing_flags (flags));
-  int err = errno;
-  passthrough_done (c, r, flags);
-  if (r == -1)
-    x.kind = FIX_FAILED;
-  fix_cached (c, &x);
-  range_unlock (c, first, last);
-  errno = err;
-  return r;
+  return passthrough (c, PASS_TRIM, NULL, &x, flags);
 }
