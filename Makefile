@@ -149,21 +149,21 @@ run: deps all
 	FOLIOD=$(abspath $(FOLIOD)) scripts/run-default
 
 # Install layout.  PREFIX=/usr gives a Debian-like system layout (/etc,
-# /usr/lib/systemd/system, nbdkit's own plugin directory); any other
-# PREFIX keeps everything under it (nbdkit then needs the plugin's full
-# path).  Each directory can be overridden on the command line.
+# /usr/lib/systemd/system); any other PREFIX keeps everything under it,
+# except the nbdkit plugin, which always goes to nbdkit's own plugin
+# directory so that "nbdkit folio ..." finds it.  Each directory can be
+# overridden on the command line.
 SBINDIR    ?= $(PREFIX)/sbin
 MANDIR     ?= $(PREFIX)/share/man
 DOCDIR     ?= $(PREFIX)/share/doc/foliod
 ifeq ($(PREFIX),/usr)
 SYSCONFDIR ?= /etc
 UNITDIR    ?= /usr/lib/systemd/system
-PLUGINDIR  ?= $(or $(shell pkg-config --variable=plugindir nbdkit 2>/dev/null),/usr/lib/x86_64-linux-gnu/nbdkit/plugins)
 else
 SYSCONFDIR ?= $(PREFIX)/etc
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
-PLUGINDIR  ?= $(PREFIX)/lib/nbdkit/plugins
 endif
+PLUGINDIR  ?= $(or $(shell pkg-config --variable=plugindir nbdkit 2>/dev/null),/usr/lib/x86_64-linux-gnu/nbdkit/plugins)
 UNITS = foliod.service foliod.socket foliod@.service
 MANS  = $(wildcard man/*.[0-9])
 

@@ -13,7 +13,8 @@ mk () { timeout 300 make -s -C "$TOP" BUILD="$BUILD" SAN="${SAN:-}" DESTDIR="$de
 mk install >"$tmp/install.log" 2>&1 || fail "make install: $(cat "$tmp/install.log")"
 
 bin=$dest$prefix/sbin/foliod
-plugin=$dest$prefix/lib/nbdkit/plugins/nbdkit-folio-plugin.so
+plugindir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null)
+plugin=$dest${plugindir:-/usr/lib/x86_64-linux-gnu/nbdkit/plugins}/nbdkit-folio-plugin.so
 conf=$dest$prefix/etc/foliod/foliod.conf
 units=$dest$prefix/lib/systemd/system
 for f in "$bin" "$plugin" "$conf" "$units/foliod.service" "$units/foliod.socket" \
