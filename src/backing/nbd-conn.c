@@ -57,10 +57,43 @@ sleep_ms (uint64_t ms)
     ;
 }
 
+/* nbd_connect_uri with a deadline: a remote that accepts the connection
+ * but never answers the handshake (one that is itself shutting down, for
+ * instance) must not hang a reconnect, or foliod's shutdown, forever. */
+#define CONNECT_TIMEOUT_MS 10000
+
+static int
+connect_bounded (struct nbd_handle *h, const char *uri, const char **why)
+{
+  uint64_t deadline = mono_ms () + CONNECT_TIMEOUT_MS;
+
+  *why = NULL;
+  if (nbd_aio_connect_uri (h, uri) == -1)
+    return -1;
+  while (nbd_aio_is_connecting (h) == 1) {
+    uint64_t now = mono_ms ();
+    if (now >= deadline) {
+      *why = "no answer to the NBD handshake within 10 s";
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    if (nbd_poll (h, (int) (deadline - now)) == -1)
+      return -1;
+  }
+  if (nbd_aio_is_ready (h) != 1) {
+    if (nbd_get_error () == NULL)
+      *why = "the remote closed the connection during the handshake";
+    errno = ECONNREFUSED;
+    return -1;
+  }
+  return 0;
+}
+
 struct nbd_handle *
 nbd_conn_open (struct nbd_backing *nb, char *err, size_t errlen)
 {
   struct nbd_handle *h = nbd_create ();
+  const char *why = NULL;
 
   if (!h)
     goto fail;
@@ -76,14 +109,15 @@ nbd_conn_open (struct nbd_backing *nb, char *err, size_t errlen)
     goto fail;
   if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
     goto fail;
-  if (nbd_connect_uri (h, nb->uri) == -1)
+  if (connect_bounded (h, nb->uri, &why) == -1)
     goto fail;
   return h;
 
  fail:
   if (err)
     snprintf (err, errlen, "%s: %s", nb->uri,
-              nbd_get_error () ? nbd_get_error () : "cannot create handle");
+              why ? why : nbd_get_error () ? nbd_get_error ()
+                                           : "cannot create handle");
   if (h)
     nbd_close (h);
   return NULL;
