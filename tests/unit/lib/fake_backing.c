@@ -310,77 +310,62 @@ fake_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
   return 0;
 }
 
+/* Store buf (NULL: zeroes) over [off, off+len) for request op, counting
+ * into *total.  A torn failure stores the first half first. */
 static int
-fake_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
-            unsigned flags)
+fake_modify (struct backing *b, enum fake_op op, const void *buf,
+             uint64_t len, uint64_t off, unsigned flags, uint64_t *total)
 {
   struct fake_backing *fb = (struct fake_backing *) b;
   int err;
 
   delay (fb);
   lock (fb);
-  err = request_begin (fb, FAKE_WRITE, off, len, flags);
-  if (err == 0) {
-    store_bytes (fb, buf, len, off);
-    fb->tot.write_bytes += len;
+  err = request_begin (fb, op, off, len, flags);
+  uint64_t n = err == 0 ? len : 0;
+  if (err != 0 && fb->torn && err != EINVAL && err != EROFS &&
+      err != ENOTSUP && err != EOPNOTSUPP)
+    n = len / 2;
+  if (n > 0) {
+    if (buf)
+      store_bytes (fb, buf, n, off);
+    else
+      zero_bytes (fb, n, off);
   }
-  else if (fb->torn && err != EINVAL && err != EROFS && len / 2 > 0)
-    store_bytes (fb, buf, len / 2, off);
+  if (err == 0)
+    *total += len;
   unlock (fb);
   if (err) {
     errno = err;
     return -1;
   }
   return 0;
+}
+
+static int
+fake_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct fake_backing *fb = (struct fake_backing *) b;
+  return fake_modify (b, FAKE_WRITE, buf, len, off, flags,
+                      &fb->tot.write_bytes);
 }
 
 static int
 fake_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct fake_backing *fb = (struct fake_backing *) b;
-  int err;
-
-  delay (fb);
-  lock (fb);
-  err = request_begin (fb, FAKE_ZERO, off, len, flags);
-  if (err == 0) {
-    zero_bytes (fb, len, off);
-    fb->tot.zero_bytes += len;
-  }
-  else if (fb->torn && err != EINVAL && err != EROFS && err != ENOTSUP &&
-           len / 2 > 0)
-    zero_bytes (fb, len / 2, off);
-  unlock (fb);
-  if (err) {
-    errno = err;
-    return -1;
-  }
-  return 0;
+  return fake_modify (b, FAKE_ZERO, NULL, len, off, flags,
+                      &fb->tot.zero_bytes);
 }
 
+/* Advisory in general; this fake always zeroes the whole range. */
 static int
 fake_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct fake_backing *fb = (struct fake_backing *) b;
-  int err;
-
-  delay (fb);
-  lock (fb);
-  err = request_begin (fb, FAKE_TRIM, off, len, flags);
-  if (err == 0) {
-    /* Advisory in general; this fake always zeroes the whole range. */
-    zero_bytes (fb, len, off);
-    fb->tot.trim_bytes += len;
-  }
-  else if (fb->torn && err != EINVAL && err != EROFS && err != EOPNOTSUPP &&
-           len / 2 > 0)
-    zero_bytes (fb, len / 2, off);
-  unlock (fb);
-  if (err) {
-    errno = err;
-    return -1;
-  }
-  return 0;
+  return fake_modify (b, FAKE_TRIM, NULL, len, off, flags,
+                      &fb->tot.trim_bytes);
 }
 
 static int
