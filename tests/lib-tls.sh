@@ -82,20 +82,7 @@ $code"
 }
 
 start_foliod_tls () {
-  local i
-  SOCK=${SOCK_PATH:-$tmp/sock}
-  FOLIOD_LOG=$tmp/foliod.log
-  rm -f "$SOCK"
-  timeout --signal=KILL $(( ${START_TIMEOUT:-600} * TSCALE )) \
-    "$FOLIOD" --foreground --unix "$SOCK" "$@" >>"$FOLIOD_LOG" 2>&1 &
-  FOLIOD_PID=$!
-  track "$FOLIOD_PID"
-  for ((i = 0; i < 200 * TSCALE; i++)); do
-    [ -S "$SOCK" ] && return 0
-    kill -0 "$FOLIOD_PID" 2>/dev/null || fail "foliod exited during start-up"
-    sleep 0.1
-  done
-  fail "no socket at $SOCK after $(( 20 * TSCALE )) s"
+  READY_ON_SOCKET=1 start_foliod "$@"
 }
 
 # tls_sign_expired CADIR OUTKEY OUTCERT: a server key and a certificate

@@ -92,8 +92,10 @@ uri () {
 wait_for_socket () {
   local sock=$1 i n=$(( $2 * 10 ))
   for ((i = 0; i < n; i++)); do
-    if [ -S "$sock" ] &&
-       nbdinfo --list "nbd+unix:///?socket=$sock" >/dev/null 2>&1; then
+    # READY_ON_SOCKET=1: the socket existing is enough (a TLS-only
+    # server refuses the plaintext probe).
+    if [ -S "$sock" ] && { [ "${READY_ON_SOCKET:-0}" = 1 ] ||
+       nbdinfo --list "nbd+unix:///?socket=$sock" >/dev/null 2>&1; }; then
       return 0
     fi
     if [ -n "$FOLIOD_PID" ] && ! kill -0 "$FOLIOD_PID" 2>/dev/null; then
