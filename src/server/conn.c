@@ -468,10 +468,14 @@ conn_update_events (struct conn *c)
   c->io_events = ev;
 }
 
+/* Free a dead connection once nothing points at it: no worker holds one
+ * of its requests and it is not linked in the server's flush list (a
+ * reply queued on the loop thread, such as a refused request, links it
+ * there; conn_flush_pending frees it then). */
 void
 conn_maybe_free (struct conn *c)
 {
-  if (c->state == CONN_DEAD && c->nworker == 0)
+  if (c->state == CONN_DEAD && c->nworker == 0 && !c->in_flush_list)
     conn_free (c);
 }
 
@@ -521,6 +525,7 @@ static void
 conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
 {
   struct conn *c = w->data;
+  struct server *s = c->srv;
   /* An event the transport waited for (TLS: a read that needs the socket
    * writable, or the reverse) retries both directions. */
   bool tport = (revents & c->tport_want) != 0;
@@ -532,6 +537,7 @@ conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
   if (((revents & EV_READ) || tport) && c->state != CONN_DEAD)
     conn_run_input (c);
   conn_after_io (c);
+  conn_flush_pending (s); /* replies queued on the loop, c's included */
 }
 
 static void

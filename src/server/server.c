@@ -145,6 +145,7 @@ server_shutdown (struct server *s, void (*done) (void *), void *opaque)
     next = c->next;
     conn_begin_shutdown (c, force);
   }
+  conn_flush_pending (s);
   server_conn_gone (s); /* maybe nobody was connected */
 }
 
@@ -164,6 +165,7 @@ server_free (struct server *s)
     next = c->next;
     conn_begin_shutdown (c, true);
   }
+  conn_flush_pending (s);
   ev_async_stop (s->loop, &s->done_async);
   ev_timer_stop (s->loop, &s->shutdown_timer);
   ev_idle_stop (s->loop, &s->done_idle);
