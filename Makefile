@@ -97,6 +97,10 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
 
+# The test library objects are prerequisites of pattern rules only: keep
+# make from deleting them as intermediates (and relinking everything).
+.SECONDARY: $(TESTLIB_OBJS)
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 deps:
