@@ -38,6 +38,17 @@ fidx_init (struct fidx *x, uint64_t max_index)
   x->max_index = max_index;
   x->count = 0;
   x->nodes = 0;
+  x->node_calloc = calloc;
+}
+
+static struct fidx_node *
+node_alloc (struct fidx *x)
+{
+  struct fidx_node *n = x->node_calloc (1, sizeof *n);
+
+  if (n)
+    x->nodes++;
+  return n;
 }
 
 static void
@@ -82,29 +93,32 @@ fidx_get (const struct fidx *x, uint64_t index)
   return NULL;
 }
 
+/* A node's present bit for slot s is set only once the child there
+ * exists: a failed allocation leaves the tree as it was for lookups (an
+ * empty node may stay behind; it is freed with the tree). */
 int
 fidx_insert (struct fidx *x, uint64_t index, void *item)
 {
   struct fidx_node **np = &x->root;
 
   assert (index <= x->max_index && item != NULL);
+  if (*np == NULL && (*np = node_alloc (x)) == NULL)
+    return -1;
   for (unsigned level = 0;; level++) {
-    if (*np == NULL) {
-      *np = calloc (1, sizeof **np);
-      if (*np == NULL)
-        return -1;
-      x->nodes++;
-    }
+    struct fidx_node *n = *np;
     unsigned s = slot_of (index, leaf_shift (x, level));
+
     if (level == x->height - 1) {
-      assert (!((*np)->present & (1ull << s)));
-      (*np)->slots[s] = item;
-      (*np)->present |= 1ull << s;
+      assert (!(n->present & (1ull << s)));
+      n->slots[s] = item;
+      n->present |= 1ull << s;
       x->count++;
       return 0;
     }
-    (*np)->present |= 1ull << s;
-    np = (struct fidx_node **) &(*np)->slots[s];
+    if (n->slots[s] == NULL && (n->slots[s] = node_alloc (x)) == NULL)
+      return -1;
+    n->present |= 1ull << s;
+    np = (struct fidx_node **) &n->slots[s];
   }
 }
 

@@ -22,6 +22,8 @@ struct fidx {
   uint64_t max_index; /* largest folio number that may be inserted */
   size_t count;       /* entries */
   size_t nodes;       /* allocated nodes, for memory accounting */
+  void *(*node_calloc) (size_t n, size_t size); /* calloc; tests inject
+                                                  failures here */
 };
 
 void fidx_init (struct fidx *x, uint64_t max_index);
