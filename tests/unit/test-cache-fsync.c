@@ -101,7 +101,8 @@ struct fx {
 
 /* A zeroed file (on the device), the file backing and a cache over it. */
 static struct fx *
-fx_open (uint64_t cache_size, unsigned expire_ms, unsigned interval_ms)
+fx_open_mode (enum cache_mode mode, uint64_t cache_size, unsigned expire_ms,
+              unsigned interval_ms)
 {
   struct fx *f = calloc (1, sizeof *f);
   struct backing_opts o = { 0 };
@@ -119,6 +120,7 @@ fx_open (uint64_t cache_size, unsigned expire_ms, unsigned interval_ms)
   if (f->b == NULL)
     fail_msg ("%s", err);
   cache_config_default (&cfg);
+  cfg.mode = mode;
   cfg.cache_size = cache_size;
   cfg.dirty_expire_ms = expire_ms;
   cfg.writeback_interval_ms = interval_ms;
@@ -126,6 +128,12 @@ fx_open (uint64_t cache_size, unsigned expire_ms, unsigned interval_ms)
   if (f->c == NULL)
     fail_msg ("%s", err);
   return f;
+}
+
+static struct fx *
+fx_open (uint64_t cache_size, unsigned expire_ms, unsigned interval_ms)
+{
+  return fx_open_mode (CACHE_WRITEBACK, cache_size, expire_ms, interval_ms);
 }
 
 static void
@@ -212,6 +220,23 @@ test_background_failed_sync (void **state)
   fx_close (f, 0);
 }
 
+/* cache=writethrough: a write whose fdatasync fails gets EIO; the cache
+ * keeps it dirty, and the next FLUSH puts it on the device. */
+static void
+test_writethrough_failed_sync (void **state)
+{
+  struct fx *f = fx_open_mode (CACHE_WRITETHROUGH, 1u << 20, 3600000, 1000);
+  static unsigned char buf[4096];
+
+  memset (buf, 0x77, sizeof buf);
+  fail_syncs (1);
+  assert_int_equal (cache_write (f->c, buf, sizeof buf, 8192, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_flush (f->c), 0);
+  assert_on_device (buf, sizeof buf, 8192);
+  fx_close (f, 0);
+}
+
 /* Written-back blocks are pinned until the backing flushes; a cache of 4
  * folios must still take 4 MiB of writes (writers waiting for room get it
  * after a flush) and all of it reaches the device. */
@@ -242,6 +267,7 @@ main (void)
     cmocka_unit_test (test_failed_flush_rewrites),
     cmocka_unit_test (test_fua_sync_loses_passthrough),
     cmocka_unit_test (test_background_failed_sync),
+    cmocka_unit_test (test_writethrough_failed_sync),
     cmocka_unit_test (test_unstable_leaves_room),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
