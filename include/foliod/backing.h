@@ -81,10 +81,11 @@ struct backing_ops {
 
   /* A counter that moves whenever writes the backing acknowledged but had
    * not yet flushed may have been lost (a remote that dropped the
-   * connection may have dropped its volatile cache too).  The cache keeps
-   * written blocks "unstable" until a flush succeeds with the epoch
-   * unchanged, and writes them again when it moved.  NULL: acknowledged
-   * writes are never lost before a flush fails (local files). */
+   * connection may have dropped its volatile cache too; a file whose
+   * fdatasync failed, in flush or in a FUA op, since Linux then forgets
+   * the error).  The cache keeps written blocks "unstable" until a flush
+   * succeeds with the epoch unchanged, and writes them again when it
+   * moved.  NULL: acknowledged writes are never lost. */
   uint64_t (*loss_epoch) (struct backing *b);
 
   /* Fill *st with the backing's own counters.  May be NULL. */

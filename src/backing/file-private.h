@@ -27,6 +27,11 @@ struct file_backing {
   struct backing b;             /* first: the cache sees only this */
   int fd;                       /* O_DIRECT when b.direct, else == fd_buf */
   int fd_buf;                   /* buffered fd: tail past direct_end */
+  int fd_flush;                 /* flush's own open of the file: Linux
+                                 * reports a writeback error once per open
+                                 * file description, so a FUA op's failing
+                                 * fdatasync (on fd) cannot hide it from
+                                 * the next flush */
   int is_blk;                   /* block device */
   uint32_t sector;              /* logical sector size (block device) */
   uint32_t mem_align;           /* buffer alignment O_DIRECT needs */
@@ -41,6 +46,9 @@ struct file_backing {
   atomic_int can_alloc;         /* fallocate mode 0 (re-allocate) */
   atomic_int can_zeroout;       /* ioctl BLKZEROOUT (block devices) */
   atomic_int can_seek_data;     /* lseek SEEK_DATA/SEEK_HOLE */
+
+  /* Moves whenever an fdatasync fails (see file_sync). */
+  _Atomic uint64_t loss_epoch;
 
   pthread_mutex_t pool_lock;    /* protects pool */
   struct file_bounce *pool;     /* free bounce buffers */

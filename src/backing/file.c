@@ -324,14 +324,19 @@ file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
   return 0;
 }
 
+/* fdatasync is per inode: it covers every fd of the file.  When it fails,
+ * Linux has marked the pages whose writeback failed clean (their data is
+ * not on the device) and reports the error once: a later fdatasync
+ * succeeds.  So everything written since the last good sync may be lost,
+ * and the loss epoch moves: the cache writes its unstable blocks again. */
 static int
-file_sync (struct file_backing *fb)
+file_sync (struct file_backing *fb, int fd)
 {
-  /* fdatasync is per inode: it covers both fds. */
-  if (fdatasync (fb->fd) == -1) {
+  if (fdatasync (fd) == -1) {
     /* EINVAL/EROFS: this kind of file has nothing to sync. */
     if (errno == EINVAL || errno == EROFS)
       return 0;
+    atomic_fetch_add (&fb->loss_epoch, 1);
     return -1;
   }
   return 0;
@@ -347,7 +352,7 @@ file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     return -1;
   if (file_write_data (fb, buf, len, off) == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
 }
 
 /* fallocate with one method; on "unsupported" clears *flag for good.
@@ -512,7 +517,7 @@ file_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
                  : reg_zero (fb, len, off, flags);
   if (r == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
 }
 
 static int
@@ -539,7 +544,7 @@ file_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if (r == -1)
     return -1;
   /* r == 1: no hole punching here; trim is advisory, so done. */
-  return (flags & BACKING_FUA) ? file_sync (fb) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
 }
 
 static int
@@ -549,7 +554,13 @@ file_flush (struct backing *b)
 
   if (b->caps & BACKING_READ_ONLY)
     return 0;
-  return file_sync (fb);
+  return file_sync (fb, fb->fd_flush);
+}
+
+static uint64_t
+file_loss_epoch (struct backing *b)
+{
+  return atomic_load (&to_file (b)->loss_epoch);
 }
 
 static void
@@ -613,6 +624,8 @@ file_close (struct backing *b)
 
   if (fb->fd != fb->fd_buf && fb->fd >= 0)
     close (fb->fd);
+  if (fb->fd_flush >= 0 && fb->fd_flush != fb->fd_buf)
+    close (fb->fd_flush);
   if (fb->fd_buf >= 0)
     close (fb->fd_buf);
   while ((p = fb->pool) != NULL) {
@@ -634,6 +647,7 @@ static const struct backing_ops file_ops = {
   .trim = file_trim,
   .flush = file_flush,
   .map = file_map,
+  .loss_epoch = file_loss_epoch,
   .stats = NULL,
   .close = file_close,
 };
@@ -744,6 +758,19 @@ open_sizes (struct file_backing *fb, const char *path, char *err,
   return 0;
 }
 
+/* A second open of the same inode (not of the path, which may have been
+ * renamed meanwhile) for flush; without /proc, flush shares fd_buf. */
+static void
+open_flush_fd (struct file_backing *fb)
+{
+  char p[64];
+
+  snprintf (p, sizeof p, "/proc/self/fd/%d", fb->fd_buf);
+  fb->fd_flush = open (p, O_RDONLY | O_CLOEXEC);
+  if (fb->fd_flush == -1)
+    fb->fd_flush = fb->fd_buf;
+}
+
 /* Open the O_DIRECT fd and find its alignment; on refusal stay buffered
  * (b.direct = 0, the caller logs it). */
 static int
@@ -799,7 +826,7 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   fb->b.ops = &file_ops;
   fb->b.io_align = 1;
   fb->mem_align = 1;
-  fb->fd = fb->fd_buf = -1;
+  fb->fd = fb->fd_buf = fb->fd_flush = -1;
   atomic_init (&fb->can_zero_range, 1);
   atomic_init (&fb->can_punch, 1);
   atomic_init (&fb->can_alloc, 1);
@@ -829,6 +856,7 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
       goto fail;
     }
     memset (fb->zero_buf, 0, FILE_BOUNCE_SIZE);
+    open_flush_fd (fb);
     probe_punch (fb);
     if (atomic_load (&fb->can_punch))
       fb->b.caps |= BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_CAN_FAST_ZERO;

@@ -99,10 +99,12 @@ struct cache {
   pthread_cond_t wb_cv;     /* under lock: wakes the writeback thread */
   uint64_t wb_cursor;       /* background pass resumes here; wb_mutex */
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
+  _Atomic int flush_failing;/* errno of the last backing flush if it failed */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
   uint64_t stable_epoch;    /* backing loss epoch at the last good flush; wb_mutex */
-  _Atomic uint64_t passthrough_unflushed; /* direct writes/zeros/trims since */
-  bool passthrough_lost;    /* some of those were lost; wb_mutex */
+  _Atomic uint64_t passthrough_unflushed; /* direct writes and zeroes since */
+  bool passthrough_lost;    /* some of those were lost: every flush from
+                             * now on fails (cache_flush); wb_mutex */
 
   pthread_key_t bounce_key; /* per-thread bounce buffer, max_io_bytes */
   bool bounce_key_ok;
@@ -189,8 +191,11 @@ int wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
 int wb_pass (struct cache *c, bool all, int *err);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
- * -1/errno. */
+ * -1/errno (when the failed flush lost writes, they are dirty again too). */
 int wb_stabilize (struct cache *c);
+/* Why writeback cannot make room now (a write or the backing flush is
+ * failing: waiting would not help), or 0. */
+int wb_error (struct cache *c);
 /* Forget every clean cached block (wb_mutex held). */
 void wb_invalidate_clean (struct cache *c);
 void *wb_thread_main (void *arg);

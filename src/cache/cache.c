@@ -239,6 +239,9 @@ cache_shutdown (struct cache *c, unsigned attempts)
     r = cache_flush (c);
     if (r == 0)
       break;
+    if (c->passthrough_lost && STAT_GET (c, dirty_bytes) == 0 &&
+        STAT_GET (c, unstable_bytes) == 0)
+      break;                 /* written; the loss is final, retrying won't help */
   }
   return r;
 }
@@ -256,9 +259,19 @@ cache_destroy (struct cache *c)
 }
 
 /* Write back everything, then flush the backing.  If the backing lost
- * acknowledged writes meanwhile (a remote restarted), the cached ones are
- * dirty again and written once more; lost passthrough writes cannot be, so
- * they fail the flush (and clean cached copies are dropped). */
+ * acknowledged writes meanwhile (a remote restarted, a file's fdatasync
+ * failed), the cached ones are dirty again and written once more, and the
+ * flush succeeds only once a backing flush after them has.
+ *
+ * Lost passthrough writes (direct I/O, zero) cannot be written again: the
+ * cache has no copy.  A successful FLUSH promises that every write
+ * completed before it is durable (NBD spec), those included, so from then
+ * on every flush fails with EIO, until the export is opened again.  That
+ * is qemu's answer to a failed fdatasync of a file it cannot rewrite
+ * (file-posix.c, page_cache_inconsistent); Linux and nbdkit report the
+ * error once, which is how a retried fsync came to claim lost data
+ * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
+ * until the next flush would make direct I/O cost cache memory. */
 int
 cache_flush (struct cache *c)
 {
@@ -282,12 +295,8 @@ cache_flush (struct cache *c)
       break;
     }
   }
-  if (c->passthrough_lost) {
-    c->passthrough_lost = false;
-    wb_invalidate_clean (c);
-    if (err == 0)
-      err = EIO;
-  }
+  if (c->passthrough_lost && err == 0)
+    err = EIO;
   pthread_mutex_unlock (&c->wb_mutex);
   pthread_mutex_lock (&c->lock);
   pthread_cond_broadcast (&c->space_cv);

@@ -90,13 +90,24 @@ fix_cached (struct cache *c, struct fix *x)
                       fix_folio, x);
 }
 
-/* Zero and trim cannot be redone if a remote loses them before a flush
- * (the cache keeps no copy), so on such backings they are made durable at
- * once. */
+/* Passthrough requests leave no copy in the cache: if the backing loses
+ * them before a flush, nothing can write them again and every later flush
+ * fails (see cache_flush).
+ *  - Writes are counted (passthrough_done) rather than made durable: an
+ *    extra flush per direct write would cost more than the rare loss.
+ *    That covers O_DIRECT too: the kernel took the data, but a device's
+ *    volatile cache may still lose it until fdatasync succeeds.
+ *  - Zeroes and trims are made durable at once where FUA is native (a
+ *    remote: its restart is a routine loss and must stay invisible).
+ *    Elsewhere (a file) FUA is a whole fdatasync per request, so zeroes
+ *    are counted like writes, and trims not at all: a lost trim leaves
+ *    the old data, which a trim allows. */
 static unsigned
 durable_flags (struct cache *c, unsigned flags)
 {
-  return c->b->ops->loss_epoch ? flags | CACHE_FUA : flags;
+  if (c->b->ops->loss_epoch && (c->b->caps & BACKING_CAN_FUA))
+    return flags | CACHE_FUA;
+  return flags;
 }
 
 static unsigned
@@ -107,12 +118,14 @@ backing_flags (unsigned flags)
          (flags & CACHE_FAST_ZERO ? BACKING_FAST_ZERO : 0);
 }
 
-/* A passthrough write that the backing could still lose (see
+enum pass_op { PASS_WRITE, PASS_ZERO, PASS_TRIM };
+
+/* A passthrough write or zero that the backing could still lose (see
  * wb_stabilize). */
 static void
-passthrough_done (struct cache *c, int r, unsigned flags)
+passthrough_done (struct cache *c, enum pass_op op, unsigned flags)
 {
-  if (r == 0 && !(flags & CACHE_FUA) && c->b->ops->loss_epoch)
+  if (op != PASS_TRIM && !(flags & CACHE_FUA) && c->b->ops->loss_epoch)
     atomic_fetch_add (&c->passthrough_unflushed, 1);
 }
 
@@ -132,8 +145,6 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
   range_unlock (c, first, last);
   return r;
 }
-
-enum pass_op { PASS_WRITE, PASS_ZERO, PASS_TRIM };
 
 /* Send one write-class request straight to the backing under the range
  * lock of [off, end), then bring the cached copies in line (x->kind says
@@ -168,7 +179,7 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
   int err = errno;
   if (r == 0 && !(flags & CACHE_FUA)) {
     atomic_store (&c->backing_unflushed, true);
-    passthrough_done (c, r, flags);
+    passthrough_done (c, op, flags);
   }
   if (r == -1)
     x->kind = FIX_FAILED;

@@ -182,7 +182,7 @@ window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
     int err = errno;
     /* Never wait holding stripes: writeback needs them. */
     range_unlock (c, first, first + n - 1);
-    int failing = atomic_load (&c->wb_failing);
+    int failing = wb_error (c);
     if (err != EAGAIN || failing) {
       pthread_mutex_unlock (&c->lock);
       errno = err != EAGAIN ? err : failing;
@@ -241,7 +241,7 @@ throttle_dirty (struct cache *c, uint64_t len)
   pthread_mutex_lock (&c->lock);
   while (STAT_GET (c, dirty_bytes) > 0 &&
          STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
-    int failing = atomic_load (&c->wb_failing);
+    int failing = wb_error (c);
     if (failing) {
       pthread_mutex_unlock (&c->lock);
       errno = failing;

@@ -211,6 +211,22 @@ loss_epoch (struct cache *c)
   return c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
 }
 
+/* The backing may have lost what it acknowledged since the last good
+ * flush: cached writes go back to dirty (writeback redoes them);
+ * passthrough writes cannot be redone, so every later flush fails (see
+ * cache_flush) and clean copies are forgotten, to read what the backing
+ * really has. */
+static void
+wb_lost (struct cache *c, uint64_t epoch)
+{
+  c->stable_epoch = epoch;
+  folios_each_locked (c, true, folio_settle, true);
+  if (atomic_exchange (&c->passthrough_unflushed, 0) > 0) {
+    c->passthrough_lost = true;
+    wb_invalidate_clean (c);
+  }
+}
+
 int
 wb_stabilize (struct cache *c)
 {
@@ -220,27 +236,36 @@ wb_stabilize (struct cache *c)
       STAT_GET (c, unstable_bytes) == 0 && loss_epoch (c) == c->stable_epoch)
     return 0;
   STAT_ADD (c, backing_flush_ops, 1);
-  if (c->b->ops->flush (c->b) == -1) {
-    int err = errno ? errno : EIO;
+  int r = c->b->ops->flush (c->b);
+  int err = errno ? errno : EIO;
+  uint64_t epoch = loss_epoch (c);
+  if (r == -1) {
+    /* A file's failed fdatasync is such a loss; dirty at once, the
+     * blocks are rewritten even if no client flushes again. */
     atomic_store (&c->backing_unflushed, true);
+    atomic_store (&c->flush_failing, err);
+    if (epoch != c->stable_epoch)
+      wb_lost (c, epoch);
     errno = err;
     return -1;
   }
-  uint64_t epoch = loss_epoch (c);
+  atomic_store (&c->flush_failing, 0);
   if (epoch == c->stable_epoch) {
     if (STAT_GET (c, unstable_bytes) > 0)
       folios_each_locked (c, true, folio_settle, false);
     atomic_fetch_sub (&c->passthrough_unflushed, passthrough);
     return 0;
   }
-  /* The backing may have lost what it acknowledged since the last good
-   * flush: cached writes go back to dirty; passthrough writes cannot be
-   * redone, so the next flush must report them. */
-  c->stable_epoch = epoch;
-  if (atomic_exchange (&c->passthrough_unflushed, 0) > 0)
-    c->passthrough_lost = true;
-  folios_each_locked (c, true, folio_settle, true);
+  wb_lost (c, epoch);
   return 1;
+}
+
+int
+wb_error (struct cache *c)
+{
+  int err = atomic_load (&c->wb_failing);
+
+  return err ? err : atomic_load (&c->flush_failing);
 }
 
 static void
@@ -296,8 +321,12 @@ wb_thread_main (void *arg)
     int err;
     pthread_mutex_lock (&c->wb_mutex);
     wb_pass (c, false, &err);
-    /* Unstable blocks pin memory until the backing flushes them. */
-    if (err == 0 && STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1)
+    /* Unstable blocks pin memory until the backing flushes them: flush
+     * after every pass that left some, even one with failed writes, so
+     * that what did reach the backing can be evicted and writers waiting
+     * for room get it. */
+    if (STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1 &&
+        err == 0)
       err = errno;
     pthread_mutex_unlock (&c->wb_mutex);
     pthread_mutex_lock (&c->lock);
