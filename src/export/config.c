@@ -199,7 +199,7 @@ export_config_check (const struct export_config *cfg, char *err,
   err[0] = '\0';
   if (cfg->backing == NULL || cfg->backing[0] == '\0')
     export_err_append (err, errlen,
-                "no backing given (backing=file:PATH or nbd://...)");
+                       "no backing given (backing=file:PATH or nbd://...)");
   if (cfg->store && strcmp (cfg->store, "ram") != 0) {
     snprintf (one, sizeof one, "unknown store '%s' (only ram is supported)",
               cfg->store);
