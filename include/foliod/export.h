@@ -44,9 +44,21 @@ int export_config_set (struct export_config *cfg, const char *key,
 struct export_key_help { const char *key; const char *help; };
 extern const struct export_key_help export_keys[];
 
-/* Check the whole configuration (backing given, sizes coherent). */
+/* Check the whole configuration (backing given, sizes coherent).  Every
+ * problem found goes into err, separated by "; ".  0 or -1. */
 int export_config_check (const struct export_config *cfg, char *err,
                          size_t errlen);
+
+/* Append msg to err, "; " between reasons: a check reports every problem,
+ * not the first only. */
+void export_err_append (char *err, size_t errlen, const char *msg);
+
+/* The NBD protocol caps strings, export names included, at 4096 bytes: a
+ * longer name could never be asked for.  "" is the default export. */
+#define EXPORT_NAME_MAX 4096
+
+/* 0, or -1 with a reason in err when no client could ask for name. */
+int export_name_check (const char *name, char *err, size_t errlen);
 
 struct export {
   char *name;

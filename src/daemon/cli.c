@@ -226,7 +226,7 @@ static int
 apply_args (struct cli_args *a, struct daemon_config *c)
 {
   unsigned cleared = 0;
-  char err[256];
+  char err[1024];
 
   for (size_t i = 0; i < a->n_keys; i++) {
     int k = server_key_index (a->keys[i]);
@@ -255,6 +255,19 @@ apply_args (struct cli_args *a, struct daemon_config *c)
   return 0;
 }
 
+/* Read file.  When it has errors, the whole-config checks run anyway, so
+ * that one run reports every problem (a file that could not be read has
+ * nothing more to say).  0 or -1. */
+static int
+config_load (struct daemon_config *c, const char *file)
+{
+  int r = daemon_config_load (c, file, NULL);
+
+  if (r == -1 && c->n_exports)
+    daemon_config_check (c);
+  return r;
+}
+
 static int
 check_config (const char *file)
 {
@@ -262,7 +275,7 @@ check_config (const char *file)
   int r;
 
   daemon_config_init (&c);
-  r = daemon_config_load (&c, file, NULL);
+  r = config_load (&c, file);
   if (r == 0)
     r = daemon_config_check (&c);
   if (r == 0)
@@ -342,7 +355,7 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
     r = check_config (cli->check_config);
   if (r == 0) {
     if (cli->config_file)
-      r = daemon_config_load (c, cli->config_file, NULL);
+      r = config_load (c, cli->config_file);
     else if (a.n_exports == 0)
       r = daemon_config_load (c, "(built-in foliod.conf)",
                               foliod_default_conf);

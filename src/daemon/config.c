@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "foliod/util.h"
@@ -157,6 +158,21 @@ parse_uint (const char *s, unsigned min, unsigned max, unsigned *out)
   return 0;
 }
 
+/* Seconds in [min, max]: "10" or "10s". */
+static int
+parse_seconds (const char *s, unsigned min, unsigned max, unsigned *out)
+{
+  char buf[32];
+  size_t len = strlen (s);
+
+  if (len > 1 && len < sizeof buf && s[len - 1] == 's') {
+    memcpy (buf, s, len - 1);
+    buf[len - 1] = '\0';
+    return parse_uint (buf, min, max, out);
+  }
+  return parse_uint (s, min, max, out);
+}
+
 int
 parse_listen (const char *s, char *host, size_t hostlen,
               char *port, size_t portlen)
@@ -239,18 +255,9 @@ daemon_config_set (struct daemon_config *c, const char *key,
     r = parse_uint (value, 1, 1000000, &c->max_connections);
     break;
   case K_MAX_INFLIGHT: r = parse_uint (value, 1, 4096, &c->max_inflight); break;
-  case K_HANDSHAKE_TIMEOUT: {
-    char buf[32];
-    size_t len = strlen (value);
-    /* "10" or "10s" */
-    if (len > 1 && len < sizeof buf && value[len - 1] == 's') {
-      memcpy (buf, value, len - 1);
-      buf[len - 1] = '\0';
-      value = buf;
-    }
-    r = parse_uint (value, 1, 3600, &c->handshake_timeout_s);
+  case K_HANDSHAKE_TIMEOUT:
+    r = parse_seconds (value, 1, 3600, &c->handshake_timeout_s);
     break;
-  }
   case K_TLS: r = set_tls (c, value); break;
   case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;
@@ -324,6 +331,49 @@ normalize_key (char *key)
   }
 }
 
+/* Keys already given for one export, to refuse duplicates. */
+struct seen_keys {
+  char key[64][32];
+  unsigned where[64];       /* line in the file, or item of --export */
+  unsigned n;
+};
+
+/* Where key was given before, 0 if it was not. */
+static unsigned
+seen_keys_find (const struct seen_keys *s, const char *key)
+{
+  for (unsigned i = 0; i < s->n; i++)
+    if (strcmp (s->key[i], key) == 0)
+      return s->where[i];
+  return 0;
+}
+
+/* Keys longer than a slot are unknown keys, refused before they get here;
+ * more keys than slots means duplicates, refused on the way. */
+static void
+seen_keys_add (struct seen_keys *s, const char *key, unsigned where)
+{
+  if (s->n < 64 && strlen (key) < sizeof s->key[0]) {
+    strcpy (s->key[s->n], key);
+    s->where[s->n++] = where;
+  }
+}
+
+/* One export key: create-size (daemon only) or a key of the shared
+ * parser.  0, or -1 with a reason in err. */
+static int
+export_key_set (struct daemon_export *e, const char *key, const char *value,
+                char *err, size_t errlen)
+{
+  if (strcmp (key, EXPORT_KEY_CREATE_SIZE) != 0)
+    return export_config_set (&e->cfg, key, value, err, errlen);
+  if (parse_size (value, &e->create_size) == -1 || e->create_size == 0) {
+    snprintf (err, errlen, "bad value for %s: '%s'", key, value);
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- the INI file ---------------------------------------------------- */
 
 struct ini {
@@ -334,11 +384,7 @@ struct ini {
   enum { SEC_NONE, SEC_SERVER, SEC_EXPORT, SEC_BAD } sec;
   size_t exp;               /* index of the current export */
   unsigned exp_line;        /* its [export] line */
-  int exp_bad;              /* errors inside the current section */
-  /* keys already set in the current [export] section, for duplicates */
-  char seen[64][32];
-  unsigned seen_line[64];
-  unsigned n_seen;
+  struct seen_keys seen;    /* keys of the current [export] section */
 };
 
 static void __attribute__ ((format (printf, 2, 3)))
@@ -383,10 +429,12 @@ unquote (char *s)
 static void
 ini_end_export (struct ini *in)
 {
-  char err[256];
+  char err[1024];
   struct daemon_export *e;
 
-  if (in->sec != SEC_EXPORT || in->exp_bad)
+  /* Also after a bad key: every error of the export is reported at once
+   * (a bad value leaves the default, so what is checked is still real). */
+  if (in->sec != SEC_EXPORT)
     return;
   e = &in->c->exports[in->exp];
   if (export_config_check (&e->cfg, err, sizeof err) == -1) {
@@ -401,7 +449,7 @@ static void
 ini_section (struct ini *in, char *s)
 {
   size_t n = strlen (s);
-  char *inner, *name;
+  char *inner, *name, err[256];
   struct daemon_export *e;
 
   ini_end_export (in);
@@ -428,6 +476,10 @@ ini_section (struct ini *in, char *s)
     return;
   }
   name = unquote (name);
+  if (export_name_check (name, err, sizeof err) == -1) {
+    ini_error (in, "%s", err);
+    return;
+  }
   e = find_export (in->c, name);
   if (e) {
     ini_error (in, "duplicate export '%s' (first defined at %s)", name,
@@ -443,8 +495,7 @@ ini_section (struct ini *in, char *s)
   in->sec = SEC_EXPORT;
   in->exp = (size_t) (e - in->c->exports);
   in->exp_line = in->line;
-  in->exp_bad = 0;
-  in->n_seen = 0;
+  in->seen.n = 0;
 }
 
 static void
@@ -474,31 +525,18 @@ static void
 ini_export_key (struct ini *in, const char *key, const char *value)
 {
   struct daemon_export *e = &in->c->exports[in->exp];
+  unsigned first = seen_keys_find (&in->seen, key);
   char err[256];
 
-  for (unsigned i = 0; i < in->n_seen; i++)
-    if (strcmp (in->seen[i], key) == 0) {
-      ini_error (in, "duplicate key '%s' (first set at line %u)", key,
-                 in->seen_line[i]);
-      in->exp_bad = 1;
-      return;
-    }
-  if (strcmp (key, EXPORT_KEY_CREATE_SIZE) == 0) {
-    if (parse_size (value, &e->create_size) == -1 || e->create_size == 0) {
-      ini_error (in, "export '%s': bad value for %s: '%s'", e->cfg.name,
-                 key, value);
-      in->exp_bad = 1;
-      return;
-    }
-  } else if (export_config_set (&e->cfg, key, value, err, sizeof err) == -1) {
-    ini_error (in, "export '%s': %s", e->cfg.name, err);
-    in->exp_bad = 1;
+  if (first) {
+    ini_error (in, "duplicate key '%s' (first set at line %u)", key, first);
     return;
   }
-  if (in->n_seen < 64 && strlen (key) < sizeof in->seen[0]) {
-    strcpy (in->seen[in->n_seen], key);
-    in->seen_line[in->n_seen++] = in->line;
+  if (export_key_set (e, key, value, err, sizeof err) == -1) {
+    ini_error (in, "export '%s': %s", e->cfg.name, err);
+    return;
   }
+  seen_keys_add (&in->seen, key, in->line);
 }
 
 static void
@@ -516,8 +554,6 @@ ini_line (struct ini *in, char *s)
   eq = strchr (s, '=');
   if (eq == NULL) {
     ini_error (in, "expected 'key = value', '[server]' or '[export NAME]'");
-    if (in->sec == SEC_EXPORT)
-      in->exp_bad = 1;
     return;
   }
   *eq = '\0';
@@ -604,66 +640,89 @@ daemon_config_load (struct daemon_config *c, const char *name,
 
 /* ---- --export NAME=BACKING[,key=value...] ---------------------------- */
 
+/* The path of a file backing spec (file:PATH, file://PATH or a plain
+ * path), NULL for other schemes: the rule of backing_open. */
+static const char *
+backing_file_path (const char *spec)
+{
+  const char *sep;
+
+  if (strncmp (spec, "file://", 7) == 0)
+    return spec + 7;
+  if (strncmp (spec, "file:", 5) == 0)
+    return spec + 5;
+  sep = strstr (spec, "://");
+  return sep && strchr (spec, '/') > sep ? NULL : spec;
+}
+
 /* A relative file path on the command line means relative to the current
  * directory, even though the daemon later changes into state-dir. */
 static char *
 absolute_backing (const char *spec)
 {
-  const char *path = spec;
+  const char *path = backing_file_path (spec);
   char cwd[PATH_MAX], *out;
-  int file_prefix = strncmp (spec, "file:", 5) == 0;
 
-  if (file_prefix)
-    path = spec + 5;
-  else if (strstr (spec, "://"))
+  if (path == NULL || path[0] == '/' || getcwd (cwd, sizeof cwd) == NULL)
     return strdup (spec);
-  if (path[0] == '/' || getcwd (cwd, sizeof cwd) == NULL)
-    return strdup (spec);
-  if (asprintf (&out, "%s%s/%s", file_prefix ? "file:" : "", cwd, path) < 0)
+  if (asprintf (&out, "%.*s%s/%s", (int) (path - spec), spec, cwd, path) < 0)
     return NULL;
   return out;
+}
+
+/* Item n of an --export: the backing (n == 0) or key=value. */
+static int
+export_arg_item (struct daemon_export *e, struct seen_keys *seen, char *item,
+                 unsigned n, char *err, size_t errlen)
+{
+  char *eq = strchr (item, '='), *backing;
+  int r;
+
+  if (n == 0) {
+    backing = absolute_backing (item);
+    if (backing == NULL) {
+      snprintf (err, errlen, "out of memory");
+      return -1;
+    }
+    seen_keys_add (seen, "backing", 1);
+    r = export_config_set (&e->cfg, "backing", backing, err, errlen);
+    free (backing);
+    return r;
+  }
+  if (eq == NULL) {
+    snprintf (err, errlen, "'%s': expected key=value", item);
+    return -1;
+  }
+  *eq = '\0';
+  normalize_key (item);
+  if (seen_keys_find (seen, item)) {
+    snprintf (err, errlen, "duplicate key '%s'", item);
+    return -1;
+  }
+  seen_keys_add (seen, item, n + 1);
+  return export_key_set (e, item, eq + 1, err, errlen);
 }
 
 static int
 export_arg_items (struct daemon_export *e, char *rest, char *err,
                   size_t errlen)
 {
-  char *save = NULL, *item, *backing;
-  int first = 1;
+  struct seen_keys seen = { .n = 0 };
+  char *save = NULL, *item, one[1024];
+  unsigned n = 0;
 
+  err[0] = '\0';
   for (item = strtok_r (rest, ",", &save); item;
-       item = strtok_r (NULL, ",", &save), first = 0) {
-    char *eq;
-    if (first) {
-      backing = absolute_backing (item);
-      if (backing == NULL)
-        return -1;
-      int r = export_config_set (&e->cfg, "backing", backing, err, errlen);
-      free (backing);
-      if (r == -1)
-        return -1;
-      continue;
-    }
-    eq = strchr (item, '=');
-    if (eq == NULL) {
-      snprintf (err, errlen, "'%s': expected key=value", item);
-      return -1;
-    }
-    *eq = '\0';
-    normalize_key (item);
-    if (strcmp (item, EXPORT_KEY_CREATE_SIZE) == 0) {
-      if (parse_size (eq + 1, &e->create_size) == -1 || e->create_size == 0) {
-        snprintf (err, errlen, "bad value for %s: '%s'", item, eq + 1);
-        return -1;
-      }
-    } else if (export_config_set (&e->cfg, item, eq + 1, err, errlen) == -1)
-      return -1;
-  }
-  if (first) {
+       item = strtok_r (NULL, ",", &save), n++)
+    if (export_arg_item (e, &seen, item, n, one, sizeof one) == -1)
+      export_err_append (err, errlen, one);
+  if (n == 0) {
     snprintf (err, errlen, "no backing: expected NAME=BACKING[,key=value...]");
     return -1;
   }
-  return export_config_check (&e->cfg, err, errlen);
+  if (export_config_check (&e->cfg, one, sizeof one) == -1)
+    export_err_append (err, errlen, one);
+  return err[0] ? -1 : 0;
 }
 
 int
@@ -682,6 +741,11 @@ daemon_config_add_export_arg (struct daemon_config *c, const char *arg,
   name = strndup (arg, (size_t) (eq - arg));
   rest = strdup (eq + 1);
   if (name == NULL || rest == NULL) {
+    free (name);
+    free (rest);
+    return -1;
+  }
+  if (export_name_check (name, err, errlen) == -1) {
     free (name);
     free (rest);
     return -1;
@@ -720,15 +784,6 @@ daemon_config_add_export_arg (struct daemon_config *c, const char *arg,
   return 0;
 }
 
-/* The file path of a file backing spec, NULL for other backings. */
-static const char *
-backing_file_path (const char *spec)
-{
-  if (strncmp (spec, "file:", 5) == 0)
-    return spec + 5;
-  return strstr (spec, "://") ? NULL : spec;
-}
-
 int
 exports_create_missing (struct daemon_config *c)
 {
@@ -757,18 +812,154 @@ exports_create_missing (struct daemon_config *c)
   return 0;
 }
 
+/* ---- whole-configuration checks -------------------------------------- */
+
+/* "foliod: FILE:LINE: export 'NAME': " or "foliod: --export NAME: ". */
+static void __attribute__ ((format (printf, 2, 3)))
+export_report (const struct daemon_export *e, const char *fmt, ...)
+{
+  va_list ap;
+
+  fprintf (stderr, "foliod: %s: ", e->where);
+  if (!e->from_cli)
+    fprintf (stderr, "export '%s': ", e->cfg.name);
+  va_start (ap, fmt);
+  vfprintf (stderr, fmt, ap);
+  va_end (ap);
+  fputc ('\n', stderr);
+}
+
+/* A file backing must be a regular file or a block device: a directory
+ * opens read-only and only fails at start, and a FIFO or character device
+ * has no size.  A missing file is an error unless create-size makes it.
+ * Relative paths resolve in state-dir, as the daemon will see them. */
+static int
+export_check_file (const struct daemon_config *c, const struct daemon_export *e)
+{
+  const char *path = e->cfg.backing ? backing_file_path (e->cfg.backing) : NULL;
+  char *full = NULL;
+  struct stat st;
+  int r = 0;
+
+  if (path == NULL || *path == '\0')
+    return 0;
+  if (path[0] != '/' && c->state_dir &&
+      asprintf (&full, "%s/%s", c->state_dir, path) < 0)
+    return -1;
+  if (stat (full ? full : path, &st) == -1) {
+    if (errno != ENOENT || e->create_size == 0) {
+      export_report (e, "file backing %s: %s%s", full ? full : path,
+                     strerror (errno), errno == ENOENT ?
+                     " (create it, or set create-size)" : "");
+      r = -1;
+    }
+  } else if (!S_ISREG (st.st_mode) && !S_ISBLK (st.st_mode)) {
+    export_report (e, "file backing %s is %s: expected a regular file "
+                   "or a block device", full ? full : path,
+                   S_ISDIR (st.st_mode) ? "a directory" : "a special file");
+    r = -1;
+  }
+  free (full);
+  return r;
+}
+
+/* Physical memory and swap of this host in bytes (ram 0: unknown). */
+static void
+host_memory (uint64_t *ram, uint64_t *swap)
+{
+  long pages = sysconf (_SC_PHYS_PAGES), psize = sysconf (_SC_PAGESIZE);
+  unsigned long long kib;
+  char line[256];
+  FILE *f;
+
+  *ram = pages > 0 && psize > 0 ? (uint64_t) pages * (uint64_t) psize : 0;
+  *swap = 0;
+  f = fopen ("/proc/meminfo", "re");
+  if (f == NULL)
+    return;
+  while (fgets (line, sizeof line, f))
+    if (sscanf (line, "SwapTotal: %llu kB", &kib) == 1) {
+      *swap = (uint64_t) kib * 1024;
+      break;
+    }
+  fclose (f);
+}
+
+/* "1.5 GiB" */
+static const char *
+size_text (uint64_t v, char *buf, size_t len)
+{
+  static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB",
+                                      "PiB", "EiB" };
+  double d = (double) v;
+  int i = 0;
+
+  while (d >= 1024 && i < 6) {
+    d /= 1024;
+    i++;
+  }
+  snprintf (buf, len, i ? "%.1f %s" : "%.0f %s", d, unit[i]);
+  return buf;
+}
+
+/* cache-size is memory promised: the ram store fills up to it and cannot
+ * give it back (anonymous memory, dirty data in it).  Above RAM + swap the
+ * kernel kills foliod once the caches fill, and with it every acknowledged
+ * write still dirty: refuse to start.  Above RAM alone it works, slowly,
+ * out of swap: warn.  -1 when refused. */
+static int
+exports_check_memory (const struct daemon_config *c)
+{
+  uint64_t ram, swap, sum = 0;
+  char list[512] = "", a[32], b[32], s[32];
+
+  host_memory (&ram, &swap);
+  for (size_t i = 0; i < c->n_exports; i++) {
+    const struct daemon_export *e = &c->exports[i];
+    uint64_t v = e->cfg.cache.cache_size;
+    size_t n = strlen (list);
+    sum = sum + v < sum ? UINT64_MAX : sum + v;
+    snprintf (list + n, sizeof list - n, "%s%.64s %s", n ? ", " : "",
+              e->cfg.name, size_text (v, s, sizeof s));
+  }
+  if (ram == 0 || sum <= ram)
+    return 0;
+  size_text (sum, s, sizeof s);
+  size_text (ram, a, sizeof a);
+  size_text (swap, b, sizeof b);
+  if (sum - ram > swap) {
+    fprintf (stderr, "foliod: cache-size of all exports adds up to %s (%s), "
+             "more than this host's memory, %s RAM + %s swap: foliod would "
+             "be killed once the caches fill, with their dirty data; lower "
+             "cache-size\n", s, list, a, b);
+    return -1;
+  }
+  fprintf (stderr, "foliod: warning: cache-size of all exports adds up to "
+           "%s (%s), more than this host's %s of RAM: the caches will be "
+           "swapped out\n", s, list, a);
+  return 0;
+}
+
+/* Every problem is reported, not only the first. */
 int
 daemon_config_check (struct daemon_config *c)
 {
+  int errors = 0;
+
   if (c->n_exports == 0) {
     fprintf (stderr, "foliod: no exports: give --export NAME=BACKING or "
              "an [export NAME] section in --config FILE\n");
-    return -1;
+    errors++;
   }
   if (c->tls != TLS_OFF && c->tls_certificates == NULL && c->tls_psk == NULL) {
     fprintf (stderr, "foliod: tls = %s needs tls-certificates (or tls-psk)\n",
              c->tls == TLS_ON ? "on" : "require");
-    return -1;
+    errors++;
   }
-  return 0;
+  for (size_t i = 0; i < c->n_exports; i++)
+    if (export_check_file (c, &c->exports[i]) == -1)
+      errors++;
+  if (exports_check_memory (c) == -1)
+    errors++;
+  return errors ? -1 : 0;
 }

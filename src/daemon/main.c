@@ -394,10 +394,18 @@ static int
 pidfile_write (const char *path)
 {
   FILE *f = fopen (path, "we");
+  int err = 0;
 
-  if (f == NULL || fprintf (f, "%d\n", (int) getpid ()) < 0 ||
-      fclose (f) != 0) {
-    log_error ("pidfile %s: %s", path, strerror (errno));
+  if (f == NULL)
+    err = errno;
+  else {
+    if (fprintf (f, "%d\n", (int) getpid ()) < 0)
+      err = errno;
+    if (fclose (f) != 0 && err == 0)  /* closed even when fprintf failed */
+      err = errno;
+  }
+  if (err) {
+    log_error ("pidfile %s: %s", path, strerror (err));
     return -1;
   }
   return 0;

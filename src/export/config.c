@@ -181,20 +181,48 @@ export_config_set (struct export_config *cfg, const char *key,
   return -1;
 }
 
+void
+export_err_append (char *err, size_t errlen, const char *msg)
+{
+  size_t n = strlen (err);
+
+  if (n + 1 < errlen)
+    snprintf (err + n, errlen - n, "%s%s", n ? "; " : "", msg);
+}
+
 int
 export_config_check (const struct export_config *cfg, char *err,
                      size_t errlen)
 {
-  if (cfg->backing == NULL || cfg->backing[0] == '\0') {
-    snprintf (err, errlen, "no backing given (backing=file:PATH or nbd://...)");
-    errno = EINVAL;
-    return -1;
-  }
+  char one[256];
+
+  err[0] = '\0';
+  if (cfg->backing == NULL || cfg->backing[0] == '\0')
+    export_err_append (err, errlen,
+                       "no backing given (backing=file:PATH or nbd://...)");
   if (cfg->store && strcmp (cfg->store, "ram") != 0) {
-    snprintf (err, errlen, "unknown store '%s' (only ram is supported)",
+    snprintf (one, sizeof one, "unknown store '%s' (only ram is supported)",
               cfg->store);
-    errno = EINVAL;
-    return -1;
+    export_err_append (err, errlen, one);
   }
-  return cache_config_check (&cfg->cache, err, errlen);
+  if (cache_config_check (&cfg->cache, one, sizeof one) == -1)
+    export_err_append (err, errlen, one);
+  if (err[0] == '\0')
+    return 0;
+  errno = EINVAL;
+  return -1;
+}
+
+int
+export_name_check (const char *name, char *err, size_t errlen)
+{
+  size_t n = strlen (name);
+
+  if (n <= EXPORT_NAME_MAX)
+    return 0;
+  snprintf (err, errlen, "export name of %zu bytes (\"%.32s...\"): NBD "
+            "clients can ask for names of at most %d bytes", n, name,
+            EXPORT_NAME_MAX);
+  errno = ENAMETOOLONG;
+  return -1;
 }
