@@ -768,6 +768,23 @@ case_shutdown_refused (void)
   expect_closed (fd, "after the shutdown");
 }
 
+/* Export names that would forge a log line if logged as they are: GO
+ * and INFO get ERR_UNKNOWN, EXPORT_NAME a close. */
+static void
+case_log_forgery (void)
+{
+  static const char forged[] =
+    "x\n2026-12-03T00:00:00.000 foliod[1] error: forged";
+  int fd = open_conn ();
+  uint32_t t;
+
+  hs_begin (fd, 3);
+  if ((t = opt_go (fd, forged, NULL)) != REP_ERR (6))
+    die ("GO with a forged name: 0x%x, expected ERR_UNKNOWN", t);
+  opt_send (fd, OPT_EXPORT_NAME, forged, sizeof forged - 1);
+  expect_closed (fd, "EXPORT_NAME with a forged name");
+}
+
 /* Started with --max-connections $BAD_CLIENT_LIMIT: that many clients
  * get a greeting, the next is closed at once, and after one leaves a new
  * one is served again. */
@@ -830,6 +847,7 @@ static const struct bad_case cases[] = {
   { "refused-bad-magic", case_refused_bad_magic },
   { "read-only-disc", case_read_only_disc },
   { "shutdown-refused", case_shutdown_refused },
+  { "log-forgery", case_log_forgery },
   { "connection-limit", case_connection_limit },
   { NULL, NULL },
 };
