@@ -2,7 +2,8 @@
 # Bad input: tests/tools/bad-client sends each malformed case (bad magic,
 # truncated header, unknown command/flag/option, beyond the end, over the
 # maximum, writes to a read-only export, byte-by-byte handshake, pipelining,
-# disconnect mid-request, handshake timeout, connection limit...) and checks
+# disconnect mid-request, handshake timeout, connection limit, a refused
+# request then NBD_CMD_DISC or a bad magic in the same write...) and checks
 # the reply or the close.  Meanwhile a well-behaved client keeps writing and
 # verifying: it must never notice, and foliod must survive everything.
 . "$(dirname "$0")/lib.sh"
@@ -44,8 +45,9 @@ track $good
 
 for c in $("$BAD" "$SOCK" disk0 list); do
   case $c in
-    read-only) exp=ro ;;
+    read-only|read-only-disc) exp=ro ;;
     connection-limit) continue ;;   # needs its own server, below
+    shutdown-refused) continue ;;   # test-server-shutdown-refused.sh
     *) exp=disk0 ;;
   esac
   echo "case $c"

@@ -18,6 +18,14 @@ is_power_of_2 (uint64_t v)
   return v && !(v & (v - 1));
 }
 
+/* What a peer sent, made safe to log: control characters, DEL, bytes over
+ * 0x7e and backslash become \xHH (a newline in an export name cannot forge
+ * a log line), and at most outsize - 1 bytes come out, the last three "..."
+ * when cut short.  Returns out.  ESCAPED_MAX is a good outsize. */
+#define ESCAPED_MAX 260
+const char *str_escape (char *out, size_t outsize, const void *in,
+                        size_t inlen);
+
 /* Monotonic clock in milliseconds / nanoseconds. */
 uint64_t now_ms (void);
 uint64_t now_ns (void);

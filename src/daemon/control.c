@@ -11,8 +11,14 @@
  * Protocol: the client sends one line, the daemon answers and closes.
  *   "stats\n"        -> Prometheus text exposition format
  *   "flush EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
- * One thread serves clients one at a time: a flush can take as long as
- * the dirty data needs and must not stall the event loop.
+ * One thread serves the clients (a flush can take as long as the dirty
+ * data needs and must not stall the event loop).  It waits on none of
+ * them: each has its own state (the request line so far, the reply not
+ * yet sent) and a deadline, CONTROL_IO_TIMEOUT_S from its connection for
+ * the request and again for the reply, and one poll() covers them all,
+ * so a client dribbling a byte now and then delays nobody.  At most
+ * CONTROL_MAX_CLIENTS at once; one more evicts the oldest.  A flush
+ * itself runs in this thread: other clients wait for it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,11 +36,24 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "foliod/util.h"
 #include "server/log.h"
 #include "server/server.h"
 
 #define CONTROL_IO_TIMEOUT_S 5
+#define CONTROL_MAX_CLIENTS 16
+#define CONTROL_LINE_MAX 512     /* a request line, '\n' included */
 #define STATS_BUF_SIZE (64 * 1024)
+
+/* One control client: reading its line, then sending the reply. */
+struct control_client {
+  int fd;                    /* -1: slot free */
+  uint64_t deadline_ms;
+  size_t len;                /* bytes of line */
+  char line[CONTROL_LINE_MAX];
+  char *out;                 /* the reply; NULL while reading */
+  size_t out_len, out_sent;
+};
 
 struct control {
   int listen_fd;
@@ -44,6 +63,7 @@ struct control {
   struct daemon_export *exports;
   size_t n_exports;
   struct server *server;
+  struct control_client clients[CONTROL_MAX_CLIENTS];
 };
 
 /* ---- statistics ---------------------------------------------------------- */
@@ -187,13 +207,14 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
               void *server)
 {
   struct outbuf o = { buf, 0, buflen };
-  struct export_values *vals = calloc (n ? n : 1, sizeof *vals);
+  struct export_values *vals;
   struct server_stats ss;
   char label[300];
 
   if (buflen == 0)
     return 0;
   buf[0] = '\0';
+  vals = calloc (n ? n : 1, sizeof *vals);
   if (vals == NULL)
     return 0;
   for (size_t i = 0; i < n; i++)
@@ -289,33 +310,10 @@ write_all (int fd, const char *buf, size_t len)
   return 0;
 }
 
-/* Read one line (without '\n') into buf.  0 or -1. */
-static int
-read_line (int fd, char *buf, size_t buflen)
-{
-  size_t n = 0;
-
-  while (n + 1 < buflen) {
-    ssize_t r = recv (fd, buf + n, 1, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    if (buf[n] == '\n')
-      break;
-    n++;
-  }
-  buf[n] = '\0';
-  if (n > 0 && buf[n - 1] == '\r')
-    buf[--n] = '\0';
-  return n > 0 ? 0 : -1;
-}
-
+/* "flush NAME": write the export back; the answer goes to reply. */
 static void
-control_flush (struct control *ctl, int fd, const char *name)
+control_flush (struct control *ctl, char *reply, size_t len, const char *name)
 {
-  char reply[512];
-
   for (size_t i = 0; i < ctl->n_exports; i++) {
     struct daemon_export *e = &ctl->exports[i];
     if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
@@ -325,56 +323,188 @@ control_flush (struct control *ctl, int fd, const char *name)
     log_info ("control: flush %s (%llu bytes dirty)", name,
               (unsigned long long) st.dirty_bytes);
     if (cache_flush (e->ex->cache) == -1)
-      snprintf (reply, sizeof reply, "ERROR flush %.200s: %s\n", name,
+      snprintf (reply, len, "ERROR flush %.200s: %s\n", name,
                 strerror (errno));
     else
-      snprintf (reply, sizeof reply, "OK %.200s: %llu dirty bytes written back\n",
+      snprintf (reply, len, "OK %.200s: %llu dirty bytes written back\n",
                 name, (unsigned long long) st.dirty_bytes);
-    write_all (fd, reply, strlen (reply));
     return;
   }
-  snprintf (reply, sizeof reply, "ERROR no export named '%.200s'\n", name);
-  write_all (fd, reply, strlen (reply));
+  snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
+}
+
+/* The reply to one request line, in a malloc'd buffer (*len bytes). */
+static char *
+control_answer (struct control *ctl, const char *line, size_t *len)
+{
+  static const char unknown[] = "ERROR unknown command (try 'stats' or "
+                                "'flush EXPORT')\n";
+  char *buf;
+
+  if (strcmp (line, "stats") == 0) {
+    buf = malloc (STATS_BUF_SIZE);
+    if (buf)
+      *len = stats_format (buf, STATS_BUF_SIZE, ctl->exports,
+                           ctl->n_exports, ctl->server);
+    return buf;
+  }
+  buf = malloc (512);
+  if (buf == NULL)
+    return NULL;
+  if (strncmp (line, "flush ", 6) == 0)
+    control_flush (ctl, buf, 512, line + 6);
+  else
+    snprintf (buf, 512, "%s", unknown);
+  *len = strlen (buf);
+  return buf;
 }
 
 static void
-control_serve (struct control *ctl, int fd)
+client_close (struct control_client *cl)
 {
-  struct timeval tv = { .tv_sec = CONTROL_IO_TIMEOUT_S };
-  char line[512];
+  close (cl->fd);
+  free (cl->out);
+  cl->fd = -1;
+  cl->out = NULL;
+}
 
-  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (read_line (fd, line, sizeof line) == -1)
+/* The request line is complete (or the client stopped sending): answer. */
+static void
+client_request (struct control *ctl, struct control_client *cl)
+{
+  cl->line[cl->len] = '\0';
+  if (cl->len > 0 && cl->line[cl->len - 1] == '\r')
+    cl->line[--cl->len] = '\0';
+  cl->out = control_answer (ctl, cl->line, &cl->out_len);
+  cl->out_sent = 0;
+  if (cl->out == NULL || cl->out_len == 0) {
+    client_close (cl);
     return;
-  if (strcmp (line, "stats") == 0) {
-    char *buf = malloc (STATS_BUF_SIZE);
-    if (buf == NULL)
-      return;
-    size_t len = stats_format (buf, STATS_BUF_SIZE, ctl->exports,
-                               ctl->n_exports, ctl->server);
-    write_all (fd, buf, len);
-    free (buf);
-  } else if (strncmp (line, "flush ", 6) == 0) {
-    control_flush (ctl, fd, line + 6);
-  } else {
-    static const char msg[] = "ERROR unknown command (try 'stats' or "
-                              "'flush EXPORT')\n";
-    write_all (fd, msg, sizeof msg - 1);
   }
+  cl->deadline_ms = now_ms () + CONTROL_IO_TIMEOUT_S * 1000u;
+}
+
+/* Read what is there; a full line (or EOF after some) is answered. */
+static void
+client_read (struct control *ctl, struct control_client *cl)
+{
+  static const char too_long[] = "ERROR request too long\n";
+  ssize_t r = recv (cl->fd, cl->line + cl->len,
+                    sizeof cl->line - 1 - cl->len, MSG_DONTWAIT);
+  char *nl;
+
+  if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+    return;
+  if (r <= 0) {
+    if (r == 0 && cl->len > 0)
+      client_request (ctl, cl);    /* the last line without '\n' */
+    else
+      client_close (cl);
+    return;
+  }
+  cl->len += (size_t) r;
+  nl = memchr (cl->line, '\n', cl->len);
+  if (nl) {
+    cl->len = (size_t) (nl - cl->line);
+    client_request (ctl, cl);
+  } else if (cl->len == sizeof cl->line - 1) {
+    if (send (cl->fd, too_long, sizeof too_long - 1,
+              MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+      log_debug ("control socket: %m");
+    client_close (cl);
+  }
+}
+
+static void
+client_write (struct control_client *cl)
+{
+  ssize_t r = send (cl->fd, cl->out + cl->out_sent, cl->out_len - cl->out_sent,
+                    MSG_NOSIGNAL | MSG_DONTWAIT);
+
+  if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+    return;
+  if (r < 0) {
+    client_close (cl);
+    return;
+  }
+  cl->out_sent += (size_t) r;
+  if (cl->out_sent == cl->out_len)
+    client_close (cl);
+}
+
+/* A new client takes a free slot, or the oldest one's. */
+static void
+control_accept (struct control *ctl)
+{
+  struct control_client *cl = NULL;
+  int fd = accept4 (ctl->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+  if (fd < 0)
+    return;
+  for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++) {
+    struct control_client *c = &ctl->clients[i];
+    if (c->fd == -1) {
+      cl = c;
+      break;
+    }
+    if (cl == NULL || c->deadline_ms < cl->deadline_ms)
+      cl = c;
+  }
+  if (cl->fd != -1) {
+    log_warn ("control socket: %d clients busy, dropping the oldest",
+              CONTROL_MAX_CLIENTS);
+    client_close (cl);
+  }
+  cl->fd = fd;
+  cl->len = 0;
+  cl->deadline_ms = now_ms () + CONTROL_IO_TIMEOUT_S * 1000u;
+}
+
+/* Close the clients past their deadline, fill p[2..] with the others
+ * (map[i] is the client of p[2 + i]); returns the poll timeout (ms) until
+ * the nearest deadline. */
+static int
+control_poll_set (struct control *ctl, struct pollfd *p,
+                  struct control_client **map, nfds_t *n)
+{
+  uint64_t now = now_ms (), next = UINT64_MAX;
+
+  *n = 2;
+  for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++) {
+    struct control_client *cl = &ctl->clients[i];
+    if (cl->fd == -1)
+      continue;
+    if (cl->deadline_ms <= now) {
+      log_debug ("control socket: a client timed out");
+      client_close (cl);
+      continue;
+    }
+    if (cl->deadline_ms < next)
+      next = cl->deadline_ms;
+    map[*n - 2] = cl;
+    p[*n].fd = cl->fd;
+    p[*n].events = cl->out ? POLLOUT : POLLIN;
+    p[*n].revents = 0;
+    (*n)++;
+  }
+  return next == UINT64_MAX ? -1 : (int) (next - now);
 }
 
 static void *
 control_thread (void *arg)
 {
   struct control *ctl = arg;
-  struct pollfd p[2] = {
+  struct pollfd p[2 + CONTROL_MAX_CLIENTS] = {
     { .fd = ctl->listen_fd, .events = POLLIN },
     { .fd = ctl->stop_pipe[0], .events = POLLIN },
   };
+  struct control_client *map[CONTROL_MAX_CLIENTS];
 
   for (;;) {
-    if (poll (p, 2, -1) == -1) {
+    nfds_t n;
+    int timeout = control_poll_set (ctl, p, map, &n);
+
+    if (poll (p, n, timeout) == -1) {
       if (errno == EINTR)
         continue;
       log_error ("control socket: poll: %s", strerror (errno));
@@ -382,14 +512,17 @@ control_thread (void *arg)
     }
     if (p[1].revents)
       break;
-    if (p[0].revents & POLLIN) {
-      int fd = accept4 (ctl->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        control_serve (ctl, fd);
-        close (fd);
-      }
-    }
+    for (nfds_t i = 2; i < n; i++)
+      if (p[i].revents && map[i - 2]->out)
+        client_write (map[i - 2]);
+      else if (p[i].revents)
+        client_read (ctl, map[i - 2]);
+    if (p[0].revents & POLLIN)
+      control_accept (ctl);
   }
+  for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
+    if (ctl->clients[i].fd != -1)
+      client_close (&ctl->clients[i]);
   return NULL;
 }
 
@@ -468,6 +601,8 @@ control_start (const char *path, struct daemon_export *ex, size_t n,
   ctl->n_exports = n;
   ctl->server = server;
   ctl->stop_pipe[0] = ctl->stop_pipe[1] = -1;
+  for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
+    ctl->clients[i].fd = -1;
   ctl->path = strdup (path);
   ctl->listen_fd = control_listen (path);
   if (ctl->path == NULL || ctl->listen_fd == -1 ||

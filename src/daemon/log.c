@@ -6,9 +6,20 @@
  * Elsewhere each line starts with an ISO 8601 timestamp and the level.
  * Each line goes out in one write() so that lines from worker threads do
  * not interleave.
+ *
+ * Repeated lines are rate-limited per call site (its format string is the
+ * kind of line): a token bucket of LOG_BURST lines refilled at LOG_RATE
+ * per second.  What it drops is counted and said once a second, on the
+ * next line logged: "N similar messages suppressed: FORMAT".  A client
+ * that makes us log per request or per connection cannot fill the disk
+ * or drown the lines that matter.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +29,25 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "foliod/util.h"
 #include "server/log.h"
+
+#define LOG_RATE   20   /* lines per second of one kind, sustained */
+#define LOG_BURST  100  /* lines of one kind at once (start-up, exports) */
+#define LOG_KINDS  128  /* call sites tracked; a power of 2 */
+#define LOG_PROBE  4    /* slots tried per call site */
+
+struct log_kind {
+  const char *fmt;          /* NULL: free slot */
+  int level;
+  uint64_t last_ms;         /* last refill / use */
+  uint64_t millitokens;     /* 1000 per line allowed */
+  unsigned long long suppressed;  /* dropped since the last report */
+};
+
+static struct log_kind log_kinds[LOG_KINDS];
+static uint64_t log_report_sec;   /* last second suppressions were said */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Written once at start-up (and by SIGHUP later), read by every thread;
  * a stale read only changes whether one line is printed. */
@@ -49,22 +78,17 @@ stderr_is_journal (void)
          (unsigned long long) st.st_ino == ino;
 }
 
-void
-foliod_log (int level, const char *fmt, ...)
+/* Format and write one line.  errno is set back to saved before the
+ * formatting, for %m. */
+static void
+log_vline (int level, int saved, const char *fmt, va_list ap)
 {
   /* syslog priorities for our levels: err, warning, info, debug */
   static const int prio[] = { 3, 4, 6, 7 };
   char line[2048];
   size_t n = 0;
-  va_list ap;
   int r;
 
-  if (level > log_max_level)
-    return;
-  if (level < 0)
-    level = 0;
-  if (level > LOG_LVL_DEBUG)
-    level = LOG_LVL_DEBUG;
   if (log_journal == -1)
     log_journal = stderr_is_journal ();
 
@@ -80,9 +104,8 @@ foliod_log (int level, const char *fmt, ...)
                             (long) tv.tv_usec / 1000, (int) getpid (),
                             log_level_name (level));
   }
-  va_start (ap, fmt);
+  errno = saved;
   r = vsnprintf (line + n, sizeof line - n - 1, fmt, ap);
-  va_end (ap);
   if (r < 0)
     return;
   n += (size_t) r;
@@ -94,4 +117,107 @@ foliod_log (int level, const char *fmt, ...)
   /* Best effort: a log line that cannot be written is dropped. */
   if (write (STDERR_FILENO, line, n) < 0)
     return;
+}
+
+static void __attribute__ ((format (printf, 2, 3)))
+log_line (int level, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start (ap, fmt);
+  log_vline (level, 0, fmt, ap);
+  va_end (ap);
+}
+
+/* Say how many lines of kind k were dropped.  Under log_lock. */
+static void
+log_report (struct log_kind *k)
+{
+  char esc[128];
+
+  if (k->suppressed == 0)
+    return;
+  log_line (k->level, "%llu similar messages suppressed: %s", k->suppressed,
+            str_escape (esc, sizeof esc, k->fmt, strlen (k->fmt)));
+  k->suppressed = 0;
+}
+
+/* The slot of fmt: its own, else a free one, else the least recently used
+ * of its probe sequence (whose count is said first).  Under log_lock. */
+static struct log_kind *
+log_kind_of (const char *fmt, int level, uint64_t now)
+{
+  size_t h = (size_t) (((uintptr_t) fmt >> 3) * 2654435761u);
+  struct log_kind *k, *lru = NULL;
+
+  for (size_t i = 0; i < LOG_PROBE; i++) {
+    k = &log_kinds[(h + i) & (LOG_KINDS - 1)];
+    if (k->fmt == fmt)
+      return k;
+    if (k->fmt == NULL) {
+      lru = k;
+      break;
+    }
+    if (lru == NULL || k->last_ms < lru->last_ms)
+      lru = k;
+  }
+  if (lru->fmt)
+    log_report (lru);
+  lru->fmt = fmt;
+  lru->level = level;
+  lru->last_ms = now;
+  lru->millitokens = LOG_BURST * 1000u;
+  lru->suppressed = 0;
+  return lru;
+}
+
+/* Whether a line of fmt may go out now; once a second, also say what was
+ * dropped before. */
+static bool
+log_admit (const char *fmt, int level)
+{
+  uint64_t now = now_ms ();
+  struct log_kind *k;
+  bool ok;
+
+  pthread_mutex_lock (&log_lock);
+  if (now / 1000 != log_report_sec) {
+    log_report_sec = now / 1000;
+    for (size_t i = 0; i < LOG_KINDS; i++)
+      if (log_kinds[i].fmt)
+        log_report (&log_kinds[i]);
+  }
+  k = log_kind_of (fmt, level, now);
+  k->millitokens += (now - k->last_ms) * LOG_RATE;
+  if (k->millitokens > LOG_BURST * 1000u)
+    k->millitokens = LOG_BURST * 1000u;
+  k->last_ms = now;
+  ok = k->millitokens >= 1000;
+  if (ok)
+    k->millitokens -= 1000;
+  else
+    k->suppressed++;
+  pthread_mutex_unlock (&log_lock);
+  return ok;
+}
+
+void
+foliod_log (int level, const char *fmt, ...)
+{
+  /* First: the caller's errno is what %m means and what it gets back. */
+  int saved = errno;
+  va_list ap;
+
+  if (level > log_max_level)
+    return;
+  if (level < 0)
+    level = 0;
+  if (level > LOG_LVL_DEBUG)
+    level = LOG_LVL_DEBUG;
+  if (log_admit (fmt, level)) {
+    va_start (ap, fmt);
+    log_vline (level, saved, fmt, ap);
+    va_end (ap);
+  }
+  errno = saved;
 }

@@ -13,6 +13,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/export.h"
+#include "foliod/util.h"
 #include "server/internal.h"
 #include "server/log.h"
 #include "server/tls.h"
@@ -49,7 +50,7 @@ hs_reply_err (struct conn *c, uint32_t type, const char *fmt, ...)
 static int
 hs_reply_err (struct conn *c, uint32_t type, const char *fmt, ...)
 {
-  char msg[256];
+  char msg[256], esc[ESCAPED_MAX];
   va_list ap;
   int n;
 
@@ -60,8 +61,9 @@ hs_reply_err (struct conn *c, uint32_t type, const char *fmt, ...)
     n = 0;
   if ((size_t) n >= sizeof msg)
     n = sizeof msg - 1;
+  /* msg may quote what the client sent (an export name). */
   log_debug ("conn %" PRIu64 ": option %" PRIu32 " refused: %s",
-             c->id, c->opt, msg);
+             c->id, c->opt, str_escape (esc, sizeof esc, msg, (size_t) n));
   return hs_reply (c, type, msg, n);
 }
 
@@ -209,14 +211,14 @@ opt_export_name (struct conn *c)
   char name[HS_MAX_STRING + 1];
   struct export *e;
   uint8_t reply[8 + 2 + 124] = { 0 };
+  char esc[ESCAPED_MAX];
 
   if (hs_string (name, c->optbuf, c->opt_len) < 0
       || !(e = server_find_export (c->srv, name))
       || hs_tls_required (c, e)) {
     /* NBD_OPT_EXPORT_NAME cannot carry an error: hard disconnect. */
-    log_warn ("conn %" PRIu64 ": unknown export '%.*s'", c->id,
-              (int) (c->opt_len > 64 ? 64 : c->opt_len),
-              (const char *) c->optbuf);
+    log_warn ("conn %" PRIu64 ": unknown export '%s'", c->id,
+              str_escape (esc, sizeof esc, c->optbuf, c->opt_len));
     return STEP_CLOSE;
   }
   put_be64 (reply, e->size);

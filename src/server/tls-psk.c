@@ -20,6 +20,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "foliod/util.h"
 #include "server/internal.h"
 #include "server/log.h"
 #include "server/tls.h"
@@ -65,6 +66,7 @@ psk_server_cb (SSL *ssl, const char *identity, unsigned char *psk,
   const struct psk_table *t =
     SSL_CTX_get_ex_data (SSL_get_SSL_CTX (ssl), psk_index);
   const struct conn *c = SSL_get_app_data (ssl);
+  char esc[ESCAPED_MAX];
 
   if (!t || !identity || !c)
     return 0;
@@ -75,12 +77,12 @@ psk_server_cb (SSL *ssl, const char *identity, unsigned char *psk,
       /* Logged here: with TLS 1.3 OpenSSL does not keep the identity
        * for SSL_get_psk_identity. */
       log_info ("conn %" PRIu64 " (%s): TLS PSK user '%s'", c->id, c->peer,
-                identity);
+                str_escape (esc, sizeof esc, identity, strlen (identity)));
       memcpy (psk, t->e[i].key, t->e[i].keylen);
       return t->e[i].keylen;
     }
-  log_warn ("conn %" PRIu64 " (%s): unknown TLS PSK user '%.64s'", c->id,
-            c->peer, identity);
+  log_warn ("conn %" PRIu64 " (%s): unknown TLS PSK user '%s'", c->id,
+            c->peer, str_escape (esc, sizeof esc, identity, strlen (identity)));
   return 0; /* unknown identity: handshake fails */
 }
 

@@ -23,6 +23,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include "foliod/util.h"
 #include "server/internal.h"
 #include "server/log.h"
 #include "server/tls.h"
@@ -119,14 +120,15 @@ static void
 tls_log_established (struct conn *c, struct tls_conn *t)
 {
   X509 *peer = SSL_get0_peer_certificate (t->ssl);
-  char subject[256] = "";
+  char subject[256] = "", esc[ESCAPED_MAX];
 
   if (peer)
     X509_NAME_oneline (X509_get_subject_name (peer), subject,
                        sizeof subject);
   log_info ("conn %" PRIu64 " (%s): TLS established: %s, %s%s%s", c->id,
             c->peer, SSL_get_version (t->ssl), SSL_get_cipher_name (t->ssl),
-            peer ? ", client " : "", subject);
+            peer ? ", client " : "",
+            str_escape (esc, sizeof esc, subject, strlen (subject)));
 }
 
 /* Drive the server side of the handshake.  Returns 1 when done, else as

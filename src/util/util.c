@@ -1,5 +1,6 @@
 /* Parsing and clock helpers shared by every layer. */
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,4 +86,36 @@ uint64_t
 now_ms (void)
 {
   return now_ns () / 1000000u;
+}
+
+const char *
+str_escape (char *out, size_t outsize, const void *in, size_t inlen)
+{
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *p = in;
+  /* Room is kept for "..." and the NUL: escapes never get cut in half. */
+  size_t n = 0, room = outsize > 4 ? outsize - 4 : 0, i;
+
+  for (i = 0; i < inlen; i++) {
+    unsigned char ch = p[i];
+    bool plain = ch >= 0x20 && ch < 0x7f && ch != '\\';
+
+    if (n + (plain ? 1 : 4) > room)
+      break;
+    if (plain) {
+      out[n++] = (char) ch;
+      continue;
+    }
+    out[n++] = '\\';
+    out[n++] = 'x';
+    out[n++] = hex[ch >> 4];
+    out[n++] = hex[ch & 15];
+  }
+  if (i < inlen && n + 4 <= outsize) {
+    memcpy (out + n, "...", 3);
+    n += 3;
+  }
+  if (outsize > 0)
+    out[n] = '\0';
+  return out;
 }

@@ -10,6 +10,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -247,18 +248,26 @@ connect_export (uint64_t *size)
   return fd;
 }
 
+/* A 28-byte request header at r. */
 static void
-send_req (int fd, uint16_t flags, uint16_t type, uint64_t cookie,
-          uint64_t off, uint32_t len)
+req_header (uint8_t *r, uint16_t flags, uint16_t type, uint64_t cookie,
+            uint64_t off, uint32_t len)
 {
-  uint8_t r[28];
-
   put32 (r, REQMAGIC);
   put16 (r + 4, flags);
   put16 (r + 6, type);
   put64 (r + 8, cookie);
   put64 (r + 16, off);
   put32 (r + 24, len);
+}
+
+static void
+send_req (int fd, uint16_t flags, uint16_t type, uint64_t cookie,
+          uint64_t off, uint32_t len)
+{
+  uint8_t r[28];
+
+  req_header (r, flags, type, cookie, off, len);
   xwrite (fd, r, sizeof r);
 }
 
@@ -545,12 +554,7 @@ case_byte_by_byte (void)
     nanosleep (&ts, NULL);
   }
   must_read (fd, g, 10, "EXPORT_NAME reply");
-  put32 (r, REQMAGIC);
-  put16 (r + 4, 0);
-  put16 (r + 6, CMD_READ);
-  put64 (r + 8, 77);
-  put64 (r + 16, 1);
-  put32 (r + 24, 100);
+  req_header (r, 0, CMD_READ, 77, 1, 100);
   for (size_t i = 0; i < sizeof r; i++) {
     xwrite (fd, r + i, 1);
     nanosleep (&ts, NULL);
@@ -654,6 +658,133 @@ case_disc (void)
   expect_closed (fd, "after NBD_CMD_DISC");
 }
 
+/* A request refused on the loop thread and what ends the connection,
+ * all in one write: the refusal's reply is queued for sending when the
+ * connection dies in the same read (this aborted the daemon once). */
+static void
+refused_then (int fd, uint64_t off, const uint8_t *tail, size_t tail_len,
+              uint32_t want, int reply_required, const char *what)
+{
+  uint8_t b[2 * 28];
+  uint8_t h[16];
+
+  req_header (b, 0, CMD_READ, 1, off, 512);
+  memcpy (b + 28, tail, tail_len);
+  xwrite (fd, b, 28 + tail_len);
+  /* After a bad magic the server may close before the reply is out. */
+  if (xread (fd, h, sizeof h) == 0) {
+    if (get32 (h) != SIMPLEMAGIC || get64 (h + 8) != 1 || get32 (h + 4) != want)
+      die ("%s: wrong reply to the refused request", what);
+  } else if (reply_required)
+    die ("%s: closed without answering the refused request", what);
+  expect_closed (fd, what);
+}
+
+static void
+case_refused_disc (void)
+{
+  uint64_t size;
+  int fd = connect_export (&size);
+  uint8_t d[28];
+
+  req_header (d, 0, CMD_DISC, 2, 0, 0);
+  refused_then (fd, size, d, sizeof d, 22, 1, "refused read, then DISC");
+}
+
+static void
+case_refused_bad_magic (void)
+{
+  uint64_t size;
+  int fd = connect_export (&size);
+  uint8_t d[28] = { 0xde, 0xad, 0xbe, 0xef };
+
+  refused_then (fd, size, d, sizeof d, 22, 0, "refused read, then bad magic");
+}
+
+/* On the read-only export: a WRITE (refused, its payload skipped) and
+ * NBD_CMD_DISC in one write. */
+static void
+case_read_only_disc (void)
+{
+  int fd = connect_export (NULL);
+  static uint8_t b[28 + 4096 + 28];
+  uint8_t h[16];
+
+  req_header (b, 0, CMD_WRITE, 1, 0, 4096);
+  req_header (b + 28 + 4096, 0, CMD_DISC, 2, 0, 0);
+  xwrite (fd, b, sizeof b);
+  must_read (fd, h, sizeof h, "reply to the refused write");
+  if (get32 (h) != SIMPLEMAGIC || get64 (h + 8) != 1 || get32 (h + 4) != 1)
+    die ("write on a read-only export, then DISC: wrong reply");
+  expect_closed (fd, "read-only write, then DISC");
+}
+
+/* SIGTERM to $BAD_CLIENT_PID while this connection holds replies it has
+ * not read yet: a request sent then is refused with ESHUTDOWN, the
+ * replies are all delivered, then the server closes.  (The connection
+ * closed with the refusal still queued and aborted the daemon once.) */
+static void
+case_shutdown_refused (void)
+{
+  const char *e = getenv ("BAD_CLIENT_PID");
+  int fd = connect_export (NULL), seen = 0;
+  enum { N = 8, LEN = 4 << 20 };
+  struct timespec ts = { 0, 500000000 };
+
+  if (e == NULL || atoi (e) <= 0)
+    die ("set BAD_CLIENT_PID to the server's pid");
+  for (int i = 0; i < N; i++)
+    send_req (fd, 0, CMD_READ, 1 + i, (uint64_t) i * LEN, LEN);
+  nanosleep (&ts, NULL);        /* the replies fill the socket buffers */
+  if (kill (atoi (e), SIGTERM) == -1)
+    die ("kill %s: %m", e);
+  nanosleep (&ts, NULL);
+  send_req (fd, 0, CMD_READ, 100, 0, 512);
+  while (seen != (1 << N) - 1 + (1 << N)) {
+    uint8_t h[16];
+    uint64_t ck;
+    must_read (fd, h, sizeof h, "reply during shutdown");
+    ck = get64 (h + 8);
+    if (get32 (h) != SIMPLEMAGIC)
+      die ("bad reply magic during shutdown");
+    if (ck == 100) {
+      if (get32 (h + 4) != 108)
+        die ("request during shutdown: error %u, expected ESHUTDOWN",
+             get32 (h + 4));
+      seen |= 1 << N;
+      continue;
+    }
+    if (ck < 1 || ck > N || get32 (h + 4) != 0)
+      die ("read before the shutdown: cookie %llu error %u",
+           (unsigned long long) ck, get32 (h + 4));
+    seen |= 1 << (ck - 1);
+    for (uint32_t left = LEN; left > 0;) {
+      static char junk[65536];
+      uint32_t k = left < sizeof junk ? left : sizeof junk;
+      must_read (fd, junk, k, "read data during shutdown");
+      left -= k;
+    }
+  }
+  expect_closed (fd, "after the shutdown");
+}
+
+/* Export names that would forge a log line if logged as they are: GO
+ * and INFO get ERR_UNKNOWN, EXPORT_NAME a close. */
+static void
+case_log_forgery (void)
+{
+  static const char forged[] =
+    "x\n2026-12-03T00:00:00.000 foliod[1] error: forged";
+  int fd = open_conn ();
+  uint32_t t;
+
+  hs_begin (fd, 3);
+  if ((t = opt_go (fd, forged, NULL)) != REP_ERR (6))
+    die ("GO with a forged name: 0x%x, expected ERR_UNKNOWN", t);
+  opt_send (fd, OPT_EXPORT_NAME, forged, sizeof forged - 1);
+  expect_closed (fd, "EXPORT_NAME with a forged name");
+}
+
 /* Started with --max-connections $BAD_CLIENT_LIMIT: that many clients
  * get a greeting, the next is closed at once, and after one leaves a new
  * one is served again. */
@@ -712,6 +843,11 @@ static const struct bad_case cases[] = {
   { "disconnect-mid-request", case_disconnect_mid_request },
   { "handshake-timeout", case_handshake_timeout },
   { "disc", case_disc },
+  { "refused-disc", case_refused_disc },
+  { "refused-bad-magic", case_refused_bad_magic },
+  { "read-only-disc", case_read_only_disc },
+  { "shutdown-refused", case_shutdown_refused },
+  { "log-forgery", case_log_forgery },
   { "connection-limit", case_connection_limit },
   { NULL, NULL },
 };

@@ -1,0 +1,151 @@
+/* The daemon's log sink (src/daemon/log.c, compiled in here) and the
+ * escaping of what peers send (str_escape):
+ *   - foliod_log keeps the caller's errno, even when the write fails,
+ *     and %m prints the caller's errno;
+ *   - a burst of one kind of line is cut to LOG_BURST lines, and the
+ *     number dropped is said once a second later;
+ *   - str_escape turns control bytes into \xHH and caps the length.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/log.c"
+
+const char *
+log_level_name (int level)
+{
+  return level == LOG_LVL_WARN ? "warning" : "info";
+}
+
+/* Point stderr at path (truncated); returns the old stderr. */
+static int
+stderr_to (const char *path)
+{
+  int old = dup (STDERR_FILENO), fd = open (path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+  assert_true (old >= 0 && fd >= 0);
+  assert_int_equal (dup2 (fd, STDERR_FILENO), STDERR_FILENO);
+  close (fd);
+  return old;
+}
+
+static void
+stderr_back (int old)
+{
+  assert_int_equal (dup2 (old, STDERR_FILENO), STDERR_FILENO);
+  close (old);
+}
+
+static char *
+slurp (const char *path)
+{
+  static char buf[1 << 20];
+  FILE *f = fopen (path, "r");
+  size_t n;
+
+  assert_non_null (f);
+  n = fread (buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose (f);
+  return buf;
+}
+
+static size_t
+count_lines (const char *s, const char *needle)
+{
+  size_t n = 0;
+
+  for (const char *p = s; (p = strstr (p, needle)) != NULL; p++)
+    n++;
+  return n;
+}
+
+static void
+test_errno_kept (void **state)
+{
+  char path[] = "/tmp/foliod-test-log-XXXXXX";
+  int fd = mkstemp (path), old;
+
+  assert_true (fd >= 0);
+  close (fd);
+  /* A write that fails (ENOSPC) must not change the caller's errno. */
+  old = stderr_to ("/dev/full");
+  errno = EPERM;
+  log_warn ("errno test");
+  assert_int_equal (errno, EPERM);
+  stderr_back (old);
+  old = stderr_to (path);
+  errno = ENOSPC;
+  log_warn ("failed: %m");
+  assert_int_equal (errno, ENOSPC);
+  stderr_back (old);
+  assert_non_null (strstr (slurp (path), strerror (ENOSPC)));
+  unlink (path);
+}
+
+static void
+test_rate_limit (void **state)
+{
+  char path[] = "/tmp/foliod-test-log-XXXXXX";
+  int fd = mkstemp (path), old;
+  const char *out;
+
+  assert_true (fd >= 0);
+  close (fd);
+  old = stderr_to (path);
+  for (int i = 0; i < 5000; i++)
+    log_warn ("storm line %d", i);
+  log_info ("another kind");
+  usleep (1100 * 1000);
+  log_info ("after the storm");
+  stderr_back (old);
+  out = slurp (path);
+  /* The burst, plus what refilled while the loop ran. */
+  assert_true (count_lines (out, "storm line") >= LOG_BURST);
+  assert_true (count_lines (out, "storm line") < LOG_BURST + 50);
+  assert_non_null (strstr (out, "another kind"));
+  assert_non_null (strstr (out, "similar messages suppressed: storm line %d"));
+  assert_non_null (strstr (out, "after the storm"));
+  unlink (path);
+}
+
+static void
+test_escape (void **state)
+{
+  char out[ESCAPED_MAX], small[12];
+  static const char forged[] = "x\n2026-01-01 foliod[1] error: forged\\\x7f\xff";
+  char big[5000];
+
+  str_escape (out, sizeof out, forged, sizeof forged - 1);
+  assert_string_equal (out, "x\\x0a2026-01-01 foliod[1] error: forged"
+                       "\\x5c\\x7f\\xff");
+  /* Cut short: "..." and never half an escape. */
+  str_escape (small, sizeof small, "abcdef\n\n\n", 9);
+  assert_string_equal (small, "abcdef...");
+  memset (big, 'a', sizeof big);
+  str_escape (out, sizeof out, big, sizeof big);
+  assert_int_equal (strlen (out), ESCAPED_MAX - 1);
+  assert_string_equal (out + ESCAPED_MAX - 4, "...");
+  str_escape (out, sizeof out, "", 0);
+  assert_string_equal (out, "");
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_errno_kept),
+    cmocka_unit_test (test_rate_limit),
+    cmocka_unit_test (test_escape),
+  };
+
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
