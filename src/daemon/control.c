@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -43,6 +44,8 @@
 #define CONTROL_IO_TIMEOUT_S 5
 #define CONTROL_MAX_CLIENTS 16
 #define CONTROL_LINE_MAX 512     /* a request line, '\n' included */
+#define CONTROL_STATS_WAIT_S 30  /* the command line's wait for an answer */
+#define CONTROL_FLUSH_WAIT_S 3600 /* ... for a flush (writes back first) */
 #define STATS_BUF_SIZE (64 * 1024)
 
 /* One control client: reading its line, then sending the reply. */
@@ -754,7 +757,16 @@ control_client (const char *path, const char *command, int prometheus)
              path, strerror (errno));
     goto out;
   }
-  if (write_all (fd, command, strlen (command)) == -1)
+  /* A daemon that accepts but never answers (stopped, or wedged) must
+   * not hang the command: stats answers at once; a flush may write back
+   * a lot of data first. */
+  struct timeval tv = {
+    .tv_sec = strncmp (command, "flush", 5) == 0 ? CONTROL_FLUSH_WAIT_S
+                                                 : CONTROL_STATS_WAIT_S,
+  };
+  if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1 ||
+      setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == -1 ||
+      write_all (fd, command, strlen (command)) == -1)
     goto io_error;
   for (;;) {
     if (cap - len < 4096) {
@@ -786,7 +798,9 @@ control_client (const char *path, const char *command, int prometheus)
   goto out;
 
 io_error:
-  fprintf (stderr, "foliod: control socket %s: %s\n", path, strerror (errno));
+  fprintf (stderr, "foliod: control socket %s: %s\n", path,
+           errno == EAGAIN || errno == EWOULDBLOCK ? "no answer in time"
+                                                  : strerror (errno));
 out:
   free (buf);
   close (fd);
