@@ -52,6 +52,8 @@ struct daemon_config {
   unsigned max_connections; /* 0: server default */
   unsigned handshake_timeout_s;
   unsigned max_inflight;
+  uint64_t max_conn_buffer;   /* 0: server default */
+  uint64_t max_buffer_total;
   int log_level;
   int foreground;
 

@@ -42,6 +42,9 @@ struct export;
 #define REQ_IOV_MAX         (2 * REQ_MAX_CHUNKS + 4)
 #define REQ_KEEP_BUF_MAX    (4u * 1024 * 1024)  /* larger buffers freed */
 #define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
+#define SERVER_KEEP_DIV     8   /* all retained <= max_buffer_total / this */
+/* Buffer a block status reply may need (execute.c allocates it). */
+#define REQ_BS_BUF_MAX      (4 + 8 * 16384u)
 
 /* One NBD request and, once executed, its reply. */
 struct req {
@@ -58,6 +61,7 @@ struct req {
   uint8_t *buf;              /* write payload, read data, block status */
   size_t buf_cap;
   size_t payload_have;       /* write payload bytes received so far */
+  size_t charged;            /* buffer bytes counted in the budgets */
 
   int error;                 /* NBD error (NBD_E*) or 0; set by checks or
                                 by the worker */
@@ -153,7 +157,11 @@ struct conn {
   unsigned nactive;              /* requests out of the free list */
   unsigned nworker;              /* of which held by workers */
   struct req *sendq_head, *sendq_tail; /* replies ready to send */
+  size_t charged;                /* buffer bytes of active requests */
+  bool budget_waiting;           /* linked in srv->budget_waiters */
+  struct conn *budget_next;
 };
+
 
 /* The worker pool. */
 struct pool {
@@ -187,6 +195,9 @@ struct server {
   unsigned nconns;               /* with an open socket */
   uint64_t next_conn_id;
   struct conn *flush_list;       /* connections with new replies */
+  size_t buf_charged;            /* request buffers in use, all conns */
+  size_t buf_kept;               /* of free lists, all conns */
+  struct conn *budget_waiters;   /* paused on the total buffer budget */
 
   struct pool pool;
   struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
@@ -264,6 +275,9 @@ void conn_after_io (struct conn *c);
 void conn_flush_pending (struct server *s);
 struct req *conn_req_get (struct conn *c);
 void conn_req_put (struct conn *c, struct req *r);
+bool conn_budget_admit (const struct conn *c, size_t need);
+bool conn_budget_hdr_ready (struct conn *c);
+void conn_budget_charge (struct conn *c, struct req *r, size_t need);
 void conn_begin_shutdown (struct conn *c, bool force);
 void conn_maybe_free (struct conn *c);
 void conn_free (struct conn *c);

@@ -18,6 +18,10 @@ server_config_default (struct server_config *cfg)
   cfg->max_connections = 128;
   cfg->handshake_timeout_s = 10;
   cfg->max_inflight = 64;
+  /* Two of the largest requests in flight (one executing while the
+   * next arrives): throughput for them. */
+  cfg->max_conn_buffer = 64u << 20;
+  cfg->max_buffer_total = 1ull << 30;
   cfg->tls_mode = SERVER_TLS_OFF;
 }
 
@@ -67,6 +71,10 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
     s->cfg.handshake_timeout_s = def.handshake_timeout_s;
   if (!s->cfg.max_inflight)
     s->cfg.max_inflight = def.max_inflight;
+  if (!s->cfg.max_conn_buffer)
+    s->cfg.max_conn_buffer = def.max_conn_buffer;
+  if (!s->cfg.max_buffer_total)
+    s->cfg.max_buffer_total = def.max_buffer_total;
 
   pthread_mutex_init (&s->done_lock, NULL);
   ev_async_init (&s->done_async, server_done_cb);

@@ -46,6 +46,11 @@ struct server_config {
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
+  uint64_t max_conn_buffer;     /* request/reply buffer bytes one
+                                   connection may hold before it is no
+                                   longer read; 0: default (64 MiB) */
+  uint64_t max_buffer_total;    /* the same, all connections together;
+                                   0: default (1 GiB) */
   enum server_tls_mode tls_mode;
   const char *tls_certificates; /* directory with server-cert.pem,
                                    server-key.pem, ca-cert.pem; may be
