@@ -1,31 +1,52 @@
 #!/bin/bash
-# Buffer budgets far below one request (issue 12): a connection with
-# nothing in flight still gets its request (no deadlock), and pipelined
-# requests are paused and resumed by their own replies and by other
-# connections' (the total) with the data intact.
+# Request size limits (issue 12):
+#  1. 64 MiB reads and writes work (nbdkit's maximum; nbd-tester-client's
+#     integrityhuge sends them) and 64 MiB is advertised as the maximum
+#     block size; a larger read or write is answered EINVAL and the
+#     connection goes on (a write's payload is skipped); with buffer
+#     budgets smaller than one request, too.
 . "$(dirname "$0")/lib.sh"
 lib_init server-limits
 requires nbdsh python3
 
 truncate -s 160M "$tmp/img"
+# Budgets far below one request: a connection with nothing in flight
+# still gets its 64 MiB request (no deadlock).
 start_foliod --max-conn-buffer 1M --max-buffer-total 1M \
   --export "disk0=file:$tmp/img,cache-size=32M"
 
-# A request larger than both budgets.
+# --- 1. 64 MiB requests ----------------------------------------------------
 timeout $((120 * TSCALE)) nbdsh -u "$(uri disk0)" -c '
 import os
-d = os.urandom(8 << 20)
+assert h.get_block_size(nbd.SIZE_MAXIMUM) == 64 << 20, h.get_block_size(nbd.SIZE_MAXIMUM)
+d = os.urandom(64 << 20)
 h.pwrite(d, 4096)
-assert h.pread(8 << 20, 4096) == d, "8 MiB read back differs"
-' || fail "request larger than the budgets"
+assert h.pread(64 << 20, 4096) == d, "64 MiB read back differs"
+h.flush()
+' || fail "64 MiB requests"
 
 cat > "$tmp/raw.py" <<'PY'
 import os, sys, time
 sys.path.insert(0, os.environ["TOP"] + "/tests/tools")
 import nbdraw
+EINVAL = 22
 sock, part = os.environ["SOCK"], sys.argv[1]
 
-if part == "pipeline":
+def still_serves(s, what):
+    nbdraw.send_req(s, nbdraw.CMD_READ, 9, 4096, 4096)
+    err, _ = nbdraw.simple_reply(s, 4096)
+    assert err == 0, "%s: read failed with %d" % (what, err)
+
+if part == "big":
+    s = nbdraw.connect(sock, "disk0")
+    assert s.block_max == 64 << 20, s.block_max
+    big = (64 << 20) + 4096
+    nbdraw.send_req(s, nbdraw.CMD_READ, 1, 0, big)
+    assert nbdraw.simple_reply(s, big)[0] == EINVAL, "oversized read"
+    nbdraw.send_req(s, nbdraw.CMD_WRITE, 2, 0, big, b"\x5a" * big)
+    assert nbdraw.simple_reply(s, 0)[0] == EINVAL, "oversized write"
+    still_serves(s, "after oversized requests")
+elif part == "pipeline":
     # Two connections pipeline 16 writes, then 16 reads, of 512 KiB each
     # over 1M budgets: paused and resumed by their own replies and by each
     # other's (the total); the data must come back right.
@@ -59,6 +80,7 @@ raw () {
   TOP=$TOP SOCK=$SOCK timeout $((120 * TSCALE)) \
     python3 "$tmp/raw.py" "$1" || fail "$1"
 }
+raw big
 raw pipeline
 
 foliod_alive

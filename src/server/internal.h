@@ -29,7 +29,8 @@
 
 struct export;
 
-#define NBD_MAX_PAYLOAD     (32u * 1024 * 1024) /* advertised maximum */
+#define NBD_MAX_PAYLOAD     (64u * 1024 * 1024) /* advertised maximum, as
+                                                  nbdkit; larger: EINVAL */
 #define HS_MAX_OPT_LEN      (64u * 1024)        /* bigger options: TOO_BIG */
 #define HS_MAX_STRING       4096                /* spec limit for strings */
 #define CONN_RBUF_SIZE      (64u * 1024)

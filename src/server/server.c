@@ -18,8 +18,8 @@ server_config_default (struct server_config *cfg)
   cfg->max_connections = 128;
   cfg->handshake_timeout_s = 10;
   cfg->max_inflight = 64;
-  /* Two of the largest requests in flight (one executing while the
-   * next arrives): throughput for them. */
+  /* One 64 MiB request, or two 32 MiB ones in flight (one executing
+   * while the next arrives): throughput for the largest requests. */
   cfg->max_conn_buffer = 64u << 20;
   cfg->max_buffer_total = 1ull << 30;
   cfg->tls_mode = SERVER_TLS_OFF;
