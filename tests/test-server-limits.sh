@@ -1,18 +1,26 @@
 #!/bin/bash
-# Request size limits (issue 12):
+# Request size and per-client limits (issue 12):
 #  1. 64 MiB reads and writes work (nbdkit's maximum; nbd-tester-client's
 #     integrityhuge sends them) and 64 MiB is advertised as the maximum
 #     block size; a larger read or write is answered EINVAL and the
 #     connection goes on (a write's payload is skipped); with buffer
 #     budgets smaller than one request, too.
+#  2. max-connections-per-client: clients from 127.0.0.1 that connect and
+#     idle cannot take every connection; a client from 127.0.0.2 still
+#     gets in, and the refusals are logged.
 . "$(dirname "$0")/lib.sh"
 lib_init server-limits
 requires nbdsh python3
 
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null ||
+  skip "cannot bind 127.0.0.2"
+
 truncate -s 160M "$tmp/img"
 # Budgets far below one request: a connection with nothing in flight
 # still gets its 64 MiB request (no deadlock).
-start_foliod --max-conn-buffer 1M --max-buffer-total 1M \
+start_foliod --listen "127.0.0.1:$port" --max-connections 6 \
+  --max-connections-per-client 4 --max-conn-buffer 1M --max-buffer-total 1M \
   --export "disk0=file:$tmp/img,cache-size=32M"
 
 # --- 1. 64 MiB requests ----------------------------------------------------
@@ -31,6 +39,7 @@ sys.path.insert(0, os.environ["TOP"] + "/tests/tools")
 import nbdraw
 EINVAL = 22
 sock, part = os.environ["SOCK"], sys.argv[1]
+tcp = ("127.0.0.1", int(os.environ["PORT"]))
 
 def still_serves(s, what):
     nbdraw.send_req(s, nbdraw.CMD_READ, 9, 4096, 4096)
@@ -74,14 +83,31 @@ elif part == "pipeline":
     for t in ts:
         t.join()
     assert not errs, errs
+elif part == "per-client":
+    idle = [nbdraw.connect(tcp, "disk0") for _ in range(4)]
+    for _ in range(3):   # over the per-client cap: closed at once
+        try:
+            nbdraw.connect(tcp, "disk0")
+            raise AssertionError("connection over the per-client cap served")
+        except (EOFError, ConnectionError):
+            pass
+    other = nbdraw.connect(tcp, "disk0", bind="127.0.0.2")
+    still_serves(other, "client from 127.0.0.2")
+    for s in idle:
+        still_serves(s, "client under the cap")
 print(part, "ok")
 PY
 raw () {
-  TOP=$TOP SOCK=$SOCK timeout $((120 * TSCALE)) \
+  TOP=$TOP SOCK=$SOCK PORT=$port timeout $((120 * TSCALE)) \
     python3 "$tmp/raw.py" "$1" || fail "$1"
 }
 raw big
 raw pipeline
+
+# --- 2. per-client cap -----------------------------------------------------
+raw per-client
+grep -q "refusing connection from 127.0.0.1:.*per client" "$FOLIOD_LOG" ||
+  fail "per-client refusal not logged"
 
 foliod_alive
 stop_foliod

@@ -21,7 +21,7 @@
 
 enum {
   K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
-  K_MAX_CONNECTIONS, K_MAX_INFLIGHT,
+  K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
   K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
   K_TLS,
   K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL, K_COUNT
@@ -36,6 +36,7 @@ const struct server_key server_keys[] = {
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
   { "workers", "N", "worker threads running requests (default 16)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
+  { "max-connections-per-client", "N", "connections per client address or uid (default 32)", 0 },
   { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },
   { "max-conn-buffer", "SIZE", "request buffers one connection may hold (default 64M)", 0 },
   { "max-buffer-total", "SIZE", "request buffers of all connections (default 1G)", 0 },
@@ -271,6 +272,9 @@ daemon_config_set (struct daemon_config *c, const char *key,
     r = parse_uint (value, 1, 1000000, &c->max_connections);
     break;
   case K_MAX_INFLIGHT: r = parse_uint (value, 1, 4096, &c->max_inflight); break;
+  case K_MAX_CONNECTIONS_PER_CLIENT:
+    r = parse_uint (value, 1, 1000000, &c->max_connections_per_client);
+    break;
   case K_MAX_CONN_BUFFER: r = parse_buffer_size (value, &c->max_conn_buffer); break;
   case K_MAX_BUFFER_TOTAL: r = parse_buffer_size (value, &c->max_buffer_total); break;
   case K_HANDSHAKE_TIMEOUT:

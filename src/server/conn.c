@@ -369,6 +369,7 @@ conn_close (struct conn *c, const char *why)
   ev_io_stop (c->srv->loop, &c->io);
   ev_timer_stop (c->srv->loop, &c->hs_timer);
   conn_budget_unwait (c);
+  server_client_gone (c);
   c->io_events = 0;
   c->tops->close (c);
   if (c->cur) {
@@ -681,13 +682,19 @@ conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
 /* ---- life cycle -------------------------------------------------------- */
 
 void
-conn_new (struct server *s, int fd, const char *peer)
+conn_new (struct server *s, int fd, const char *peer, const char *client_key)
 {
   struct conn *c;
 
-  if (s->shutting_down || s->nconns >= s->cfg.max_connections) {
-    log_warn ("refusing connection from %s: %s", peer,
-              s->shutting_down ? "shutting down" : "connection limit reached");
+  const char *why = s->shutting_down ? "shutting down"
+    : s->nconns >= s->cfg.max_connections ? "connection limit reached"
+    : NULL;
+
+  if (!why && server_client_count (s, client_key)
+      >= s->cfg.max_connections_per_client)
+    why = "connection limit per client reached";
+  if (why) {
+    server_log_refusal (s, peer, why);
     STAT_ADD (s, connections_refused, 1);
     close (fd);
     return;
@@ -695,6 +702,13 @@ conn_new (struct server *s, int fd, const char *peer)
   c = calloc (1, sizeof *c);
   if (!c || !(c->rbuf = malloc (CONN_RBUF_SIZE))) {
     log_error ("refusing connection from %s: out of memory", peer);
+    free (c);
+    close (fd);
+    return;
+  }
+  if (server_client_add (s, c, client_key) < 0) {
+    log_error ("refusing connection from %s: out of memory", peer);
+    free (c->rbuf);
     free (c);
     close (fd);
     return;

@@ -120,6 +120,8 @@ struct conn {
   ev_io io;
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
+  bool client_key_set;           /* counted in srv->clients under ... */
+  char client_key[64];           /* ... this source (address or uid) */
   bool in_flush_list;            /* linked in srv->flush_list */
   struct conn *flush_next;
 
@@ -163,6 +165,13 @@ struct conn {
   struct conn *budget_next;
 };
 
+/* Connections open per source (conn.client_key), for
+ * max_connections_per_client. */
+struct client_count {
+  struct client_count *next;
+  unsigned n;
+  char key[64];
+};
 
 /* The worker pool. */
 struct pool {
@@ -199,6 +208,9 @@ struct server {
   size_t buf_charged;            /* request buffers in use, all conns */
   size_t buf_kept;               /* of free lists, all conns */
   struct conn *budget_waiters;   /* paused on the total buffer budget */
+  struct client_count *clients;  /* open connections per source */
+  uint64_t refused_quiet;        /* refusals not logged (rate limit) */
+  ev_tstamp refused_logged;      /* when the last refusal was logged */
 
   struct pool pool;
   struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
@@ -254,6 +266,11 @@ io_step (enum io_res r)
 /* server.c */
 struct export *server_find_export (struct server *s, const char *name);
 void server_conn_gone (struct server *s);
+unsigned server_client_count (struct server *s, const char *key);
+int server_client_add (struct server *s, struct conn *c, const char *key);
+void server_client_gone (struct conn *c);
+void server_log_refusal (struct server *s, const char *peer,
+                         const char *why);
 
 /* pool.c */
 int pool_start (struct pool *p, struct server *s, unsigned nthreads);
@@ -263,7 +280,8 @@ void pool_stop (struct pool *p);
 void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
 
 /* conn.c */
-void conn_new (struct server *s, int fd, const char *peer);
+void conn_new (struct server *s, int fd, const char *peer,
+               const char *client_key);
 void conn_set_state (struct conn *c, enum conn_state st);
 const char *conn_state_name (enum conn_state st);
 enum io_res conn_read_exact (struct conn *c, void *dst, size_t need,

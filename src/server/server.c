@@ -1,5 +1,7 @@
 /* The server object: configuration, exports, shutdown, counters. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,7 @@
 #include "server/tls.h"
 
 #define SHUTDOWN_GRACE_S 30.0 /* then connections are dropped */
+#define REFUSAL_LOG_GAP_S 1.0 /* refusals logged at most this often */
 
 void
 server_config_default (struct server_config *cfg)
@@ -18,6 +21,9 @@ server_config_default (struct server_config *cfg)
   cfg->max_connections = 128;
   cfg->handshake_timeout_s = 10;
   cfg->max_inflight = 64;
+  /* Enough for every multi-conn client we know (nbdcopy: 4, the kernel:
+   * one per CPU) while one source cannot take all max_connections. */
+  cfg->max_connections_per_client = 32;
   /* One 64 MiB request, or two 32 MiB ones in flight (one executing
    * while the next arrives): throughput for the largest requests. */
   cfg->max_conn_buffer = 64u << 20;
@@ -71,6 +77,8 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
     s->cfg.handshake_timeout_s = def.handshake_timeout_s;
   if (!s->cfg.max_inflight)
     s->cfg.max_inflight = def.max_inflight;
+  if (!s->cfg.max_connections_per_client)
+    s->cfg.max_connections_per_client = def.max_connections_per_client;
   if (!s->cfg.max_conn_buffer)
     s->cfg.max_conn_buffer = def.max_conn_buffer;
   if (!s->cfg.max_buffer_total)
@@ -126,6 +134,82 @@ server_find_export (struct server *s, const char *name)
   return NULL;
 }
 
+/* ---- connections per client (max_connections_per_client) ---------------- */
+
+static struct client_count *
+server_client_find (struct server *s, const char *key)
+{
+  for (struct client_count *k = s->clients; k; k = k->next)
+    if (strcmp (k->key, key) == 0)
+      return k;
+  return NULL;
+}
+
+unsigned
+server_client_count (struct server *s, const char *key)
+{
+  struct client_count *k = server_client_find (s, key);
+
+  return k ? k->n : 0;
+}
+
+/* Count c under key until server_client_gone.  0 or -1 (no memory). */
+int
+server_client_add (struct server *s, struct conn *c, const char *key)
+{
+  struct client_count *k = server_client_find (s, key);
+
+  if (!k) {
+    if (!(k = calloc (1, sizeof *k)))
+      return -1;
+    snprintf (k->key, sizeof k->key, "%s", key);
+    k->next = s->clients;
+    s->clients = k;
+  }
+  k->n++;
+  snprintf (c->client_key, sizeof c->client_key, "%s", key);
+  c->client_key_set = true;
+  return 0;
+}
+
+void
+server_client_gone (struct conn *c)
+{
+  struct server *s = c->srv;
+  struct client_count **p = &s->clients, *k;
+
+  if (!c->client_key_set)
+    return;
+  c->client_key_set = false;
+  while ((k = *p) && strcmp (k->key, c->client_key) != 0)
+    p = &k->next;
+  if (k && --k->n == 0) {
+    *p = k->next;
+    free (k);
+  }
+}
+
+/* A refused connection is logged, but a storm of them (a client
+ * reconnecting in a loop) at most once a second, with the count. */
+void
+server_log_refusal (struct server *s, const char *peer, const char *why)
+{
+  ev_tstamp now = ev_now (s->loop);
+
+  if (s->refused_logged && now - s->refused_logged < REFUSAL_LOG_GAP_S) {
+    s->refused_quiet++;
+    return;
+  }
+  if (s->refused_quiet)
+    log_warn ("refusing connection from %s: %s (and %" PRIu64 " more "
+              "refused since the last such line)", peer, why,
+              s->refused_quiet);
+  else
+    log_warn ("refusing connection from %s: %s", peer, why);
+  s->refused_quiet = 0;
+  s->refused_logged = now;
+}
+
 /* A connection was freed: maybe the shutdown is complete. */
 void
 server_conn_gone (struct server *s)
@@ -179,6 +263,11 @@ server_free (struct server *s)
   ev_idle_stop (s->loop, &s->done_idle);
   pthread_mutex_destroy (&s->done_lock);
   tls_ctx_free (s->tls_ctx);
+  while (s->clients) {
+    struct client_count *k = s->clients;
+    s->clients = k->next;
+    free (k);
+  }
   free (s->exports);
   free (s);
 }

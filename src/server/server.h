@@ -46,6 +46,8 @@ struct server_config {
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
+  unsigned max_connections_per_client; /* per source address (TCP) or
+                                   uid (Unix socket); 0: default (32) */
   uint64_t max_conn_buffer;     /* request/reply buffer bytes one
                                    connection may hold before it is no
                                    longer read; 0: default (64 MiB) */
@@ -109,7 +111,7 @@ void server_free (struct server *s);
 struct server_stats {
   uint64_t connections_now;
   uint64_t connections_total;   /* accepted since start */
-  uint64_t connections_refused; /* over max_connections */
+  uint64_t connections_refused; /* over max_connections (per client) */
   uint64_t handshakes_failed;   /* timeouts, protocol errors */
   uint64_t requests;            /* transmission requests completed */
   uint64_t request_errors;      /* of which replied with an error */
