@@ -1,5 +1,5 @@
 #!/bin/bash
-# Request size and per-client limits (issue 12):
+# Request size, idle and per-client limits (issue 12):
 #  1. 64 MiB reads and writes work (nbdkit's maximum; nbd-tester-client's
 #     integrityhuge sends them) and 64 MiB is advertised as the maximum
 #     block size; a larger read or write is answered EINVAL and the
@@ -8,6 +8,8 @@
 #  2. max-connections-per-client: clients from 127.0.0.1 that connect and
 #     idle cannot take every connection; a client from 127.0.0.2 still
 #     gets in, and the refusals are logged.
+#  3. idle-timeout closes a connection that sends nothing, but not one
+#     that keeps sending requests.
 . "$(dirname "$0")/lib.sh"
 lib_init server-limits
 requires nbdsh python3
@@ -95,6 +97,15 @@ elif part == "per-client":
     still_serves(other, "client from 127.0.0.2")
     for s in idle:
         still_serves(s, "client under the cap")
+elif part == "idle":
+    busy = nbdraw.connect(sock, "disk0")
+    idle = nbdraw.connect(sock, "disk0")
+    for _ in range(12):   # 6 s of requests: never idle for 2 s
+        still_serves(busy, "busy connection")
+        time.sleep(0.5)
+    idle.settimeout(30)   # closed within the idle timeout (2 s)
+    assert idle.recv(1) == b"", "idle connection got data"
+    still_serves(busy, "busy connection at the end")
 print(part, "ok")
 PY
 raw () {
@@ -109,6 +120,12 @@ raw per-client
 grep -q "refusing connection from 127.0.0.1:.*per client" "$FOLIOD_LOG" ||
   fail "per-client refusal not logged"
 
+stop_foliod
+
+# --- 3. idle timeout ---------------------------------------------------------
+start_foliod --idle-timeout 2 --export "disk0=file:$tmp/img,cache-size=32M"
+raw idle
+grep -q "closed: idle timeout" "$FOLIOD_LOG" || fail "idle close not logged"
 foliod_alive
 stop_foliod
 echo OK

@@ -23,7 +23,7 @@ enum {
   K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
   K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
   K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
-  K_TLS,
+  K_IDLE_TIMEOUT, K_TLS,
   K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL, K_COUNT
 };
 
@@ -41,6 +41,7 @@ const struct server_key server_keys[] = {
   { "max-conn-buffer", "SIZE", "request buffers one connection may hold (default 64M)", 0 },
   { "max-buffer-total", "SIZE", "request buffers of all connections (default 1G)", 0 },
   { "handshake-timeout", "SECONDS", "drop clients slower than this to handshake (default 10)", 0 },
+  { "idle-timeout", "SECONDS", "close connections idle this long (default 0: never)", 0 },
   { "tls", "off|on|require", "TLS for clients (default off)", 0 },
   { "tls-certificates", "DIR", "directory with server-cert.pem, server-key.pem, ca-cert.pem", 0 },
   { "tls-verify-peer", "BOOL", "require client certificates (default no)", 0 },
@@ -280,6 +281,8 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_HANDSHAKE_TIMEOUT:
     r = parse_seconds (value, 1, 3600, &c->handshake_timeout_s);
     break;
+  case K_IDLE_TIMEOUT: r = parse_seconds (value, 0, 7 * 86400,
+                                             &c->idle_timeout_s); break;
   case K_TLS: r = set_tls (c, value); break;
   case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;

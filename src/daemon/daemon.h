@@ -52,6 +52,7 @@ struct daemon_config {
   unsigned max_connections; /* 0: server default */
   unsigned max_connections_per_client;
   unsigned handshake_timeout_s;
+  unsigned idle_timeout_s;
   unsigned max_inflight;
   uint64_t max_conn_buffer;   /* 0: server default */
   uint64_t max_buffer_total;

@@ -78,7 +78,18 @@ conn_set_state (struct conn *c, enum conn_state st)
   if (!(state_is_transmission (c->state) && state_is_transmission (st)))
     log_debug ("conn %" PRIu64 ": %s -> %s", c->id,
                state_names[c->state], state_names[st]);
+  if (state_is_handshake (c->state) && st == CONN_TX_REQ_HDR
+      && c->srv->cfg.idle_timeout_s)
+    ev_timer_again (c->srv->loop, &c->idle_timer);
   c->state = st;
+}
+
+/* Activity (input, a request done): the idle timeout starts again. */
+void
+conn_touch (struct conn *c)
+{
+  if (ev_is_active (&c->idle_timer))
+    ev_timer_again (c->srv->loop, &c->idle_timer);
 }
 
 /* ---- requests ---------------------------------------------------------- */
@@ -133,6 +144,7 @@ conn_req_put (struct conn *c, struct req *r)
   s->buf_kept += r->buf_cap;
   r->next = c->free_reqs;
   c->free_reqs = r;
+  conn_touch (c);
   /* Memory released, or c itself may now start its one request. */
   if (s->budget_waiters && (released || c->nactive == 0))
     conn_budget_wake (s);
@@ -286,6 +298,7 @@ conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
       c->eof = true;
       return IO_ERR;
     }
+    conn_touch (c);
     if (want >= CONN_RBUF_SIZE / 2)
       *have += n;
   }
@@ -368,6 +381,7 @@ conn_close (struct conn *c, const char *why)
   log_info ("conn %" PRIu64 " (%s): closed: %s", c->id, c->peer, why);
   ev_io_stop (c->srv->loop, &c->io);
   ev_timer_stop (c->srv->loop, &c->hs_timer);
+  ev_timer_stop (c->srv->loop, &c->idle_timer);
   conn_budget_unwait (c);
   server_client_gone (c);
   c->io_events = 0;
@@ -679,6 +693,25 @@ conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
   conn_after_io (c);
 }
 
+/* No input for idle_timeout_s.  A connection with requests in flight or
+ * replies to send is busy, not idle: it gets another period. */
+static void
+conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct conn *c = w->data;
+  struct server *s = c->srv;
+
+  if (c->nactive > 0 || conn_output_pending (c)) {
+    ev_timer_again (loop, w);
+    return;
+  }
+  log_info ("conn %" PRIu64 " (%s): idle for %u s", c->id, c->peer,
+            c->srv->cfg.idle_timeout_s);
+  conn_close (c, "idle timeout");
+  conn_after_io (c);
+  conn_flush_pending (s);
+}
+
 /* ---- life cycle -------------------------------------------------------- */
 
 void
@@ -725,6 +758,9 @@ conn_new (struct server *s, int fd, const char *peer, const char *client_key)
                  s->cfg.handshake_timeout_s, 0.);
   c->hs_timer.data = c;
   ev_timer_start (s->loop, &c->hs_timer);
+  ev_init (&c->idle_timer, conn_idle_timeout_cb);
+  c->idle_timer.repeat = s->cfg.idle_timeout_s;
+  c->idle_timer.data = c;
 
   c->next = s->conns;
   if (s->conns)

@@ -120,6 +120,7 @@ struct conn {
   ev_io io;
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
+  ev_timer idle_timer;           /* idle timeout in transmission */
   bool client_key_set;           /* counted in srv->clients under ... */
   char client_key[64];           /* ... this source (address or uid) */
   bool in_flush_list;            /* linked in srv->flush_list */
@@ -297,6 +298,7 @@ void conn_req_put (struct conn *c, struct req *r);
 bool conn_budget_admit (const struct conn *c, size_t need);
 bool conn_budget_hdr_ready (struct conn *c);
 void conn_budget_charge (struct conn *c, struct req *r, size_t need);
+void conn_touch (struct conn *c);
 void conn_begin_shutdown (struct conn *c, bool force);
 void conn_maybe_free (struct conn *c);
 void conn_free (struct conn *c);

@@ -48,6 +48,9 @@ struct server_config {
                                    0: default (64, nbdcopy's depth) */
   unsigned max_connections_per_client; /* per source address (TCP) or
                                    uid (Unix socket); 0: default (32) */
+  unsigned idle_timeout_s;      /* close a connection with nothing in
+                                   flight and no input for this long;
+                                   0: never (the default) */
   uint64_t max_conn_buffer;     /* request/reply buffer bytes one
                                    connection may hold before it is no
                                    longer read; 0: default (64 MiB) */
