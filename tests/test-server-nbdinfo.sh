@@ -22,7 +22,7 @@ get () { python3 -c "import json,sys; e=json.load(sys.stdin)['exports'][0]; prin
 [ "$(get export-size)" = $((10 * MiB + 512)) ] || fail "size"
 [ "$(get block_size_minimum)" = 1 ] || fail "minimum block size"
 [ "$(get block_size_preferred)" = 8192 ] || fail "preferred block size = block-size"
-[ "$(get block_size_maximum)" = $((32 * MiB)) ] || fail "maximum block size"
+[ "$(get block_size_maximum)" = $((64 * MiB)) ] || fail "maximum block size"
 [ "$(get description)" = "the first disk" ] || fail "description"
 for f in can_flush can_fua can_trim can_zero can_fast_zero can_cache \
          can_multi_conn can_df; do

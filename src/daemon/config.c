@@ -22,7 +22,9 @@
 
 enum {
   K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
-  K_MAX_CONNECTIONS, K_MAX_INFLIGHT, K_HANDSHAKE_TIMEOUT, K_TLS,
+  K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
+  K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
+  K_IDLE_TIMEOUT, K_TLS,
   K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL, K_COUNT
 };
 
@@ -35,8 +37,12 @@ const struct server_key server_keys[] = {
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
   { "workers", "N", "worker threads running requests (default 16)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
+  { "max-connections-per-client", "N", "connections per client address or uid (default 32)", 0 },
   { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },
+  { "max-conn-buffer", "SIZE", "request buffers one connection may hold (default 64M)", 0 },
+  { "max-buffer-total", "SIZE", "request buffers of all connections (default 1G)", 0 },
   { "handshake-timeout", "SECONDS", "drop clients slower than this to handshake (default 10)", 0 },
+  { "idle-timeout", "SECONDS", "close connections idle this long (default 0: never)", 0 },
   { "tls", "off|on|require", "TLS for clients (default off)", 0 },
   { "tls-certificates", "DIR", "directory with server-cert.pem, server-key.pem, ca-cert.pem", 0 },
   { "tls-verify-peer", "BOOL", "require client certificates (default no)", 0 },
@@ -173,6 +179,19 @@ parse_seconds (const char *s, unsigned min, unsigned max, unsigned *out)
   return parse_uint (s, min, max, out);
 }
 
+/* A buffer budget: at least 1M (below that large requests would only
+ * ever run one at a time), at most 1T. */
+static int
+parse_buffer_size (const char *value, uint64_t *out)
+{
+  uint64_t v;
+
+  if (parse_size (value, &v) == -1 || v < (1u << 20) || v > (1ull << 40))
+    return -1;
+  *out = v;
+  return 0;
+}
+
 int
 parse_listen (const char *s, char *host, size_t hostlen,
               char *port, size_t portlen)
@@ -255,9 +274,16 @@ daemon_config_set (struct daemon_config *c, const char *key,
     r = parse_uint (value, 1, 1000000, &c->max_connections);
     break;
   case K_MAX_INFLIGHT: r = parse_uint (value, 1, 4096, &c->max_inflight); break;
+  case K_MAX_CONNECTIONS_PER_CLIENT:
+    r = parse_uint (value, 1, 1000000, &c->max_connections_per_client);
+    break;
+  case K_MAX_CONN_BUFFER: r = parse_buffer_size (value, &c->max_conn_buffer); break;
+  case K_MAX_BUFFER_TOTAL: r = parse_buffer_size (value, &c->max_buffer_total); break;
   case K_HANDSHAKE_TIMEOUT:
     r = parse_seconds (value, 1, 3600, &c->handshake_timeout_s);
     break;
+  case K_IDLE_TIMEOUT: r = parse_seconds (value, 0, 7 * 86400,
+                                             &c->idle_timeout_s); break;
   case K_TLS: r = set_tls (c, value); break;
   case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;

@@ -50,8 +50,12 @@ struct daemon_config {
   int tls_verify_peer;
   unsigned workers;         /* 0: server default */
   unsigned max_connections; /* 0: server default */
+  unsigned max_connections_per_client;
   unsigned handshake_timeout_s;
+  unsigned idle_timeout_s;
   unsigned max_inflight;
+  uint64_t max_conn_buffer;   /* 0: server default */
+  uint64_t max_buffer_total;
   int log_level;
   int foreground;
 

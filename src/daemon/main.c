@@ -362,6 +362,11 @@ server_start (struct daemon *d)
   if (cfg->max_connections) sc.max_connections = cfg->max_connections;
   if (cfg->handshake_timeout_s) sc.handshake_timeout_s = cfg->handshake_timeout_s;
   if (cfg->max_inflight) sc.max_inflight = cfg->max_inflight;
+  if (cfg->max_connections_per_client)
+    sc.max_connections_per_client = cfg->max_connections_per_client;
+  sc.idle_timeout_s = cfg->idle_timeout_s;
+  if (cfg->max_conn_buffer) sc.max_conn_buffer = cfg->max_conn_buffer;
+  if (cfg->max_buffer_total) sc.max_buffer_total = cfg->max_buffer_total;
   sc.tls_mode = (enum server_tls_mode) cfg->tls;
   sc.tls_certificates = cfg->tls_certificates;
   sc.tls_psk_file = cfg->tls_psk;

@@ -22,6 +22,9 @@
 
 #include "server/internal.h"
 #include "server/log.h"
+#include "server/wire.h"
+
+static void conn_budget_wake (struct server *s);
 
 static const char *const state_names[CONN_NSTATES] = {
   [CONN_HS_CLIENT_FLAGS] = "HS_CLIENT_FLAGS",
@@ -75,7 +78,18 @@ conn_set_state (struct conn *c, enum conn_state st)
   if (!(state_is_transmission (c->state) && state_is_transmission (st)))
     log_debug ("conn %" PRIu64 ": %s -> %s", c->id,
                state_names[c->state], state_names[st]);
+  if (state_is_handshake (c->state) && st == CONN_TX_REQ_HDR
+      && c->srv->cfg.idle_timeout_s)
+    ev_timer_again (c->srv->loop, &c->idle_timer);
   c->state = st;
+}
+
+/* Activity (input, a request done): the idle timeout starts again. */
+void
+conn_touch (struct conn *c)
+{
+  if (ev_is_active (&c->idle_timer))
+    ev_timer_again (c->srv->loop, &c->idle_timer);
 }
 
 /* ---- requests ---------------------------------------------------------- */
@@ -88,6 +102,7 @@ conn_req_get (struct conn *c)
   if (r) {
     c->free_reqs = r->next;
     c->kept_buf_bytes -= r->buf_cap;
+    c->srv->buf_kept -= r->buf_cap;
   }
   else {
     r = calloc (1, sizeof *r);
@@ -108,19 +123,134 @@ conn_req_get (struct conn *c)
 void
 conn_req_put (struct conn *c, struct req *r)
 {
+  struct server *s = c->srv;
+  size_t released = r->charged;
+
   assert (c->nactive > 0);
   c->nactive--;
+  c->charged -= released;
+  s->buf_charged -= released;
+  r->charged = 0;
   /* Keep buffers for reuse (no malloc per request), but not huge ones
-   * and not without bound. */
+   * and not without bound, per connection and in all. */
   if (r->buf_cap > REQ_KEEP_BUF_MAX
-      || c->kept_buf_bytes + r->buf_cap > CONN_KEEP_BUF_TOTAL) {
+      || c->kept_buf_bytes + r->buf_cap > CONN_KEEP_BUF_TOTAL
+      || s->buf_kept + r->buf_cap > s->cfg.max_buffer_total / SERVER_KEEP_DIV) {
     free (r->buf);
     r->buf = NULL;
     r->buf_cap = 0;
   }
   c->kept_buf_bytes += r->buf_cap;
+  s->buf_kept += r->buf_cap;
   r->next = c->free_reqs;
   c->free_reqs = r;
+  conn_touch (c);
+  /* Memory released, or c itself may now start its one request. */
+  if (s->budget_waiters && (released || c->nactive == 0))
+    conn_budget_wake (s);
+}
+
+/* ---- buffer budget ----------------------------------------------------- */
+
+/* Bytes of buffer the request whose header is in c->hdr needs. */
+static size_t
+conn_hdr_need (const struct conn *c)
+{
+  uint16_t type = get_be16 (c->hdr + 6);
+  uint32_t count = get_be32 (c->hdr + 24);
+
+  if (type == NBD_CMD_BLOCK_STATUS)
+    return REQ_BS_BUF_MAX;
+  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE)
+      && count <= NBD_MAX_PAYLOAD)
+    return count;
+  return 0; /* no buffer, or refused: a refused write's payload is
+               skipped, not stored */
+}
+
+/* May c take a request needing need more bytes of buffer?  Within both
+ * budgets, yes.  A connection with nothing in flight always may: a
+ * request larger than max_conn_buffer still runs, and connections that
+ * hold the total (a client that never reads its replies) cannot lock the
+ * others out. */
+bool
+conn_budget_admit (const struct conn *c, size_t need)
+{
+  const struct server *s = c->srv;
+
+  if (need == 0 || c->nactive == 0)
+    return true;
+  return c->charged + need <= s->cfg.max_conn_buffer
+    && s->buf_charged + need <= s->cfg.max_buffer_total;
+}
+
+/* Count r's buffer (at least need bytes: block status allocates later)
+ * until conn_req_put. */
+void
+conn_budget_charge (struct conn *c, struct req *r, size_t need)
+{
+  size_t n = r->buf_cap > need ? r->buf_cap : need;
+
+  r->charged = n;
+  c->charged += n;
+  c->srv->buf_charged += n;
+}
+
+/* A request header in c->hdr waits for buffer budget: remember c so that
+ * memory released by any connection retries it. */
+static void
+conn_budget_wait (struct conn *c)
+{
+  c->yielded = true; /* the header is read: feed an event when resumed */
+  if (c->budget_waiting)
+    return;
+  c->budget_waiting = true;
+  c->budget_next = c->srv->budget_waiters;
+  c->srv->budget_waiters = c;
+}
+
+static void
+conn_budget_unwait (struct conn *c)
+{
+  struct conn **p = &c->srv->budget_waiters;
+
+  if (!c->budget_waiting)
+    return;
+  while (*p != c)
+    p = &(*p)->budget_next;
+  *p = c->budget_next;
+  c->budget_waiting = false;
+}
+
+/* Memory was released: resume the waiters that fit now (conn_after_io
+ * feeds them an input event).  The others keep waiting. */
+static void
+conn_budget_wake (struct server *s)
+{
+  struct conn **p = &s->budget_waiters;
+
+  while (*p) {
+    struct conn *c = *p;
+
+    if (conn_budget_admit (c, conn_hdr_need (c))) {
+      *p = c->budget_next;
+      c->budget_waiting = false;
+      conn_mark_flush (c);
+    }
+    else
+      p = &c->budget_next;
+  }
+}
+
+/* The header in c->hdr is complete: true if its request may go on now,
+ * else c waits for budget (the header stays in c->hdr). */
+bool
+conn_budget_hdr_ready (struct conn *c)
+{
+  if (conn_budget_admit (c, conn_hdr_need (c)))
+    return true;
+  conn_budget_wait (c);
+  return false;
 }
 
 /* ---- input ------------------------------------------------------------- */
@@ -168,6 +298,7 @@ conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
       c->eof = true;
       return IO_ERR;
     }
+    conn_touch (c);
     if (want >= CONN_RBUF_SIZE / 2)
       *have += n;
   }
@@ -212,6 +343,10 @@ conn_input_paused (const struct conn *c)
   if (c->state == CONN_TX_REQ_HDR
       && c->nactive >= c->srv->cfg.max_inflight)
     return true;
+  /* A header read, its buffer over budget: wait for replies to go. */
+  if (c->state == CONN_TX_REQ_HDR && c->hdr_have == NBD_REQUEST_LEN
+      && !conn_budget_admit (c, conn_hdr_need (c)))
+    return true;
   return false;
 }
 
@@ -246,6 +381,9 @@ conn_close (struct conn *c, const char *why)
   log_info ("conn %" PRIu64 " (%s): closed: %s", c->id, c->peer, why);
   ev_io_stop (c->srv->loop, &c->io);
   ev_timer_stop (c->srv->loop, &c->hs_timer);
+  ev_timer_stop (c->srv->loop, &c->idle_timer);
+  conn_budget_unwait (c);
+  server_client_gone (c);
   c->io_events = 0;
   c->tops->close (c);
   if (c->cur) {
@@ -511,13 +649,17 @@ conn_after_io (struct conn *c)
 void
 conn_flush_pending (struct server *s)
 {
-  struct conn *c = s->flush_list, *next;
+  /* Until empty: a reply sent here releases buffer budget, which may
+   * resume connections waiting for it (they join the list). */
+  while (s->flush_list) {
+    struct conn *c = s->flush_list, *next;
 
-  s->flush_list = NULL;
-  for (; c; c = next) {
-    next = c->flush_next;
-    c->in_flush_list = false;
-    conn_after_io (c);
+    s->flush_list = NULL;
+    for (; c; c = next) {
+      next = c->flush_next;
+      c->in_flush_list = false;
+      conn_after_io (c);
+    }
   }
 }
 
@@ -551,16 +693,43 @@ conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
   conn_after_io (c);
 }
 
+/* No input for idle_timeout_s.  A connection with requests in flight or
+ * replies to send is busy, not idle: it gets another period. */
+static void
+conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct conn *c = w->data;
+  struct server *s = c->srv;
+
+  if (c->nactive > 0 || conn_output_pending (c)) {
+    ev_timer_again (loop, w);
+    return;
+  }
+  log_info ("conn %" PRIu64 " (%s): idle for %u s", c->id, c->peer,
+            c->srv->cfg.idle_timeout_s);
+  conn_close (c, "idle timeout");
+  conn_after_io (c);
+  conn_flush_pending (s);
+}
+
 /* ---- life cycle -------------------------------------------------------- */
 
 void
-conn_new (struct server *s, int fd, const char *peer)
+conn_new (struct server *s, int fd, const char *peer, const char *client_key)
 {
   struct conn *c;
 
-  if (s->shutting_down || s->nconns >= s->cfg.max_connections) {
-    log_warn ("refusing connection from %s: %s", peer,
-              s->shutting_down ? "shutting down" : "connection limit reached");
+  const char *why = s->shutting_down ? "shutting down"
+    : s->nconns >= s->cfg.max_connections ? "connection limit reached"
+    : NULL;
+
+  if (!why && server_client_count (s, client_key)
+      >= s->cfg.max_connections_per_client)
+    why = "connection limit per client reached";
+  if (why) {
+    /* A storm of these (a client reconnecting in a loop) is rate-limited
+     * by the logger, per call site. */
+    log_warn ("refusing connection from %s: %s", peer, why);
     STAT_ADD (s, connections_refused, 1);
     close (fd);
     return;
@@ -568,6 +737,13 @@ conn_new (struct server *s, int fd, const char *peer)
   c = calloc (1, sizeof *c);
   if (!c || !(c->rbuf = malloc (CONN_RBUF_SIZE))) {
     log_error ("refusing connection from %s: out of memory", peer);
+    free (c);
+    close (fd);
+    return;
+  }
+  if (server_client_add (s, c, client_key) < 0) {
+    log_error ("refusing connection from %s: out of memory", peer);
+    free (c->rbuf);
     free (c);
     close (fd);
     return;
@@ -584,6 +760,9 @@ conn_new (struct server *s, int fd, const char *peer)
                  s->cfg.handshake_timeout_s, 0.);
   c->hs_timer.data = c;
   ev_timer_start (s->loop, &c->hs_timer);
+  ev_init (&c->idle_timer, conn_idle_timeout_cb);
+  c->idle_timer.repeat = s->cfg.idle_timeout_s;
+  c->idle_timer.data = c;
 
   c->next = s->conns;
   if (s->conns)
@@ -629,6 +808,7 @@ conn_free (struct conn *c)
     free (r->buf);
     free (r);
   }
+  s->buf_kept -= c->kept_buf_bytes;
   if (c->prev)
     c->prev->next = c->next;
   else

@@ -21,6 +21,8 @@
 #define READ_HOLE_MIN       4096u
 /* Cap of descriptors in one block status reply (spec: SHOULD <= 2^20). */
 #define BS_MAX_EXTENTS      16384u
+_Static_assert (REQ_BS_BUF_MAX >= 4 + 8 * BS_MAX_EXTENTS,
+                "the buffer budget counts a block status reply");
 
 int
 nbd_errno (int err)

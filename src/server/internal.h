@@ -29,7 +29,8 @@
 
 struct export;
 
-#define NBD_MAX_PAYLOAD     (32u * 1024 * 1024) /* advertised maximum */
+#define NBD_MAX_PAYLOAD     (64u * 1024 * 1024) /* advertised maximum, as
+                                                  nbdkit; larger: EINVAL */
 #define HS_MAX_OPT_LEN      (64u * 1024)        /* bigger options: TOO_BIG */
 #define HS_MAX_STRING       4096                /* spec limit for strings */
 #define CONN_RBUF_SIZE      (64u * 1024)
@@ -42,6 +43,9 @@ struct export;
 #define REQ_IOV_MAX         (2 * REQ_MAX_CHUNKS + 4)
 #define REQ_KEEP_BUF_MAX    (4u * 1024 * 1024)  /* larger buffers freed */
 #define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
+#define SERVER_KEEP_DIV     8   /* all retained <= max_buffer_total / this */
+/* Buffer a block status reply may need (execute.c allocates it). */
+#define REQ_BS_BUF_MAX      (4 + 8 * 16384u)
 
 /* One NBD request and, once executed, its reply. */
 struct req {
@@ -58,6 +62,7 @@ struct req {
   uint8_t *buf;              /* write payload, read data, block status */
   size_t buf_cap;
   size_t payload_have;       /* write payload bytes received so far */
+  size_t charged;            /* buffer bytes counted in the budgets */
 
   int error;                 /* NBD error (NBD_E*) or 0; set by checks or
                                 by the worker */
@@ -115,6 +120,9 @@ struct conn {
   ev_io io;
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
+  ev_timer idle_timer;           /* idle timeout in transmission */
+  bool client_key_set;           /* counted in srv->clients under ... */
+  char client_key[64];           /* ... this source (address or uid) */
   bool in_flush_list;            /* linked in srv->flush_list */
   struct conn *flush_next;
 
@@ -153,6 +161,17 @@ struct conn {
   unsigned nactive;              /* requests out of the free list */
   unsigned nworker;              /* of which held by workers */
   struct req *sendq_head, *sendq_tail; /* replies ready to send */
+  size_t charged;                /* buffer bytes of active requests */
+  bool budget_waiting;           /* linked in srv->budget_waiters */
+  struct conn *budget_next;
+};
+
+/* Connections open per source (conn.client_key), for
+ * max_connections_per_client. */
+struct client_count {
+  struct client_count *next;
+  unsigned n;
+  char key[64];
 };
 
 /* The worker pool. */
@@ -187,6 +206,10 @@ struct server {
   unsigned nconns;               /* with an open socket */
   uint64_t next_conn_id;
   struct conn *flush_list;       /* connections with new replies */
+  size_t buf_charged;            /* request buffers in use, all conns */
+  size_t buf_kept;               /* of free lists, all conns */
+  struct conn *budget_waiters;   /* paused on the total buffer budget */
+  struct client_count *clients;  /* open connections per source */
 
   struct pool pool;
   struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
@@ -242,6 +265,9 @@ io_step (enum io_res r)
 /* server.c */
 struct export *server_find_export (struct server *s, const char *name);
 void server_conn_gone (struct server *s);
+unsigned server_client_count (struct server *s, const char *key);
+int server_client_add (struct server *s, struct conn *c, const char *key);
+void server_client_gone (struct conn *c);
 
 /* pool.c */
 int pool_start (struct pool *p, struct server *s, unsigned nthreads);
@@ -251,7 +277,8 @@ void pool_stop (struct pool *p);
 void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
 
 /* conn.c */
-void conn_new (struct server *s, int fd, const char *peer);
+void conn_new (struct server *s, int fd, const char *peer,
+               const char *client_key);
 void conn_set_state (struct conn *c, enum conn_state st);
 const char *conn_state_name (enum conn_state st);
 enum io_res conn_read_exact (struct conn *c, void *dst, size_t need,
@@ -264,6 +291,10 @@ void conn_after_io (struct conn *c);
 void conn_flush_pending (struct server *s);
 struct req *conn_req_get (struct conn *c);
 void conn_req_put (struct conn *c, struct req *r);
+bool conn_budget_admit (const struct conn *c, size_t need);
+bool conn_budget_hdr_ready (struct conn *c);
+void conn_budget_charge (struct conn *c, struct req *r, size_t need);
+void conn_touch (struct conn *c);
 void conn_begin_shutdown (struct conn *c, bool force);
 void conn_maybe_free (struct conn *c);
 void conn_free (struct conn *c);

@@ -38,6 +38,28 @@ peer_name (const struct sockaddr_storage *ss, socklen_t len,
     snprintf (out, n, "%.50s:%.10s", host, serv);
 }
 
+/* Whom max_connections_per_client counts a connection against: the
+ * address (not the port) for TCP, the peer's uid for a Unix socket (every
+ * local client comes from the same path). */
+static void
+client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
+            char *out, size_t n)
+{
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
+
+  if (ss->ss_family == AF_UNIX) {
+    if (getsockopt (fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
+      snprintf (out, n, "uid %u", (unsigned) cred.uid);
+    else
+      snprintf (out, n, "uid ?");
+    return;
+  }
+  if (getnameinfo ((const struct sockaddr *) ss, len, out, n, NULL, 0,
+                   NI_NUMERICHOST))
+    snprintf (out, n, "?");
+}
+
 static void
 listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -46,7 +68,7 @@ listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
   for (int i = 0; i < ACCEPTS_PER_WAKE; i++) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
-    char peer[80];
+    char peer[80], key[64];
     int one = 1;
     int fd = accept4 (l->fd, (struct sockaddr *) &ss, &len,
                       SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -60,7 +82,8 @@ listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
     if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
       setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     peer_name (&ss, len, l, peer, sizeof peer);
-    conn_new (l->srv, fd, peer);
+    client_key (fd, &ss, len, key, sizeof key);
+    conn_new (l->srv, fd, peer, key);
   }
 }
 

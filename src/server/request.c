@@ -116,12 +116,16 @@ tx_step_req_hdr (struct conn *c)
 
   if (res != IO_DONE)
     return io_step (res);
-  c->hdr_have = 0;
   if (get_be32 (c->hdr) != NBD_REQUEST_MAGIC) {
     log_warn ("conn %" PRIu64 ": bad request magic 0x%08" PRIx32,
               c->id, get_be32 (c->hdr));
     return STEP_CLOSE;
   }
+  /* Over the buffer budget: read nothing more until replies are sent
+   * (the header stays in c->hdr for then). */
+  if (!conn_budget_hdr_ready (c))
+    return STEP_PAUSE;
+  c->hdr_have = 0;
   if (!(r = conn_req_get (c)))
     return STEP_CLOSE;
   r->flags = get_be16 (c->hdr + 4);
@@ -140,6 +144,8 @@ tx_step_req_hdr (struct conn *c)
   if (!r->error && (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
       && req_reserve (r, r->count) < 0)
     r->error = req_refuse (r, NBD_ENOMEM, "out of memory");
+  conn_budget_charge (c, r, r->type == NBD_CMD_BLOCK_STATUS && !r->error
+                      ? REQ_BS_BUF_MAX : 0);
   if (r->type == NBD_CMD_WRITE) {
     c->cur = r;
     if (r->error) {

@@ -1,5 +1,7 @@
 /* The server object: configuration, exports, shutdown, counters. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,13 @@ server_config_default (struct server_config *cfg)
   cfg->max_connections = 128;
   cfg->handshake_timeout_s = 10;
   cfg->max_inflight = 64;
+  /* Enough for every multi-conn client we know (nbdcopy: 4, the kernel:
+   * one per CPU) while one source cannot take all max_connections. */
+  cfg->max_connections_per_client = 32;
+  /* One 64 MiB request, or two 32 MiB ones in flight (one executing
+   * while the next arrives): throughput for the largest requests. */
+  cfg->max_conn_buffer = 64u << 20;
+  cfg->max_buffer_total = 1ull << 30;
   cfg->tls_mode = SERVER_TLS_OFF;
 }
 
@@ -67,6 +76,12 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
     s->cfg.handshake_timeout_s = def.handshake_timeout_s;
   if (!s->cfg.max_inflight)
     s->cfg.max_inflight = def.max_inflight;
+  if (!s->cfg.max_connections_per_client)
+    s->cfg.max_connections_per_client = def.max_connections_per_client;
+  if (!s->cfg.max_conn_buffer)
+    s->cfg.max_conn_buffer = def.max_conn_buffer;
+  if (!s->cfg.max_buffer_total)
+    s->cfg.max_buffer_total = def.max_buffer_total;
 
   pthread_mutex_init (&s->done_lock, NULL);
   ev_async_init (&s->done_async, server_done_cb);
@@ -116,6 +131,61 @@ server_find_export (struct server *s, const char *name)
     if (strcmp (s->exports[i]->name, name) == 0)
       return s->exports[i];
   return NULL;
+}
+
+/* ---- connections per client (max_connections_per_client) ---------------- */
+
+static struct client_count *
+server_client_find (struct server *s, const char *key)
+{
+  for (struct client_count *k = s->clients; k; k = k->next)
+    if (strcmp (k->key, key) == 0)
+      return k;
+  return NULL;
+}
+
+unsigned
+server_client_count (struct server *s, const char *key)
+{
+  struct client_count *k = server_client_find (s, key);
+
+  return k ? k->n : 0;
+}
+
+/* Count c under key until server_client_gone.  0 or -1 (no memory). */
+int
+server_client_add (struct server *s, struct conn *c, const char *key)
+{
+  struct client_count *k = server_client_find (s, key);
+
+  if (!k) {
+    if (!(k = calloc (1, sizeof *k)))
+      return -1;
+    snprintf (k->key, sizeof k->key, "%s", key);
+    k->next = s->clients;
+    s->clients = k;
+  }
+  k->n++;
+  snprintf (c->client_key, sizeof c->client_key, "%s", key);
+  c->client_key_set = true;
+  return 0;
+}
+
+void
+server_client_gone (struct conn *c)
+{
+  struct server *s = c->srv;
+  struct client_count **p = &s->clients, *k;
+
+  if (!c->client_key_set)
+    return;
+  c->client_key_set = false;
+  while ((k = *p) && strcmp (k->key, c->client_key) != 0)
+    p = &k->next;
+  if (k && --k->n == 0) {
+    *p = k->next;
+    free (k);
+  }
 }
 
 /* A connection was freed: maybe the shutdown is complete. */
@@ -171,6 +241,11 @@ server_free (struct server *s)
   ev_idle_stop (s->loop, &s->done_idle);
   pthread_mutex_destroy (&s->done_lock);
   tls_ctx_free (s->tls_ctx);
+  while (s->clients) {
+    struct client_count *k = s->clients;
+    s->clients = k->next;
+    free (k);
+  }
   free (s->exports);
   free (s);
 }

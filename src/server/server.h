@@ -46,6 +46,16 @@ struct server_config {
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
+  unsigned max_connections_per_client; /* per source address (TCP) or
+                                   uid (Unix socket); 0: default (32) */
+  unsigned idle_timeout_s;      /* close a connection with nothing in
+                                   flight and no input for this long;
+                                   0: never (the default) */
+  uint64_t max_conn_buffer;     /* request/reply buffer bytes one
+                                   connection may hold before it is no
+                                   longer read; 0: default (64 MiB) */
+  uint64_t max_buffer_total;    /* the same, all connections together;
+                                   0: default (1 GiB) */
   enum server_tls_mode tls_mode;
   const char *tls_certificates; /* directory with server-cert.pem,
                                    server-key.pem, ca-cert.pem; may be
@@ -104,7 +114,7 @@ void server_free (struct server *s);
 struct server_stats {
   uint64_t connections_now;
   uint64_t connections_total;   /* accepted since start */
-  uint64_t connections_refused; /* over max_connections */
+  uint64_t connections_refused; /* over max_connections (per client) */
   uint64_t handshakes_failed;   /* timeouts, protocol errors */
   uint64_t requests;            /* transmission requests completed */
   uint64_t request_errors;      /* of which replied with an error */

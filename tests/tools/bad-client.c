@@ -397,7 +397,7 @@ static void
 case_too_big (void)
 {
   int fd = connect_export (NULL);
-  uint32_t big = 48u << 20;
+  uint32_t big = 96u << 20; /* over the 64 MiB maximum */
 
   send_req (fd, 0, CMD_READ, 1, 0, big);
   expect_error (fd, 1, 22, "read over the maximum payload");
