@@ -51,6 +51,7 @@ struct daemon_config {
   unsigned workers;         /* 0: server default */
   unsigned max_connections; /* 0: server default */
   unsigned handshake_timeout_s;
+  unsigned shutdown_timeout_s; /* 0: default (60) */
   unsigned max_inflight;
   int log_level;
   int foreground;
