@@ -57,6 +57,8 @@ struct export {
   struct backing *backing;
   struct store *store;
   struct cache *cache;
+  unsigned workers_busy;   /* server: pool workers on its requests (the
+                            * pool's lock) */
 };
 
 /* Open the backing, the store and the cache.  NULL with a reason in err. */
