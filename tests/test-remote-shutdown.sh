@@ -48,7 +48,7 @@ wait_exit 40
 kill -CONT "$REMOTE_PID"
 echo "hung remote: foliod exited $rc after ${took} s"
 [ "$rc" != 0 ] || fail "foliod exited 0 with its dirty data lost"
-grep -E "export disk0: DIRTY DATA LOST: 40960 bytes" "$FOLIOD_LOG" ||
+grep -E "export disk0: DIRTY DATA LOST: .* 40960 bytes lost" "$FOLIOD_LOG" ||
   fail "the log does not name the bytes lost"
 stop_remote KILL
 mv "$FOLIOD_LOG" "$tmp/foliod-1.log"
@@ -63,7 +63,7 @@ kill -TERM "$FOLIOD_PID"
 wait_exit 30
 echo "gone remote: foliod exited $rc after ${took} s"
 [ "$rc" != 0 ] || fail "foliod exited 0 with its dirty data lost"
-grep -E "export disk0: DIRTY DATA LOST: 409600 bytes" "$FOLIOD_LOG" ||
+grep -E "export disk0: DIRTY DATA LOST: .* 409600 bytes lost" "$FOLIOD_LOG" ||
   fail "the log does not name the bytes lost"
 mv "$FOLIOD_LOG" "$tmp/foliod-2.log"
 

@@ -272,8 +272,8 @@ closer_finish (struct closer *k)
     pthread_join (k->thread, NULL);
   if (k->r == 0)
     return 0;
-  log_error ("export %s: DIRTY DATA LOST: %llu bytes could not be written "
-             "back at shutdown (%s)", k->e->cfg.name,
+  log_error ("export %s: DIRTY DATA LOST: dirty data could not be written "
+             "back: %llu bytes lost (%s)", k->e->cfg.name,
              (unsigned long long) k->lost, strerror (k->err));
   return -1;
 }
