@@ -506,7 +506,10 @@ conn_attempt (struct nbd_backing *nb, struct nbd_conn *c, nbd_issue fn,
     switch (waiter_wait (&w, h, nbd_wait_end (nb, nb->request_timeout_ms))) {
     case WAITER_HUNG:
       waiter_abandon (&w, c, h);
-      e = ETIMEDOUT, *lost = ATTEMPT_HUNG;
+      if (w.done && w.err == 0)
+        e = 0;                  /* answered at the last moment */
+      else
+        e = ETIMEDOUT, *lost = ATTEMPT_HUNG;
       break;
     case -1:
       e = ENOTCONN, *lost = ATTEMPT_LOST;
