@@ -7,12 +7,16 @@
  * (the cache serialises them with its folio locks).
  *
  * Return contract of every op that returns int: 0 on success, -1 with errno
- * set on failure.  Short transfers never escape an op: read/write loop until
+ * set on failure.  A backing that cannot be reached at all (a remote that
+ * stays away after its reconnect window, or does not answer in time) fails
+ * with ENOTCONN or ETIMEDOUT: the caller then stops trying the rest of its
+ * work (see backing_unreachable).  Short transfers never escape an op: read/write loop until
  * the whole range is done or fail.
  */
 #ifndef FOLIOD_BACKING_H
 #define FOLIOD_BACKING_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -91,9 +95,23 @@ struct backing_ops {
   /* Fill *st with the backing's own counters.  May be NULL. */
   void (*stats) (struct backing *b, struct backing_stats *st);
 
+  /* Shutdown: no op may wait past deadline_ms (now_ms() clock); an op
+   * still waiting then fails with ETIMEDOUT.  A backing that is down gets
+   * one more reconnect window (within the deadline).  May be NULL: ops
+   * never wait long (local files). */
+  void (*set_deadline) (struct backing *b, uint64_t deadline_ms);
+
   /* Release everything.  Called once, with no op in flight. */
   void (*close) (struct backing *b);
 };
+
+/* Did an op fail because the backing is unreachable (see the contract
+ * above), so that the next op would fail the same way? */
+static inline int
+backing_unreachable (int err)
+{
+  return err == ENOTCONN || err == ETIMEDOUT;
+}
 
 /* The base struct every backing starts with. */
 struct backing {
@@ -119,6 +137,10 @@ struct backing_opts {
   unsigned retry_timeout_ms;    /* nbd: a request whose connection dropped
                                  * keeps reconnecting (backoff 50 ms..2 s)
                                  * this long, then fails (0: 30000) */
+  unsigned request_timeout_ms;  /* nbd: a request the remote has not
+                                 * answered this long fails with ETIMEDOUT
+                                 * and its connection is dropped
+                                 * (0: 30000) */
 };
 
 /* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",
@@ -134,6 +156,13 @@ struct backing *backing_file_open (const char *path,
 struct backing *backing_nbd_open (const char *uri,
                                   const struct backing_opts *o,
                                   char *err, size_t errlen);
+
+static inline void
+backing_set_deadline (struct backing *b, uint64_t deadline_ms)
+{
+  if (b->ops->set_deadline)
+    b->ops->set_deadline (b, deadline_ms);
+}
 
 static inline void
 backing_close (struct backing *b)

@@ -69,14 +69,21 @@ struct export {
   struct backing *backing;
   struct store *store;
   struct cache *cache;
+  unsigned workers_busy;   /* server: pool workers on its requests (the
+                            * pool's lock) */
 };
 
 /* Open the backing, the store and the cache.  NULL with a reason in err. */
 struct export *export_open (const struct export_config *cfg, char *err,
                             size_t errlen);
 
-/* Write back all dirty data (retrying a few times), then free everything.
- * Returns 0, or -1 if dirty data could not be written back. */
-int export_close (struct export *e);
+/* Write back all dirty data, then free everything: the one shutdown
+ * policy of the daemon and the plugin.  The writeback ends within
+ * timeout_ms: a remote that is down is waited for once (its reconnect
+ * window), other errors are retried a few times, a second apart.
+ * Returns 0, or -1 with errno if dirty data could not be written back;
+ * then *lost (may be NULL) is the bytes not known to be written (dirty,
+ * or written but never flushed): with the ram store they are gone. */
+int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost);
 
 #endif /* FOLIOD_EXPORT_H */

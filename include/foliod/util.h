@@ -2,6 +2,7 @@
 #ifndef FOLIOD_UTIL_H
 #define FOLIOD_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,5 +30,12 @@ const char *str_escape (char *out, size_t outsize, const void *in,
 /* Monotonic clock in milliseconds / nanoseconds. */
 uint64_t now_ms (void);
 uint64_t now_ns (void);
+
+/* Timed waits run on the monotonic clock, so that a step of the wall
+ * clock neither stretches nor cuts them.  cond_init_monotonic makes such
+ * a condition variable (0, or an error number); cond_wait_ms waits on one
+ * for at most ms milliseconds (pthread_cond_timedwait's result). */
+int cond_init_monotonic (pthread_cond_t *cv);
+int cond_wait_ms (pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ms);
 
 #endif /* FOLIOD_UTIL_H */

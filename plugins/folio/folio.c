@@ -36,8 +36,8 @@
 /* Largest request we advertise (NBD_INFO_BLOCK_SIZE maximum). */
 #define FOLIO_MAX_REQUEST (32u * 1024 * 1024)
 
-/* Shutdown writeback: attempts before giving up on dirty data. */
-#define FOLIO_SHUTDOWN_ATTEMPTS 5
+/* Shutdown writeback ends within this (export_close has the policy). */
+#define FOLIO_SHUTDOWN_MS 60000
 
 /* -D folio.verbose=1: log every request. */
 NBDKIT_DLL_PUBLIC int folio_debug_verbose = 0;
@@ -107,6 +107,18 @@ folio_build_help (void)
   return buf;
 }
 
+/* Write back and close the export, saying what was lost. */
+static void
+folio_close_export (void)
+{
+  uint64_t lost;
+
+  if (export_close (folio_export, FOLIO_SHUTDOWN_MS, &lost) == -1)
+    nbdkit_error ("folio: writeback at shutdown failed: %m: %" PRIu64
+                  " bytes of dirty data lost", lost);
+  folio_export = NULL;
+}
+
 static void
 folio_load (void)
 {
@@ -118,9 +130,7 @@ folio_unload (void)
 {
   /* cleanup is not always reached; never drop dirty data if we can help it. */
   if (folio_export) {
-    if (export_close (folio_export) == -1)
-      nbdkit_error ("folio: dirty data could not be written back");
-    folio_export = NULL;
+    folio_close_export ();
   }
   if (folio_cfg_ready) {
     export_config_free (&folio_cfg);
@@ -242,13 +252,8 @@ folio_cleanup (void)
 {
   if (folio_export == NULL)
     return;
-  /* Write everything back first so the statistics include it. */
-  if (cache_shutdown (folio_export->cache, FOLIO_SHUTDOWN_ATTEMPTS) == -1)
-    nbdkit_error ("folio: writeback at shutdown failed: %m");
   folio_log_stats ();
-  if (export_close (folio_export) == -1)
-    nbdkit_error ("folio: dirty data could not be written back");
-  folio_export = NULL;
+  folio_close_export ();
 }
 
 static void *

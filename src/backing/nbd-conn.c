@@ -21,6 +21,18 @@
  * other thread still waits on the old one, and every lost request is
  * issued again.  An error the remote answered on a live connection is
  * returned.
+ *
+ * A command the remote has not answered within request_timeout_ms (a
+ * remote that is SIGSTOPped, a hung storage server) "hung": it fails with
+ * ETIMEDOUT and is not issued again.  Why not retry it on a new
+ * connection: the remote accepted it and then said nothing; a new
+ * connection to a hung server hangs in its handshake, so a retry would
+ * only multiply the wait, holding the worker.  Its connection's socket
+ * is shut down, which makes libnbd complete every other command on it at
+ * once (they are lost, and retried within the reconnect window), and the
+ * backing counts as down (see nbd-private.h): requests then fail fast
+ * while one probe at a time tries to reconnect.  A write that fails so
+ * stays dirty in the cache.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,21 +44,14 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 
 #include "backing/nbd-private.h"
+#include "foliod/util.h"
 
 #define NBD_BACKOFF_MIN_MS 50
 #define NBD_BACKOFF_MAX_MS 2000
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
-
-static uint64_t
-mono_ms (void)
-{
-  struct timespec ts;
-
-  clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void
 sleep_ms (uint64_t ms)
@@ -57,23 +62,37 @@ sleep_ms (uint64_t ms)
     ;
 }
 
+/* When must a wait that starts now, and may last up to ms, end?  Never
+ * after the shutdown deadline. */
+static uint64_t
+nbd_wait_end (struct nbd_backing *nb, uint64_t ms)
+{
+  uint64_t end = now_ms () + ms, d = atomic_load (&nb->deadline);
+
+  return d && d < end ? d : end;
+}
+
 /* nbd_connect_uri with a deadline: a remote that accepts the connection
- * but never answers the handshake (one that is itself shutting down, for
- * instance) must not hang a reconnect, or foliod's shutdown, forever. */
+ * but never answers the handshake (one that is itself shutting down, or
+ * hung) must not hang a reconnect, or foliod's shutdown, forever.  The
+ * handshake is a request like the others: request_timeout_ms, at most
+ * 10 s. */
 #define CONNECT_TIMEOUT_MS 10000
 
 static int
-connect_bounded (struct nbd_handle *h, const char *uri, const char **why)
+connect_bounded (struct nbd_backing *nb, struct nbd_handle *h,
+                 const char **why)
 {
-  uint64_t deadline = mono_ms () + CONNECT_TIMEOUT_MS;
+  uint64_t deadline = nbd_wait_end (nb, MIN (CONNECT_TIMEOUT_MS,
+                                             nb->request_timeout_ms));
 
   *why = NULL;
-  if (nbd_aio_connect_uri (h, uri) == -1)
+  if (nbd_aio_connect_uri (h, nb->uri) == -1)
     return -1;
   while (nbd_aio_is_connecting (h) == 1) {
-    uint64_t now = mono_ms ();
+    uint64_t now = now_ms ();
     if (now >= deadline) {
-      *why = "no answer to the NBD handshake within 10 s";
+      *why = "no answer to the NBD handshake in time";
       errno = ETIMEDOUT;
       return -1;
     }
@@ -109,7 +128,7 @@ nbd_conn_open (struct nbd_backing *nb, char *err, size_t errlen)
     goto fail;
   if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
     goto fail;
-  if (connect_bounded (h, nb->uri, &why) == -1)
+  if (connect_bounded (nb, h, &why) == -1)
     goto fail;
   return h;
 
@@ -250,38 +269,59 @@ static void
 conn_install (struct nbd_conn *c, struct nbd_handle *h)
 {
   c->h = h;
+  atomic_store (&c->cut, 0);
   atomic_store (&c->up, c->h != NULL);
+}
+
+/* Shut down h's socket: libnbd then fails every command on it at once
+ * (the poller sees the hang-up), so nobody keeps waiting on a remote that
+ * stopped answering.  The fd stays libnbd's; only nbd_close closes it. */
+static void
+conn_cut (struct nbd_conn *c, struct nbd_handle *h)
+{
+  int fd = nbd_aio_get_fd (h);
+
+  atomic_store (&c->cut, 1);
+  atomic_store (&c->up, 0);
+  if (fd >= 0)
+    shutdown (fd, SHUT_RDWR);
+  conn_wake (c);
 }
 
 /* Say goodbye (NBD_CMD_DISC) on a connection that still looks alive.
  * libnbd 1.14 touches freed memory when it sends the disconnect to a
  * remote that has already gone, so an idle connection with something to
- * read (the remote's EOF) is just closed. */
+ * read (the remote's EOF) is just closed.  libnbd then waits for the
+ * remote to close its end; a hung remote never does, so that wait is
+ * bounded (nbd_shutdown's is not). */
+#define DISCONNECT_WAIT_MS 500
+
 static void
 conn_disconnect (struct nbd_handle *h)
 {
   struct pollfd p = { .fd = nbd_aio_get_fd (h), .events = POLLIN };
+  uint64_t end = now_ms () + DISCONNECT_WAIT_MS, now;
 
-  if (p.fd >= 0 && nbd_aio_is_ready (h) && nbd_aio_in_flight (h) == 0 &&
-      poll (&p, 1, 0) == 0)
-    nbd_shutdown (h, 0);
+  if (p.fd < 0 || !nbd_aio_is_ready (h) || nbd_aio_in_flight (h) != 0 ||
+      poll (&p, 1, 0) != 0 || nbd_aio_disconnect (h, 0) == -1)
+    return;
+  while (!nbd_aio_is_closed (h) && !nbd_aio_is_dead (h) &&
+         (now = now_ms ()) < end)
+    if (nbd_poll (h, (int) (end - now)) == -1)
+      break;
 }
 
-/* Replace c's handle after a lost attempt made on generation gen; a
- * no-op when another thread already did.  The new handle may be NULL
- * (remote still away): the next attempt tries again. */
+/* Close c's handle (caller holds c->lock for writing). */
 static void
-conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
+conn_drop (struct nbd_backing *nb, struct nbd_conn *c)
 {
-  pthread_rwlock_wrlock (&c->lock);
-  if (c->gen != gen) {
-    pthread_rwlock_unlock (&c->lock);
-    return;
-  }
   if (c->h) {
     /* Commands on a dead handle were completed with errors already; on
-     * a live one (ESHUTDOWN) they finish.  Their waiters still look at
-     * the handle, so it stays until they are done. */
+     * a live one (ESHUTDOWN, or one that hung) cutting the socket ends
+     * them (they are issued again elsewhere).  Their waiters still look
+     * at the handle, so it stays until they are done. */
+    if (atomic_load (&c->users) > 0)
+      conn_cut (c, c->h);
     while (atomic_load (&c->users) > 0)
       sleep_ms (1);
     pthread_mutex_lock (&c->poller_lock);
@@ -295,9 +335,38 @@ conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
     if (atomic_load (&nb->unflushed) > 0)
       atomic_fetch_add (&nb->loss_epoch, 1);
   }
-  conn_install (c, conn_reopen (nb));
+}
+
+/* Replace c's handle after a lost attempt made on generation gen.  The
+ * connect runs without c->lock, by one thread at a time: the others find
+ * no handle and do not wait behind a slow handshake.  Returns 0 when c
+ * has a handle again (ours or another thread's), -1 when not (the remote
+ * is still away, or another thread is still connecting). */
+static int
+conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
+{
+  struct nbd_handle *h;
+
+  if (atomic_exchange (&c->reopening, 1))
+    return -1;
+  pthread_rwlock_wrlock (&c->lock);
+  if (c->gen != gen && c->h) {
+    pthread_rwlock_unlock (&c->lock);   /* replaced meanwhile */
+    atomic_store (&c->reopening, 0);
+    return 0;
+  }
+  conn_drop (nb, c);
   c->gen++;
   pthread_rwlock_unlock (&c->lock);
+
+  h = conn_reopen (nb);
+
+  pthread_rwlock_wrlock (&c->lock);
+  conn_install (c, h);
+  c->gen++;
+  pthread_rwlock_unlock (&c->lock);
+  atomic_store (&c->reopening, 0);
+  return h ? 0 : -1;
 }
 
 /* Did this failure lose the connection (retry elsewhere), or is it the
@@ -336,20 +405,26 @@ waiter_complete (void *user, int *error)
   return 1;                     /* retire the command */
 }
 
-/* Wait for w; give up only if the handle died and the command was not
- * completed within a second after (libnbd completes aborted commands, so
- * this is a guard, not a path).  Returns 0 done, -1 lost. */
+#define WAITER_HUNG (-2)
+
+/* Wait for w until end (now_ms() time).  Give up early only if the handle
+ * died and the command was not completed within a second after (libnbd
+ * completes aborted commands, so this is a guard, not a path).  Returns
+ * 0 done, -1 lost, WAITER_HUNG when end came first. */
 static int
-waiter_wait (struct waiter *w, struct nbd_handle *h)
+waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
 {
   int dead_rounds = 0, r = 0;
+  uint64_t now;
 
   pthread_mutex_lock (&w->lock);
   while (!w->done) {
-    struct timespec ts;
-    clock_gettime (CLOCK_REALTIME, &ts);
-    ts.tv_sec += 1;
-    if (pthread_cond_timedwait (&w->cond, &w->lock, &ts) == ETIMEDOUT &&
+    if ((now = now_ms ()) >= end) {
+      r = WAITER_HUNG;
+      break;
+    }
+    if (cond_wait_ms (&w->cond, &w->lock, MIN (end - now, 1000))
+        == ETIMEDOUT &&
         !w->done && (nbd_aio_is_dead (h) || nbd_aio_is_closed (h)) &&
         ++dead_rounds >= 2) {
       r = -1;
@@ -360,11 +435,27 @@ waiter_wait (struct waiter *w, struct nbd_handle *h)
   return r;
 }
 
-/* One attempt on c.  0; or -1 with errno, *lost telling whether the
- * connection (not the remote) failed, *gen the generation used. */
+/* The remote did not answer w in time: cut the connection, which
+ * completes w (w lives on our stack: it must be done before we return). */
+static void
+waiter_abandon (struct waiter *w, struct nbd_conn *c, struct nbd_handle *h)
+{
+  conn_cut (c, h);
+  (void) waiter_wait (w, h, UINT64_MAX);
+}
+
+/* How an attempt failed. */
+enum attempt {
+  ATTEMPT_ANSWERED,             /* the remote said no: return its error */
+  ATTEMPT_LOST,                 /* the connection failed: retry */
+  ATTEMPT_HUNG,                 /* no answer in time: fail, ETIMEDOUT */
+};
+
+/* One attempt on c.  0; or -1 with errno, *lost telling how it failed
+ * (enum attempt), *gen the generation used. */
 static int
-conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
-              int *lost)
+conn_attempt (struct nbd_backing *nb, struct nbd_conn *c, nbd_issue fn,
+              void *arg, uint64_t *gen, int *lost)
 {
   struct waiter w = { .done = 0 };
   struct nbd_handle *h;
@@ -374,7 +465,7 @@ conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
   pthread_rwlock_rdlock (&c->lock);
   h = c->h;
   *gen = c->gen;
-  if (!h) {
+  if (!h || atomic_load (&c->cut)) {
     pthread_rwlock_unlock (&c->lock);
     *lost = 1;
     errno = ENOTCONN;
@@ -396,7 +487,7 @@ conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
     break;
   }
   pthread_mutex_init (&w.lock, NULL);
-  pthread_cond_init (&w.cond, NULL);
+  cond_init_monotonic (&w.cond);
   atomic_fetch_add (&c->users, 1);
   cookie = fn (h, arg, (nbd_completion_callback) { .callback = waiter_complete,
                                                    .user_data = &w });
@@ -412,10 +503,21 @@ conn_attempt (struct nbd_conn *c, nbd_issue fn, void *arg, uint64_t *gen,
   pthread_rwlock_unlock (&c->lock);
 
   if (cookie != -1) {
-    if (waiter_wait (&w, h) == -1)
-      e = ENOTCONN, *lost = 1;
-    else if ((e = w.err) != 0)
-      *lost = conn_lost (h, e);
+    switch (waiter_wait (&w, h, nbd_wait_end (nb, nb->request_timeout_ms))) {
+    case WAITER_HUNG:
+      waiter_abandon (&w, c, h);
+      if (w.done && w.err == 0)
+        e = 0;                  /* answered at the last moment */
+      else
+        e = ETIMEDOUT, *lost = ATTEMPT_HUNG;
+      break;
+    case -1:
+      e = ENOTCONN, *lost = ATTEMPT_LOST;
+      break;
+    default:
+      if ((e = w.err) != 0)
+        *lost = conn_lost (h, e);
+    }
   }
   atomic_fetch_sub (&c->users, 1);
   pthread_mutex_destroy (&w.lock);
@@ -452,28 +554,104 @@ any_up (struct nbd_backing *nb)
   return 0;
 }
 
+/* May a request try the remote now?  Yes while connections work or
+ * within the reconnect window; once the backing is down, only one probe
+ * per NBD_BACKOFF_MAX_MS.  No (errno set) otherwise, or after the
+ * shutdown deadline. */
+static int
+nbd_may_try (struct nbd_backing *nb)
+{
+  uint64_t now = now_ms (), d = atomic_load (&nb->deadline);
+  uint64_t down = atomic_load (&nb->down_since);
+  uint64_t probe = atomic_load (&nb->next_probe);
+
+  if (d && now >= d) {
+    errno = ETIMEDOUT;
+    return 0;
+  }
+  if (!down || now < down + nb->retry_timeout_ms)
+    return 1;
+  if (now >= probe && atomic_compare_exchange_strong (&nb->next_probe, &probe,
+                                                      now + NBD_BACKOFF_MAX_MS))
+    return 1;
+  errno = ENOTCONN;
+  return 0;
+}
+
+/* No connection could be made: start the reconnect window, unless one
+ * runs.  hung: the remote held a request request_timeout_ms without an
+ * answer; it is not restarting, so the window is closed at once and
+ * requests fail fast (the next probe is due now). */
+static void
+nbd_note_down (struct nbd_backing *nb, int hung)
+{
+  uint64_t now = now_ms (), zero = 0;
+  uint64_t since = hung ? now - MIN (now, nb->retry_timeout_ms) : now;
+
+  if (hung) {
+    atomic_store (&nb->down_since, since);
+    atomic_store (&nb->next_probe, now);
+  }
+  else
+    atomic_compare_exchange_strong (&nb->down_since, &zero, since);
+}
+
+/* Until when may a request that started at start keep reconnecting? */
+static uint64_t
+nbd_retry_end (struct nbd_backing *nb, uint64_t start)
+{
+  uint64_t down = atomic_load (&nb->down_since), d = atomic_load (&nb->deadline);
+  uint64_t end = (down ? MIN (down, start) : start) + nb->retry_timeout_ms;
+
+  return d && d < end ? d : end;
+}
+
+void
+nbd_set_deadline (struct nbd_backing *nb, uint64_t deadline_ms)
+{
+  /* Shutdown waits for a remote that is down once more (writeback would
+   * otherwise give up on the first probe). */
+  if (atomic_load (&nb->down_since)) {
+    atomic_store (&nb->down_since, now_ms ());
+    atomic_store (&nb->next_probe, 0);
+  }
+  atomic_store (&nb->deadline, deadline_ms);
+}
+
 int
 nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
 {
-  uint64_t deadline = mono_ms () + nb->retry_timeout_ms;
-  uint64_t backoff = NBD_BACKOFF_MIN_MS, gen, now;
+  uint64_t start = now_ms (), backoff = NBD_BACKOFF_MIN_MS, gen, now, end;
   struct nbd_conn *c = NULL;
   int losses = 0, lost = 0, e;
 
   for (;;) {
+    if (!nbd_may_try (nb)) {
+      e = errno;
+      break;
+    }
     c = conn_pick (nb, c);
     if (losses > 0 && atomic_load (&c->up))
       atomic_fetch_add (&nb->retries, 1);
-    if (conn_attempt (c, fn, arg, &gen, &lost) == 0)
+    if (conn_attempt (nb, c, fn, arg, &gen, &lost) == 0) {
+      atomic_store (&nb->down_since, 0);
       return 0;
+    }
     e = errno;
-    if (!lost)
+    if (lost == ATTEMPT_HUNG)
+      nbd_note_down (nb, 1);
+    if (lost != ATTEMPT_LOST)
       break;
     losses++;
-    conn_replace (nb, c, gen);
-    now = mono_ms ();
-    if (now >= deadline) {
-      e = ENOTCONN;
+    if (conn_replace (nb, c, gen) == 0)
+      atomic_store (&nb->down_since, 0);        /* reachable again */
+    else if (!any_up (nb))
+      nbd_note_down (nb, 0);
+    now = now_ms ();
+    end = nbd_retry_end (nb, start);
+    if (now >= end) {
+      e = atomic_load (&nb->deadline) && now >= atomic_load (&nb->deadline)
+          ? ETIMEDOUT : ENOTCONN;
       break;
     }
     /* Another connection that looks up (reconnected, or not yet found
@@ -482,7 +660,7 @@ nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
      * ESHUTDOWN. */
     if (losses <= (int) nb->nconns && any_up (nb))
       continue;
-    sleep_ms (MIN (backoff, deadline - now));
+    sleep_ms (MIN (backoff, end - now));
     backoff = MIN (backoff * 3 / 2, NBD_BACKOFF_MAX_MS);
   }
   atomic_fetch_add (&nb->errors, 1);
@@ -612,7 +790,9 @@ nbd_conns_stop (struct nbd_backing *nb)
     poller_stop (c);
     pthread_mutex_unlock (&c->poller_lock);
     if (c->h) {
-      conn_disconnect (c->h);
+      uint64_t d = atomic_load (&nb->deadline);
+      if (!d || now_ms () < d)  /* past the deadline: no goodbyes */
+        conn_disconnect (c->h);
       nbd_close (c->h);
     }
     if (c->efd >= 0)

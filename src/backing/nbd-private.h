@@ -28,6 +28,10 @@ struct nbd_conn {
   atomic_int users;             /* commands issued on h, waiter not done:
                                  * h is not closed while this is > 0 */
   atomic_int up;                /* h != NULL (cheap hint for picking) */
+  atomic_int cut;               /* h's socket was shut down (a request on
+                                 * it hung): issue nothing more on it */
+  atomic_int reopening;         /* a thread is connecting a new h, without
+                                 * holding lock: the others do not wait */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
   /* The poller starts on first use, and again in a child after fork
@@ -53,6 +57,7 @@ struct nbd_backing {
   char *uri;
   char *tls_certificates, *tls_psk_file, *tls_username;
   unsigned retry_timeout_ms;
+  unsigned request_timeout_ms;
   int can_fua, can_flush, can_zero, can_fast_zero, can_trim, has_map;
   uint32_t max_io;              /* bytes per read/write request */
   void *zero_buf;               /* for remotes without WRITE_ZEROES */
@@ -68,6 +73,15 @@ struct nbd_backing {
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
 
   atomic_uint_fast64_t reconnects, retries, errors;
+  /* The backing's reachability, shared by all requests so that a remote
+   * that went away is waited for once, not once per request (now_ms()
+   * times).  down_since: 0 while connections work; else when a reconnect
+   * first failed.  Until down_since + retry_timeout_ms requests wait for
+   * the remote (a restart); after it the backing is down: requests fail
+   * at once with ENOTCONN, except one probe (a reconnect) per
+   * NBD_BACKOFF_MAX_MS, at next_probe.  deadline: set at shutdown, no
+   * request waits past it (0: none). */
+  atomic_uint_fast64_t down_since, next_probe, deadline;
   /* Writes acknowledged since the last successful flush, and the loss
    * epoch: bumped when a connection drops while any such write exists. */
   atomic_uint_fast64_t unflushed, loss_epoch;
@@ -82,9 +96,14 @@ typedef int64_t (*nbd_issue) (struct nbd_handle *h, void *arg,
                               nbd_completion_callback cb);
 
 /* Run one request: issue it on a connection and wait.  When the
- * connection is what failed, reconnect (backoff 50 ms .. 2 s, up to
- * retry_timeout_ms) and issue it again.  0, or -1 with errno. */
+ * connection is what failed, reconnect (backoff 50 ms .. 2 s, within the
+ * backing's reconnect window, see down_since) and issue it again; ENOTCONN
+ * when the remote stays away.  A request not answered within
+ * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg);
+
+/* Shutdown deadline (backing op set_deadline). */
+void nbd_set_deadline (struct nbd_backing *nb, uint64_t deadline_ms);
 
 /* Open a handle (TLS options, base:allocation requested).  NULL with a
  * one-line reason in err (err may be NULL). */

@@ -5,7 +5,9 @@
  * carries many commands in flight (libnbd aio, one poller thread per
  * connection).  A dropped connection is reconnected with backoff and the
  * requests on it are issued again; an error the remote answers (EIO,
- * ENOSPC, ...) is returned at once.
+ * ENOSPC, ...) is returned at once; a request not answered within
+ * request-timeout fails (ETIMEDOUT), and while the remote stays away
+ * requests fail fast (ENOTCONN), see nbd-conn.c.
  *
  * Mapping: base:allocation block status, asked for more than the caller
  * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
@@ -24,6 +26,7 @@
 #define NBD_DEFAULT_CONNS      4
 #define NBD_MAX_CONNS          64
 #define NBD_DEFAULT_RETRY_MS   30000
+#define NBD_DEFAULT_REQUEST_MS 30000
 #define NBD_MAX_IO             (32u << 20) /* read/write request cap */
 #define NBD_MAX_ZERO           (1u << 30)  /* zero/trim request cap */
 #define NBD_MAP_LOOKAHEAD      (1u << 30)  /* block status asks this much */
@@ -449,6 +452,12 @@ nbdb_stats (struct backing *b, struct backing_stats *st)
 }
 
 static void
+nbdb_set_deadline (struct backing *b, uint64_t deadline_ms)
+{
+  nbd_set_deadline (to_nbd (b), deadline_ms);
+}
+
+static void
 nbdb_close (struct backing *b)
 {
   struct nbd_backing *nb = to_nbd (b);
@@ -473,6 +482,7 @@ static const struct backing_ops nbd_ops = {
   .map = nbdb_map,
   .loss_epoch = nbdb_loss_epoch,
   .stats = nbdb_stats,
+  .set_deadline = nbdb_set_deadline,
   .close = nbdb_close,
 };
 
@@ -555,6 +565,8 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
   nb->tls_username = dup_opt (o->tls_username, &oom);
   nb->retry_timeout_ms = o->retry_timeout_ms ? o->retry_timeout_ms
                                              : NBD_DEFAULT_RETRY_MS;
+  nb->request_timeout_ms = o->request_timeout_ms ? o->request_timeout_ms
+                                                 : NBD_DEFAULT_REQUEST_MS;
   if (oom) {
     snprintf (err, errlen, "%s: out of memory", uri);
     goto fail;

@@ -95,7 +95,8 @@ struct cache {
   /* Writeback. */
   pthread_mutex_t wb_mutex;
   pthread_t wb_thread;
-  bool wb_running, wb_stop, wb_kick;
+  bool wb_running, wb_kick;
+  _Atomic bool wb_stop;     /* set under lock, read without it too */
   pthread_cond_t wb_cv;     /* under lock: wakes the writeback thread */
   uint64_t wb_cursor;       /* background pass resumes here; wb_mutex */
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */

@@ -69,17 +69,14 @@ log2u (uint64_t v)
 static int
 cache_init_locks (struct cache *c)
 {
-  pthread_condattr_t ca;
-
   for (unsigned i = 0; i < NSTRIPES; i++)
     pthread_mutex_init (&c->stripes[i], NULL);
   pthread_mutex_init (&c->lock, NULL);
   pthread_mutex_init (&c->wb_mutex, NULL);
-  pthread_condattr_init (&ca);
-  pthread_cond_init (&c->space_cv, &ca);
-  pthread_cond_init (&c->wb_cv, &ca);
-  pthread_condattr_destroy (&ca);
-  if (pthread_key_create (&c->bounce_key, free) != 0)
+  /* Both are waited on with timeouts (cond_wait_ms). */
+  if (cond_init_monotonic (&c->space_cv) != 0 ||
+      cond_init_monotonic (&c->wb_cv) != 0 ||
+      pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;
   return 0;
@@ -187,7 +184,7 @@ cache_start_writeback (struct cache *c)
 
   if (c->wb_running)
     return 0;
-  c->wb_stop = false;
+  atomic_store (&c->wb_stop, false);
   r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
   if (r != 0) {
     errno = r;
@@ -203,7 +200,7 @@ cache_stop_writeback (struct cache *c)
   if (!c->wb_running)
     return;
   pthread_mutex_lock (&c->lock);
-  c->wb_stop = true;
+  atomic_store (&c->wb_stop, true);
   pthread_cond_signal (&c->wb_cv);
   pthread_mutex_unlock (&c->lock);
   pthread_join (c->wb_thread, NULL);

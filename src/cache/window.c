@@ -151,17 +151,9 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 static void
 wait_for_space_locked (struct cache *c)
 {
-  struct timespec ts;
-
-  clock_gettime (CLOCK_REALTIME, &ts);
-  ts.tv_nsec += 100 * 1000000;
-  if (ts.tv_nsec >= 1000000000) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000;
-  }
   c->space_waiters++;
   wb_kick_locked (c);
-  pthread_cond_timedwait (&c->space_cv, &c->lock, &ts);
+  cond_wait_ms (&c->space_cv, &c->lock, 100);
   c->space_waiters--;
 }
 

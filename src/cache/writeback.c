@@ -4,7 +4,6 @@
  * dirty; they are retried by the next pass. */
 #include <errno.h>
 #include <string.h>
-#include <time.h>
 
 #include "cache/cache-int.h"
 #include "foliod/util.h"
@@ -80,6 +79,8 @@ wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
       run++;
     if (wb_run (c, w, b, run, flags) == -1 && err == 0)
       err = errno;
+    if (backing_unreachable (err))
+      break;                    /* the other runs would only wait too */
     b += run;
   }
   if (err) {
@@ -175,6 +176,10 @@ wb_pass (struct cache *c, bool all, int *err)
       window_end (c, &w);
       written += w.n;
       fi += w.n;
+      /* Retry the backing, not each run: a remote that is down has been
+       * waited for once (its retry window); the next pass tries again. */
+      if (backing_unreachable (*err))
+        break;
     } else
       fi++;
     c->wb_cursor = fi > c->last_folio ? 0 : fi;
@@ -286,18 +291,12 @@ wb_invalidate_clean (struct cache *c)
 static void
 wb_sleep (struct cache *c, unsigned ms)
 {
-  struct timespec ts;
+  uint64_t end = now_ms () + ms, now;
 
-  clock_gettime (CLOCK_REALTIME, &ts);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long) (ms % 1000) * 1000000;
-  if (ts.tv_nsec >= 1000000000) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000;
-  }
   pthread_mutex_lock (&c->lock);
-  while (!c->wb_stop && !c->wb_kick)
-    if (pthread_cond_timedwait (&c->wb_cv, &c->lock, &ts) == ETIMEDOUT)
+  while (!atomic_load (&c->wb_stop) && !c->wb_kick &&
+         (now = now_ms ()) < end)
+    if (cond_wait_ms (&c->wb_cv, &c->lock, end - now) == ETIMEDOUT)
       break;
   c->wb_kick = false;
   pthread_mutex_unlock (&c->lock);
@@ -312,9 +311,9 @@ wb_thread_main (void *arg)
   struct cache *c = arg;
   unsigned backoff_ms = 0;
 
-  while (!c->wb_stop) {
+  while (!atomic_load (&c->wb_stop)) {
     wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
-    if (c->wb_stop)
+    if (atomic_load (&c->wb_stop))
       break;
     if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0)
       continue;

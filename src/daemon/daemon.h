@@ -53,6 +53,7 @@ struct daemon_config {
   unsigned max_connections_per_client;
   unsigned handshake_timeout_s;
   unsigned idle_timeout_s;
+  unsigned shutdown_timeout_s; /* 0: default (60) */
   unsigned max_inflight;
   uint64_t max_conn_buffer;   /* 0: server default */
   uint64_t max_buffer_total;

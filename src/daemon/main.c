@@ -3,13 +3,16 @@
  * Life: parse the configuration, (detach), open the exports, listen,
  * tell systemd READY=1, run the loop.  SIGTERM/SIGINT: stop accepting,
  * let in-flight requests finish (server_shutdown), write back every dirty
- * block and flush the backing (cache_flush, export_close), exit 0.  A
+ * block and flush the backing (export_close), exit 0.  All that ends
+ * within shutdown-timeout: what cannot be written back by then (a remote
+ * that is down or hung) is logged per export, and foliod exits 1.  A
  * second signal exits at once (dirty data is lost; we say how much).
  * SIGUSR1 logs the counters; SIGHUP reloads the TLS certificates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,7 @@
 #include "server/server.h"
 
 #define MAX_LISTEN_FDS 64
+#define DEFAULT_SHUTDOWN_TIMEOUT_S 60
 #define STATUS_INTERVAL_S 10.0
 
 struct daemon {
@@ -35,6 +39,7 @@ struct daemon {
   ev_signal sig_term, sig_int, sig_usr1, sig_hup;
   ev_timer status_timer;     /* refreshes systemd's STATUS= line */
   int stopping;              /* first SIGTERM/SIGINT seen */
+  uint64_t stop_deadline;    /* now_ms(): writeback ends by then (0: none) */
   int ready_fd;              /* detaching: tells the parent we are up */
   int pidfile_written;
   char where[1024];          /* "127.0.0.1:10809, /run/foliod.sock" */
@@ -122,6 +127,22 @@ on_shutdown_done (void *opaque)
   ev_break (d->loop, EVBREAK_ALL);
 }
 
+/* Start the shutdown-timeout clock: from now on no backing request,
+ * in flight or in the final writeback, waits past it. */
+static void
+stop_deadline_set (struct daemon *d)
+{
+  unsigned s = d->cfg->shutdown_timeout_s ? d->cfg->shutdown_timeout_s
+                                          : DEFAULT_SHUTDOWN_TIMEOUT_S;
+
+  if (d->stop_deadline)
+    return;
+  d->stop_deadline = now_ms () + (uint64_t) s * 1000;
+  for (size_t i = 0; i < d->cfg->n_exports; i++)
+    if (d->cfg->exports[i].ex)
+      backing_set_deadline (d->cfg->exports[i].ex->backing, d->stop_deadline);
+}
+
 static void
 on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
 {
@@ -139,6 +160,7 @@ on_stop_signal (struct ev_loop *loop, ev_signal *w, int revents)
   }
   d->stopping = 1;
   first_stop_ns = now_ns ();
+  stop_deadline_set (d);
   log_info ("%s: stopping: finishing requests in flight, then writing back "
             "%llu bytes of dirty data", strsignal (w->signum),
             (unsigned long long) dirty_bytes_total (d->cfg));
@@ -204,32 +226,80 @@ signals_stop (struct daemon *d)
   sigaction (SIGINT, &sa, NULL);
 }
 
-/* Write back and close every export.  0, or -1 if any dirty data could not
- * be written back (it is logged). */
-static int
-exports_close (struct daemon_config *cfg)
+/* Closing one export, in a thread of its own: one export whose remote
+ * is hung must not eat the others' share of shutdown-timeout. */
+struct closer {
+  struct daemon_export *e;
+  unsigned timeout_ms;
+  pthread_t thread;
+  int started, r, err;
+  uint64_t lost;
+};
+
+static void *
+closer_main (void *arg)
 {
+  struct closer *k = arg;
+
+  k->r = export_close (k->e->ex, k->timeout_ms, &k->lost);
+  k->err = errno;
+  k->e->ex = NULL;
+  return NULL;
+}
+
+static void
+closer_start (struct closer *k, struct daemon_export *e, uint64_t deadline)
+{
+  struct cache_stats st;
+  uint64_t now = now_ms ();
+
+  k->e = e;
+  k->timeout_ms = deadline > now ? (unsigned) (deadline - now) : 0;
+  cache_get_stats (e->ex->cache, &st);
+  if (st.dirty_bytes)
+    log_info ("export %s: writing back %llu bytes", e->cfg.name,
+              (unsigned long long) st.dirty_bytes);
+  k->started = pthread_create (&k->thread, NULL, closer_main, k) == 0;
+  if (!k->started)
+    closer_main (k);
+}
+
+/* Join k; 0, or -1 (logged loudly) if its dirty data was lost. */
+static int
+closer_finish (struct closer *k)
+{
+  if (k->started)
+    pthread_join (k->thread, NULL);
+  if (k->r == 0)
+    return 0;
+  log_error ("export %s: DIRTY DATA LOST: dirty data could not be written "
+             "back: %llu bytes lost (%s)", k->e->cfg.name,
+             (unsigned long long) k->lost, strerror (k->err));
+  return -1;
+}
+
+/* Write back and close every export, all at once, by the stop deadline.
+ * 0, or -1 if any dirty data could not be written back (it is logged). */
+static int
+exports_close (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  struct closer one, *k = calloc (cfg->n_exports + 1, sizeof *k);
   int r = 0;
 
+  stop_deadline_set (d);
   for (size_t i = 0; i < cfg->n_exports; i++) {
-    struct daemon_export *e = &cfg->exports[i];
-    struct cache_stats st;
-    if (e->ex == NULL)
+    struct closer *ki = k ? &k[i] : &one;  /* no memory: one by one */
+    if (cfg->exports[i].ex == NULL)
       continue;
-    cache_get_stats (e->ex->cache, &st);
-    if (st.dirty_bytes)
-      log_info ("export %s: writing back %llu bytes", e->cfg.name,
-                (unsigned long long) st.dirty_bytes);
-    if (cache_flush (e->ex->cache) == -1)
-      log_error ("export %s: writeback: %s (retrying)", e->cfg.name,
-                 strerror (errno));
-    if (export_close (e->ex) == -1) {
-      log_error ("export %s: dirty data could not be written back",
-                 e->cfg.name);
+    closer_start (ki, &cfg->exports[i], d->stop_deadline);
+    if (!k && closer_finish (ki) == -1)
       r = -1;
-    }
-    e->ex = NULL;
   }
+  for (size_t i = 0; k && i < cfg->n_exports; i++)
+    if (k[i].e && closer_finish (&k[i]) == -1)
+      r = -1;
+  free (k);
   return r;
 }
 
@@ -490,7 +560,7 @@ daemon_run (struct daemon_config *cfg)
     signals_stop (&d);
   }
   control_stop (d.ctl);
-  if (exports_close (cfg) == -1)
+  if (exports_close (&d) == -1)
     r = -1;
   if (d.server)
     server_free (d.server);

@@ -32,6 +32,8 @@ const struct export_key_help export_keys[] = {
   { "connections", "nbd backing: connections to the remote (default 4)" },
   { "retry-timeout", "nbd backing: how long in ms a request waits for a "
                      "lost remote to come back (default 30000)" },
+  { "request-timeout", "nbd backing: a request the remote does not answer "
+                       "in this many ms fails (default 30000)" },
   { "tls-certificates", "nbds backing: directory with ca-cert.pem etc." },
   { "tls-psk-file", "nbds backing: PSK file" },
   { "tls-username", "nbds backing: PSK user name" },
@@ -156,6 +158,8 @@ set_key (struct export_config *cfg, const char *key, const char *value)
     return set_uint (&bo->connections, value, 64);
   if (!strcmp (key, "retry-timeout"))
     return set_uint (&bo->retry_timeout_ms, value, 86400000);
+  if (!strcmp (key, "request-timeout"))
+    return set_uint (&bo->request_timeout_ms, value, 86400000);
   if (!strcmp (key, "tls-certificates"))
     return set_string ((char **) &bo->tls_certificates, value);
   if (!strcmp (key, "tls-psk-file"))

@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "foliod/export.h"
+#include "foliod/util.h"
 
 struct export *
 export_open (const struct export_config *cfg, char *err, size_t errlen)
@@ -19,45 +21,98 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
     snprintf (err, errlen, "out of memory");
     return NULL;
   }
+  e->name = strdup (cfg->name ? cfg->name : "");
+  e->description = cfg->description ? strdup (cfg->description) : NULL;
+  if (e->name == NULL || (cfg->description && e->description == NULL)) {
+    snprintf (err, errlen, "out of memory");
+    goto fail;
+  }
   bo.read_only = cfg->read_only;
   bo.direct = cfg->cache.mode == CACHE_NONE || cfg->cache.direct_threshold;
   e->backing = backing_open (cfg->backing, &bo, err, errlen);
   if (e->backing == NULL)
     goto fail;
-  e->name = strdup (cfg->name ? cfg->name : "");
-  e->description = cfg->description ? strdup (cfg->description) : NULL;
   e->read_only = cfg->read_only || (e->backing->caps & BACKING_READ_ONLY);
   e->tls_require = cfg->tls_require;
   e->size = e->backing->size;
+  /* Last: once it exists, its writeback thread uses the backing. */
   e->cache = cache_create (e->backing, NULL, &cfg->cache, err, errlen);
-  if (e->cache == NULL || e->name == NULL)
+  if (e->cache == NULL)
     goto fail;
   return e;
 
  fail:
-  backing_close (e->backing);
+  if (e->backing)
+    backing_close (e->backing);
   free (e->name);
   free (e->description);
   free (e);
   return NULL;
 }
 
-int
-export_close (struct export *e)
-{
-  int r = 0;
+#define EXPORT_CLOSE_ATTEMPTS 5
+#define EXPORT_CLOSE_PAUSE_MS 1000
 
+static void
+pause_ms (uint64_t ms)
+{
+  struct timespec ts = { .tv_sec = (time_t) (ms / 1000),
+                         .tv_nsec = (long) (ms % 1000) * 1000000 };
+
+  while (nanosleep (&ts, &ts) == -1 && errno == EINTR)
+    ;
+}
+
+/* The shutdown policy, for the daemon and the plugin alike.  No backing
+ * request outlives the deadline.  An unreachable backing (a remote that
+ * stayed away for its whole reconnect window, or hung) has been waited
+ * for once: writing again would only wait again.  Other errors (the
+ * remote answered EIO, a full disk) may clear: a few more attempts, a
+ * second apart, within the deadline.  0, or -1 with errno. */
+static int
+export_write_back (struct export *e, uint64_t deadline)
+{
+  backing_set_deadline (e->backing, deadline);
+  cache_stop_writeback (e->cache);
+  for (unsigned i = 1;; i++) {
+    if (cache_flush (e->cache) == 0)
+      return 0;
+    int err = errno;
+    if (backing_unreachable (err) || i == EXPORT_CLOSE_ATTEMPTS ||
+        now_ms () + EXPORT_CLOSE_PAUSE_MS >= deadline) {
+      errno = err;
+      return -1;
+    }
+    pause_ms (EXPORT_CLOSE_PAUSE_MS);
+  }
+}
+
+int
+export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
+{
+  struct cache_stats st;
+  int r = 0, err = 0;
+
+  if (lost)
+    *lost = 0;
   if (e == NULL)
     return 0;
-  /* Retry for a while: a remote may be restarting.  Dirty data that still
-   * cannot be written is reported by the return value. */
-  if (cache_shutdown (e->cache, 5) == -1)
+  if (export_write_back (e, now_ms () + timeout_ms) == -1) {
+    err = errno;
+    cache_get_stats (e->cache, &st);
+    if (lost)
+      *lost = st.dirty_bytes + st.unstable_bytes;
     r = -1;
-  if (cache_destroy (e->cache) == -1)
+  }
+  /* After the deadline the backing fails at once: this does not wait. */
+  if (cache_destroy (e->cache) == -1 && r == 0) {
+    err = errno;
     r = -1;
+  }
   backing_close (e->backing);
   free (e->name);
   free (e->description);
   free (e);
+  errno = err;
   return r;
 }

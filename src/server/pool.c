@@ -1,12 +1,19 @@
 /* The worker pool: threads that run cache calls, which may block on the
  * backing.  Requests come in through a locked FIFO; executed requests go
  * back to the loop thread through the server's done list and an ev_async.
+ *
+ * Fairness between exports: at most half of the workers (at least one)
+ * run requests of one export at a time.  A remote that hangs holds each
+ * of its requests' workers until request-timeout; without the cap, 16
+ * requests to it would stall every other export, local files included.
+ * A request over the cap waits in the FIFO; the others pass it.
  */
 #include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
 
@@ -25,6 +32,37 @@ server_req_done (struct server *s, struct req *r)
   ev_async_send (s->loop, &s->done_async);
 }
 
+/* Workers one export may hold at once. */
+static unsigned
+pool_share (const struct pool *p)
+{
+  return p->nthreads > 1 ? p->nthreads / 2 : 1;
+}
+
+/* Take the first queued request whose export is under its share of the
+ * workers (lock held).  NULL: none may run now. */
+static struct req *
+pool_take_locked (struct pool *p)
+{
+  unsigned cap = pool_share (p);
+  struct req *r, *prev = NULL;
+
+  for (r = p->head; r; prev = r, r = r->next)
+    if (r->conn->exp == NULL || r->conn->exp->workers_busy < cap)
+      break;
+  if (r == NULL)
+    return NULL;
+  if (prev)
+    prev->next = r->next;
+  else
+    p->head = r->next;
+  if (p->tail == r)
+    p->tail = prev;
+  if (r->conn->exp)
+    r->conn->exp->workers_busy++;
+  return r;
+}
+
 static void *
 pool_worker (void *arg)
 {
@@ -34,21 +72,21 @@ pool_worker (void *arg)
   for (;;) {
     struct req *r;
 
-    while (!p->head && !p->stop)
+    while (!(r = pool_take_locked (p)) && !(p->stop && !p->head))
       if (pthread_cond_wait (&p->cond, &p->lock) != 0)
         abort ();
-    if (!p->head)
+    if (!r)
       break; /* stopping and nothing left */
-    r = p->head;
-    p->head = r->next;
-    if (!p->head)
-      p->tail = NULL;
     unlock_or_die (&p->lock);
 
+    struct export *e = r->conn->exp;
     req_execute (r);
     server_req_done (p->srv, r);
 
     lock_or_die (&p->lock);
+    /* A request of e may have waited for this worker's share. */
+    if (e && e->workers_busy-- == pool_share (p) && p->head)
+      pthread_cond_signal (&p->cond);
   }
   unlock_or_die (&p->lock);
   return NULL;

@@ -119,3 +119,27 @@ str_escape (char *out, size_t outsize, const void *in, size_t inlen)
     out[n] = '\0';
   return out;
 }
+
+int
+cond_init_monotonic (pthread_cond_t *cv)
+{
+  pthread_condattr_t ca;
+  int r;
+
+  pthread_condattr_init (&ca);
+  r = pthread_condattr_setclock (&ca, CLOCK_MONOTONIC);
+  if (r == 0)
+    r = pthread_cond_init (cv, &ca);
+  pthread_condattr_destroy (&ca);
+  return r;
+}
+
+int
+cond_wait_ms (pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ms)
+{
+  uint64_t ns = now_ns () + ms * 1000000u;
+  struct timespec ts = { .tv_sec = (time_t) (ns / 1000000000u),
+                         .tv_nsec = (long) (ns % 1000000000u) };
+
+  return pthread_cond_timedwait (cv, m, &ts);
+}

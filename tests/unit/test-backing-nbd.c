@@ -618,6 +618,122 @@ test_reconnect_gives_up (void **state)
   backing_close (b);
 }
 
+/* SIGSTOP the remote and wait until it is stopped (kill only queues the
+ * signal: a request sent at once could still be answered). */
+static void
+remote_stop (struct fx *f)
+{
+  int st;
+
+  kill (f->pid, SIGSTOP);
+  assert_int_equal (waitpid (f->pid, &st, WUNTRACED), f->pid);
+  assert_true (WIFSTOPPED (st));
+}
+
+/* Read block 0 until it works (a reconnect probe runs every 2 s); the
+ * time it took, or fail after 10 s. */
+static uint64_t
+read_until_ok (struct backing *b)
+{
+  uint8_t buf[4096];
+  uint64_t t0 = ms_now ();
+
+  while (b->ops->read (b, buf, sizeof buf, 0) == -1) {
+    if (ms_now () - t0 > 10000)
+      fail_msg ("remote still unreachable: %s", strerror (errno));
+    usleep (100000);
+  }
+  return ms_now () - t0;
+}
+
+/* Once a remote has been away for retry-timeout, the backing is down:
+ * the next request fails at once instead of waiting retry-timeout again;
+ * when the remote is back a probe reconnects. */
+static void
+test_down_fails_fast (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0;
+
+  remote_start (f, args);
+  b = open_nbd (f, 600);
+  remote_kill (f);
+  unlink (f->sock);
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  for (int i = 0; i < 20; i++) {
+    t0 = ms_now ();
+    assert_int_equal (b->ops->write (b, buf, sizeof buf, 4096 * i, 0), -1);
+    assert_true (backing_unreachable (errno));
+    assert_true (ms_now () - t0 < 300);
+  }
+  remote_start (f, args);
+  read_until_ok (b);
+  backing_close (b);
+}
+
+/* A remote that stops answering (SIGSTOP): the request fails with
+ * ETIMEDOUT after request-timeout, the next ones fail fast, and after
+ * SIGCONT the backing reconnects. */
+static void
+test_request_timeout (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing_opts o = { .request_timeout_ms = 500 };
+  char err[256] = "";
+  struct backing *b;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0, dt;
+
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  remote_stop (f);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  dt = ms_now () - t0;
+  assert_int_equal (errno, ETIMEDOUT);
+  assert_true (dt >= 400 && dt < 3000);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, 0), -1);
+  assert_true (backing_unreachable (errno));
+  assert_true (ms_now () - t0 < 1500);  /* a probe's handshake at most */
+  kill (f->pid, SIGCONT);
+  read_until_ok (b);
+  backing_close (b);
+}
+
+/* Shutdown: no request waits past the deadline, even with a long
+ * request-timeout. */
+static void
+test_deadline (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0, dt;
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  remote_stop (f);
+  t0 = ms_now ();
+  backing_set_deadline (b, ms_now () + 500);  /* the same clock */
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, 0), -1);
+  dt = ms_now () - t0;
+  assert_int_equal (errno, ETIMEDOUT);
+  assert_true (dt >= 400 && dt < 3000);
+  t0 = ms_now ();
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  assert_true (ms_now () - t0 < 100);
+  backing_close (b);
+  kill (f->pid, SIGCONT);
+}
+
 /* The remote answers EIO: returned at once, not retried; once the fault
  * is gone the same request succeeds. */
 static void
@@ -858,6 +974,9 @@ main (void)
     T (test_use_after_fork),
     T (test_map_cost),
     T (test_reconnect_gives_up),
+    T (test_down_fails_fast),
+    T (test_request_timeout),
+    T (test_deadline),
     T (test_remote_errors),
     T (test_enospc),
     T (test_tls_psk),
