@@ -16,10 +16,6 @@
 #include "foliod/export.h"
 #include "server/log.h"
 
-#ifndef FOLIOD_VERSION
-#define FOLIOD_VERSION "0.1.0"
-#endif
-
 #define DEFAULT_PORT "10809"
 #define DEFAULT_LISTEN "127.0.0.1:" DEFAULT_PORT
 
