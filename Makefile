@@ -15,6 +15,15 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 SAN     ?=
 
+# The version foliod and the plugin report: the newest vX.Y.Z tag of the
+# git tree (git describe: 0.2.0, or 0.2.0-3-gabc1234 past it) or, outside
+# a git tree or before the first tag, VERSION_BASE.  VERSION=... overrides.
+VERSION_BASE = 0.1.0
+ifeq ($(origin VERSION),undefined)
+VERSION := $(or $(patsubst v%,%,$(shell git describe --tags --match 'v[0-9]*' \
+             2>/dev/null)),$(VERSION_BASE))
+endif
+
 CC      ?= cc
 CFLAGS  ?= -O2 -g
 WARN     = -Wall -Wextra -Wno-unused-parameter -Wshadow -Wformat=2
@@ -58,7 +67,7 @@ ifneq ($(PLUGIN_SRCS),)
 TARGETS += $(PLUGIN)
 endif
 
-.PHONY: all deps run check check-unit check-integration check-asan \
+.PHONY: FORCE all deps run check check-unit check-integration check-asan \
         check-valgrind check-model-long check-vm bench install uninstall clean
 
 all: $(TARGETS)
@@ -74,6 +83,15 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/plugins/%.o: plugins/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) $(shell pkg-config --cflags nbdkit 2>/dev/null) -MMD -MP -c -o $@ $<
+
+# Only the objects that print the version get it, and are rebuilt when it
+# changes: $(BUILD)/VERSION is rewritten only then.
+VERSION_OBJS = $(BUILD)/obj/src/daemon/cli.o $(BUILD)/obj/plugins/folio/folio.o
+$(VERSION_OBJS): ALLCFLAGS += -DFOLIOD_VERSION='"$(VERSION)"'
+$(VERSION_OBJS): $(BUILD)/VERSION
+$(BUILD)/VERSION: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(VERSION)' | cmp -s - $@ || echo '$(VERSION)' > $@
 
 $(CORE_LIB): $(CORE_OBJS)
 	@mkdir -p $(dir $@)

@@ -62,7 +62,8 @@ refused "two --export errors" --foreground --unix "$tmp/s" \
 says "two --export errors" "unknown export option 'colour'" \
   "folio-size must be a power of two"
 
-# Every error of every export at once, each on its own line.
+# Every error of every export at once, each at the line of the key at
+# fault (the [export] line when no key is: no backing).
 cat > "$conf" <<CONF
 $head
 handshake-timeout = 99999s
@@ -78,21 +79,24 @@ backing = $tmp/dir
 backing = file:$tmp/absent
 [export d]
 backing = /dev/null
+[export e]
+cache = none
 CONF
 conf_refused "every error" \
   "$conf:3: bad value '99999s' for handshake-timeout" \
   "$conf:6: export 'a': unknown export option 'flavour'" \
   "$conf:9: duplicate key 'cache-size' (first set at line 8)" \
-  "$conf:4: export 'a': folio-size must be a power of two" \
-  "$conf:10: export 'b': file backing $tmp/dir is a directory: expected a regular file or a block device" \
-  "$conf:12: export 'c': file backing $tmp/absent: No such file or directory" \
-  "$conf:14: export 'd': file backing /dev/null is a special file"
-[ "$(grep -c "^foliod: $conf:[0-9]*: " "$err")" -eq 7 ] ||
-  fail "expected 7 errors: $(cat "$err")"
+  "$conf:7: export 'a': folio-size must be a power of two" \
+  "$conf:11: export 'b': file backing $tmp/dir is a directory: expected a regular file or a block device" \
+  "$conf:13: export 'c': file backing $tmp/absent: No such file or directory" \
+  "$conf:15: export 'd': file backing /dev/null is a special file" \
+  "$conf:16: export 'e': no backing given"
+[ "$(grep -c "^foliod: $conf:[0-9]*: " "$err")" -eq 8 ] ||
+  fail "expected 8 errors: $(cat "$err")"
 
 # The directory alone: the only error, at start too.
 printf '%s\n[export b]\nbacking = file:%s\n' "$head" "$tmp/dir" > "$conf"
-conf_refused "directory" "$conf:3: export 'b': file backing $tmp/dir is a directory"
+conf_refused "directory" "$conf:4: export 'b': file backing $tmp/dir is a directory"
 refused "directory (--export)" --foreground --unix "$tmp/s" \
   --export "disk0=$tmp/dir"
 says "directory (--export)" "--export disk0: file backing $tmp/dir is a directory"

@@ -25,8 +25,13 @@ grep -q '^Usage: foliod' "$out" || fail "--help has no usage line"
 grep -q -- '--export NAME=BACKING' "$out" || fail "--help lacks --export"
 grep -q 'cache-size' "$out" || fail "--help lacks the export keys"
 
-"$FOLIOD" --version >"$out"
-grep -qE '^foliod [0-9]+\.[0-9]+' "$out" || fail "--version: $(cat "$out")"
+# --version and -V: "foliod VERSION" then the libraries it runs with.
+for opt in --version -V; do
+  "$FOLIOD" $opt >"$out" || fail "$opt: exit $?"
+  grep -qE '^foliod [0-9]+\.[0-9]+' "$out" || fail "$opt: $(cat "$out")"
+  grep -qE '^libnbd [0-9.]+, OpenSSL [0-9.]+.*, libev [0-9]+\.[0-9]+$' "$out" ||
+    fail "$opt: no library versions: $(cat "$out")"
+done
 
 truncate -s 16M "$tmp/img"
 expect_fail "unknown option" "unrecognized option '--bogus'" --bogus

@@ -49,8 +49,23 @@ bad_case "bad size" 5 "bad value for cache-size: '12X'"
 printf '%s\n%s\nread-only = perhaps\n' "$good_head" "$good_export" > "$conf"
 bad_case "bad boolean" 5 "bad value for read-only"
 
+# A whole-export check names the line of the key at fault, not of its
+# [export] header (issue 16: folio-size = 3K on line 3 was line 1).
 printf '%s\n%s\nfolio_size = 3K\n' "$good_head" "$good_export" > "$conf"
-bad_case "folio size not a power of two" 3 "folio-size must be a power of two"
+bad_case "folio size not a power of two" 5 "export 'disk0': folio-size must be a power of two"
+printf '[export disk0]\nbacking = file:%s\nfolio-size = 3K\n' "$tmp/img" > "$conf"
+bad_case "folio-size = 3K on line 3" 3 "^foliod: $conf:3: export 'disk0': folio-size must be a power of two"
+printf '%s\n%s\nblock-size = 128K\ncache = writethrough\n' "$good_head" "$good_export" > "$conf"
+bad_case "block size over folio size" 5 "block-size \(131072\) must not exceed folio-size"
+printf '%s\n%s\nfolio-size = 2M\nread-only = yes\ncache-size = 4M\n' \
+  "$good_head" "$good_export" > "$conf"
+bad_case "cache of under 4 folios" 7 "cache-size must hold at least 4 folios"
+printf '%s\n%s\ndirty-limit = 5\n' "$good_head" "$good_export" > "$conf"
+bad_case "dirty-limit under dirty-background" 5 "dirty limits must satisfy"
+printf '%s\n%s\nwriteback-interval = 0\n' "$good_head" "$good_export" > "$conf"
+bad_case "writeback-interval 0" 5 "writeback interval must be > 0"
+printf '%s\n%s\nstore = pmem:/x\n' "$good_head" "$good_export" > "$conf"
+bad_case "unknown store" 5 "unknown store 'pmem:/x'"
 
 printf '%s\n%s\nflavour = vanilla\n' "$good_head" "$good_export" > "$conf"
 bad_case "unknown export key" 5 "unknown export option 'flavour'"

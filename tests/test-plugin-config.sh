@@ -1,6 +1,7 @@
 #!/bin/bash
 # nbdkit-folio-plugin configuration:
-#  - --dump-plugin lists the keys, --help describes them;
+#  - --dump-plugin lists the keys and foliod's version, --help describes
+#    them;
 #  - bad configurations make nbdkit exit non-zero with a message naming the
 #    problem, and never crash;
 #  - read-only=1 (and nbdkit -r) give a read-only export that refuses writes;
@@ -23,6 +24,12 @@ cat "$tmp/dump"
 grep -qx 'name=folio' "$tmp/dump" || bad "--dump-plugin: no name=folio"
 grep -qx 'thread_model=parallel' "$tmp/dump" || bad "--dump-plugin: not parallel"
 grep -qx 'magic_config_key=backing' "$tmp/dump" || bad "--dump-plugin: magic key"
+# The plugin is the same release as the daemon built with it.
+version=$("$FOLIOD" --version | sed -n 's/^foliod //p')
+grep -qx "version=$version" "$tmp/dump" ||
+  bad "--dump-plugin: not version=$version (foliod --version)"
+nbdkit_folio "$PLUGIN" --version 2>&1 | grep -qx "folio $version" ||
+  bad "nbdkit folio --version: not 'folio $version'"
 keys=$(sed -n 's/^folio_keys=//p' "$tmp/dump")
 for k in backing cache cache-size folio-size block-size; do
   [[ ",$keys," == *",$k,"* ]] || bad "--dump-plugin: key $k missing from '$keys'"

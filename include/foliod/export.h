@@ -49,6 +49,13 @@ extern const struct export_key_help export_keys[];
 int export_config_check (const struct export_config *cfg, char *err,
                          size_t errlen);
 
+/* The same check, one call of report per problem, so that a config file
+ * can point at the line of the key at fault: key is that key, NULL when
+ * the export as a whole is (no backing).  Returns the number of problems. */
+typedef void export_problem_fn (void *arg, const char *key, const char *msg);
+int export_config_check_each (const struct export_config *cfg,
+                              export_problem_fn *report, void *arg);
+
 /* Append msg to err, "; " between reasons: a check reports every problem,
  * not the first only. */
 void export_err_append (char *err, size_t errlen, const char *msg);

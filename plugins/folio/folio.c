@@ -458,7 +458,7 @@ folio_extents (void *handle, uint32_t count, uint64_t offset, uint32_t flags,
 static struct nbdkit_plugin plugin = {
   .name               = "folio",
   .longname           = "foliod folio cache",
-  .version            = "1.0",
+  .version            = FOLIOD_VERSION,   /* from the Makefile */
   .description        = "iomap-style folio cache (per-block uptodate and "
                         "dirty bits) in front of a file or NBD backing",
   .load               = folio_load,

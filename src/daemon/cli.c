@@ -13,7 +13,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <ev.h>
+#include <libnbd.h>
+#include <openssl/crypto.h>
+
 #include "daemon/daemon.h"
+
+#ifndef FOLIOD_VERSION
+#error "FOLIOD_VERSION is set by the Makefile (VERSION)"
+#endif
 
 enum {
   OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG,
@@ -38,7 +46,7 @@ static const struct {
   { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print the raw "
     "Prometheus text" },
   { "help", 0, 'h', NULL, "print this help and exit" },
-  { "version", 0, 'V', NULL, "print the version and exit" },
+  { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
 #define N_CLI_ONLY (sizeof cli_only / sizeof cli_only[0])
 
@@ -134,6 +142,20 @@ usage (void)
   printf ("\nWith no --config and no --export, foliod runs the built-in\n"
           "configuration (conf/foliod.conf): export disk0 on %s.\n"
           "See foliod(8) and foliod.conf(5).\n", DEFAULT_LISTEN);
+}
+
+/* The libraries are those loaded now, which is what a bug report needs
+ * (the headers built against may be older). */
+static void
+print_version (void)
+{
+  struct nbd_handle *h = nbd_create ();
+
+  printf ("foliod %s\n", FOLIOD_VERSION);
+  printf ("libnbd %s, %s, libev %d.%d\n", h ? nbd_get_version (h) : "?",
+          OpenSSL_version (OPENSSL_VERSION), ev_version_major (),
+          ev_version_minor ());
+  nbd_close (h);
 }
 
 /* What the command line asked for, applied after the config file. */
@@ -304,7 +326,7 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
     case OPT_CHECK_CONFIG: cli->check_config = optarg; break;
     case OPT_PROMETHEUS: cli->prometheus = 1; break;
     case 'h': usage (); r = 1; break;
-    case 'V': printf ("foliod %s\n", FOLIOD_VERSION); r = 1; break;
+    case 'V': print_version (); r = 1; break;
     case '?':
       fprintf (stderr, "Try 'foliod --help'.\n");
       r = -1;

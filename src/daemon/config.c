@@ -457,10 +457,22 @@ unquote (char *s)
   return s;
 }
 
+/* A problem of the whole export, reported at the line of the key at
+ * fault, or of the [export] header when no key is. */
+static void
+ini_export_problem (void *arg, const char *key, const char *msg)
+{
+  struct ini *in = arg;
+  unsigned save = in->line, at = key ? seen_keys_find (&in->seen, key) : 0;
+
+  in->line = at ? at : in->exp_line;
+  ini_error (in, "export '%s': %s", in->c->exports[in->exp].cfg.name, msg);
+  in->line = save;
+}
+
 static void
 ini_end_export (struct ini *in)
 {
-  char err[1024];
   struct daemon_export *e;
 
   /* Also after a bad key: every error of the export is reported at once
@@ -468,12 +480,8 @@ ini_end_export (struct ini *in)
   if (in->sec != SEC_EXPORT)
     return;
   e = &in->c->exports[in->exp];
-  if (export_config_check (&e->cfg, err, sizeof err) == -1) {
-    unsigned save = in->line;
-    in->line = in->exp_line;
-    ini_error (in, "export '%s': %s", e->cfg.name, err);
-    in->line = save;
-  }
+  export_config_check_each (&e->cfg, ini_export_problem, in);
+  e->backing_line = seen_keys_find (&in->seen, "backing");
 }
 
 static void
@@ -845,13 +853,19 @@ exports_create_missing (struct daemon_config *c)
 
 /* ---- whole-configuration checks -------------------------------------- */
 
-/* "foliod: FILE:LINE: export 'NAME': " or "foliod: --export NAME: ". */
+/* About the backing: "foliod: FILE:LINE: export 'NAME': ", LINE that of
+ * the backing key, or "foliod: --export NAME: ". */
 static void __attribute__ ((format (printf, 2, 3)))
 export_report (const struct daemon_export *e, const char *fmt, ...)
 {
+  const char *colon = strrchr (e->where, ':');
   va_list ap;
 
-  fprintf (stderr, "foliod: %s: ", e->where);
+  if (e->from_cli || e->backing_line == 0 || colon == NULL)
+    fprintf (stderr, "foliod: %s: ", e->where);
+  else
+    fprintf (stderr, "foliod: %.*s:%u: ", (int) (colon - e->where), e->where,
+             e->backing_line);
   if (!e->from_cli)
     fprintf (stderr, "export '%s': ", e->cfg.name);
   va_start (ap, fmt);

@@ -16,10 +16,6 @@
 #include "foliod/export.h"
 #include "server/log.h"
 
-#ifndef FOLIOD_VERSION
-#define FOLIOD_VERSION "0.1.0"
-#endif
-
 #define DEFAULT_PORT "10809"
 #define DEFAULT_LISTEN "127.0.0.1:" DEFAULT_PORT
 
@@ -27,6 +23,7 @@
 struct daemon_export {
   struct export_config cfg;
   char where[300];        /* "FILE:LINE" or "--export NAME": for messages */
+  unsigned backing_line;  /* line of its backing key in FILE, 0: none */
   struct export *ex;      /* once opened */
   int from_cli;           /* given with --export */
   uint64_t create_size;   /* create-size: make a sparse file if missing */

@@ -2,6 +2,7 @@
  * for the nbdkit plugin's key=value parameters. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,24 +195,93 @@ export_err_append (char *err, size_t errlen, const char *msg)
     snprintf (err + n, errlen - n, "%s%s", n ? "; " : "", msg);
 }
 
+/* The keys cache_config_check judges, in the order a fault of two keys
+ * is blamed: the subject of the reason first ("block-size must not exceed
+ * folio-size", "cache-size must hold at least 4 folios"). */
+#define CACHE_FIELD(k, f) { k, offsetof (struct cache_config, f), \
+                            sizeof ((struct cache_config *) 0)->f }
+static const struct {
+  const char *key;
+  size_t off, len;
+} cache_fields[] = {
+  CACHE_FIELD ("block-size", block_size),
+  CACHE_FIELD ("cache-size", cache_size),
+  CACHE_FIELD ("max-io", max_io_bytes),
+  CACHE_FIELD ("dirty-background", dirty_background_pct),
+  CACHE_FIELD ("dirty-limit", dirty_limit_pct),
+  CACHE_FIELD ("writeback-interval", writeback_interval_ms),
+  CACHE_FIELD ("cache", mode),
+  CACHE_FIELD ("folio-size", folio_size),
+};
+#define N_CACHE_FIELDS (sizeof cache_fields / sizeof cache_fields[0])
+
+/* cache_config_check names the first broken rule in words only.  The key
+ * at fault is the first one whose own value breaks it: put back to its
+ * default, the reason goes away.  A key left at its default never is.
+ * NULL when no single key is (the rule concerns the export). */
+static const char *
+cache_fault_key (const struct cache_config *cc, const char *reason)
+{
+  struct cache_config def, probe;
+  char again[256];
+
+  cache_config_default (&def);
+  for (size_t i = 0; i < N_CACHE_FIELDS; i++) {
+    probe = *cc;
+    memcpy ((char *) &probe + cache_fields[i].off,
+            (const char *) &def + cache_fields[i].off, cache_fields[i].len);
+    if (cache_config_check (&probe, again, sizeof again) == 0 ||
+        strcmp (again, reason) != 0)
+      return cache_fields[i].key;
+  }
+  return NULL;
+}
+
+int
+export_config_check_each (const struct export_config *cfg,
+                          export_problem_fn *report, void *arg)
+{
+  char one[256];
+  int n = 0;
+
+  if (cfg->backing == NULL || cfg->backing[0] == '\0') {
+    report (arg, NULL, "no backing given (backing=file:PATH or nbd://...)");
+    n++;
+  }
+  if (cfg->store && strcmp (cfg->store, "ram") != 0) {
+    snprintf (one, sizeof one, "unknown store '%s' (only ram is supported)",
+              cfg->store);
+    report (arg, "store", one);
+    n++;
+  }
+  if (cache_config_check (&cfg->cache, one, sizeof one) == -1) {
+    report (arg, cache_fault_key (&cfg->cache, one), one);
+    n++;
+  }
+  return n;
+}
+
+struct check_text {
+  char *err;
+  size_t errlen;
+};
+
+static void
+check_text_add (void *arg, const char *key, const char *msg)
+{
+  struct check_text *t = arg;
+
+  export_err_append (t->err, t->errlen, msg);
+}
+
 int
 export_config_check (const struct export_config *cfg, char *err,
                      size_t errlen)
 {
-  char one[256];
+  struct check_text t = { err, errlen };
 
   err[0] = '\0';
-  if (cfg->backing == NULL || cfg->backing[0] == '\0')
-    export_err_append (err, errlen,
-                       "no backing given (backing=file:PATH or nbd://...)");
-  if (cfg->store && strcmp (cfg->store, "ram") != 0) {
-    snprintf (one, sizeof one, "unknown store '%s' (only ram is supported)",
-              cfg->store);
-    export_err_append (err, errlen, one);
-  }
-  if (cache_config_check (&cfg->cache, one, sizeof one) == -1)
-    export_err_append (err, errlen, one);
-  if (err[0] == '\0')
+  if (export_config_check_each (cfg, check_text_add, &t) == 0)
     return 0;
   errno = EINVAL;
   return -1;
