@@ -5,6 +5,7 @@
 #   make check      install missing packages, build, run every test
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
+#   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make install    PREFIX=/usr/local DESTDIR=
 #
 # BUILD selects the output directory, so that several builds (default,
@@ -24,6 +25,14 @@ LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnb
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
+LDFLAGS   += -fsanitize=address,undefined
+endif
+# The fuzzer build (make fuzz): clang, coverage for libFuzzer, ASan+UBSan,
+# any UBSan report fatal so that libFuzzer sees it as a crash.
+ifeq ($(FUZZ),1)
+CC         = clang
+ALLCFLAGS += -fsanitize=fuzzer-no-link,address,undefined \
+             -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
 endif
 
@@ -59,7 +68,8 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean
+        check-valgrind check-model-long check-vm bench install uninstall clean \
+        fuzz fuzz-build
 
 all: $(TARGETS)
 ifeq ($(BUILD),build)
@@ -133,6 +143,26 @@ check-vm: deps
 	$(MAKE) $(FOLIOD)
 	$(TEST_ENV) tests/run-tests tests/test-vm.sh
 
+# The protocol fuzzer (tests/fuzz/): the server's handshake and request
+# parser under libFuzzer, ASan and UBSan, in its own build directory.
+# make fuzz FUZZ_SECONDS=N runs it for N seconds on a copy of the seed
+# corpus (new inputs stay in $(FUZZ_BUILD)/corpus, crash files go to
+# $(FUZZ_BUILD)/) and fails if it finds a crash.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_HARNESS  = $(FUZZ_BUILD)/fuzz-server
+
+fuzz: deps
+	$(MAKE) fuzz-build
+	FUZZ_BUILD=$(abspath $(FUZZ_BUILD)) tests/fuzz/run-fuzz $(FUZZ_SECONDS)
+
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) FUZZ=1 $(FUZZ_HARNESS)
+
+$(BUILD)/fuzz-server: tests/fuzz/fuzz-server.c $(SERVER_OBJS) $(CORE_LIB)
+	$(CC) $(ALLCFLAGS) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< \
+	  $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+
 # The built-in configuration is assembled into the daemon (.incbin).
 $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
@@ -201,4 +231,4 @@ uninstall:
 	  echo "uninstall: keeping modified $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf"; fi
 
 clean:
-	rm -rf build build-asan foliod plugins/folio/nbdkit-folio-plugin.so
+	rm -rf build build-asan build-fuzz foliod plugins/folio/nbdkit-folio-plugin.so

@@ -1,0 +1,210 @@
+/* libFuzzer harness: the real server (src/server) fed one client's bytes.
+ *
+ * Each input is what a client sends, from the first byte after the
+ * server's greeting to the end: client flags, options, requests, write
+ * payloads.  The harness writes it into one end of a socketpair whose
+ * other end the server adopts as a connection (conn_new, as an accept
+ * would), half-closes its side, reads every reply out and discards it,
+ * and runs the libev loop until the server has freed the connection, so
+ * that no request is still held by a worker when the next input starts.
+ *
+ * The server and its exports live for the whole run (persistent mode):
+ * one worker thread, small caches so that misses, evictions and
+ * writeback happen, and exports that differ where the parser looks:
+ *   disk  read-write, 1 MiB, 4 KiB blocks, writeback (the default export)
+ *   ro    read-only, an odd size
+ *   wt    writethrough, 512-byte blocks
+ *   tls   tls=require (no credentials: STARTTLS is refused)
+ * tests/fuzz/record-corpus.sh serves the same names and sizes, so that
+ * recorded sessions replay here as they ran.
+ *
+ * FUZZ_LOG=1 in the environment prints the server's log lines.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "foliod/export.h"
+#include "server/internal.h"
+#include "server/log.h"
+
+struct fuzz_export {
+  const char *name;
+  uint64_t size;
+  const char *opts[6]; /* key=value, NULL-terminated */
+};
+
+static const struct fuzz_export fuzz_exports[] = {
+  { "disk", 1024 * 1024,
+    { "cache-size=256K", "folio-size=64K", "block-size=4K",
+      "description=fuzz disk", NULL } },
+  { "ro", 192 * 1024 + 512, { "read-only=true", "cache-size=64K", "folio-size=16K", NULL } },
+  { "wt", 256 * 1024 + 4096,
+    { "cache=writethrough", "cache-size=128K", "folio-size=16K",
+      "block-size=512", NULL } },
+  { "tls", 64 * 1024, { "tls=require", "cache-size=64K", "folio-size=16K", NULL } },
+};
+#define FUZZ_NEXPORTS (sizeof fuzz_exports / sizeof fuzz_exports[0])
+
+/* What lives across inputs. */
+struct fuzz_env {
+  struct ev_loop *loop;
+  struct server *srv;
+  char dir[64];
+};
+
+static int fuzz_log_on;
+
+/* The server's log sink.  Lines are still formatted (a bad format or
+ * argument shows up under the sanitizers), then dropped unless asked. */
+void
+foliod_log (int level, const char *fmt, ...)
+{
+  char line[1024];
+  va_list ap;
+
+  va_start (ap, fmt);
+  vsnprintf (line, sizeof line, fmt, ap);
+  va_end (ap);
+  if (fuzz_log_on)
+    fprintf (stderr, "foliod[%d]: %s\n", level, line);
+}
+
+static void fuzz_die (const char *what, const char *why)
+  __attribute__ ((noreturn));
+
+static void
+fuzz_die (const char *what, const char *why)
+{
+  fprintf (stderr, "fuzz-server: %s: %s\n", what, why);
+  exit (1);
+}
+
+/* Make a sparse backing file of fx->size bytes in dir and open it. */
+static struct export *
+fuzz_export_open (const char *dir, const struct fuzz_export *fx)
+{
+  struct export_config cfg;
+  char path[128], spec[160], err[256];
+  struct export *e;
+  FILE *f;
+
+  snprintf (path, sizeof path, "%s/%s.img", dir, fx->name);
+  if (!(f = fopen (path, "w")) || ftruncate (fileno (f), fx->size) < 0)
+    fuzz_die (path, strerror (errno));
+  fclose (f);
+  snprintf (spec, sizeof spec, "file:%s", path);
+  export_config_init (&cfg);
+  if (!(cfg.name = strdup (fx->name)))
+    fuzz_die (fx->name, "out of memory");
+  if (export_config_set (&cfg, "backing", spec, err, sizeof err) < 0)
+    fuzz_die (fx->name, err);
+  for (const char *const *o = fx->opts; *o; o++) {
+    char key[64];
+    const char *eq = strchr (*o, '=');
+
+    snprintf (key, sizeof key, "%.*s", (int) (eq - *o), *o);
+    if (export_config_set (&cfg, key, eq + 1, err, sizeof err) < 0)
+      fuzz_die (*o, err);
+  }
+  if (export_config_check (&cfg, err, sizeof err) < 0
+      || !(e = export_open (&cfg, err, sizeof err)))
+    fuzz_die (fx->name, err);
+  export_config_free (&cfg);
+  /* The file is open: its name is no longer needed. */
+  unlink (path);
+  return e;
+}
+
+static struct fuzz_env *
+fuzz_env_new (void)
+{
+  static struct fuzz_env env;
+  struct server_config cfg;
+  const char *tmpdir = getenv ("TMPDIR");
+
+  fuzz_log_on = getenv ("FUZZ_LOG") != NULL;
+  snprintf (env.dir, sizeof env.dir, "%.40s/fuzz-server-XXXXXX",
+            tmpdir && *tmpdir ? tmpdir : "/tmp");
+  if (!mkdtemp (env.dir))
+    fuzz_die (env.dir, strerror (errno));
+  env.loop = ev_loop_new (EVFLAG_AUTO);
+  if (!env.loop)
+    fuzz_die ("ev_loop_new", "failed");
+  server_config_default (&cfg);
+  cfg.workers = 1;              /* replies in one order: reproducible */
+  cfg.handshake_timeout_s = 60; /* never fires within one input */
+  if (!(env.srv = server_new (env.loop, &cfg)))
+    fuzz_die ("server_new", strerror (errno));
+  for (size_t i = 0; i < FUZZ_NEXPORTS; i++)
+    if (server_add_export (env.srv,
+                           fuzz_export_open (env.dir, &fuzz_exports[i])) < 0)
+      fuzz_die (fuzz_exports[i].name, strerror (errno));
+  rmdir (env.dir);
+  return &env;
+}
+
+/* Write as much of the input as the socket takes; half-close once it is
+ * all out (or the server closed its end). */
+static void
+fuzz_feed (int fd, const uint8_t *data, size_t size, size_t *off, bool *shut)
+{
+  while (*off < size) {
+    ssize_t n = send (fd, data + *off, size - *off, MSG_NOSIGNAL);
+
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return;
+      *off = size; /* EPIPE, ECONNRESET: the server hung up */
+      break;
+    }
+    *off += n;
+  }
+  if (!*shut) {
+    shutdown (fd, SHUT_WR);
+    *shut = true;
+  }
+}
+
+/* Read and drop whatever the server sent, so it never waits on us. */
+static void
+fuzz_drain (int fd)
+{
+  static uint8_t sink[256 * 1024];
+
+  while (recv (fd, sink, sizeof sink, 0) > 0)
+    ;
+}
+
+int
+LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
+{
+  static struct fuzz_env *env;
+  size_t off = 0;
+  bool shut = false;
+  int sv[2];
+
+  if (!env)
+    env = fuzz_env_new ();
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+                  sv) < 0)
+    fuzz_die ("socketpair", strerror (errno));
+  conn_new (env->srv, sv[0], "fuzz");
+  /* conn_new queued the greeting; each pass moves both directions, then
+   * lets the server run until something happens (input, room to send, a
+   * worker's completion).  The connection is gone once it is freed. */
+  while (env->srv->conns) {
+    fuzz_feed (sv[1], data, size, &off, &shut);
+    fuzz_drain (sv[1]);
+    ev_run (env->loop, EVRUN_ONCE);
+  }
+  close (sv[1]);
+  return 0;
+}
