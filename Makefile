@@ -6,6 +6,7 @@
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
+#   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make install    PREFIX=/usr/local DESTDIR=
 #
 # BUILD selects the output directory, so that several builds (default,
@@ -34,6 +35,12 @@ CC         = clang
 ALLCFLAGS += -fsanitize=fuzzer-no-link,address,undefined \
              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
+endif
+# The same harness with source coverage instead (make fuzz-coverage).
+ifeq ($(FUZZ),cov)
+CC         = clang
+ALLCFLAGS += -fprofile-instr-generate -fcoverage-mapping
+LDFLAGS   += -fprofile-instr-generate
 endif
 
 CORE_SRCS   := $(wildcard src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
@@ -69,7 +76,7 @@ endif
 
 .PHONY: all deps run check check-unit check-integration check-asan \
         check-valgrind check-model-long check-vm bench install uninstall clean \
-        fuzz fuzz-build
+        fuzz fuzz-build fuzz-coverage
 
 all: $(TARGETS)
 ifeq ($(BUILD),build)
@@ -159,6 +166,12 @@ fuzz: deps
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) FUZZ=1 $(FUZZ_HARNESS)
 
+# Line and branch coverage of src/server/ by the corpus in
+# $(FUZZ_BUILD)/corpus (the seeds if no run has added to it yet).
+fuzz-coverage:
+	$(MAKE) BUILD=$(FUZZ_BUILD)-cov FUZZ=cov $(FUZZ_BUILD)-cov/fuzz-server
+	FUZZ_BUILD=$(abspath $(FUZZ_BUILD)) tests/fuzz/coverage
+
 $(BUILD)/fuzz-server: tests/fuzz/fuzz-server.c $(SERVER_OBJS) $(CORE_LIB)
 	$(CC) $(ALLCFLAGS) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< \
 	  $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
@@ -231,4 +244,4 @@ uninstall:
 	  echo "uninstall: keeping modified $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf"; fi
 
 clean:
-	rm -rf build build-asan build-fuzz foliod plugins/folio/nbdkit-folio-plugin.so
+	rm -rf build build-asan build-fuzz build-fuzz-cov foliod plugins/folio/nbdkit-folio-plugin.so

@@ -7,6 +7,9 @@
  * would), half-closes its side, reads every reply out and discards it,
  * and runs the libev loop until the server has freed the connection, so
  * that no request is still held by a worker when the next input starts.
+ * Both ends have small socket buffers: input arrives in pieces that
+ * split headers anywhere (the parser must resume) and large replies
+ * fill the socket (the server must wait for room to send).
  *
  * The server and its exports live for the whole run (persistent mode):
  * one worker thread, small caches so that misses, evictions and
@@ -151,6 +154,10 @@ fuzz_env_new (void)
   return &env;
 }
 
+/* Socket buffer size of both ends (the kernel doubles it, and raises it
+ * to its minimum of about 4.5 KiB). */
+#define FUZZ_SOCKBUF 2048
+
 /* Write as much of the input as the socket takes; half-close once it is
  * all out (or the server closed its end). */
 static void
@@ -196,6 +203,10 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
                   sv) < 0)
     fuzz_die ("socketpair", strerror (errno));
+  for (int i = 0; i < 2; i++)
+    if (setsockopt (sv[i], SOL_SOCKET, SO_SNDBUF, &(int) { FUZZ_SOCKBUF },
+                    sizeof (int)) < 0)
+      fuzz_die ("SO_SNDBUF", strerror (errno));
   conn_new (env->srv, sv[0], "fuzz");
   /* conn_new queued the greeting; each pass moves both directions, then
    * lets the server run until something happens (input, room to send, a

@@ -7,7 +7,7 @@ LISTEN is a Unix socket path to create, or 127.0.0.1:PORT; TARGET is the
 Unix socket of a running foliod.  Every client connection is forwarded to
 TARGET both ways, and the bytes the client sent (everything after the
 server's greeting: client flags, options, requests, payloads) are saved as
-OUTDIR/NNNN.bin, at most MAX_BYTES (default 65536) of them: the harness
+OUTDIR/NNNN.bin, at most MAX_BYTES (default 64512) of them: the harness
 (tests/fuzz/fuzz-server.c) replays such a file as one client.  A file
 appears under its final name only once its connection has ended
 (OUTDIR/NNNN.part until then).  Runs until killed.
@@ -69,7 +69,7 @@ def listen(where):
 
 def main():
     where, target, outdir = sys.argv[1:4]
-    cap = int(sys.argv[4]) if len(sys.argv) > 4 else 65536
+    cap = int(sys.argv[4]) if len(sys.argv) > 4 else 64512
     s = listen(where)
     n = 0
     while True:

@@ -6,9 +6,9 @@
 # Starts a foliod ($FOLIOD, default build/foliod) serving the exports the
 # harness serves (same names and sizes, see tests/fuzz/fuzz-server.c), puts
 # the recording proxy tests/fuzz/nbd-record.py in front of it, and runs
-# nbdinfo, nbdsh (libnbd), nbdcopy, qemu-img, qemu-io, nbdkit's nbd plugin
-# and nbd-client through the proxy.  Each connection's client-to-server
-# bytes become OUTDIR/CLIENT-WHAT.bin (at most 64 KiB each), which the
+# nbdinfo, nbdsh (libnbd), nbdcopy, qemu-img, qemu-io, nbdkit's nbd plugin,
+# nbd-client and the test suite's bad-client through the proxy.  Each connection's client-to-server
+# bytes become OUTDIR/CLIENT-WHAT.bin (under 64 KiB each), which the
 # harness replays as one client.  Sessions are plain text (a TLS session
 # would record ciphertext); one STARTTLS attempt is kept for its first
 # option.  Existing files in OUTDIR are replaced.
@@ -41,9 +41,11 @@ start_foliod_tls --tls on --tls-certificates "$tmp/c/srv" \
 PORT=$(( 20000 + RANDOM % 20000 ))
 REC=$tmp/rec.sock
 "$TOP/tests/fuzz/nbd-record.py" "$REC" "$SOCK" "$tmp/rec" &
-track $!
+proxies=($!)
 "$TOP/tests/fuzz/nbd-record.py" "127.0.0.1:$PORT" "$SOCK" "$tmp/rec" &
-track $!
+proxies+=($!)
+track "${proxies[0]}"
+track "${proxies[1]}"
 for ((i = 0; i < 50; i++)); do [ -S "$REC" ] && break; sleep 0.1; done
 [ -S "$REC" ] || fail "recording proxy did not start"
 
@@ -187,6 +189,20 @@ h.aio_flush()
 while h.aio_in_flight() > 0:
     h.poll(-1)
 h.shutdown()'
+nbdsh_rec nbdsh-pipelined-small '
+h = nbd.NBD()
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.connect_uri(URI)
+for i in range(200):
+    if i % 3 == 0:
+        h.aio_pread(nbd.Buffer(512), i * 4096)
+    elif i % 3 == 1:
+        h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(b"p" * 100)), i * 4096 + 7)
+    else:
+        h.aio_block_status(8192, i * 4096, lambda *a: 0)
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+h.shutdown()'
 nbdsh_rec nbdsh-errors '
 h = nbd.NBD()
 h.set_strict_mode(0)
@@ -271,11 +287,27 @@ record nbdkit-nbd-plugin nbdkit -U - nbd socket="$REC" export=disk \
 record nbdkit-nbd-plugin-ro nbdkit -r -U - nbd socket="$REC" export=ro \
   --run 'qemu-img info "$uri"'
 
+# tests/tools/bad-client: malformed input on purpose (bad magics, unknown
+# commands and options, oversized options and requests, byte by byte...).
+BAD=$BUILD/tests/tools/bad-client
+if [ -x "$BAD" ]; then
+  for c in $("$BAD" "$REC" disk list); do
+    case $c in
+      read-only) exp=ro ;;
+      handshake-timeout|connection-limit) continue ;; # slow, no new bytes
+      *) exp=disk ;;
+    esac
+    record "bad-client-$c" "$BAD" "$REC" "$exp" "$c"
+  done
+fi
+
 # nbd-client (the Linux client's userspace half) can list without a device.
 if command -v nbd-client >/dev/null; then
   record nbd-client-list nbd-client -l 127.0.0.1 "$PORT"
 fi
 
+kill "${proxies[@]}"
+wait "${proxies[@]}" 2>/dev/null || true
 stop_foliod
 ls -l "$OUT"
 echo "record-corpus: $(ls "$OUT" | wc -l) sessions in $OUT"
