@@ -172,9 +172,10 @@ fuzz-coverage:
 	$(MAKE) BUILD=$(FUZZ_BUILD)-cov FUZZ=cov $(FUZZ_BUILD)-cov/fuzz-server
 	FUZZ_BUILD=$(abspath $(FUZZ_BUILD)) tests/fuzz/coverage
 
-$(BUILD)/fuzz-server: tests/fuzz/fuzz-server.c $(SERVER_OBJS) $(CORE_LIB)
-	$(CC) $(ALLCFLAGS) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< \
-	  $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+$(BUILD)/fuzz-server: tests/fuzz/fuzz-server.c $(SERVER_OBJS) $(TESTLIB_OBJS) \
+                      $(CORE_LIB)
+	$(CC) $(ALLCFLAGS) -Itests/unit/lib $(LDFLAGS) -fsanitize=fuzzer -o $@ $< \
+	  $(SERVER_OBJS) $(TESTLIB_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
 
 # The built-in configuration is assembled into the daemon (.incbin).
 $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf

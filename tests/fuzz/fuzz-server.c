@@ -18,8 +18,13 @@
  *   ro    read-only, an odd size
  *   wt    writethrough, 512-byte blocks
  *   tls   tls=require (no credentials: STARTTLS is refused)
- * tests/fuzz/record-corpus.sh serves the same names and sizes, so that
- * recorded sessions replay here as they ran.
+ *   fake  1 MiB on the test suite's fake backing (tests/unit/lib), whose
+ *         reads fail in [256K, 320K) and block status in [768K, 832K),
+ *         and whose extents are at most 3000 bytes: error replies and
+ *         long extent lists
+ * tests/fuzz/record-corpus.sh serves the first four (same names and
+ * sizes), so that recorded sessions replay here as they ran; it makes
+ * the "fake" seeds from "disk" sessions (same name length and size).
  *
  * FUZZ_LOG=1 in the environment prints the server's log lines.
  */
@@ -34,6 +39,7 @@
 
 #include <ev.h>
 
+#include "fake_backing.h"
 #include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
@@ -126,6 +132,36 @@ fuzz_export_open (const char *dir, const struct fuzz_export *fx)
   return e;
 }
 
+/* The "fake" export.  Only reads and maps fail: a write that cannot be
+ * written back stays dirty for good, and a cache full of such data is the
+ * cache's business, not the protocol's. */
+static struct export *
+fuzz_export_fake (void)
+{
+  struct fake_backing *fb = fake_backing_new (1024 * 1024);
+  struct export *e = calloc (1, sizeof *e);
+  struct cache_config cc;
+  char err[256];
+
+  if (!fb || !e || !(e->name = strdup ("fake")))
+    fuzz_die ("fake", "out of memory");
+  fake_set_log (fb, 0);
+  fake_set_map_style (fb, 0, 3000);
+  fake_fill_pattern (fb, 64 * 1024, 200 * 1024, 1);
+  if (fake_fail_range (fb, FAKE_M (FAKE_READ), 256 * 1024, 64 * 1024, EIO) < 0
+      || fake_fail_range (fb, FAKE_M (FAKE_MAP), 768 * 1024, 64 * 1024,
+                          EIO) < 0)
+    fuzz_die ("fake", "fake_fail_range");
+  cache_config_default (&cc);
+  cc.cache_size = 256 * 1024;
+  e->tls_require = -1;
+  e->backing = fake_backing_base (fb);
+  e->size = e->backing->size;
+  if (!(e->cache = cache_create (e->backing, NULL, &cc, err, sizeof err)))
+    fuzz_die ("fake", err);
+  return e;
+}
+
 static struct fuzz_env *
 fuzz_env_new (void)
 {
@@ -150,6 +186,8 @@ fuzz_env_new (void)
     if (server_add_export (env.srv,
                            fuzz_export_open (env.dir, &fuzz_exports[i])) < 0)
       fuzz_die (fuzz_exports[i].name, strerror (errno));
+  if (server_add_export (env.srv, fuzz_export_fake ()) < 0)
+    fuzz_die ("fake", strerror (errno));
   rmdir (env.dir);
   return &env;
 }
