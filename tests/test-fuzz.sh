@@ -3,7 +3,7 @@
 # (tests/fuzz/fuzz-server.c: the real server, handshake and transmission,
 # under ASan and UBSan) in build-fuzz/, checks that the recorded seed
 # sessions get through the handshake into transmission, then fuzzes for
-# FUZZ_SECONDS (default 60).  Fails on any crash, sanitizer report, leak or
+# FUZZ_SECONDS (default 45).  Fails on any crash, sanitizer report, leak or
 # hang; the input that did it is left in build-fuzz/ (crash-*, leak-*,
 # timeout-*).  make fuzz FUZZ_SECONDS=N runs longer.
 . "$(dirname "$0")/lib.sh"
@@ -23,8 +23,8 @@ grep -q "export 'disk', structured replies, base:allocation" "$tmp/replay.log" |
   fail "no seed reaches transmission with structured replies"
 grep -q "NBD_CMD_DISC" "$tmp/replay.log" || fail "no seed session ends with NBD_CMD_DISC"
 
-FUZZ_BUILD=$FB timeout $(( ${FUZZ_SECONDS:-60} + 120 )) \
-  "$TOP/tests/fuzz/run-fuzz" "${FUZZ_SECONDS:-60}" >"$tmp/fuzz.log" 2>&1 || {
+FUZZ_BUILD=$FB timeout $(( ${FUZZ_SECONDS:-45} + 120 )) \
+  "$TOP/tests/fuzz/run-fuzz" "${FUZZ_SECONDS:-45}" >"$tmp/fuzz.log" 2>&1 || {
   grep -E -A 40 'ERROR|WARNING|SUMMARY|runtime error' "$tmp/fuzz.log" | head -n 80 >&2
   grep -E 'Test unit written to' "$tmp/fuzz.log" >&2 || true
   fail "the fuzzer found a crash"
