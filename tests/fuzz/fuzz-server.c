@@ -17,11 +17,16 @@
  *   disk  read-write, 1 MiB, 4 KiB blocks, writeback (the default export)
  *   ro    read-only, an odd size
  *   wt    writethrough, 512-byte blocks
- *   tls   tls=require (no credentials: STARTTLS is refused)
+ *   tls   tls=require
  *   fake  1 MiB on the test suite's fake backing (tests/unit/lib), whose
  *         reads fail in [256K, 320K) and block status in [768K, 832K),
  *         and whose extents are at most 3000 bytes: error replies and
  *         long extent lists
+ * TLS is on (STARTTLS is answered) with the pre-shared key FUZZ_PSK, which
+ * tests/fuzz/record-corpus.sh gives a client too: the TLS handshake starts
+ * and then breaks (a replayed TLS session cannot go on), so what is
+ * fuzzed there is the transport's handling of a handshake gone wrong.
+ *
  * tests/fuzz/record-corpus.sh serves the first four (same names and
  * sizes), so that recorded sessions replay here as they ran; it makes
  * the "fake" seeds from "disk" sessions (same name length and size).
@@ -34,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,6 +49,8 @@
 #include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
+
+#define FUZZ_PSK "fuzz:0123456789abcdef0123456789abcdef"
 
 struct fuzz_export {
   const char *name;
@@ -132,6 +140,10 @@ fuzz_export_open (const char *dir, const struct fuzz_export *fx)
   return e;
 }
 
+/* Socket buffer size of both ends (the kernel doubles it, and raises it
+ * to its minimum of about 4.5 KiB). */
+#define FUZZ_SOCKBUF 2048
+
 /* The "fake" export.  Only reads and maps fail: a write that cannot be
  * written back stays dirty for good, and a cache full of such data is the
  * cache's business, not the protocol's. */
@@ -162,6 +174,24 @@ fuzz_export_fake (void)
   return e;
 }
 
+/* Load FUZZ_PSK as the server's TLS credentials. */
+static void
+fuzz_tls_on (struct server *srv, const char *dir)
+{
+  char path[128], err[256];
+  FILE *f;
+
+  snprintf (path, sizeof path, "%s/keys.psk", dir);
+  if (!(f = fopen (path, "w")) || fprintf (f, "%s\n", FUZZ_PSK) < 0
+      || fclose (f) != 0)
+    fuzz_die (path, strerror (errno));
+  srv->cfg.tls_psk_file = path;
+  if (server_tls_reload (srv, err, sizeof err) < 0)
+    fuzz_die ("server_tls_reload", err);
+  srv->cfg.tls_psk_file = NULL; /* path is about to go */
+  unlink (path);
+}
+
 static struct fuzz_env *
 fuzz_env_new (void)
 {
@@ -180,6 +210,7 @@ fuzz_env_new (void)
   server_config_default (&cfg);
   cfg.workers = 1;              /* replies in one order: reproducible */
   cfg.handshake_timeout_s = 60; /* never fires within one input */
+  cfg.tls_mode = SERVER_TLS_ON;
   if (!(env.srv = server_new (env.loop, &cfg)))
     fuzz_die ("server_new", strerror (errno));
   for (size_t i = 0; i < FUZZ_NEXPORTS; i++)
@@ -188,34 +219,24 @@ fuzz_env_new (void)
       fuzz_die (fuzz_exports[i].name, strerror (errno));
   if (server_add_export (env.srv, fuzz_export_fake ()) < 0)
     fuzz_die ("fake", strerror (errno));
+  fuzz_tls_on (env.srv, env.dir);
   rmdir (env.dir);
   return &env;
 }
 
-/* Socket buffer size of both ends (the kernel doubles it, and raises it
- * to its minimum of about 4.5 KiB). */
-#define FUZZ_SOCKBUF 2048
-
-/* Write as much of the input as the socket takes; half-close once it is
- * all out (or the server closed its end). */
-static void
-fuzz_feed (int fd, const uint8_t *data, size_t size, size_t *off, bool *shut)
+/* Write input up to end as far as the socket takes it.  Returns false
+ * once the server has hung up (EPIPE, ECONNRESET). */
+static bool
+fuzz_feed (int fd, const uint8_t *data, size_t end, size_t *off)
 {
-  while (*off < size) {
-    ssize_t n = send (fd, data + *off, size - *off, MSG_NOSIGNAL);
+  while (*off < end) {
+    ssize_t n = send (fd, data + *off, end - *off, MSG_NOSIGNAL);
 
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return;
-      *off = size; /* EPIPE, ECONNRESET: the server hung up */
-      break;
-    }
+    if (n < 0)
+      return errno == EAGAIN || errno == EWOULDBLOCK;
     *off += n;
   }
-  if (!*shut) {
-    shutdown (fd, SHUT_WR);
-    *shut = true;
-  }
+  return true;
 }
 
 /* Read and drop whatever the server sent, so it never waits on us. */
@@ -228,12 +249,35 @@ fuzz_drain (int fd)
     ;
 }
 
+/* Where the input's first NBD_OPT_STARTTLS option ends, or size.  A real
+ * client waits there for the server's answer before it starts TLS; the
+ * server refuses bytes sent early (an injection attempt). */
+static size_t
+fuzz_starttls_end (const uint8_t *data, size_t size)
+{
+  static const uint8_t opt[16] = "IHAVEOPT\0\0\0\5\0\0\0\0";
+  const uint8_t *p = memmem (data, size, opt, sizeof opt);
+
+  return p ? (size_t) (p - data) + sizeof opt : size;
+}
+
+/* Has the server read everything written to it (and gone idle)? */
+static bool
+fuzz_server_idle (const struct conn *c)
+{
+  int unread = 0;
+
+  return c->state == CONN_DEAD
+    || (c->rpos == c->rlen && ioctl (c->fd, FIONREAD, &unread) == 0
+        && unread == 0 && !c->tops->pending ((struct conn *) c));
+}
+
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {
   static struct fuzz_env *env;
-  size_t off = 0;
-  bool shut = false;
+  size_t off = 0, end = fuzz_starttls_end (data, size);
+  bool open = true;
   int sv[2];
 
   if (!env)
@@ -248,10 +292,21 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   conn_new (env->srv, sv[0], "fuzz");
   /* conn_new queued the greeting; each pass moves both directions, then
    * lets the server run until something happens (input, room to send, a
-   * worker's completion).  The connection is gone once it is freed. */
+   * worker's completion).  Input stops after STARTTLS until the server
+   * has taken it in; at the end, the write side is shut.  The connection
+   * is gone once the server has freed it. */
   while (env->srv->conns) {
-    fuzz_feed (sv[1], data, size, &off, &shut);
+    if (open && !fuzz_feed (sv[1], data, end, &off))
+      open = false, off = end = size;
     fuzz_drain (sv[1]);
+    if (off == end && end < size && fuzz_server_idle (env->srv->conns)) {
+      end = size;
+      continue;
+    }
+    if (open && off == size) {
+      shutdown (sv[1], SHUT_WR);
+      open = false;
+    }
     ev_run (env->loop, EVRUN_ONCE);
   }
   close (sv[1]);

@@ -10,8 +10,8 @@
 # nbd-client and the test suite's bad-client through the proxy.  Each connection's client-to-server
 # bytes become OUTDIR/CLIENT-WHAT.bin (under 64 KiB each), which the
 # harness replays as one client.  Sessions are plain text (a TLS session
-# would record ciphertext); one STARTTLS attempt is kept for its first
-# option.  Existing files in OUTDIR are replaced.
+# would record ciphertext); two STARTTLS attempts (certificate, PSK) keep
+# their options and ClientHello.  Existing files in OUTDIR are replaced.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/../lib-tls.sh"
 lib_init fuzz-record
@@ -94,6 +94,11 @@ record nbdinfo-can nbdinfo --can trim "$(u ro)"
 record nbdinfo-tls-refused nbdinfo "$(u tls)"
 record nbdinfo-unknown nbdinfo "$(u nosuch)"
 record nbdinfo-starttls nbdinfo "nbds+unix:///disk?socket=$REC&tls-certificates=$tmp/c/cli"
+# The harness's pre-shared key (FUZZ_PSK in fuzz-server.c): its server
+# takes this ClientHello further than ours, which has certificates.
+echo "fuzz:0123456789abcdef0123456789abcdef" > "$tmp/fuzz.psk"
+record nbdinfo-starttls-psk nbdinfo \
+  "nbds+unix://fuzz@/disk?socket=$REC&tls-psk-file=$tmp/fuzz.psk"
 
 # nbdsh (libnbd): structured replies, meta contexts, every command.
 nbdsh_rec nbdsh-io '
