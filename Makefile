@@ -5,6 +5,8 @@
 #   make check      install missing packages, build, run every test
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
+#   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
+#   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make install    PREFIX=/usr/local DESTDIR=
 #
 # BUILD selects the output directory, so that several builds (default,
@@ -34,6 +36,20 @@ LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
+endif
+# The fuzzer build (make fuzz): clang, coverage for libFuzzer, ASan+UBSan,
+# any UBSan report fatal so that libFuzzer sees it as a crash.
+ifeq ($(FUZZ),1)
+CC         = clang
+ALLCFLAGS += -fsanitize=fuzzer-no-link,address,undefined \
+             -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1
+LDFLAGS   += -fsanitize=address,undefined
+endif
+# The same harness with source coverage instead (make fuzz-coverage).
+ifeq ($(FUZZ),cov)
+CC         = clang
+ALLCFLAGS += -fprofile-instr-generate -fcoverage-mapping
+LDFLAGS   += -fprofile-instr-generate
 endif
 
 CORE_SRCS   := $(wildcard src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
@@ -68,7 +84,8 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean
+        check-valgrind check-model-long check-vm bench install uninstall clean \
+        fuzz fuzz-build fuzz-coverage
 
 all: $(TARGETS)
 ifeq ($(BUILD),build)
@@ -155,6 +172,33 @@ check-vm: deps
 	$(MAKE) $(FOLIOD)
 	$(TEST_ENV) tests/run-tests tests/test-vm.sh
 
+# The protocol fuzzer (tests/fuzz/): the server's handshake and request
+# parser under libFuzzer, ASan and UBSan, in its own build directory.
+# make fuzz FUZZ_SECONDS=N runs it for N seconds on a copy of the seed
+# corpus (new inputs stay in $(FUZZ_BUILD)/corpus, crash files go to
+# $(FUZZ_BUILD)/) and fails if it finds a crash.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_HARNESS  = $(FUZZ_BUILD)/fuzz-server
+
+fuzz: deps
+	$(MAKE) fuzz-build
+	FUZZ_BUILD=$(abspath $(FUZZ_BUILD)) tests/fuzz/run-fuzz $(FUZZ_SECONDS)
+
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) FUZZ=1 $(FUZZ_HARNESS)
+
+# Line and branch coverage of src/server/ by the corpus in
+# $(FUZZ_BUILD)/corpus (the seeds if no run has added to it yet).
+fuzz-coverage:
+	$(MAKE) BUILD=$(FUZZ_BUILD)-cov FUZZ=cov $(FUZZ_BUILD)-cov/fuzz-server
+	FUZZ_BUILD=$(abspath $(FUZZ_BUILD)) tests/fuzz/coverage
+
+$(BUILD)/fuzz-server: tests/fuzz/fuzz-server.c $(SERVER_OBJS) $(TESTLIB_OBJS) \
+                      $(CORE_LIB)
+	$(CC) $(ALLCFLAGS) -Itests/unit/lib $(LDFLAGS) -fsanitize=fuzzer -o $@ $< \
+	  $(SERVER_OBJS) $(TESTLIB_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+
 # The built-in configuration is assembled into the daemon (.incbin).
 $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
@@ -223,4 +267,4 @@ uninstall:
 	  echo "uninstall: keeping modified $(DESTDIR)$(SYSCONFDIR)/foliod/foliod.conf"; fi
 
 clean:
-	rm -rf build build-asan foliod plugins/folio/nbdkit-folio-plugin.so
+	rm -rf build build-asan build-fuzz build-fuzz-cov foliod plugins/folio/nbdkit-folio-plugin.so
