@@ -55,31 +55,6 @@ const struct server_key server_keys[] = {
 
 _Static_assert (K_COUNT <= 32, "key_line[] too small");
 
-static const char *level_names[] = { "error", "warn", "info", "debug" };
-
-const char *
-log_level_name (int level)
-{
-  if (level < 0 || level > LOG_LVL_DEBUG)
-    return "?";
-  return level_names[level];
-}
-
-int
-log_level_parse (const char *s, int *level)
-{
-  for (int i = 0; i <= LOG_LVL_DEBUG; i++)
-    if (strcasecmp (s, level_names[i]) == 0) {
-      *level = i;
-      return 0;
-    }
-  if (strcasecmp (s, "warning") == 0) {
-    *level = LOG_LVL_WARN;
-    return 0;
-  }
-  return -1;
-}
-
 void
 daemon_config_init (struct daemon_config *c)
 {

@@ -116,9 +116,10 @@ int daemon_config_check (struct daemon_config *c);
 int parse_listen (const char *s, char *host, size_t hostlen,
                   char *port, size_t portlen);
 
+/* log.c: level names ("error" .. "debug"), the level in force. */
 const char *log_level_name (int level);
-void log_set_level (int level);
 int log_level_parse (const char *s, int *level);
+void log_set_level (int level);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];
