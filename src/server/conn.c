@@ -439,7 +439,7 @@ static void
 conn_run_input (struct conn *c)
 {
   conn_run_steps (c);
-  pool_submit_flush (c->srv);
+  pool_submit_flush (&c->srv->pool);
 }
 
 /* ---- output ------------------------------------------------------------ */

@@ -182,7 +182,11 @@ struct pool {
   bool stop;
   unsigned nthreads;
   pthread_t *threads;
-  struct server *srv;
+  void (*done) (void *opaque, struct req *r); /* on the worker, after */
+  void *done_opaque;
+  struct req *sub_head, *sub_tail; /* loop: parsed this wake-up, not yet
+                                      queued */
+  unsigned sub_n;
 };
 
 struct listener {
@@ -212,8 +216,6 @@ struct server {
   struct client_count *clients;  /* open connections per source */
 
   struct pool pool;
-  struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
-  unsigned sub_n;
   ev_async done_async;
   pthread_mutex_t done_lock;
   struct req *done_head, *done_tail; /* executed, waiting for the loop */
@@ -269,12 +271,12 @@ unsigned server_client_count (struct server *s, const char *key);
 int server_client_add (struct server *s, struct conn *c, const char *key);
 void server_client_gone (struct conn *c);
 
-/* pool.c */
-int pool_start (struct pool *p, struct server *s, unsigned nthreads);
-void pool_submit (struct server *s, struct req *r);
-void pool_submit_flush (struct server *s);
+/* pool.c: a leaf; done runs on the worker for each executed request */
+int pool_start (struct pool *p, unsigned nthreads,
+                void (*done) (void *opaque, struct req *r), void *opaque);
+void pool_submit (struct pool *p, struct req *r);
+void pool_submit_flush (struct pool *p);
 void pool_stop (struct pool *p);
-void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
 
 /* conn.c */
 void conn_new (struct server *s, int fd, const char *peer,

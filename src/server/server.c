@@ -1,4 +1,6 @@
-/* The server object: configuration, exports, shutdown, counters. */
+/* The server object: configuration, exports, the done list (executed
+ * requests back to the loop), shutdown, counters. */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -57,6 +59,53 @@ server_done_idle_cb (struct ev_loop *loop, ev_idle *w, int revents)
     done (s->shutdown_opaque);
 }
 
+/* Worker side (the pool's done callback): hand an executed request back
+ * to the loop thread. */
+static void
+server_req_done (void *opaque, struct req *r)
+{
+  struct server *s = opaque;
+
+  r->next = NULL;
+  lock_or_die (&s->done_lock);
+  if (s->done_tail)
+    s->done_tail->next = r;
+  else
+    s->done_head = r;
+  s->done_tail = r;
+  unlock_or_die (&s->done_lock);
+  ev_async_send (s->loop, &s->done_async);
+}
+
+/* Loop side: take every executed request and queue its reply (or drop it
+ * if its connection is gone), then send. */
+static void
+server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
+{
+  struct server *s = w->data;
+  struct req *r, *next;
+
+  lock_or_die (&s->done_lock);
+  r = s->done_head;
+  s->done_head = s->done_tail = NULL;
+  unlock_or_die (&s->done_lock);
+
+  for (; r; r = next) {
+    struct conn *c = r->conn;
+
+    next = r->next;
+    assert (c->nworker > 0);
+    c->nworker--;
+    if (c->state == CONN_DEAD) {
+      conn_req_put (c, r);
+      conn_maybe_free (c);
+    }
+    else
+      conn_queue_reply (c, r);
+  }
+  conn_flush_pending (s);
+}
+
 struct server *
 server_new (struct ev_loop *loop, const struct server_config *cfg)
 {
@@ -93,7 +142,7 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
   ev_idle_init (&s->done_idle, server_done_idle_cb);
   s->done_idle.data = s;
 
-  if (pool_start (&s->pool, s, s->cfg.workers) < 0) {
+  if (pool_start (&s->pool, s->cfg.workers, server_req_done, s) < 0) {
     int e = errno;
     ev_async_stop (loop, &s->done_async);
     pthread_mutex_destroy (&s->done_lock);
