@@ -152,12 +152,10 @@ conn_reopen (struct nbd_backing *nb)
     nbd_close (h);
     return NULL;
   }
-  if (h) {
+  /* Also the extent cache's epoch: what the remote told before is
+   * dropped at lookup (nbd.c). */
+  if (h)
     atomic_fetch_add (&nb->reconnects, 1);
-    /* The remote may have restarted with other contents (or been
-     * written by someone else meanwhile): forget what it told us. */
-    nbd_ext_invalidate (nb, 0, nb->b.size);
-  }
   return h;
 }
 

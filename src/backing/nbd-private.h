@@ -46,6 +46,7 @@ struct nbd_conn {
 struct ext_slot {
   uint64_t off, len;            /* len 0: free */
   enum backing_extent_type type;
+  uint64_t epoch;               /* nb->reconnects when told; stale after */
 };
 
 struct inval {
@@ -72,6 +73,7 @@ struct nbd_backing {
   uint64_t gen;                 /* bumped by every invalidation */
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
 
+  /* reconnects also dates the extent cache: ext_slot.epoch */
   atomic_uint_fast64_t reconnects, retries, errors;
   /* The backing's reachability, shared by all requests so that a remote
    * that went away is waited for once, not once per request (now_ms()
@@ -117,8 +119,5 @@ int nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
 
 /* Stop every poller and close every handle.  No request in flight. */
 void nbd_conns_stop (struct nbd_backing *nb);
-
-/* Cut [off, off+len) out of the extent cache (nbd.c). */
-void nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len);
 
 #endif /* FOLIOD_BACKING_NBD_PRIVATE_H */

@@ -12,7 +12,8 @@
  * Mapping: base:allocation block status, asked for more than the caller
  * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
  * trims cut their range out of the cache when they complete; an answer
- * that raced with such a change is used but not cached.
+ * that raced with such a change is used but not cached.  A reconnect
+ * makes everything cached before it stale (dropped at lookup).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -49,9 +50,10 @@ overlaps (uint64_t a, uint64_t ae, uint64_t b, uint64_t be)
   return a < be && b < ae;
 }
 
+/* epoch: nb->reconnects when the remote was asked. */
 static void
 ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
-           enum backing_extent_type type)
+           enum backing_extent_type type, uint64_t epoch)
 {
   struct ext_slot *s = &nb->ext[nb->ext_hand];
 
@@ -59,11 +61,12 @@ ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
   s->off = off;
   s->len = len;
   s->type = type;
+  s->epoch = epoch;
 }
 
 /* Cut [off, off+len) out of every cached extent and log the change. */
-void
-nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
+static void
+ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
 {
   uint64_t end = off + len;
   unsigned i;
@@ -79,7 +82,7 @@ nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
       if (se > end) {
         if (nb->ext_hand == i)         /* do not overwrite it */
           nb->ext_hand = (i + 1) % NBD_EXT_SLOTS;
-        ext_store (nb, end, se - end, s->type);
+        ext_store (nb, end, se - end, s->type, s->epoch);
       }
     }
     else if (se > end) {
@@ -94,16 +97,22 @@ nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
   pthread_mutex_unlock (&nb->ext_lock);
 }
 
+/* An extent told before the latest reconnect is dropped here: the remote
+ * may have restarted with other contents (or been written by someone
+ * else meanwhile).  The connection layer only counts reconnects. */
 static int
 ext_lookup (struct nbd_backing *nb, uint64_t off, uint64_t len,
             struct backing_extent *ext)
 {
+  uint64_t epoch = atomic_load (&nb->reconnects);
   unsigned i;
   int found = 0;
 
   pthread_mutex_lock (&nb->ext_lock);
   for (i = 0; i < NBD_EXT_SLOTS; i++) {
     struct ext_slot *s = &nb->ext[i];
+    if (s->len && s->epoch != epoch)
+      s->len = 0;
     if (s->len && s->off <= off && off < s->off + s->len) {
       ext->offset = off;
       ext->length = MIN (len, s->off + s->len - off);
@@ -273,7 +282,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     return -1;
   r = nbd_chunked (nb, call_pwrite, (char *) buf, len, off,
                    fua_flag (nb, flags), nb->max_io);
-  nbd_ext_invalidate (nb, off, len);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
@@ -315,7 +324,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   }
   else
     r = write_zeroes (nb, len, off, f);
-  nbd_ext_invalidate (nb, off, len);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
@@ -331,7 +340,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
     return 0;                   /* advisory */
   r = nbd_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                    NBD_MAX_ZERO);
-  nbd_ext_invalidate (nb, off, len);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
@@ -375,7 +384,7 @@ map_extent_cb (void *user, const char *metacontext, uint64_t offset,
         m->e[m->n - 1].off + m->e[m->n - 1].len == pos)
       m->e[m->n - 1].len += l;
     else
-      m->e[m->n++] = (struct ext_slot) { pos, l, t };
+      m->e[m->n++] = (struct ext_slot) { .off = pos, .len = l, .type = t };
     pos += l;
   }
   return 0;
@@ -399,7 +408,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
 {
   struct nbd_backing *nb = to_nbd (b);
   struct map_req *m;
-  uint64_t gen;
+  uint64_t gen, epoch;
   unsigned i;
 
   if (len == 0 || check_range (b, len, off, 0) == -1) {
@@ -418,6 +427,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   m->off = off;
   /* One round trip answers for a lot more than this call needs. */
   m->count = MIN (b->size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
+  epoch = atomic_load (&nb->reconnects);
   pthread_mutex_lock (&nb->ext_lock);
   gen = nb->gen;
   pthread_mutex_unlock (&nb->ext_lock);
@@ -435,7 +445,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   pthread_mutex_lock (&nb->ext_lock);
   if (ext_still_valid (nb, gen, off, off + m->count))
     for (i = 0; i < m->n; i++)
-      ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type);
+      ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type, epoch);
   pthread_mutex_unlock (&nb->ext_lock);
   free (m);
   return 0;

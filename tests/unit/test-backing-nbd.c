@@ -592,6 +592,32 @@ test_map_cost (void **state)
   unlink (logpath);
 }
 
+/* The remote restarts empty: what map() cached about the old one is not
+ * answered after the reconnect. */
+static void
+test_map_after_restart (void **state)
+{
+  static const char *const args[] = { "memory", "16M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t w[4096], r[4096], z[4096] = { 0 };
+
+  remote_start (f, args);
+  b = open_nbd (f, 10000);
+  fill (w, sizeof w, 3);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 1 * MiB, 0), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_map (b, 1 * MiB, 4096, BACKING_DATA);     /* now cached */
+  assert_map (b, 8 * MiB, 4096, BACKING_HOLE);
+
+  remote_kill (f);
+  remote_start (f, args);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 1 * MiB), 0);
+  assert_memory_equal (r, z, sizeof r);
+  assert_map (b, 1 * MiB, 4096, BACKING_HOLE);
+  backing_close (b);
+}
+
 /* No remote comes back: the request fails after retry_timeout_ms. */
 static void
 test_reconnect_gives_up (void **state)
@@ -973,6 +999,7 @@ main (void)
     T (test_eshutdown_retried),
     T (test_use_after_fork),
     T (test_map_cost),
+    T (test_map_after_restart),
     T (test_reconnect_gives_up),
     T (test_down_fails_fast),
     T (test_request_timeout),
