@@ -24,8 +24,9 @@
 _Static_assert (REQ_BS_BUF_MAX >= 4 + 8 * BS_MAX_EXTENTS,
                 "the buffer budget counts a block status reply");
 
-int
-nbd_errno (int err)
+/* errno to the error sent on the wire (the spec's short list). */
+static int
+wire_errno (int err)
 {
   switch (err) {
   case 0:         return 0;
@@ -44,9 +45,9 @@ nbd_errno (int err)
 }
 
 static const char *
-nbd_strerror (int nbd_err)
+wire_strerror (int wire_err)
 {
-  switch (nbd_err) {
+  switch (wire_err) {
   case NBD_EPERM:     return "operation not permitted";
   case NBD_EIO:       return "input/output error";
   case NBD_ENOMEM:    return "out of memory";
@@ -135,7 +136,7 @@ reply_simple (struct req *r)
 static void
 reply_error_chunk (struct req *r, bool has_off, uint64_t off)
 {
-  const char *msg = r->errmsg ? r->errmsg : nbd_strerror (r->error);
+  const char *msg = r->errmsg ? r->errmsg : wire_strerror (r->error);
   uint16_t mlen = strlen (msg);
   uint8_t *h = chunk_hdr (r, NBD_REPLY_FLAG_DONE,
                           has_off ? NBD_REPLY_TYPE_ERROR_OFFSET
@@ -255,7 +256,7 @@ exec_read_structured (struct req *r)
       continue;
     }
     if (cache_read (cache, data, s->len, s->off, 0) < 0) {
-      r->error = nbd_errno (errno);
+      r->error = wire_errno (errno);
       r->errmsg = NULL;
       /* Chunks already built stay valid; the error says where the
        * failure starts. */
@@ -279,7 +280,7 @@ exec_read (struct req *r)
   }
   if (r->count && cache_read (r->conn->exp->cache, r->buf, r->count,
                               r->offset, 0) < 0)
-    r->error = nbd_errno (errno);
+    r->error = wire_errno (errno);
   reply_simple (r);
 }
 
@@ -417,7 +418,7 @@ req_execute (struct req *r)
     abort (); /* req_check lets no other command through */
   }
   if (rc < 0) {
-    r->error = nbd_errno (errno);
+    r->error = wire_errno (errno);
     r->errmsg = NULL;
     r->niov = r->nhdr = 0;
   }
