@@ -47,11 +47,11 @@
 #include <sys/socket.h>
 
 #include "backing/nbd-private.h"
+#include "foliod/minmax.h"
 #include "foliod/util.h"
 
-#define NBD_BACKOFF_MIN_MS 50
-#define NBD_BACKOFF_MAX_MS 2000
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define NBD_BACKOFF_MIN_MS 50u
+#define NBD_BACKOFF_MAX_MS 2000u
 
 static void
 sleep_ms (uint64_t ms)
@@ -77,7 +77,7 @@ nbdb_wait_end (struct nbdb_backing *nb, uint64_t ms)
  * hung) must not hang a reconnect, or foliod's shutdown, forever.  The
  * handshake is a request like the others: request_timeout_ms, at most
  * 10 s. */
-#define CONNECT_TIMEOUT_MS 10000
+#define CONNECT_TIMEOUT_MS 10000u
 
 static int
 connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
@@ -421,7 +421,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
       r = WAITER_HUNG;
       break;
     }
-    if (cond_wait_ms (&w->cond, &w->lock, MIN (end - now, 1000))
+    if (cond_wait_ms (&w->cond, &w->lock, MIN (end - now, 1000u))
         == ETIMEDOUT &&
         !w->done && (nbd_aio_is_dead (h) || nbd_aio_is_closed (h)) &&
         ++dead_rounds >= 2) {

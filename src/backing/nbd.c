@@ -23,18 +23,16 @@
 #include <string.h>
 
 #include "backing/nbd-private.h"
+#include "foliod/minmax.h"
 
 #define NBD_DEFAULT_CONNS      4
-#define NBD_MAX_CONNS          64
+#define NBD_MAX_CONNS          64u
 #define NBD_DEFAULT_RETRY_MS   30000
 #define NBD_DEFAULT_REQUEST_MS 30000
 #define NBD_MAX_IO             (32u << 20) /* read/write request cap */
 #define NBD_MAX_ZERO           (1u << 30)  /* zero/trim request cap */
 #define NBD_MAP_LOOKAHEAD      (1u << 30)  /* block status asks this much */
 #define NBD_ZERO_BUF           (1u << 20)
-
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
 
 static inline struct nbdb_backing *
 to_nbd (struct backing *b)

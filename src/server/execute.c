@@ -12,6 +12,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/export.h"
+#include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/wire.h"
 
@@ -198,8 +199,8 @@ seg_extent_cb (void *opaque, uint64_t off, uint64_t len,
                enum backing_extent_type type)
 {
   struct seg_list *l = opaque;
-  uint64_t s = off > l->next ? off : l->next;
-  uint64_t e = off + len < l->end ? off + len : l->end;
+  uint64_t s = MAX (off, l->next);
+  uint64_t e = MIN (off + len, l->end);
   bool hole = type != BACKING_DATA && e - s >= READ_HOLE_MIN;
 
   if (e <= s)
@@ -310,8 +311,8 @@ bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
               enum backing_extent_type type)
 {
   struct bs_ctx *b = opaque;
-  uint64_t s = off > b->next ? off : b->next;
-  uint64_t e = off + len < b->end ? off + len : b->end;
+  uint64_t s = MAX (off, b->next);
+  uint64_t e = MIN (off + len, b->end);
   uint32_t flags = bs_flags (type);
 
   if (e <= s)
