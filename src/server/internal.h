@@ -23,6 +23,7 @@
 
 #include <ev.h>
 
+#include "foliod/stat.h"
 #include "server/server.h"
 #include "server/transport.h"
 #include "server/nbd-proto.h"
@@ -189,6 +190,13 @@ struct pool {
   unsigned sub_n;
 };
 
+/* What server_get_stats reports, as counters (foliod/stat.h). */
+struct server_counters {
+  _Atomic uint64_t connections_now, connections_total, connections_refused;
+  _Atomic uint64_t handshakes_failed, requests, request_errors;
+  _Atomic uint64_t bytes_read, bytes_written;
+};
+
 struct listener {
   struct listener *next;
   struct server *srv;
@@ -227,15 +235,10 @@ struct server {
   ev_timer shutdown_timer;       /* grace period, then force */
   ev_idle done_idle;             /* calls shutdown_done from the loop */
 
-  struct server_stats stats;     /* updated with __atomic ops */
+  struct server_counters st;     /* STAT_ADD, any thread */
   struct ssl_ctx_st *tls_ctx;    /* TLS for new connections (tls.h);
                                     NULL: STARTTLS refused */
 };
-
-#define STAT_ADD(s, field, n) \
-  __atomic_fetch_add (&(s)->stats.field, (n), __ATOMIC_RELAXED)
-#define STAT_SUB(s, field, n) \
-  __atomic_fetch_sub (&(s)->stats.field, (n), __ATOMIC_RELAXED)
 
 /* Locking that cannot fail in a correct program: a failure is a bug
  * (corrupted or destroyed mutex), so stop rather than run unlocked. */

@@ -302,18 +302,12 @@ server_free (struct server *s)
 void
 server_get_stats (struct server *s, struct server_stats *st)
 {
-  st->connections_now =
-    __atomic_load_n (&s->stats.connections_now, __ATOMIC_RELAXED);
-  st->connections_total =
-    __atomic_load_n (&s->stats.connections_total, __ATOMIC_RELAXED);
-  st->connections_refused =
-    __atomic_load_n (&s->stats.connections_refused, __ATOMIC_RELAXED);
-  st->handshakes_failed =
-    __atomic_load_n (&s->stats.handshakes_failed, __ATOMIC_RELAXED);
-  st->requests = __atomic_load_n (&s->stats.requests, __ATOMIC_RELAXED);
-  st->request_errors =
-    __atomic_load_n (&s->stats.request_errors, __ATOMIC_RELAXED);
-  st->bytes_read = __atomic_load_n (&s->stats.bytes_read, __ATOMIC_RELAXED);
-  st->bytes_written =
-    __atomic_load_n (&s->stats.bytes_written, __ATOMIC_RELAXED);
+  st->connections_now = STAT_GET (s, connections_now);
+  st->connections_total = STAT_GET (s, connections_total);
+  st->connections_refused = STAT_GET (s, connections_refused);
+  st->handshakes_failed = STAT_GET (s, handshakes_failed);
+  st->requests = STAT_GET (s, requests);
+  st->request_errors = STAT_GET (s, request_errors);
+  st->bytes_read = STAT_GET (s, bytes_read);
+  st->bytes_written = STAT_GET (s, bytes_written);
 }
