@@ -222,9 +222,9 @@ set_tls (struct daemon_config *c, const char *value)
   int b;
 
   if (strcasecmp (value, "require") == 0)
-    c->tls = TLS_REQUIRE;
+    c->tls = SERVER_TLS_REQUIRE;
   else if (parse_bool (value, &b) == 0)
-    c->tls = b ? TLS_ON : TLS_OFF;
+    c->tls = b ? SERVER_TLS_ON : SERVER_TLS_OFF;
   else
     return -1;
   return 0;
@@ -957,9 +957,10 @@ daemon_config_check (struct daemon_config *c)
              "an [export NAME] section in --config FILE\n");
     errors++;
   }
-  if (c->tls != TLS_OFF && c->tls_certificates == NULL && c->tls_psk == NULL) {
+  if (c->tls != SERVER_TLS_OFF && c->tls_certificates == NULL &&
+      c->tls_psk == NULL) {
     fprintf (stderr, "foliod: tls = %s needs tls-certificates (or tls-psk)\n",
-             c->tls == TLS_ON ? "on" : "require");
+             c->tls == SERVER_TLS_ON ? "on" : "require");
     errors++;
   }
   for (size_t i = 0; i < c->n_exports; i++)

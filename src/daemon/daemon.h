@@ -15,6 +15,7 @@
 
 #include "foliod/export.h"
 #include "server/log.h"
+#include "server/server.h"
 
 #ifndef FOLIOD_VERSION
 #define FOLIOD_VERSION "0.1.0"
@@ -32,8 +33,6 @@ struct daemon_export {
   uint64_t create_size;   /* create-size: make a sparse file if missing */
 };
 
-enum tls_mode { TLS_OFF = 0, TLS_ON, TLS_REQUIRE };
-
 /* The daemon's own ([server]) options.  Paths are as the user wrote them;
  * relative ones resolve against state_dir (the daemon chdirs there). */
 struct daemon_config {
@@ -44,7 +43,7 @@ struct daemon_config {
   char *control;            /* control socket path, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
-  enum tls_mode tls;
+  enum server_tls_mode tls;
   char *tls_certificates;
   char *tls_psk;            /* PSK file; replaces tls_certificates */
   int tls_verify_peer;
