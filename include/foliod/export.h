@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "foliod/attr.h"
 #include "foliod/backing.h"
 #include "foliod/cache.h"
 #include "foliod/store.h"
@@ -26,8 +27,8 @@ struct export_config {
 };
 
 /* Defaults: no name, no backing, ram store, cache_config_default(). */
-void export_config_init (struct export_config *cfg);
-void export_config_free (struct export_config *cfg);
+void export_config_init (struct export_config *cfg) FOLIOD_NONNULL (1);
+void export_config_free (struct export_config *cfg) FOLIOD_NONNULL (1);
 
 /* Set one option by its user-facing key (the same keys in foliod --export,
  * foliod.conf [export NAME] sections and the nbdkit plugin):
@@ -38,7 +39,8 @@ void export_config_free (struct export_config *cfg);
  * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
  * a reason in err (unknown key, bad value). */
 int export_config_set (struct export_config *cfg, const char *key,
-                       const char *value, char *err, size_t errlen);
+                       const char *value, char *err, size_t errlen)
+  FOLIOD_NONNULL (1, 2, 3) FOLIOD_WUR;
 
 /* The keys above, NULL-terminated, with a one-line help each. */
 struct export_key_help { const char *key; const char *help; };
@@ -47,18 +49,20 @@ extern const struct export_key_help export_keys[];
 /* Check the whole configuration (backing given, sizes coherent).  Every
  * problem found goes into err, separated by "; ".  0 or -1. */
 int export_config_check (const struct export_config *cfg, char *err,
-                         size_t errlen);
+                         size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* Append msg to err, "; " between reasons: a check reports every problem,
  * not the first only. */
-void export_err_append (char *err, size_t errlen, const char *msg);
+void export_err_append (char *err, size_t errlen, const char *msg)
+  FOLIOD_NONNULL (1, 3);
 
 /* The NBD protocol caps strings, export names included, at 4096 bytes: a
  * longer name could never be asked for.  "" is the default export. */
 #define EXPORT_NAME_MAX 4096
 
 /* 0, or -1 with a reason in err when no client could ask for name. */
-int export_name_check (const char *name, char *err, size_t errlen);
+int export_name_check (const char *name, char *err, size_t errlen)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 struct export {
   char *name;
@@ -75,7 +79,7 @@ struct export {
 
 /* Open the backing, the store and the cache.  NULL with a reason in err. */
 struct export *export_open (const struct export_config *cfg, char *err,
-                            size_t errlen);
+                            size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* Write back all dirty data, then free everything: the one shutdown
  * policy of the daemon and the plugin.  The writeback ends within
@@ -84,6 +88,7 @@ struct export *export_open (const struct export_config *cfg, char *err,
  * Returns 0, or -1 with errno if dirty data could not be written back;
  * then *lost (may be NULL) is the bytes not known to be written (dirty,
  * or written but never flushed): with the ram store they are gone. */
-int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost);
+int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
+  FOLIOD_WUR;
 
 #endif /* FOLIOD_EXPORT_H */
