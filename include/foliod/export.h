@@ -23,7 +23,11 @@ struct export_config {
   int read_only;
   int tls_require;         /* -1: server default, 0 off, 1 require */
   struct cache_config cache;
-  struct backing_opts bopts; /* strings owned by this config */
+  struct backing_opts bopts; /* numbers only: export_open points its
+                              * strings at the three below */
+  char *tls_certificates;  /* nbds backing, may be NULL */
+  char *tls_psk_file;
+  char *tls_username;
 };
 
 /* Defaults: no name, no backing, ram store, cache_config_default(). */
