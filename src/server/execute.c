@@ -61,26 +61,6 @@ wire_strerror (int wire_err)
   }
 }
 
-uint16_t
-export_tflags (const struct export *e, bool structured)
-{
-  /* The cache is shared by every connection to the export, so a flush on
-   * one makes all completed writes durable: multi-conn is safe. */
-  uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
-    | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
-  bool ro = e->read_only
-    || (e->backing && (e->backing->caps & BACKING_READ_ONLY));
-
-  if (structured)
-    f |= NBD_FLAG_SEND_DF;
-  if (ro)
-    f |= NBD_FLAG_READ_ONLY;
-  else
-    f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
-      | NBD_FLAG_SEND_FAST_ZERO;
-  return f;
-}
-
 /* ---- reply building ------------------------------------------------------ */
 
 static uint8_t *

@@ -319,6 +319,5 @@ enum step tx_step_req_discard (struct conn *c);
 /* execute.c: run on a worker (or on the loop for refused requests) */
 void req_execute (struct req *r);
 void req_build_reply (struct req *r);
-uint16_t export_tflags (const struct export *e, bool structured);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */
