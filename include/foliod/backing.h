@@ -35,6 +35,9 @@
 #define BACKING_CAN_MAP        (1u << 4) /* map() knows holes */
 #define BACKING_READ_ONLY      (1u << 5)
 #define BACKING_CAN_MULTI_CONN (1u << 6)
+#define BACKING_CAN_DIRECT     (1u << 7) /* honours backing_opts.direct;
+                                          * struct backing.direct says
+                                          * whether it got O_DIRECT */
 
 enum backing_extent_type {
   BACKING_DATA = 0, /* must be read */
@@ -169,6 +172,15 @@ backing_set_deadline (struct backing *b, uint64_t deadline_ms)
 {
   if (b->ops->set_deadline)
     b->ops->set_deadline (b, deadline_ms);
+}
+
+/* The backing's own counters; zeroes when it keeps none. */
+static inline void
+backing_get_stats (struct backing *b, struct backing_stats *st)
+{
+  *st = (struct backing_stats) { 0 };
+  if (b->ops->stats)
+    b->ops->stats (b, st);
 }
 
 static inline void

@@ -85,6 +85,10 @@ struct export {
 struct export *export_open (const struct export_config *cfg, char *err,
                             size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
+/* The export's counters: its cache's, and its backing's. */
+void export_get_stats (struct export *e, struct cache_stats *cst,
+                       struct backing_stats *bst) FOLIOD_NONNULL (1, 2, 3);
+
 /* Write back all dirty data, then free everything: the one shutdown
  * policy of the daemon and the plugin.  The writeback ends within
  * timeout_ms: a remote that is down is waited for once (its reconnect

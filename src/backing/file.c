@@ -862,6 +862,7 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   }
   if (!fb->is_blk)
     fb->b.caps |= BACKING_CAN_MAP;
+  fb->b.caps |= BACKING_CAN_DIRECT;
   return &fb->b;
 
  fail:

@@ -345,7 +345,7 @@ log_direct (const struct daemon_export *e)
   const struct backing *b = e->ex->backing;
 
   if ((e->cfg.cache.mode != CACHE_NONE && !e->cfg.cache.direct_threshold) ||
-      strcmp (b->ops->name, "file") != 0)
+      !(b->caps & BACKING_CAN_DIRECT))
     return;
   if (b->direct)
     log_info ("export %s: O_DIRECT, alignment %u bytes", e->cfg.name,

@@ -53,6 +53,14 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   return NULL;
 }
 
+void
+export_get_stats (struct export *e, struct cache_stats *cst,
+                  struct backing_stats *bst)
+{
+  cache_get_stats (e->cache, cst);
+  backing_get_stats (e->backing, bst);
+}
+
 #define EXPORT_CLOSE_ATTEMPTS 5
 #define EXPORT_CLOSE_PAUSE_MS 1000
 
