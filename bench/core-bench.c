@@ -88,10 +88,10 @@ run (unsigned writes, uint32_t folio, uint32_t block, struct result *res)
   res->wa = (double) t.write_bytes / ((double) writes * sizeof buf);
   res->write_ops_s = writes / ((t1 - t0) / 1e9);
   res->flush_ms = (t2 - t1) / 1e6;
-  cache_destroy (c);
+  int r = cache_destroy (c);     /* clean: 0 */
   fake_free (fb);
   free (offs);
-  return 0;
+  return r;
 }
 
 /* The cache over a real file (in $TMPDIR, else /var/tmp), smaller than

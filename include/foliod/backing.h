@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "foliod/attr.h"
+
 /* Flags for write, zero and trim. */
 #define BACKING_FUA        (1u << 0) /* durable before the op returns */
 #define BACKING_MAY_TRIM   (1u << 1) /* zero: punching a hole is fine */
@@ -33,6 +35,9 @@
 #define BACKING_CAN_MAP        (1u << 4) /* map() knows holes */
 #define BACKING_READ_ONLY      (1u << 5)
 #define BACKING_CAN_MULTI_CONN (1u << 6)
+#define BACKING_CAN_DIRECT     (1u << 7) /* honours backing_opts.direct;
+                                          * struct backing.direct says
+                                          * whether it got O_DIRECT */
 
 enum backing_extent_type {
   BACKING_DATA = 0, /* must be read */
@@ -59,29 +64,32 @@ struct backing_ops {
   const char *name;
 
   /* Read len bytes at off into buf.  off+len <= size. */
-  int (*read) (struct backing *b, void *buf, uint64_t len, uint64_t off);
+  int (*read) (struct backing *b, void *buf, uint64_t len, uint64_t off)
+    FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
 
   /* Write len bytes at off.  flags: BACKING_FUA. */
   int (*write) (struct backing *b, const void *buf, uint64_t len,
-                uint64_t off, unsigned flags);
+                uint64_t off, unsigned flags) FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
 
   /* Make the range read as zeroes.  Always supported (a backing without a
    * native zero writes zeroes), except that with BACKING_FAST_ZERO it fails
    * with ENOTSUP when it cannot be fast.  flags: FUA, MAY_TRIM, FAST_ZERO. */
-  int (*zero) (struct backing *b, uint64_t len, uint64_t off, unsigned flags);
+  int (*zero) (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+    FOLIOD_NONNULL (1) FOLIOD_WUR;
 
   /* Discard the range: afterwards it reads as zeroes or as the old data;
    * advisory.  Only called when caps has BACKING_CAN_TRIM.  flags: FUA. */
-  int (*trim) (struct backing *b, uint64_t len, uint64_t off, unsigned flags);
+  int (*trim) (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+    FOLIOD_NONNULL (1) FOLIOD_WUR;
 
   /* Make every completed write durable. */
-  int (*flush) (struct backing *b);
+  int (*flush) (struct backing *b) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
   /* Describe the extent starting at off: fills *ext with ext->offset == off,
    * 0 < ext->length <= len.  A backing without hole knowledge (no
    * BACKING_CAN_MAP) may leave this NULL: everything is DATA. */
   int (*map) (struct backing *b, uint64_t off, uint64_t len,
-              struct backing_extent *ext);
+              struct backing_extent *ext) FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 
   /* A counter that moves whenever writes the backing acknowledged but had
    * not yet flushed may have been lost (a remote that dropped the
@@ -90,19 +98,21 @@ struct backing_ops {
    * the error).  The cache keeps written blocks "unstable" until a flush
    * succeeds with the epoch unchanged, and writes them again when it
    * moved.  NULL: acknowledged writes are never lost. */
-  uint64_t (*loss_epoch) (struct backing *b);
+  uint64_t (*loss_epoch) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Fill *st with the backing's own counters.  May be NULL. */
-  void (*stats) (struct backing *b, struct backing_stats *st);
+  void (*stats) (struct backing *b, struct backing_stats *st)
+    FOLIOD_NONNULL (1, 2);
 
   /* Shutdown: no op may wait past deadline_ms (now_ms() clock); an op
    * still waiting then fails with ETIMEDOUT.  A backing that is down gets
    * one more reconnect window (within the deadline).  May be NULL: ops
    * never wait long (local files). */
-  void (*set_deadline) (struct backing *b, uint64_t deadline_ms);
+  void (*set_deadline) (struct backing *b, uint64_t deadline_ms)
+    FOLIOD_NONNULL (1);
 
   /* Release everything.  Called once, with no op in flight. */
-  void (*close) (struct backing *b);
+  void (*close) (struct backing *b) FOLIOD_NONNULL (1);
 };
 
 /* Did an op fail because the backing is unreachable (see the contract
@@ -147,21 +157,30 @@ struct backing_opts {
  * "nbds://...", "nbd+unix://...", "nbds+unix://...".  On failure returns
  * NULL and writes a one-line reason into err. */
 struct backing *backing_open (const char *spec, const struct backing_opts *o,
-                              char *err, size_t errlen);
+                              char *err, size_t errlen) FOLIOD_WUR;
 
 /* Implementations (called by backing_open; exposed for tests). */
 struct backing *backing_file_open (const char *path,
                                    const struct backing_opts *o,
-                                   char *err, size_t errlen);
+                                   char *err, size_t errlen) FOLIOD_WUR;
 struct backing *backing_nbd_open (const char *uri,
                                   const struct backing_opts *o,
-                                  char *err, size_t errlen);
+                                  char *err, size_t errlen) FOLIOD_WUR;
 
 static inline void
 backing_set_deadline (struct backing *b, uint64_t deadline_ms)
 {
   if (b->ops->set_deadline)
     b->ops->set_deadline (b, deadline_ms);
+}
+
+/* The backing's own counters; zeroes when it keeps none. */
+static inline void
+backing_get_stats (struct backing *b, struct backing_stats *st)
+{
+  *st = (struct backing_stats) { 0 };
+  if (b->ops->stats)
+    b->ops->stats (b, st);
 }
 
 static inline void

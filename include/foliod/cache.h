@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "foliod/attr.h"
 #include "foliod/backing.h"
 #include "foliod/store.h"
 
@@ -51,12 +52,12 @@ struct cache_config {
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
  * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
-void cache_config_default (struct cache_config *cfg);
+void cache_config_default (struct cache_config *cfg) FOLIOD_NONNULL (1);
 
 /* Check a configuration against a backing size.  Returns 0, or -1 with a
  * one-line reason in err. */
 int cache_config_check (const struct cache_config *cfg, char *err,
-                        size_t errlen);
+                        size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 struct cache_stats {
   uint64_t read_ops, read_hits, read_misses; /* client reads (hit: no I/O) */
@@ -83,33 +84,38 @@ struct cache;
  * writeback thread.  Returns NULL with errno set and a reason in err. */
 struct cache *cache_create (struct backing *b, struct store *store,
                             const struct cache_config *cfg,
-                            char *err, size_t errlen);
+                            char *err, size_t errlen)
+  FOLIOD_NONNULL (1, 3) FOLIOD_WUR;
 
 /* Write back everything, stop the writeback thread, free the cache.
  * Returns 0, or -1 if dirty data could not be written (it is then lost:
  * callers should retry cache_flush first; see cache_shutdown). */
-int cache_destroy (struct cache *c);
+int cache_destroy (struct cache *c) FOLIOD_WUR;
 
 /* Stop background work and write back all dirty data, retrying failed
  * writes up to attempts times (sleeping between).  0 when clean. */
-int cache_shutdown (struct cache *c, unsigned attempts);
+int cache_shutdown (struct cache *c, unsigned attempts)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* Start/stop the background writeback thread (cache_create starts it;
  * nbdkit forks after loading plugins, so its adapter restarts it). */
-int cache_start_writeback (struct cache *c);
-void cache_stop_writeback (struct cache *c);
+int cache_start_writeback (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
+void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
 
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
-                unsigned flags);
+                unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 int cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
-                 unsigned flags);
-int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags);
-int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags);
+                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
+int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
+int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Write back all dirty data and flush the backing.  A writeback error
  * leaves the data dirty (it is retried) and is returned here. */
-int cache_flush (struct cache *c);
+int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Bring the range into the cache (NBD_CMD_CACHE). */
-int cache_prefetch (struct cache *c, uint64_t len, uint64_t off);
+int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* Block status: calls fn once per extent, in order, covering [off,
  * off+len) or stopping early when fn returns non-zero.  Dirty or cached
@@ -117,10 +123,14 @@ int cache_prefetch (struct cache *c, uint64_t len, uint64_t off);
 typedef int (*cache_extent_fn) (void *opaque, uint64_t off, uint64_t len,
                                 enum backing_extent_type type);
 int cache_block_status (struct cache *c, uint64_t len, uint64_t off,
-                        cache_extent_fn fn, void *opaque);
+                        cache_extent_fn fn, void *opaque)
+  FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 
-void cache_get_stats (struct cache *c, struct cache_stats *st);
-const struct cache_config *cache_get_config (const struct cache *c);
-uint64_t cache_size_bytes (const struct cache *c); /* export size */
+void cache_get_stats (struct cache *c, struct cache_stats *st)
+  FOLIOD_NONNULL (1, 2);
+const struct cache_config *cache_get_config (const struct cache *c)
+  FOLIOD_NONNULL (1);
+uint64_t cache_size_bytes (const struct cache *c) /* export size */
+  FOLIOD_NONNULL (1);
 
 #endif /* FOLIOD_CACHE_H */

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "foliod/attr.h"
 #include "foliod/backing.h"
 #include "foliod/cache.h"
 #include "foliod/store.h"
@@ -22,12 +23,16 @@ struct export_config {
   int read_only;
   int tls_require;         /* -1: server default, 0 off, 1 require */
   struct cache_config cache;
-  struct backing_opts bopts; /* strings owned by this config */
+  struct backing_opts bopts; /* numbers only: export_open points its
+                              * strings at the three below */
+  char *tls_certificates;  /* nbds backing, may be NULL */
+  char *tls_psk_file;
+  char *tls_username;
 };
 
 /* Defaults: no name, no backing, ram store, cache_config_default(). */
-void export_config_init (struct export_config *cfg);
-void export_config_free (struct export_config *cfg);
+void export_config_init (struct export_config *cfg) FOLIOD_NONNULL (1);
+void export_config_free (struct export_config *cfg) FOLIOD_NONNULL (1);
 
 /* Set one option by its user-facing key (the same keys in foliod --export,
  * foliod.conf [export NAME] sections and the nbdkit plugin):
@@ -38,7 +43,8 @@ void export_config_free (struct export_config *cfg);
  * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
  * a reason in err (unknown key, bad value). */
 int export_config_set (struct export_config *cfg, const char *key,
-                       const char *value, char *err, size_t errlen);
+                       const char *value, char *err, size_t errlen)
+  FOLIOD_NONNULL (1, 2, 3) FOLIOD_WUR;
 
 /* The keys above, NULL-terminated, with a one-line help each. */
 struct export_key_help { const char *key; const char *help; };
@@ -47,7 +53,7 @@ extern const struct export_key_help export_keys[];
 /* Check the whole configuration (backing given, sizes coherent).  Every
  * problem found goes into err, separated by "; ".  0 or -1. */
 int export_config_check (const struct export_config *cfg, char *err,
-                         size_t errlen);
+                         size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* The same check, one call of report per problem, so that a config file
  * can point at the line of the key at fault: key is that key, NULL when
@@ -58,14 +64,16 @@ int export_config_check_each (const struct export_config *cfg,
 
 /* Append msg to err, "; " between reasons: a check reports every problem,
  * not the first only. */
-void export_err_append (char *err, size_t errlen, const char *msg);
+void export_err_append (char *err, size_t errlen, const char *msg)
+  FOLIOD_NONNULL (1, 3);
 
 /* The NBD protocol caps strings, export names included, at 4096 bytes: a
  * longer name could never be asked for.  "" is the default export. */
 #define EXPORT_NAME_MAX 4096
 
 /* 0, or -1 with a reason in err when no client could ask for name. */
-int export_name_check (const char *name, char *err, size_t errlen);
+int export_name_check (const char *name, char *err, size_t errlen)
+  FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 struct export {
   char *name;
@@ -82,7 +90,11 @@ struct export {
 
 /* Open the backing, the store and the cache.  NULL with a reason in err. */
 struct export *export_open (const struct export_config *cfg, char *err,
-                            size_t errlen);
+                            size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
+
+/* The export's counters: its cache's, and its backing's. */
+void export_get_stats (struct export *e, struct cache_stats *cst,
+                       struct backing_stats *bst) FOLIOD_NONNULL (1, 2, 3);
 
 /* Write back all dirty data, then free everything: the one shutdown
  * policy of the daemon and the plugin.  The writeback ends within
@@ -91,6 +103,7 @@ struct export *export_open (const struct export_config *cfg, char *err,
  * Returns 0, or -1 with errno if dirty data could not be written back;
  * then *lost (may be NULL) is the bytes not known to be written (dirty,
  * or written but never flushed): with the ram store they are gone. */
-int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost);
+int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
+  FOLIOD_WUR;
 
 #endif /* FOLIOD_EXPORT_H */

@@ -21,11 +21,10 @@
 #include <sys/stat.h>
 
 #include "backing/file-private.h"
+#include "foliod/minmax.h"
 
 #define ROUND_DOWN(x, a) ((x) / (a) * (a))
 #define ROUND_UP(x, a)   (((x) + (a) - 1) / (a) * (a))
-#define MIN(a, b)        ((a) < (b) ? (a) : (b))
-#define MAX(a, b)        ((a) > (b) ? (a) : (b))
 
 static inline struct file_backing *
 to_file (struct backing *b)
@@ -863,6 +862,7 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   }
   if (!fb->is_blk)
     fb->b.caps |= BACKING_CAN_MAP;
+  fb->b.caps |= BACKING_CAN_DIRECT;
   return &fb->b;
 
  fail:

@@ -13,7 +13,7 @@
  * eventfd that issuers poke after queueing a command) and calls
  * nbd_aio_notify_read/write; completion callbacks run there and wake the
  * waiting thread.  The poller of a handle lives exactly as long as the
- * handle is installed in its nbd_conn.
+ * handle is installed in its nbdb_conn.
  *
  * Faults: a command whose connection died (libnbd completes it with
  * ENOTCONN and the handle turns dead; or the remote said ESHUTDOWN) is a
@@ -47,11 +47,11 @@
 #include <sys/socket.h>
 
 #include "backing/nbd-private.h"
+#include "foliod/minmax.h"
 #include "foliod/util.h"
 
-#define NBD_BACKOFF_MIN_MS 50
-#define NBD_BACKOFF_MAX_MS 2000
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define NBD_BACKOFF_MIN_MS 50u
+#define NBD_BACKOFF_MAX_MS 2000u
 
 static void
 sleep_ms (uint64_t ms)
@@ -65,7 +65,7 @@ sleep_ms (uint64_t ms)
 /* When must a wait that starts now, and may last up to ms, end?  Never
  * after the shutdown deadline. */
 static uint64_t
-nbd_wait_end (struct nbd_backing *nb, uint64_t ms)
+nbdb_wait_end (struct nbdb_backing *nb, uint64_t ms)
 {
   uint64_t end = now_ms () + ms, d = atomic_load (&nb->deadline);
 
@@ -77,14 +77,14 @@ nbd_wait_end (struct nbd_backing *nb, uint64_t ms)
  * hung) must not hang a reconnect, or foliod's shutdown, forever.  The
  * handshake is a request like the others: request_timeout_ms, at most
  * 10 s. */
-#define CONNECT_TIMEOUT_MS 10000
+#define CONNECT_TIMEOUT_MS 10000u
 
 static int
-connect_bounded (struct nbd_backing *nb, struct nbd_handle *h,
+connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
                  const char **why)
 {
-  uint64_t deadline = nbd_wait_end (nb, MIN (CONNECT_TIMEOUT_MS,
-                                             nb->request_timeout_ms));
+  uint64_t deadline = nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS,
+                                              nb->request_timeout_ms));
 
   *why = NULL;
   if (nbd_aio_connect_uri (h, nb->uri) == -1)
@@ -109,7 +109,7 @@ connect_bounded (struct nbd_backing *nb, struct nbd_handle *h,
 }
 
 struct nbd_handle *
-nbd_conn_open (struct nbd_backing *nb, char *err, size_t errlen)
+nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
 {
   struct nbd_handle *h = nbd_create ();
   const char *why = NULL;
@@ -144,25 +144,23 @@ nbd_conn_open (struct nbd_backing *nb, char *err, size_t errlen)
 
 /* A new handle for a dropped one: same export, same size. */
 static struct nbd_handle *
-conn_reopen (struct nbd_backing *nb)
+conn_reopen (struct nbdb_backing *nb)
 {
-  struct nbd_handle *h = nbd_conn_open (nb, NULL, 0);
+  struct nbd_handle *h = nbdb_conn_open (nb, NULL, 0);
 
   if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
     nbd_close (h);
     return NULL;
   }
-  if (h) {
+  /* Also the extent cache's epoch: what the remote told before is
+   * dropped at lookup (nbd.c). */
+  if (h)
     atomic_fetch_add (&nb->reconnects, 1);
-    /* The remote may have restarted with other contents (or been
-     * written by someone else meanwhile): forget what it told us. */
-    nbd_ext_invalidate (nb, 0, nb->b.size);
-  }
   return h;
 }
 
 static void
-conn_wake (struct nbd_conn *c)
+conn_wake (struct nbdb_conn *c)
 {
   uint64_t one = 1;
 
@@ -173,7 +171,7 @@ conn_wake (struct nbd_conn *c)
 static void *
 poller_main (void *arg)
 {
-  struct nbd_conn *c = arg;
+  struct nbdb_conn *c = arg;
   struct nbd_handle *h = c->h;  /* fixed while this thread lives */
   int fd = nbd_aio_get_fd (h);
 
@@ -210,7 +208,7 @@ poller_main (void *arg)
 
 /* Caller holds poller_lock, or owns c alone. */
 static int
-poller_start (struct nbd_conn *c)
+poller_start (struct nbdb_conn *c)
 {
   atomic_store (&c->stop, 0);
   if (pthread_create (&c->poller, NULL, poller_main, c) != 0)
@@ -222,7 +220,7 @@ poller_start (struct nbd_conn *c)
 
 /* Caller holds poller_lock. */
 static void
-poller_stop (struct nbd_conn *c)
+poller_stop (struct nbdb_conn *c)
 {
   if (!c->has_poller)
     return;
@@ -238,7 +236,7 @@ poller_stop (struct nbd_conn *c)
  * (reading is enough: poller_lock orders the starters).  Returns 0 when
  * it was running, 1 when started now, -1 on failure. */
 static int
-poller_ensure (struct nbd_conn *c)
+poller_ensure (struct nbdb_conn *c)
 {
   int r = 0;
 
@@ -266,7 +264,7 @@ peer_gone (struct nbd_handle *h)
 /* Install h (may be NULL) as c's handle; its poller starts on first use.
  * Caller holds c->lock for writing, or owns c alone. */
 static void
-conn_install (struct nbd_conn *c, struct nbd_handle *h)
+conn_install (struct nbdb_conn *c, struct nbd_handle *h)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
@@ -277,7 +275,7 @@ conn_install (struct nbd_conn *c, struct nbd_handle *h)
  * (the poller sees the hang-up), so nobody keeps waiting on a remote that
  * stopped answering.  The fd stays libnbd's; only nbd_close closes it. */
 static void
-conn_cut (struct nbd_conn *c, struct nbd_handle *h)
+conn_cut (struct nbdb_conn *c, struct nbd_handle *h)
 {
   int fd = nbd_aio_get_fd (h);
 
@@ -313,7 +311,7 @@ conn_disconnect (struct nbd_handle *h)
 
 /* Close c's handle (caller holds c->lock for writing). */
 static void
-conn_drop (struct nbd_backing *nb, struct nbd_conn *c)
+conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
 {
   if (c->h) {
     /* Commands on a dead handle were completed with errors already; on
@@ -343,7 +341,7 @@ conn_drop (struct nbd_backing *nb, struct nbd_conn *c)
  * has a handle again (ours or another thread's), -1 when not (the remote
  * is still away, or another thread is still connecting). */
 static int
-conn_replace (struct nbd_backing *nb, struct nbd_conn *c, uint64_t gen)
+conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
 {
   struct nbd_handle *h;
 
@@ -423,7 +421,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
       r = WAITER_HUNG;
       break;
     }
-    if (cond_wait_ms (&w->cond, &w->lock, MIN (end - now, 1000))
+    if (cond_wait_ms (&w->cond, &w->lock, MIN (end - now, 1000u))
         == ETIMEDOUT &&
         !w->done && (nbd_aio_is_dead (h) || nbd_aio_is_closed (h)) &&
         ++dead_rounds >= 2) {
@@ -438,7 +436,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
 /* The remote did not answer w in time: cut the connection, which
  * completes w (w lives on our stack: it must be done before we return). */
 static void
-waiter_abandon (struct waiter *w, struct nbd_conn *c, struct nbd_handle *h)
+waiter_abandon (struct waiter *w, struct nbdb_conn *c, struct nbd_handle *h)
 {
   conn_cut (c, h);
   (void) waiter_wait (w, h, UINT64_MAX);
@@ -454,7 +452,7 @@ enum attempt {
 /* One attempt on c.  0; or -1 with errno, *lost telling how it failed
  * (enum attempt), *gen the generation used. */
 static int
-conn_attempt (struct nbd_backing *nb, struct nbd_conn *c, nbd_issue fn,
+conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
               void *arg, uint64_t *gen, int *lost)
 {
   struct waiter w = { .done = 0 };
@@ -503,7 +501,7 @@ conn_attempt (struct nbd_backing *nb, struct nbd_conn *c, nbd_issue fn,
   pthread_rwlock_unlock (&c->lock);
 
   if (cookie != -1) {
-    switch (waiter_wait (&w, h, nbd_wait_end (nb, nb->request_timeout_ms))) {
+    switch (waiter_wait (&w, h, nbdb_wait_end (nb, nb->request_timeout_ms))) {
     case WAITER_HUNG:
       waiter_abandon (&w, c, h);
       if (w.done && w.err == 0)
@@ -530,13 +528,13 @@ conn_attempt (struct nbd_backing *nb, struct nbd_conn *c, nbd_issue fn,
 
 /* Round robin over connections that look up; prev (or any) when none
  * does. */
-static struct nbd_conn *
-conn_pick (struct nbd_backing *nb, struct nbd_conn *prev)
+static struct nbdb_conn *
+conn_pick (struct nbdb_backing *nb, struct nbdb_conn *prev)
 {
   unsigned start = atomic_fetch_add (&nb->next_conn, 1), i;
 
   for (i = 0; i < nb->nconns; i++) {
-    struct nbd_conn *c = &nb->conns[(start + i) % nb->nconns];
+    struct nbdb_conn *c = &nb->conns[(start + i) % nb->nconns];
     if (atomic_load (&c->up))
       return c;
   }
@@ -544,7 +542,7 @@ conn_pick (struct nbd_backing *nb, struct nbd_conn *prev)
 }
 
 static int
-any_up (struct nbd_backing *nb)
+any_up (struct nbdb_backing *nb)
 {
   unsigned i;
 
@@ -559,7 +557,7 @@ any_up (struct nbd_backing *nb)
  * per NBD_BACKOFF_MAX_MS.  No (errno set) otherwise, or after the
  * shutdown deadline. */
 static int
-nbd_may_try (struct nbd_backing *nb)
+nbdb_may_try (struct nbdb_backing *nb)
 {
   uint64_t now = now_ms (), d = atomic_load (&nb->deadline);
   uint64_t down = atomic_load (&nb->down_since);
@@ -583,7 +581,7 @@ nbd_may_try (struct nbd_backing *nb)
  * answer; it is not restarting, so the window is closed at once and
  * requests fail fast (the next probe is due now). */
 static void
-nbd_note_down (struct nbd_backing *nb, int hung)
+nbdb_note_down (struct nbdb_backing *nb, int hung)
 {
   uint64_t now = now_ms (), zero = 0;
   uint64_t since = hung ? now - MIN (now, nb->retry_timeout_ms) : now;
@@ -598,7 +596,7 @@ nbd_note_down (struct nbd_backing *nb, int hung)
 
 /* Until when may a request that started at start keep reconnecting? */
 static uint64_t
-nbd_retry_end (struct nbd_backing *nb, uint64_t start)
+nbdb_retry_end (struct nbdb_backing *nb, uint64_t start)
 {
   uint64_t down = atomic_load (&nb->down_since), d = atomic_load (&nb->deadline);
   uint64_t end = (down ? MIN (down, start) : start) + nb->retry_timeout_ms;
@@ -607,7 +605,7 @@ nbd_retry_end (struct nbd_backing *nb, uint64_t start)
 }
 
 void
-nbd_set_deadline (struct nbd_backing *nb, uint64_t deadline_ms)
+nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms)
 {
   /* Shutdown waits for a remote that is down once more (writeback would
    * otherwise give up on the first probe). */
@@ -619,14 +617,14 @@ nbd_set_deadline (struct nbd_backing *nb, uint64_t deadline_ms)
 }
 
 int
-nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
+nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
 {
   uint64_t start = now_ms (), backoff = NBD_BACKOFF_MIN_MS, gen, now, end;
-  struct nbd_conn *c = NULL;
+  struct nbdb_conn *c = NULL;
   int losses = 0, lost = 0, e;
 
   for (;;) {
-    if (!nbd_may_try (nb)) {
+    if (!nbdb_may_try (nb)) {
       e = errno;
       break;
     }
@@ -639,16 +637,16 @@ nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
     }
     e = errno;
     if (lost == ATTEMPT_HUNG)
-      nbd_note_down (nb, 1);
+      nbdb_note_down (nb, 1);
     if (lost != ATTEMPT_LOST)
       break;
     losses++;
     if (conn_replace (nb, c, gen) == 0)
       atomic_store (&nb->down_since, 0);        /* reachable again */
     else if (!any_up (nb))
-      nbd_note_down (nb, 0);
+      nbdb_note_down (nb, 0);
     now = now_ms ();
-    end = nbd_retry_end (nb, start);
+    end = nbdb_retry_end (nb, start);
     if (now >= end) {
       e = atomic_load (&nb->deadline) && now >= atomic_load (&nb->deadline)
           ? ETIMEDOUT : ENOTCONN;
@@ -675,19 +673,19 @@ nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg)
  * the only process-wide state of the backing layer; pthread_atfork gives
  * no context pointer.  Lock order: fork_lock, then poller_lock. */
 static pthread_mutex_t fork_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct nbd_backing *fork_list;   /* linked by fork_next */
+static struct nbdb_backing *fork_list;   /* linked by fork_next */
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void
 fork_prepare (void)
 {
-  struct nbd_backing *nb;
+  struct nbdb_backing *nb;
   unsigned i;
 
   pthread_mutex_lock (&fork_lock);
   for (nb = fork_list; nb; nb = nb->fork_next)
     for (i = 0; i < nb->nconns; i++) {
-      struct nbd_conn *c = &nb->conns[i];
+      struct nbdb_conn *c = &nb->conns[i];
       pthread_mutex_lock (&c->poller_lock);
       c->restart = c->has_poller && c->poller_pid == getpid ();
       poller_stop (c);
@@ -697,12 +695,12 @@ fork_prepare (void)
 static void
 fork_release (int parent)
 {
-  struct nbd_backing *nb;
+  struct nbdb_backing *nb;
   unsigned i;
 
   for (nb = fork_list; nb; nb = nb->fork_next)
     for (i = 0; i < nb->nconns; i++) {
-      struct nbd_conn *c = &nb->conns[i];
+      struct nbdb_conn *c = &nb->conns[i];
       /* Someone may be waiting on a command in flight: its poller. */
       if (parent && c->restart && c->h)
         poller_start (c);
@@ -722,7 +720,7 @@ fork_register_once (void)
 }
 
 static void
-fork_list_add (struct nbd_backing *nb)
+fork_list_add (struct nbdb_backing *nb)
 {
   pthread_once (&fork_once, fork_register_once);
   pthread_mutex_lock (&fork_lock);
@@ -732,9 +730,9 @@ fork_list_add (struct nbd_backing *nb)
 }
 
 static void
-fork_list_remove (struct nbd_backing *nb)
+fork_list_remove (struct nbdb_backing *nb)
 {
-  struct nbd_backing **pp;
+  struct nbdb_backing **pp;
 
   pthread_mutex_lock (&fork_lock);
   for (pp = &fork_list; *pp; pp = &(*pp)->fork_next)
@@ -746,8 +744,8 @@ fork_list_remove (struct nbd_backing *nb)
 }
 
 int
-nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
-                 unsigned n, char *err, size_t errlen)
+nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
+                  unsigned n, char *err, size_t errlen)
 {
   unsigned i;
 
@@ -758,7 +756,7 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
     return -1;
   }
   for (i = 0; i < n; i++) {
-    struct nbd_conn *c = &nb->conns[i];
+    struct nbdb_conn *c = &nb->conns[i];
     pthread_rwlock_init (&c->lock, NULL);
     pthread_mutex_init (&c->poller_lock, NULL);
     c->efd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -770,7 +768,7 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
       return -1;
     }
     /* The others now; one that fails is opened on first use instead. */
-    conn_install (c, i == 0 ? first : nbd_conn_open (nb, NULL, 0));
+    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
   }
   fork_list_add (nb);
   nb->forkable = 1;
@@ -778,14 +776,14 @@ nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
 }
 
 void
-nbd_conns_stop (struct nbd_backing *nb)
+nbdb_conns_stop (struct nbdb_backing *nb)
 {
   unsigned i;
 
   if (nb->forkable)
     fork_list_remove (nb);
   for (i = 0; nb->conns && i < nb->nconns; i++) {
-    struct nbd_conn *c = &nb->conns[i];
+    struct nbdb_conn *c = &nb->conns[i];
     pthread_mutex_lock (&c->poller_lock);
     poller_stop (c);
     pthread_mutex_unlock (&c->poller_lock);

@@ -21,7 +21,7 @@
  *
  * Lock order: conn.lock, then libnbd's own handle lock (taken inside
  * every nbd_* call).  ext_lock is a leaf, never held across libnbd. */
-struct nbd_conn {
+struct nbdb_conn {
   pthread_rwlock_t lock;        /* read: issuing on h; write: replacing h */
   struct nbd_handle *h;         /* NULL: down */
   uint64_t gen;                 /* bumped each time h is replaced/retried */
@@ -46,13 +46,14 @@ struct nbd_conn {
 struct ext_slot {
   uint64_t off, len;            /* len 0: free */
   enum backing_extent_type type;
+  uint64_t epoch;               /* nb->reconnects when told; stale after */
 };
 
 struct inval {
   uint64_t off, end, gen;
 };
 
-struct nbd_backing {
+struct nbdb_backing {
   struct backing b;             /* first */
   char *uri;
   char *tls_certificates, *tls_psk_file, *tls_username;
@@ -63,7 +64,7 @@ struct nbd_backing {
   void *zero_buf;               /* for remotes without WRITE_ZEROES */
 
   unsigned nconns;
-  struct nbd_conn *conns;
+  struct nbdb_conn *conns;
   atomic_uint next_conn;        /* round robin */
 
   pthread_mutex_t ext_lock;     /* protects everything below */
@@ -72,6 +73,7 @@ struct nbd_backing {
   uint64_t gen;                 /* bumped by every invalidation */
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
 
+  /* reconnects also dates the extent cache: ext_slot.epoch */
   atomic_uint_fast64_t reconnects, retries, errors;
   /* The backing's reachability, shared by all requests so that a remote
    * that went away is waited for once, not once per request (now_ms()
@@ -86,39 +88,36 @@ struct nbd_backing {
    * epoch: bumped when a connection drops while any such write exists. */
   atomic_uint_fast64_t unflushed, loss_epoch;
 
-  struct nbd_backing *fork_next; /* list of open backings (nbd-conn.c) */
+  struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
 };
 
 /* Issue one aio command on h with completion callback cb.  Returns the
  * cookie, or -1 (libnbd error set; cb will not be called). */
-typedef int64_t (*nbd_issue) (struct nbd_handle *h, void *arg,
-                              nbd_completion_callback cb);
+typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
+                               nbd_completion_callback cb);
 
 /* Run one request: issue it on a connection and wait.  When the
  * connection is what failed, reconnect (backoff 50 ms .. 2 s, within the
  * backing's reconnect window, see down_since) and issue it again; ENOTCONN
  * when the remote stays away.  A request not answered within
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
-int nbd_run (struct nbd_backing *nb, nbd_issue fn, void *arg);
+int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 
 /* Shutdown deadline (backing op set_deadline). */
-void nbd_set_deadline (struct nbd_backing *nb, uint64_t deadline_ms);
+void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);
 
 /* Open a handle (TLS options, base:allocation requested).  NULL with a
  * one-line reason in err (err may be NULL). */
-struct nbd_handle *nbd_conn_open (struct nbd_backing *nb, char *err,
-                                  size_t errlen);
+struct nbd_handle *nbdb_conn_open (struct nbdb_backing *nb, char *err,
+                                   size_t errlen);
 
 /* Set up nb->conns[0..n): the first on handle first, the others opened
  * now or on first use.  0, or -1 with err. */
-int nbd_conns_start (struct nbd_backing *nb, struct nbd_handle *first,
-                     unsigned n, char *err, size_t errlen);
+int nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
+                      unsigned n, char *err, size_t errlen);
 
 /* Stop every poller and close every handle.  No request in flight. */
-void nbd_conns_stop (struct nbd_backing *nb);
-
-/* Cut [off, off+len) out of the extent cache (nbd.c). */
-void nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len);
+void nbdb_conns_stop (struct nbdb_backing *nb);
 
 #endif /* FOLIOD_BACKING_NBD_PRIVATE_H */

@@ -12,7 +12,8 @@
  * Mapping: base:allocation block status, asked for more than the caller
  * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
  * trims cut their range out of the cache when they complete; an answer
- * that raced with such a change is used but not cached.
+ * that raced with such a change is used but not cached.  A reconnect
+ * makes everything cached before it stale (dropped at lookup).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,9 +23,10 @@
 #include <string.h>
 
 #include "backing/nbd-private.h"
+#include "foliod/minmax.h"
 
 #define NBD_DEFAULT_CONNS      4
-#define NBD_MAX_CONNS          64
+#define NBD_MAX_CONNS          64u
 #define NBD_DEFAULT_RETRY_MS   30000
 #define NBD_DEFAULT_REQUEST_MS 30000
 #define NBD_MAX_IO             (32u << 20) /* read/write request cap */
@@ -32,13 +34,10 @@
 #define NBD_MAP_LOOKAHEAD      (1u << 30)  /* block status asks this much */
 #define NBD_ZERO_BUF           (1u << 20)
 
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-static inline struct nbd_backing *
+static inline struct nbdb_backing *
 to_nbd (struct backing *b)
 {
-  return (struct nbd_backing *) b;
+  return (struct nbdb_backing *) b;
 }
 
 /* ---- the extent cache ---- */
@@ -49,9 +48,10 @@ overlaps (uint64_t a, uint64_t ae, uint64_t b, uint64_t be)
   return a < be && b < ae;
 }
 
+/* epoch: nb->reconnects when the remote was asked. */
 static void
-ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
-           enum backing_extent_type type)
+ext_store (struct nbdb_backing *nb, uint64_t off, uint64_t len,
+           enum backing_extent_type type, uint64_t epoch)
 {
   struct ext_slot *s = &nb->ext[nb->ext_hand];
 
@@ -59,11 +59,12 @@ ext_store (struct nbd_backing *nb, uint64_t off, uint64_t len,
   s->off = off;
   s->len = len;
   s->type = type;
+  s->epoch = epoch;
 }
 
 /* Cut [off, off+len) out of every cached extent and log the change. */
-void
-nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
+static void
+ext_invalidate (struct nbdb_backing *nb, uint64_t off, uint64_t len)
 {
   uint64_t end = off + len;
   unsigned i;
@@ -79,7 +80,7 @@ nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
       if (se > end) {
         if (nb->ext_hand == i)         /* do not overwrite it */
           nb->ext_hand = (i + 1) % NBD_EXT_SLOTS;
-        ext_store (nb, end, se - end, s->type);
+        ext_store (nb, end, se - end, s->type, s->epoch);
       }
     }
     else if (se > end) {
@@ -94,16 +95,22 @@ nbd_ext_invalidate (struct nbd_backing *nb, uint64_t off, uint64_t len)
   pthread_mutex_unlock (&nb->ext_lock);
 }
 
+/* An extent told before the latest reconnect is dropped here: the remote
+ * may have restarted with other contents (or been written by someone
+ * else meanwhile).  The connection layer only counts reconnects. */
 static int
-ext_lookup (struct nbd_backing *nb, uint64_t off, uint64_t len,
+ext_lookup (struct nbdb_backing *nb, uint64_t off, uint64_t len,
             struct backing_extent *ext)
 {
+  uint64_t epoch = atomic_load (&nb->reconnects);
   unsigned i;
   int found = 0;
 
   pthread_mutex_lock (&nb->ext_lock);
   for (i = 0; i < NBD_EXT_SLOTS; i++) {
     struct ext_slot *s = &nb->ext[i];
+    if (s->len && s->epoch != epoch)
+      s->len = 0;
     if (s->len && s->off <= off && off < s->off + s->len) {
       ext->offset = off;
       ext->length = MIN (len, s->off + s->len - off);
@@ -118,7 +125,7 @@ ext_lookup (struct nbd_backing *nb, uint64_t off, uint64_t len,
 
 /* May an answer about [off, end) asked at generation gen be cached? */
 static int
-ext_still_valid (struct nbd_backing *nb, uint64_t gen, uint64_t off,
+ext_still_valid (struct nbdb_backing *nb, uint64_t gen, uint64_t off,
                  uint64_t end)
 {
   uint64_t g;
@@ -192,12 +199,12 @@ check_range (struct backing *b, uint64_t len, uint64_t off, int write)
 
 /* Split [off, off+len) into requests of at most chunk bytes. */
 static int
-nbd_chunked (struct nbd_backing *nb, nbd_issue fn, char *buf, uint64_t len,
-             uint64_t off, uint32_t flags, uint64_t chunk)
+nbdb_chunked (struct nbdb_backing *nb, nbdb_issue fn, char *buf, uint64_t len,
+              uint64_t off, uint32_t flags, uint64_t chunk)
 {
   while (len > 0) {
     struct io_req r = { buf, MIN (len, chunk), off, flags };
-    if (nbd_run (nb, fn, &r) == -1)
+    if (nbdb_run (nb, fn, &r) == -1)
       return -1;
     if (buf)
       buf += r.len;
@@ -210,13 +217,13 @@ nbd_chunked (struct nbd_backing *nb, nbd_issue fn, char *buf, uint64_t len,
 static int
 nbdb_flush (struct backing *b)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
   uint64_t before;
 
   if (!nb->can_flush || (b->caps & BACKING_READ_ONLY))
     return 0;
   before = atomic_load (&nb->unflushed);
-  if (nbd_run (nb, call_flush, NULL) == -1)
+  if (nbdb_run (nb, call_flush, NULL) == -1)
     return -1;
   atomic_fetch_sub (&nb->unflushed, before); /* later ones still count */
   return 0;
@@ -230,7 +237,7 @@ nbdb_loss_epoch (struct backing *b)
 
 /* A write-class request succeeded: without FUA it is not yet durable. */
 static int
-count_unflushed (struct nbd_backing *nb, unsigned flags, int r)
+count_unflushed (struct nbdb_backing *nb, unsigned flags, int r)
 {
   if (r == 0 && !(flags & BACKING_FUA) && nb->can_flush)
     atomic_fetch_add (&nb->unflushed, 1);
@@ -239,7 +246,7 @@ count_unflushed (struct nbd_backing *nb, unsigned flags, int r)
 
 /* FUA for a remote without native FUA: flush after the op. */
 static int
-fua_fallback (struct nbd_backing *nb, unsigned flags, int r)
+fua_fallback (struct nbdb_backing *nb, unsigned flags, int r)
 {
   if (r == 0 && (flags & BACKING_FUA) && !nb->can_fua)
     return nbdb_flush (&nb->b);
@@ -247,7 +254,7 @@ fua_fallback (struct nbd_backing *nb, unsigned flags, int r)
 }
 
 static uint32_t
-fua_flag (struct nbd_backing *nb, unsigned flags)
+fua_flag (struct nbdb_backing *nb, unsigned flags)
 {
   return (flags & BACKING_FUA) && nb->can_fua ? LIBNBD_CMD_FLAG_FUA : 0;
 }
@@ -255,35 +262,35 @@ fua_flag (struct nbd_backing *nb, unsigned flags)
 static int
 nbdb_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
 
   if (check_range (b, len, off, 0) == -1)
     return -1;
-  return nbd_chunked (nb, call_pread, buf, len, off, 0, nb->max_io);
+  return nbdb_chunked (nb, call_pread, buf, len, off, 0, nb->max_io);
 }
 
 static int
 nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
             unsigned flags)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
   int r;
 
   if (check_range (b, len, off, 1) == -1)
     return -1;
-  r = nbd_chunked (nb, call_pwrite, (char *) buf, len, off,
-                   fua_flag (nb, flags), nb->max_io);
-  nbd_ext_invalidate (nb, off, len);
+  r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
+                    fua_flag (nb, flags), nb->max_io);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
 static int
-write_zeroes (struct nbd_backing *nb, uint64_t len, uint64_t off,
+write_zeroes (struct nbdb_backing *nb, uint64_t len, uint64_t off,
               uint32_t flags)
 {
   while (len > 0) {
     struct io_req r = { nb->zero_buf, MIN (len, NBD_ZERO_BUF), off, flags };
-    if (nbd_run (nb, call_pwrite, &r) == -1)
+    if (nbdb_run (nb, call_pwrite, &r) == -1)
       return -1;
     off += r.len;
     len -= r.len;
@@ -294,7 +301,7 @@ write_zeroes (struct nbd_backing *nb, uint64_t len, uint64_t off,
 static int
 nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
   uint32_t f = fua_flag (nb, flags);
   int r;
 
@@ -311,27 +318,27 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
       f |= LIBNBD_CMD_FLAG_NO_HOLE;
     if (flags & BACKING_FAST_ZERO)
       f |= LIBNBD_CMD_FLAG_FAST_ZERO;
-    r = nbd_chunked (nb, call_zero, NULL, len, off, f, NBD_MAX_ZERO);
+    r = nbdb_chunked (nb, call_zero, NULL, len, off, f, NBD_MAX_ZERO);
   }
   else
     r = write_zeroes (nb, len, off, f);
-  nbd_ext_invalidate (nb, off, len);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
 static int
 nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
   int r;
 
   if (check_range (b, len, off, 1) == -1)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
-  r = nbd_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
-                   NBD_MAX_ZERO);
-  nbd_ext_invalidate (nb, off, len);
+  r = nbdb_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
+                    NBD_MAX_ZERO);
+  ext_invalidate (nb, off, len);
   return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
 }
 
@@ -375,7 +382,7 @@ map_extent_cb (void *user, const char *metacontext, uint64_t offset,
         m->e[m->n - 1].off + m->e[m->n - 1].len == pos)
       m->e[m->n - 1].len += l;
     else
-      m->e[m->n++] = (struct ext_slot) { pos, l, t };
+      m->e[m->n++] = (struct ext_slot) { .off = pos, .len = l, .type = t };
     pos += l;
   }
   return 0;
@@ -397,9 +404,9 @@ static int
 nbdb_map (struct backing *b, uint64_t off, uint64_t len,
           struct backing_extent *ext)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
   struct map_req *m;
-  uint64_t gen;
+  uint64_t gen, epoch;
   unsigned i;
 
   if (len == 0 || check_range (b, len, off, 0) == -1) {
@@ -418,10 +425,11 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   m->off = off;
   /* One round trip answers for a lot more than this call needs. */
   m->count = MIN (b->size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
+  epoch = atomic_load (&nb->reconnects);
   pthread_mutex_lock (&nb->ext_lock);
   gen = nb->gen;
   pthread_mutex_unlock (&nb->ext_lock);
-  if (nbd_run (nb, call_block_status, m) == -1) {
+  if (nbdb_run (nb, call_block_status, m) == -1) {
     free (m);
     return -1;
   }
@@ -435,7 +443,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   pthread_mutex_lock (&nb->ext_lock);
   if (ext_still_valid (nb, gen, off, off + m->count))
     for (i = 0; i < m->n; i++)
-      ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type);
+      ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type, epoch);
   pthread_mutex_unlock (&nb->ext_lock);
   free (m);
   return 0;
@@ -444,7 +452,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
 static void
 nbdb_stats (struct backing *b, struct backing_stats *st)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
 
   st->reconnects = atomic_load (&nb->reconnects);
   st->retries = atomic_load (&nb->retries);
@@ -454,15 +462,15 @@ nbdb_stats (struct backing *b, struct backing_stats *st)
 static void
 nbdb_set_deadline (struct backing *b, uint64_t deadline_ms)
 {
-  nbd_set_deadline (to_nbd (b), deadline_ms);
+  nbdb_conns_set_deadline (to_nbd (b), deadline_ms);
 }
 
 static void
 nbdb_close (struct backing *b)
 {
-  struct nbd_backing *nb = to_nbd (b);
+  struct nbdb_backing *nb = to_nbd (b);
 
-  nbd_conns_stop (nb);
+  nbdb_conns_stop (nb);
   free (nb->zero_buf);
   free (nb->uri);
   free (nb->tls_certificates);
@@ -472,7 +480,7 @@ nbdb_close (struct backing *b)
   free (nb);
 }
 
-static const struct backing_ops nbd_ops = {
+static const struct backing_ops nbdb_ops = {
   .name = "nbd",
   .read = nbdb_read,
   .write = nbdb_write,
@@ -501,7 +509,7 @@ dup_opt (const char *s, int *oom)
 
 /* Fill size and caps from the first connection. */
 static int
-read_caps (struct nbd_backing *nb, struct nbd_handle *h,
+read_caps (struct nbdb_backing *nb, struct nbd_handle *h,
            const struct backing_opts *o, char *err, size_t errlen)
 {
   int64_t size = nbd_get_size (h), maxb;
@@ -545,7 +553,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
                   char *err, size_t errlen)
 {
   static const struct backing_opts defaults;
-  struct nbd_backing *nb;
+  struct nbdb_backing *nb;
   struct nbd_handle *h;
   int oom = 0;
   unsigned want;
@@ -557,7 +565,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     snprintf (err, errlen, "%s: out of memory", uri);
     return NULL;
   }
-  nb->b.ops = &nbd_ops;
+  nb->b.ops = &nbdb_ops;
   pthread_mutex_init (&nb->ext_lock, NULL);
   nb->uri = dup_opt (uri, &oom);
   nb->tls_certificates = dup_opt (o->tls_certificates, &oom);
@@ -572,7 +580,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     goto fail;
   }
 
-  h = nbd_conn_open (nb, err, errlen);
+  h = nbdb_conn_open (nb, err, errlen);
   if (!h)
     goto fail;
   if (read_caps (nb, h, o, err, errlen) == -1) {
@@ -583,7 +591,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
                         : NBD_DEFAULT_CONNS;
   if (!(nb->b.caps & BACKING_CAN_MULTI_CONN))
     want = 1;
-  if (nbd_conns_start (nb, h, want, err, errlen) == -1)
+  if (nbdb_conns_start (nb, h, want, err, errlen) == -1)
     goto fail;
 
   if (!nb->can_zero && !(nb->b.caps & BACKING_READ_ONLY)) {

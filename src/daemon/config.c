@@ -55,31 +55,6 @@ const struct server_key server_keys[] = {
 
 _Static_assert (K_COUNT <= 32, "key_line[] too small");
 
-static const char *level_names[] = { "error", "warn", "info", "debug" };
-
-const char *
-log_level_name (int level)
-{
-  if (level < 0 || level > LOG_LVL_DEBUG)
-    return "?";
-  return level_names[level];
-}
-
-int
-log_level_parse (const char *s, int *level)
-{
-  for (int i = 0; i <= LOG_LVL_DEBUG; i++)
-    if (strcasecmp (s, level_names[i]) == 0) {
-      *level = i;
-      return 0;
-    }
-  if (strcasecmp (s, "warning") == 0) {
-    *level = LOG_LVL_WARN;
-    return 0;
-  }
-  return -1;
-}
-
 void
 daemon_config_init (struct daemon_config *c)
 {
@@ -247,9 +222,9 @@ set_tls (struct daemon_config *c, const char *value)
   int b;
 
   if (strcasecmp (value, "require") == 0)
-    c->tls = TLS_REQUIRE;
+    c->tls = SERVER_TLS_REQUIRE;
   else if (parse_bool (value, &b) == 0)
-    c->tls = b ? TLS_ON : TLS_OFF;
+    c->tls = b ? SERVER_TLS_ON : SERVER_TLS_OFF;
   else
     return -1;
   return 0;
@@ -996,9 +971,10 @@ daemon_config_check (struct daemon_config *c)
              "an [export NAME] section in --config FILE\n");
     errors++;
   }
-  if (c->tls != TLS_OFF && c->tls_certificates == NULL && c->tls_psk == NULL) {
+  if (c->tls != SERVER_TLS_OFF && c->tls_certificates == NULL &&
+      c->tls_psk == NULL) {
     fprintf (stderr, "foliod: tls = %s needs tls-certificates (or tls-psk)\n",
-             c->tls == TLS_ON ? "on" : "require");
+             c->tls == SERVER_TLS_ON ? "on" : "require");
     errors++;
   }
   for (size_t i = 0; i < c->n_exports; i++)

@@ -137,12 +137,10 @@ static void
 export_values (struct export *ex, struct export_values *out)
 {
   struct cache_stats st;
-  struct backing_stats bst = { 0 };
+  struct backing_stats bst;
   uint64_t *v = out->v;
 
-  cache_get_stats (ex->cache, &st);
-  if (ex->backing->ops->stats)
-    ex->backing->ops->stats (ex->backing, &bst);
+  export_get_stats (ex, &st, &bst);
   v[M_HITS] = st.read_hits;
   v[M_MISSES] = st.read_misses;
   v[M_CLIENT_READ] = st.client_read_bytes;

@@ -15,6 +15,7 @@
 
 #include "foliod/export.h"
 #include "server/log.h"
+#include "server/server.h"
 
 #define DEFAULT_PORT "10809"
 #define DEFAULT_LISTEN "127.0.0.1:" DEFAULT_PORT
@@ -29,8 +30,6 @@ struct daemon_export {
   uint64_t create_size;   /* create-size: make a sparse file if missing */
 };
 
-enum tls_mode { TLS_OFF = 0, TLS_ON, TLS_REQUIRE };
-
 /* The daemon's own ([server]) options.  Paths are as the user wrote them;
  * relative ones resolve against state_dir (the daemon chdirs there). */
 struct daemon_config {
@@ -41,7 +40,7 @@ struct daemon_config {
   char *control;            /* control socket path, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
-  enum tls_mode tls;
+  enum server_tls_mode tls;
   char *tls_certificates;
   char *tls_psk;            /* PSK file; replaces tls_certificates */
   int tls_verify_peer;
@@ -113,9 +112,10 @@ int daemon_config_check (struct daemon_config *c);
 int parse_listen (const char *s, char *host, size_t hostlen,
                   char *port, size_t portlen);
 
+/* log.c: level names ("error" .. "debug"), the level in force. */
 const char *log_level_name (int level);
-void log_set_level (int level);
 int log_level_parse (const char *s, int *level);
+void log_set_level (int level);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];

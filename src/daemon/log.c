@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -53,6 +54,32 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
  * a stale read only changes whether one line is printed. */
 static volatile int log_max_level = LOG_LVL_INFO;
 static volatile int log_journal = -1; /* -1: not checked yet */
+
+/* By level; log_level_parse also takes "warning". */
+static const char *level_names[] = { "error", "warn", "info", "debug" };
+
+const char *
+log_level_name (int level)
+{
+  if (level < 0 || level > LOG_LVL_DEBUG)
+    return "?";
+  return level_names[level];
+}
+
+int
+log_level_parse (const char *s, int *level)
+{
+  for (int i = 0; i <= LOG_LVL_DEBUG; i++)
+    if (strcasecmp (s, level_names[i]) == 0) {
+      *level = i;
+      return 0;
+    }
+  if (strcasecmp (s, "warning") == 0) {
+    *level = LOG_LVL_WARN;
+    return 0;
+  }
+  return -1;
+}
 
 void
 log_set_level (int level)

@@ -345,7 +345,7 @@ log_direct (const struct daemon_export *e)
   const struct backing *b = e->ex->backing;
 
   if ((e->cfg.cache.mode != CACHE_NONE && !e->cfg.cache.direct_threshold) ||
-      strcmp (b->ops->name, "file") != 0)
+      !(b->caps & BACKING_CAN_DIRECT))
     return;
   if (b->direct)
     log_info ("export %s: O_DIRECT, alignment %u bytes", e->cfg.name,
@@ -437,7 +437,7 @@ server_start (struct daemon *d)
   sc.idle_timeout_s = cfg->idle_timeout_s;
   if (cfg->max_conn_buffer) sc.max_conn_buffer = cfg->max_conn_buffer;
   if (cfg->max_buffer_total) sc.max_buffer_total = cfg->max_buffer_total;
-  sc.tls_mode = (enum server_tls_mode) cfg->tls;
+  sc.tls_mode = cfg->tls;
   sc.tls_certificates = cfg->tls_certificates;
   sc.tls_psk_file = cfg->tls_psk;
   sc.tls_verify_peer = cfg->tls_verify_peer;

@@ -57,9 +57,9 @@ export_config_free (struct export_config *cfg)
   free (cfg->description);
   free (cfg->backing);
   free (cfg->store);
-  free ((char *) cfg->bopts.tls_certificates);
-  free ((char *) cfg->bopts.tls_psk_file);
-  free ((char *) cfg->bopts.tls_username);
+  free (cfg->tls_certificates);
+  free (cfg->tls_psk_file);
+  free (cfg->tls_username);
   memset (cfg, 0, sizeof *cfg);
 }
 
@@ -162,11 +162,11 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "request-timeout"))
     return set_uint (&bo->request_timeout_ms, value, 86400000);
   if (!strcmp (key, "tls-certificates"))
-    return set_string ((char **) &bo->tls_certificates, value);
+    return set_string (&cfg->tls_certificates, value);
   if (!strcmp (key, "tls-psk-file"))
-    return set_string ((char **) &bo->tls_psk_file, value);
+    return set_string (&cfg->tls_psk_file, value);
   if (!strcmp (key, "tls-username"))
-    return set_string ((char **) &bo->tls_username, value);
+    return set_string (&cfg->tls_username, value);
   if (!strcmp (key, "tls")) return set_tls (&cfg->tls_require, value);
   errno = ENOENT;
   return -1;

@@ -12,7 +12,7 @@ struct export *
 export_open (const struct export_config *cfg, char *err, size_t errlen)
 {
   struct export *e;
-  struct backing_opts bo = cfg->bopts;
+  struct backing_opts bo = cfg->bopts;   /* the strings: views of cfg's */
 
   if (export_config_check (cfg, err, errlen) == -1)
     return NULL;
@@ -27,6 +27,9 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
     snprintf (err, errlen, "out of memory");
     goto fail;
   }
+  bo.tls_certificates = cfg->tls_certificates;
+  bo.tls_psk_file = cfg->tls_psk_file;
+  bo.tls_username = cfg->tls_username;
   bo.read_only = cfg->read_only;
   bo.direct = cfg->cache.mode == CACHE_NONE || cfg->cache.direct_threshold;
   e->backing = backing_open (cfg->backing, &bo, err, errlen);
@@ -48,6 +51,14 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   free (e->description);
   free (e);
   return NULL;
+}
+
+void
+export_get_stats (struct export *e, struct cache_stats *cst,
+                  struct backing_stats *bst)
+{
+  cache_get_stats (e->cache, cst);
+  backing_get_stats (e->backing, bst);
 }
 
 #define EXPORT_CLOSE_ATTEMPTS 5

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/log.h"
 #include "server/wire.h"
@@ -189,7 +190,7 @@ conn_budget_admit (const struct conn *c, size_t need)
 void
 conn_budget_charge (struct conn *c, struct req *r, size_t need)
 {
-  size_t n = r->buf_cap > need ? r->buf_cap : need;
+  size_t n = MAX (r->buf_cap, need);
 
   r->charged = n;
   c->charged += n;
@@ -439,7 +440,7 @@ static void
 conn_run_input (struct conn *c)
 {
   conn_run_steps (c);
-  pool_submit_flush (c->srv);
+  pool_submit_flush (&c->srv->pool);
 }
 
 /* ---- output ------------------------------------------------------------ */

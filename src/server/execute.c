@@ -12,6 +12,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/export.h"
+#include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/wire.h"
 
@@ -24,8 +25,9 @@
 _Static_assert (REQ_BS_BUF_MAX >= 4 + 8 * BS_MAX_EXTENTS,
                 "the buffer budget counts a block status reply");
 
-int
-nbd_errno (int err)
+/* errno to the error sent on the wire (the spec's short list). */
+static int
+wire_errno (int err)
 {
   switch (err) {
   case 0:         return 0;
@@ -44,9 +46,9 @@ nbd_errno (int err)
 }
 
 static const char *
-nbd_strerror (int nbd_err)
+wire_strerror (int wire_err)
 {
-  switch (nbd_err) {
+  switch (wire_err) {
   case NBD_EPERM:     return "operation not permitted";
   case NBD_EIO:       return "input/output error";
   case NBD_ENOMEM:    return "out of memory";
@@ -57,26 +59,6 @@ nbd_strerror (int nbd_err)
   case NBD_ESHUTDOWN: return "server is shutting down";
   default:            return "error";
   }
-}
-
-uint16_t
-export_tflags (const struct export *e, bool structured)
-{
-  /* The cache is shared by every connection to the export, so a flush on
-   * one makes all completed writes durable: multi-conn is safe. */
-  uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
-    | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
-  bool ro = e->read_only
-    || (e->backing && (e->backing->caps & BACKING_READ_ONLY));
-
-  if (structured)
-    f |= NBD_FLAG_SEND_DF;
-  if (ro)
-    f |= NBD_FLAG_READ_ONLY;
-  else
-    f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
-      | NBD_FLAG_SEND_FAST_ZERO;
-  return f;
 }
 
 /* ---- reply building ------------------------------------------------------ */
@@ -135,7 +117,7 @@ reply_simple (struct req *r)
 static void
 reply_error_chunk (struct req *r, bool has_off, uint64_t off)
 {
-  const char *msg = r->errmsg ? r->errmsg : nbd_strerror (r->error);
+  const char *msg = r->errmsg ? r->errmsg : wire_strerror (r->error);
   uint16_t mlen = strlen (msg);
   uint8_t *h = chunk_hdr (r, NBD_REPLY_FLAG_DONE,
                           has_off ? NBD_REPLY_TYPE_ERROR_OFFSET
@@ -197,8 +179,8 @@ seg_extent_cb (void *opaque, uint64_t off, uint64_t len,
                enum backing_extent_type type)
 {
   struct seg_list *l = opaque;
-  uint64_t s = off > l->next ? off : l->next;
-  uint64_t e = off + len < l->end ? off + len : l->end;
+  uint64_t s = MAX (off, l->next);
+  uint64_t e = MIN (off + len, l->end);
   bool hole = type != BACKING_DATA && e - s >= READ_HOLE_MIN;
 
   if (e <= s)
@@ -255,7 +237,7 @@ exec_read_structured (struct req *r)
       continue;
     }
     if (cache_read (cache, data, s->len, s->off, 0) < 0) {
-      r->error = nbd_errno (errno);
+      r->error = wire_errno (errno);
       r->errmsg = NULL;
       /* Chunks already built stay valid; the error says where the
        * failure starts. */
@@ -279,7 +261,7 @@ exec_read (struct req *r)
   }
   if (r->count && cache_read (r->conn->exp->cache, r->buf, r->count,
                               r->offset, 0) < 0)
-    r->error = nbd_errno (errno);
+    r->error = wire_errno (errno);
   reply_simple (r);
 }
 
@@ -309,8 +291,8 @@ bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
               enum backing_extent_type type)
 {
   struct bs_ctx *b = opaque;
-  uint64_t s = off > b->next ? off : b->next;
-  uint64_t e = off + len < b->end ? off + len : b->end;
+  uint64_t s = MAX (off, b->next);
+  uint64_t e = MIN (off + len, b->end);
   uint32_t flags = bs_flags (type);
 
   if (e <= s)
@@ -417,7 +399,7 @@ req_execute (struct req *r)
     abort (); /* req_check lets no other command through */
   }
   if (rc < 0) {
-    r->error = nbd_errno (errno);
+    r->error = wire_errno (errno);
     r->errmsg = NULL;
     r->niov = r->nhdr = 0;
   }

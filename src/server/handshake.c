@@ -174,11 +174,31 @@ hs_tls_required (const struct conn *c, const struct export *e)
 
 /* ---- transmission entry ------------------------------------------------- */
 
+/* The transmission flags of e.  e->read_only already says whether the
+ * backing is read-only (export_open folds its caps in). */
+static uint16_t
+hs_tflags (const struct export *e, bool structured)
+{
+  /* The cache is shared by every connection to the export, so a flush on
+   * one makes all completed writes durable: multi-conn is safe. */
+  uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
+    | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
+
+  if (structured)
+    f |= NBD_FLAG_SEND_DF;
+  if (e->read_only)
+    f |= NBD_FLAG_READ_ONLY;
+  else
+    f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
+      | NBD_FLAG_SEND_FAST_ZERO;
+  return f;
+}
+
 static void
 hs_enter_transmission (struct conn *c, struct export *e)
 {
   c->exp = e;
-  c->tflags = export_tflags (e, c->structured);
+  c->tflags = hs_tflags (e, c->structured);
   if (c->meta_exp != e)
     c->meta_alloc = false; /* contexts were chosen for another export */
   ev_timer_stop (c->srv->loop, &c->hs_timer);
@@ -222,7 +242,7 @@ opt_export_name (struct conn *c)
     return STEP_CLOSE;
   }
   put_be64 (reply, e->size);
-  put_be16 (reply + 8, export_tflags (e, c->structured));
+  put_be16 (reply + 8, hs_tflags (e, c->structured));
   if (conn_out_append (c, reply, c->no_zeroes ? 10 : sizeof reply) < 0)
     return STEP_CLOSE;
   hs_enter_transmission (c, e);
@@ -328,7 +348,7 @@ hs_info_export (struct conn *c, const struct export *e, bool want_name,
   uint32_t pref = cache_get_config (e->cache)->block_size;
 
   put_be64 (ex, e->size);
-  put_be16 (ex + 8, export_tflags (e, c->structured));
+  put_be16 (ex + 8, hs_tflags (e, c->structured));
   /* Minimum 1: the cache takes any alignment.  Preferred: the cache's
    * block, below which writes read-modify-write. */
   put_be32 (bs, 1);

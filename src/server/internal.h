@@ -23,6 +23,7 @@
 
 #include <ev.h>
 
+#include "foliod/stat.h"
 #include "server/server.h"
 #include "server/transport.h"
 #include "server/nbd-proto.h"
@@ -182,7 +183,18 @@ struct pool {
   bool stop;
   unsigned nthreads;
   pthread_t *threads;
-  struct server *srv;
+  void (*done) (void *opaque, struct req *r); /* on the worker, after */
+  void *done_opaque;
+  struct req *sub_head, *sub_tail; /* loop: parsed this wake-up, not yet
+                                      queued */
+  unsigned sub_n;
+};
+
+/* What server_get_stats reports, as counters (foliod/stat.h). */
+struct server_counters {
+  _Atomic uint64_t connections_now, connections_total, connections_refused;
+  _Atomic uint64_t handshakes_failed, requests, request_errors;
+  _Atomic uint64_t bytes_read, bytes_written;
 };
 
 struct listener {
@@ -212,8 +224,6 @@ struct server {
   struct client_count *clients;  /* open connections per source */
 
   struct pool pool;
-  struct req *sub_head, *sub_tail; /* parsed this wake-up, not yet queued */
-  unsigned sub_n;
   ev_async done_async;
   pthread_mutex_t done_lock;
   struct req *done_head, *done_tail; /* executed, waiting for the loop */
@@ -225,15 +235,10 @@ struct server {
   ev_timer shutdown_timer;       /* grace period, then force */
   ev_idle done_idle;             /* calls shutdown_done from the loop */
 
-  struct server_stats stats;     /* updated with __atomic ops */
+  struct server_counters st;     /* STAT_ADD, any thread */
   struct ssl_ctx_st *tls_ctx;    /* TLS for new connections (tls.h);
                                     NULL: STARTTLS refused */
 };
-
-#define STAT_ADD(s, field, n) \
-  __atomic_fetch_add (&(s)->stats.field, (n), __ATOMIC_RELAXED)
-#define STAT_SUB(s, field, n) \
-  __atomic_fetch_sub (&(s)->stats.field, (n), __ATOMIC_RELAXED)
 
 /* Locking that cannot fail in a correct program: a failure is a bug
  * (corrupted or destroyed mutex), so stop rather than run unlocked. */
@@ -269,12 +274,12 @@ unsigned server_client_count (struct server *s, const char *key);
 int server_client_add (struct server *s, struct conn *c, const char *key);
 void server_client_gone (struct conn *c);
 
-/* pool.c */
-int pool_start (struct pool *p, struct server *s, unsigned nthreads);
-void pool_submit (struct server *s, struct req *r);
-void pool_submit_flush (struct server *s);
+/* pool.c: a leaf; done runs on the worker for each executed request */
+int pool_start (struct pool *p, unsigned nthreads,
+                void (*done) (void *opaque, struct req *r), void *opaque);
+void pool_submit (struct pool *p, struct req *r);
+void pool_submit_flush (struct pool *p);
 void pool_stop (struct pool *p);
-void server_done_cb (struct ev_loop *loop, ev_async *w, int revents);
 
 /* conn.c */
 void conn_new (struct server *s, int fd, const char *peer,
@@ -314,7 +319,5 @@ enum step tx_step_req_discard (struct conn *c);
 /* execute.c: run on a worker (or on the loop for refused requests) */
 void req_execute (struct req *r);
 void req_build_reply (struct req *r);
-int nbd_errno (int err);
-uint16_t export_tflags (const struct export *e, bool structured);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */

@@ -1,6 +1,7 @@
 /* The worker pool: threads that run cache calls, which may block on the
- * backing.  Requests come in through a locked FIFO; executed requests go
- * back to the loop thread through the server's done list and an ev_async.
+ * backing.  Requests come in through a locked FIFO; each executed request
+ * goes to the done callback the pool was started with (the server's,
+ * which hands it back to the loop thread).
  *
  * Fairness between exports: at most half of the workers (at least one)
  * run requests of one export at a time.  A remote that hangs holds each
@@ -8,29 +9,12 @@
  * requests to it would stall every other export, local files included.
  * A request over the cap waits in the FIFO; the others pass it.
  */
-#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 
 #include "foliod/export.h"
 #include "server/internal.h"
-#include "server/log.h"
-
-/* Hand an executed request back to the loop thread. */
-static void
-server_req_done (struct server *s, struct req *r)
-{
-  r->next = NULL;
-  lock_or_die (&s->done_lock);
-  if (s->done_tail)
-    s->done_tail->next = r;
-  else
-    s->done_head = r;
-  s->done_tail = r;
-  unlock_or_die (&s->done_lock);
-  ev_async_send (s->loop, &s->done_async);
-}
 
 /* Workers one export may hold at once. */
 static unsigned
@@ -81,7 +65,7 @@ pool_worker (void *arg)
 
     struct export *e = r->conn->exp;
     req_execute (r);
-    server_req_done (p->srv, r);
+    p->done (p->done_opaque, r);
 
     lock_or_die (&p->lock);
     /* A request of e may have waited for this worker's share. */
@@ -93,13 +77,17 @@ pool_worker (void *arg)
 }
 
 int
-pool_start (struct pool *p, struct server *s, unsigned nthreads)
+pool_start (struct pool *p, unsigned nthreads,
+            void (*done) (void *opaque, struct req *r), void *opaque)
 {
   sigset_t all, old;
   int err = 0;
 
-  p->srv = s;
+  p->done = done;
+  p->done_opaque = opaque;
   p->head = p->tail = NULL;
+  p->sub_head = p->sub_tail = NULL;
+  p->sub_n = 0;
   p->stop = false;
   p->nthreads = 0;
   p->threads = calloc (nthreads, sizeof *p->threads);
@@ -129,37 +117,35 @@ pool_start (struct pool *p, struct server *s, unsigned nthreads)
  * round trip, one wake-up call) by pool_submit_flush, which the loop
  * calls at the end of every input pass. */
 void
-pool_submit (struct server *s, struct req *r)
+pool_submit (struct pool *p, struct req *r)
 {
   r->next = NULL;
-  if (s->sub_tail)
-    s->sub_tail->next = r;
+  if (p->sub_tail)
+    p->sub_tail->next = r;
   else
-    s->sub_head = r;
-  s->sub_tail = r;
-  s->sub_n++;
+    p->sub_head = r;
+  p->sub_tail = r;
+  p->sub_n++;
 }
 
 void
-pool_submit_flush (struct server *s)
+pool_submit_flush (struct pool *p)
 {
-  struct pool *p = &s->pool;
-
-  if (!s->sub_head)
+  if (!p->sub_head)
     return;
   lock_or_die (&p->lock);
   if (p->tail)
-    p->tail->next = s->sub_head;
+    p->tail->next = p->sub_head;
   else
-    p->head = s->sub_head;
-  p->tail = s->sub_tail;
-  if (s->sub_n > 1)
+    p->head = p->sub_head;
+  p->tail = p->sub_tail;
+  if (p->sub_n > 1)
     pthread_cond_broadcast (&p->cond);
   else
     pthread_cond_signal (&p->cond);
   unlock_or_die (&p->lock);
-  s->sub_head = s->sub_tail = NULL;
-  s->sub_n = 0;
+  p->sub_head = p->sub_tail = NULL;
+  p->sub_n = 0;
 }
 
 /* Stop and join the workers (after they finish the queue). */
@@ -178,33 +164,4 @@ pool_stop (struct pool *p)
   p->threads = NULL;
   pthread_cond_destroy (&p->cond);
   pthread_mutex_destroy (&p->lock);
-}
-
-/* Loop side: take every executed request and queue its reply (or drop it
- * if its connection is gone), then send. */
-void
-server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
-{
-  struct server *s = w->data;
-  struct req *r, *next;
-
-  lock_or_die (&s->done_lock);
-  r = s->done_head;
-  s->done_head = s->done_tail = NULL;
-  unlock_or_die (&s->done_lock);
-
-  for (; r; r = next) {
-    struct conn *c = r->conn;
-
-    next = r->next;
-    assert (c->nworker > 0);
-    c->nworker--;
-    if (c->state == CONN_DEAD) {
-      conn_req_put (c, r);
-      conn_maybe_free (c);
-    }
-    else
-      conn_queue_reply (c, r);
-  }
-  conn_flush_pending (s);
 }

@@ -104,7 +104,7 @@ req_submit (struct conn *c, struct req *r)
     return;
   }
   c->nworker++;
-  pool_submit (c->srv, r);
+  pool_submit (&c->srv->pool, r);
 }
 
 enum step

@@ -1,4 +1,6 @@
-/* The server object: configuration, exports, shutdown, counters. */
+/* The server object: configuration, exports, the done list (executed
+ * requests back to the loop), shutdown, counters. */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -57,6 +59,53 @@ server_done_idle_cb (struct ev_loop *loop, ev_idle *w, int revents)
     done (s->shutdown_opaque);
 }
 
+/* Worker side (the pool's done callback): hand an executed request back
+ * to the loop thread. */
+static void
+server_req_done (void *opaque, struct req *r)
+{
+  struct server *s = opaque;
+
+  r->next = NULL;
+  lock_or_die (&s->done_lock);
+  if (s->done_tail)
+    s->done_tail->next = r;
+  else
+    s->done_head = r;
+  s->done_tail = r;
+  unlock_or_die (&s->done_lock);
+  ev_async_send (s->loop, &s->done_async);
+}
+
+/* Loop side: take every executed request and queue its reply (or drop it
+ * if its connection is gone), then send. */
+static void
+server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
+{
+  struct server *s = w->data;
+  struct req *r, *next;
+
+  lock_or_die (&s->done_lock);
+  r = s->done_head;
+  s->done_head = s->done_tail = NULL;
+  unlock_or_die (&s->done_lock);
+
+  for (; r; r = next) {
+    struct conn *c = r->conn;
+
+    next = r->next;
+    assert (c->nworker > 0);
+    c->nworker--;
+    if (c->state == CONN_DEAD) {
+      conn_req_put (c, r);
+      conn_maybe_free (c);
+    }
+    else
+      conn_queue_reply (c, r);
+  }
+  conn_flush_pending (s);
+}
+
 struct server *
 server_new (struct ev_loop *loop, const struct server_config *cfg)
 {
@@ -93,7 +142,7 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
   ev_idle_init (&s->done_idle, server_done_idle_cb);
   s->done_idle.data = s;
 
-  if (pool_start (&s->pool, s, s->cfg.workers) < 0) {
+  if (pool_start (&s->pool, s->cfg.workers, server_req_done, s) < 0) {
     int e = errno;
     ev_async_stop (loop, &s->done_async);
     pthread_mutex_destroy (&s->done_lock);
@@ -253,18 +302,12 @@ server_free (struct server *s)
 void
 server_get_stats (struct server *s, struct server_stats *st)
 {
-  st->connections_now =
-    __atomic_load_n (&s->stats.connections_now, __ATOMIC_RELAXED);
-  st->connections_total =
-    __atomic_load_n (&s->stats.connections_total, __ATOMIC_RELAXED);
-  st->connections_refused =
-    __atomic_load_n (&s->stats.connections_refused, __ATOMIC_RELAXED);
-  st->handshakes_failed =
-    __atomic_load_n (&s->stats.handshakes_failed, __ATOMIC_RELAXED);
-  st->requests = __atomic_load_n (&s->stats.requests, __ATOMIC_RELAXED);
-  st->request_errors =
-    __atomic_load_n (&s->stats.request_errors, __ATOMIC_RELAXED);
-  st->bytes_read = __atomic_load_n (&s->stats.bytes_read, __ATOMIC_RELAXED);
-  st->bytes_written =
-    __atomic_load_n (&s->stats.bytes_written, __ATOMIC_RELAXED);
+  st->connections_now = STAT_GET (s, connections_now);
+  st->connections_total = STAT_GET (s, connections_total);
+  st->connections_refused = STAT_GET (s, connections_refused);
+  st->handshakes_failed = STAT_GET (s, handshakes_failed);
+  st->requests = STAT_GET (s, requests);
+  st->request_errors = STAT_GET (s, request_errors);
+  st->bytes_read = STAT_GET (s, bytes_read);
+  st->bytes_written = STAT_GET (s, bytes_written);
 }

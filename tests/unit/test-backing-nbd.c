@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "foliod/backing.h"
+#include "foliod/export.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -592,6 +593,32 @@ test_map_cost (void **state)
   unlink (logpath);
 }
 
+/* The remote restarts empty: what map() cached about the old one is not
+ * answered after the reconnect. */
+static void
+test_map_after_restart (void **state)
+{
+  static const char *const args[] = { "memory", "16M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  uint8_t w[4096], r[4096], z[4096] = { 0 };
+
+  remote_start (f, args);
+  b = open_nbd (f, 10000);
+  fill (w, sizeof w, 3);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 1 * MiB, 0), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_map (b, 1 * MiB, 4096, BACKING_DATA);     /* now cached */
+  assert_map (b, 8 * MiB, 4096, BACKING_HOLE);
+
+  remote_kill (f);
+  remote_start (f, args);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 1 * MiB), 0);
+  assert_memory_equal (r, z, sizeof r);
+  assert_map (b, 1 * MiB, 4096, BACKING_HOLE);
+  backing_close (b);
+}
+
 /* No remote comes back: the request fails after retry_timeout_ms. */
 static void
 test_reconnect_gives_up (void **state)
@@ -793,6 +820,32 @@ test_enospc (void **state)
   backing_close (b);
 }
 
+/* An export's tls-psk-file and tls-username keys reach its backing. */
+static void
+export_psk (struct fx *f, const char *psk, const uint8_t *w)
+{
+  struct export_config ec;
+  struct export *e;
+  char uri[320], err[256] = "";
+  uint8_t r[4096];
+  uint64_t lost;
+
+  snprintf (uri, sizeof uri, "nbds+unix:///?socket=%s", f->sock);
+  export_config_init (&ec);
+  assert_int_equal (export_config_set (&ec, "backing", uri, err, sizeof err), 0);
+  assert_int_equal (export_config_set (&ec, "tls-psk-file", psk, err,
+                                       sizeof err), 0);
+  assert_int_equal (export_config_set (&ec, "tls-username", "alice", err,
+                                       sizeof err), 0);
+  e = export_open (&ec, err, sizeof err);
+  if (!e)
+    fail_msg ("%s", err);
+  assert_int_equal (cache_read (e->cache, r, sizeof r, 8192, 0), 0);
+  assert_memory_equal (r, w, sizeof r);
+  assert_int_equal (export_close (e, 5000, &lost), 0);
+  export_config_free (&ec);
+}
+
 /* nbds+unix with a PSK: from the options, and from the URI's query
  * (tls-psk-file= names a local file, which libnbd allows only when told). */
 static void
@@ -841,6 +894,8 @@ test_tls_psk (void **state)
   assert_int_equal (b->ops->read (b, r, sizeof r, 8192), 0);
   assert_memory_equal (r, w, sizeof r);
   backing_close (b);
+
+  export_psk (f, psk, w);
   unlink (psk);
 }
 
@@ -973,6 +1028,7 @@ main (void)
     T (test_eshutdown_retried),
     T (test_use_after_fork),
     T (test_map_cost),
+    T (test_map_after_restart),
     T (test_reconnect_gives_up),
     T (test_down_fails_fast),
     T (test_request_timeout),

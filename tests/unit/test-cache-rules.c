@@ -1336,7 +1336,7 @@ test_external_store (void **state)
   assert_non_null (small);
   c = cache_create (fake_backing_base (fb), small, &cfg, err, sizeof err);
   if (c != NULL) {
-    cache_destroy (c);
+    assert_int_equal (cache_destroy (c), 0);
     fail_msg ("a store of 32 KiB folios was accepted for 64 KiB folios");
   }
   struct store *coarse = store_ram_create (8, cfg.folio_size, 64 * KiB);
@@ -1344,7 +1344,7 @@ test_external_store (void **state)
   cfg.block_size = 512;   /* 128 blocks: more bitmap than the store has */
   c = cache_create (fake_backing_base (fb), coarse, &cfg, err, sizeof err);
   if (c != NULL) {
-    cache_destroy (c);
+    assert_int_equal (cache_destroy (c), 0);
     fail_msg ("a store with a 1-block bitmap was accepted for 128 blocks");
   }
   store_destroy (good);

@@ -4,7 +4,8 @@
  *     and %m prints the caller's errno;
  *   - a burst of one kind of line is cut to LOG_BURST lines, and the
  *     number dropped is said once a second later;
- *   - str_escape turns control bytes into \xHH and caps the length.
+ *   - str_escape turns control bytes into \xHH and caps the length;
+ *   - log-level names parse back to their level ("warning" too).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,12 +19,6 @@
 #include <cmocka.h>
 
 #include "daemon/log.c"
-
-const char *
-log_level_name (int level)
-{
-  return level == LOG_LVL_WARN ? "warning" : "info";
-}
 
 /* Point stderr at path (truncated); returns the old stderr. */
 static int
@@ -138,6 +133,21 @@ test_escape (void **state)
   assert_string_equal (out, "");
 }
 
+static void
+test_level_names (void **state)
+{
+  int level = -1;
+
+  for (int i = LOG_LVL_ERROR; i <= LOG_LVL_DEBUG; i++) {
+    assert_int_equal (log_level_parse (log_level_name (i), &level), 0);
+    assert_int_equal (level, i);
+  }
+  assert_int_equal (log_level_parse ("Warning", &level), 0);
+  assert_int_equal (level, LOG_LVL_WARN);
+  assert_int_equal (log_level_parse ("loud", &level), -1);
+  assert_string_equal (log_level_name (LOG_LVL_DEBUG + 1), "?");
+}
+
 int
 main (void)
 {
@@ -145,6 +155,7 @@ main (void)
     cmocka_unit_test (test_errno_kept),
     cmocka_unit_test (test_rate_limit),
     cmocka_unit_test (test_escape),
+    cmocka_unit_test (test_level_names),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);

@@ -29,7 +29,7 @@
  *   struct cache *c = cache_create (fake_backing_base (fb), NULL, &cfg, ...);
  *   ... fake_reset_log (fb); cache_flush (c);
  *   struct fake_totals t; fake_get_totals (fb, &t); t.write_bytes == 4096
- *   cache_destroy (c); fake_free (fb);
+ *   assert_int_equal (cache_destroy (c), 0); fake_free (fb);
  */
 #ifndef FOLIOD_TEST_FAKE_BACKING_H
 #define FOLIOD_TEST_FAKE_BACKING_H
