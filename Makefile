@@ -84,7 +84,8 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean \
+        check-valgrind check-model-long check-vm bench install install-files uninstall \
+        clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
 
 all: $(TARGETS)
@@ -236,7 +237,10 @@ MANS  = $(wildcard man/*.[0-9])
 # The units name /usr/sbin/foliod and /etc/foliod; point them at the
 # installed paths.  An existing foliod.conf is never overwritten (the
 # example also goes to DOCDIR); uninstall removes it only if unchanged.
-install: all
+# install-files installs the daemon and plugin alone (debian/rules: no
+# tests or benches built).
+install: all install-files
+install-files: $(filter $(FOLIOD) $(PLUGIN),$(TARGETS))
 	install -D -m 755 $(FOLIOD) $(DESTDIR)$(SBINDIR)/foliod
 	if [ -f $(PLUGIN) ]; then \
 	  install -D -m 755 $(PLUGIN) $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so; fi
@@ -268,3 +272,22 @@ uninstall:
 
 clean:
 	rm -rf build build-asan build-fuzz build-fuzz-cov foliod plugins/folio/nbdkit-folio-plugin.so
+
+# Debian packages (debian/): foliod_VERSION_amd64.deb and
+# nbdkit-plugin-folio_VERSION_amd64.deb (with -dbgsym, .buildinfo and
+# .changes), which dpkg-buildpackage writes to ../, moved to build-deb/.  The
+# packaging tools are installed only for this target.
+DEB_OUT ?= build-deb
+deb:
+	@FOLIOD_EXTRA_PKGS="debhelper dpkg-dev lintian" scripts/install-deps
+	rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
+	dpkg-buildpackage -us -uc -b
+	v=$$(dpkg-parsechangelog -S Version); \
+	  mv ../foliod_$${v}_amd64.* ../foliod-dbgsym_$${v}_amd64.deb \
+	     ../nbdkit-plugin-folio_$${v}_amd64.deb \
+	     ../nbdkit-plugin-folio-dbgsym_$${v}_amd64.deb $(DEB_OUT)/
+	@ls -l $(DEB_OUT)/*.deb
+
+# The packages' contents, lintian, and a dpkg install/remove/purge cycle.
+check-deb: deb
+	DEB_OUT=$(abspath $(DEB_OUT)) tests/test-deb.sh
