@@ -26,6 +26,12 @@
 #include "foliod/store.h"
 #include "cache/fidx.h"
 
+/* Ranges.  Inside the cache every range is half-open, [start, end): of
+ * bytes, blocks (global numbers, or numbers inside one folio) or folios.
+ * Its length is end - start; an empty range has start == end.  Only the
+ * calls that mirror the public and backing APIs (cache_*, io_read,
+ * io_write) take a length and an offset. */
+
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
 
@@ -77,7 +83,7 @@ struct cache {
   uint64_t size;            /* export bytes */
   unsigned folio_shift, block_shift;
   uint32_t blocks_per_folio;
-  uint64_t last_folio;      /* largest folio number */
+  uint64_t nr_folios;       /* folio numbers are [0, nr_folios) */
   uint32_t window;          /* folios per range lock, <= WINDOW_MAX */
   uint64_t dirty_limit, dirty_background; /* bytes */
 
@@ -114,11 +120,10 @@ struct cache {
   struct cache_counters st;
 };
 
-/* A window: consecutive folios [first, first+n) under one range lock. */
+/* A window: consecutive folios [start, end) under one range lock. */
 struct window {
-  uint64_t first;
-  uint32_t n;
-  struct folio *f[WINDOW_MAX]; /* NULL where not cached */
+  uint64_t start, end;
+  struct folio *f[WINDOW_MAX]; /* f[fi - start]; NULL where not cached */
 };
 
 /* --- geometry --- */
@@ -136,38 +141,40 @@ bool folio_block_uptodate (const struct cache *c, const struct folio *f,
                            uint32_t blk);
 bool folio_block_dirty (const struct cache *c, const struct folio *f,
                         uint32_t blk);
-void folio_set_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                         uint32_t n);
-void folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                           uint32_t n);
+/* Block ranges [start, end) inside the folio. */
+void folio_set_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                         uint32_t end);
+void folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                           uint32_t end);
 /* Set or clear dirty bits; keeps nr_dirty, dirty_bytes and the index mark
  * (taking c->lock on a clean<->dirty transition). */
-void folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
-                      uint32_t n);
-void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
-                        uint32_t n);
+void folio_set_dirty (struct cache *c, struct folio *f, uint32_t start,
+                      uint32_t end);
+void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
+                        uint32_t end);
 void folio_reset (struct cache *c, struct folio *f);
-/* Dirty blocks [first, first+n) reached the backing: clean them, or make
- * them unstable when the backing could still lose them. */
-void folio_written (struct cache *c, struct folio *f, uint32_t first,
-                    uint32_t n, bool unstable);
+/* Dirty blocks [start, end) reached the backing: clean them, or make them
+ * unstable when the backing could still lose them. */
+void folio_written (struct cache *c, struct folio *f, uint32_t start,
+                    uint32_t end, bool unstable);
 /* Unstable blocks become clean (the backing flushed them) or dirty again
  * (the backing may have lost them). */
 void folio_settle (struct cache *c, struct folio *f, bool lost);
 
 /* --- locking and windows (window.c) --- */
-void range_lock (struct cache *c, uint64_t first, uint64_t last);
-void range_unlock (struct cache *c, uint64_t first, uint64_t last);
+/* Lock or unlock the stripes of folios [start, end). */
+void range_lock (struct cache *c, uint64_t start, uint64_t end);
+void range_unlock (struct cache *c, uint64_t start, uint64_t end);
 pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
-/* Lock folios [first, first+n) and look them up; with alloc, create the
+/* Lock folios [start, end) and look them up; with alloc, create the
  * missing ones (evicting clean folios, waiting for writeback if needed).
  * Returns 0 with the range locked, or -1/errno with nothing held. */
-int window_begin (struct cache *c, struct window *w, uint64_t first,
-                  uint32_t n, bool alloc);
+int window_begin (struct cache *c, struct window *w, uint64_t start,
+                  uint64_t end, bool alloc);
 void window_end (struct cache *c, struct window *w);
-/* Visit cached folios with numbers in [first, last], caller holding their
+/* Visit cached folios with numbers in [start, end), caller holding their
  * stripes.  fn returns 0 to go on, else stops and is returned. */
-int cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
+int cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
                         int (*fn) (struct cache *, struct folio *, void *),
                         void *opaque);
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
@@ -180,15 +187,15 @@ int io_read (struct cache *c, void *buf, uint64_t len, uint64_t off);
 int io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
               unsigned flags);
 unsigned char *io_bounce (struct cache *c);
-/* Bring blocks [blk, blk+n) (global numbers) of the window's folios
+/* Bring blocks [start, end) (global numbers) of the window's folios
  * uptodate: holes are zero-filled, data runs read with one request each. */
-int io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n);
+int io_fill (struct cache *c, struct window *w, uint64_t start, uint64_t end);
 
 /* --- writeback (writeback.c) --- */
-/* Write back dirty blocks in global blocks [blk, blk+n) of a locked
+/* Write back dirty blocks in global blocks [start, end) of a locked
  * window, merging runs across folios.  0 or -1/errno (blocks stay dirty). */
-int wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
-               unsigned backing_flags);
+int wb_window (struct cache *c, struct window *w, uint64_t start,
+               uint64_t end, unsigned backing_flags);
 int wb_pass (struct cache *c, bool all, int *err);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or

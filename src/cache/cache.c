@@ -140,7 +140,7 @@ cache_create (struct backing *b, struct store *store,
   c->folio_shift = log2u (cfg->folio_size);
   c->block_shift = log2u (cfg->block_size);
   c->blocks_per_folio = cfg->folio_size / cfg->block_size;
-  c->last_folio = c->size ? (c->size - 1) >> c->folio_shift : 0;
+  c->nr_folios = c->size ? ((c->size - 1) >> c->folio_shift) + 1 : 0;
   c->store = store;
   if (store == NULL) {
     uint32_t n = (uint32_t) (cfg->cache_size / cfg->folio_size);
@@ -156,7 +156,7 @@ cache_create (struct backing *b, struct store *store,
     c->window = 1;
   c->dirty_limit = bytes * cfg->dirty_limit_pct / 100;
   c->dirty_background = bytes * cfg->dirty_background_pct / 100;
-  fidx_init (&c->index, c->last_folio);
+  fidx_init (&c->index, c->nr_folios ? c->nr_folios - 1 : 0);
   c->stable_epoch = b->ops->loss_epoch ? b->ops->loss_epoch (b) : 0;
   c->zero_block = calloc (1, cfg->block_size);
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||

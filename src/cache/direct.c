@@ -45,17 +45,17 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
     if (whole) {
-      folio_set_uptodate (c, f, i, 1);
-      folio_clear_dirty (c, f, i, 1);
+      folio_set_uptodate (c, f, i, i + 1);
+      folio_clear_dirty (c, f, i, i + 1);
     }
     return;
   case FIX_DROP:
-    folio_clear_dirty (c, f, i, 1);
-    folio_clear_uptodate (c, f, i, 1);
+    folio_clear_dirty (c, f, i, i + 1);
+    folio_clear_uptodate (c, f, i, i + 1);
     return;
   case FIX_FAILED:
     if (!folio_block_dirty (c, f, i))
-      folio_clear_uptodate (c, f, i, 1);
+      folio_clear_uptodate (c, f, i, i + 1);
     return;
   case FIX_OVERLAY:
     if (folio_block_dirty (c, f, i))
@@ -86,7 +86,7 @@ fix_folio (struct cache *c, struct folio *f, void *opaque)
 static void
 fix_cached (struct cache *c, struct fix *x)
 {
-  cached_folios_each (c, folio_of (c, x->off), folio_of (c, x->end - 1),
+  cached_folios_each (c, folio_of (c, x->off), folio_of (c, x->end - 1) + 1,
                       fix_folio, x);
 }
 
@@ -134,15 +134,15 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
 {
   struct fix x = { .kind = FIX_OVERLAY, .off = off, .end = off + len,
                    .dst = buf };
-  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
+  uint64_t start = folio_of (c, off), end = folio_of (c, off + len - 1) + 1;
 
   STAT_ADD (c, direct_read_ops, 1);
   STAT_ADD (c, direct_read_bytes, len);
-  range_lock (c, first, last);
+  range_lock (c, start, end);
   int r = io_read (c, buf, len, off);
   if (r == 0)
     fix_cached (c, &x);   /* dirty blocks are newer than the backing */
-  range_unlock (c, first, last);
+  range_unlock (c, start, end);
   return r;
 }
 
@@ -154,12 +154,12 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
              unsigned flags)
 {
   uint64_t off = x->off, len = x->end - x->off;
-  uint64_t first = folio_of (c, off), last = folio_of (c, x->end - 1);
+  uint64_t start = folio_of (c, off), end = folio_of (c, x->end - 1) + 1;
   int r;
 
   if (op != PASS_WRITE)
     flags = durable_flags (c, flags);
-  range_lock (c, first, last);
+  range_lock (c, start, end);
   switch (op) {
   case PASS_WRITE:
     r = io_write (c, buf, len, off, backing_flags (flags));
@@ -184,7 +184,7 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
   if (r == -1)
     x->kind = FIX_FAILED;
   fix_cached (c, x);
-  range_unlock (c, first, last);
+  range_unlock (c, start, end);
   errno = err;
   return r;
 }

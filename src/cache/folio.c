@@ -11,13 +11,13 @@ bit_test (const uint64_t *bits, uint32_t i)
   return bits[i / 64] & (1ull << (i % 64));
 }
 
-/* Set (on) or clear bits [first, first+n); returns how many changed. */
+/* Set (on) or clear bits [start, end); returns how many changed. */
 static uint32_t
-bits_assign (uint64_t *bits, uint32_t first, uint32_t n, bool on)
+bits_assign (uint64_t *bits, uint32_t start, uint32_t end, bool on)
 {
   uint32_t changed = 0;
 
-  for (uint32_t i = first; i < first + n; i++) {
+  for (uint32_t i = start; i < end; i++) {
     uint64_t m = 1ull << (i % 64);
     if (!!(bits[i / 64] & m) != on) {
       bits[i / 64] ^= m;
@@ -42,19 +42,19 @@ folio_block_dirty (const struct cache *c, const struct folio *f, uint32_t blk)
 }
 
 void
-folio_set_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                    uint32_t n)
+folio_set_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                    uint32_t end)
 {
   (void) c;
-  f->nr_uptodate += bits_assign (f->bits, first, n, true);
+  f->nr_uptodate += bits_assign (f->bits, start, end, true);
 }
 
 void
-folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                      uint32_t n)
+folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                      uint32_t end)
 {
   (void) c;
-  f->nr_uptodate -= bits_assign (f->bits, first, n, false);
+  f->nr_uptodate -= bits_assign (f->bits, start, end, false);
 }
 
 static bool
@@ -79,11 +79,12 @@ folio_mark (struct cache *c, struct folio *f, bool was_marked)
 }
 
 void
-folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
-                 uint32_t n)
+folio_set_dirty (struct cache *c, struct folio *f, uint32_t start,
+                 uint32_t end)
 {
+  uint32_t bpf = c->blocks_per_folio;
   bool was = folio_marked (f);
-  uint32_t added = bits_assign (f->bits, c->blocks_per_folio + first, n, true);
+  uint32_t added = bits_assign (f->bits, bpf + start, bpf + end, true);
 
   if (added == 0)
     return;
@@ -95,12 +96,12 @@ folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
 }
 
 void
-folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
-                   uint32_t n)
+folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
+                   uint32_t end)
 {
+  uint32_t bpf = c->blocks_per_folio;
   bool was = folio_marked (f);
-  uint32_t removed = bits_assign (f->bits, c->blocks_per_folio + first, n,
-                                  false);
+  uint32_t removed = bits_assign (f->bits, bpf + start, bpf + end, false);
 
   if (removed == 0)
     return;
@@ -114,12 +115,13 @@ folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
 }
 
 static void
-folio_assign_unstable (struct cache *c, struct folio *f, uint32_t first,
-                       uint32_t n, bool on)
+folio_assign_unstable (struct cache *c, struct folio *f, uint32_t start,
+                       uint32_t end, bool on)
 {
+  uint32_t bpf = c->blocks_per_folio;
   bool was = folio_marked (f);
-  uint32_t changed = bits_assign (f->bits, 2 * c->blocks_per_folio + first,
-                                  n, on);
+  uint32_t changed = bits_assign (f->bits, 2 * bpf + start, 2 * bpf + end,
+                                  on);
   uint64_t bytes = (uint64_t) changed << c->block_shift;
 
   if (on) {
@@ -133,12 +135,12 @@ folio_assign_unstable (struct cache *c, struct folio *f, uint32_t first,
 }
 
 void
-folio_written (struct cache *c, struct folio *f, uint32_t first, uint32_t n,
-               bool unstable)
+folio_written (struct cache *c, struct folio *f, uint32_t start,
+               uint32_t end, bool unstable)
 {
   if (unstable)      /* first, so that the folio stays marked throughout */
-    folio_assign_unstable (c, f, first, n, true);
-  folio_clear_dirty (c, f, first, n);
+    folio_assign_unstable (c, f, start, end, true);
+  folio_clear_dirty (c, f, start, end);
 }
 
 void
@@ -150,8 +152,8 @@ folio_settle (struct cache *c, struct folio *f, bool lost)
     if (!bit_test (f->bits, 2 * bpf + i))
       continue;
     if (lost)
-      folio_set_dirty (c, f, i, 1);
-    folio_assign_unstable (c, f, i, 1, false);
+      folio_set_dirty (c, f, i, i + 1);
+    folio_assign_unstable (c, f, i, i + 1, false);
   }
 }
 

@@ -12,21 +12,20 @@ windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
               window_fn fn, void *opaque)
 {
   uint64_t end = off + len;
-  uint64_t fi = folio_of (c, off), last = folio_of (c, end - 1);
+  uint64_t fi = folio_of (c, off), fend = folio_of (c, end - 1) + 1;
   struct window w;
 
-  while (fi <= last) {
-    uint32_t n = (uint32_t) (last - fi + 1 < c->window ? last - fi + 1
-                                                        : c->window);
-    uint64_t wstart = folio_pos (c, fi), wend = folio_pos (c, fi + n);
+  while (fi < fend) {
+    uint64_t wfend = fend - fi < c->window ? fend : fi + c->window;
+    uint64_t wstart = folio_pos (c, fi), wend = folio_pos (c, wfend);
     uint64_t s = off > wstart ? off : wstart, e = end < wend ? end : wend;
-    if (window_begin (c, &w, fi, n, alloc) == -1)
+    if (window_begin (c, &w, fi, wfend, alloc) == -1)
       return -1;
     int r = fn (c, &w, s, e - s, opaque);
     window_end (c, &w);
     if (r == -1)
       return -1;
-    fi += n;
+    fi = wfend;
   }
   return 0;
 }
@@ -34,7 +33,7 @@ windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
 static struct folio *
 window_folio (struct cache *c, struct window *w, uint64_t blk)
 {
-  return w->f[blk / c->blocks_per_folio - w->first];
+  return w->f[blk / c->blocks_per_folio - w->start];
 }
 
 /* Bring every block overlapping [off, off+len) uptodate: one fill per
@@ -43,10 +42,10 @@ static int
 fill_range (struct cache *c, struct window *w, uint64_t off, uint64_t len,
             bool *missed)
 {
-  uint64_t b = block_of (c, off), last = block_of (c, off + len - 1);
+  uint64_t b = block_of (c, off), end = block_of (c, off + len - 1) + 1;
   uint32_t bpf = c->blocks_per_folio;
 
-  while (b <= last) {
+  while (b < end) {
     struct folio *f = window_folio (c, w, b);
     if (f->nr_uptodate == bpf) {           /* skip a fully uptodate folio */
       b = (b / bpf + 1) * bpf;
@@ -56,15 +55,15 @@ fill_range (struct cache *c, struct window *w, uint64_t off, uint64_t len,
       b++;
       continue;
     }
-    uint64_t run = 1;
-    while (b + run <= last &&
-           !folio_block_uptodate (c, window_folio (c, w, b + run),
-                                  (b + run) % bpf))
-      run++;
-    if (io_fill (c, w, b, run) == -1)
+    uint64_t run_end = b + 1;
+    while (run_end < end &&
+           !folio_block_uptodate (c, window_folio (c, w, run_end),
+                                  run_end % bpf))
+      run_end++;
+    if (io_fill (c, w, b, run_end) == -1)
       return -1;
     *missed = true;
-    b += run;
+    b = run_end;
   }
   return 0;
 }
@@ -80,7 +79,7 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     uint64_t fi = folio_of (c, off);
     uint64_t in = off - folio_pos (c, fi);
     uint64_t n = ((uint64_t) 1 << c->folio_shift) - in;
-    struct folio *f = w->f[fi - w->first];
+    struct folio *f = w->f[fi - w->start];
     if (n > len)
       n = len;
     if (to_folio)
@@ -169,25 +168,25 @@ fill_edges (struct cache *c, struct window *w, uint64_t off, uint64_t end)
     struct folio *f = window_folio (c, w, edge[i]);
     if (block_partial (c, edge[i], off, end) &&
         !folio_block_uptodate (c, f, edge[i] % bpf) &&
-        io_fill (c, w, edge[i], 1) == -1)
+        io_fill (c, w, edge[i], edge[i] + 1) == -1)
       return -1;
   }
   return 0;
 }
 
-/* Mark blocks [first, last] (global) uptodate and dirty. */
+/* Mark blocks [start, end) (global) uptodate and dirty. */
 static void
-dirty_blocks (struct cache *c, struct window *w, uint64_t first,
-              uint64_t last)
+dirty_blocks (struct cache *c, struct window *w, uint64_t start,
+              uint64_t end)
 {
   uint32_t bpf = c->blocks_per_folio;
 
-  for (uint64_t b = first; b <= last;) {
+  for (uint64_t b = start; b < end;) {
     struct folio *f = window_folio (c, w, b);
     uint32_t i = (uint32_t) (b % bpf);
-    uint32_t n = (uint32_t) (bpf - i < last - b + 1 ? bpf - i : last - b + 1);
-    folio_set_uptodate (c, f, i, n);
-    folio_set_dirty (c, f, i, n);
+    uint32_t n = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    folio_set_uptodate (c, f, i, i + n);
+    folio_set_dirty (c, f, i, i + n);
     b += n;
   }
 }
@@ -197,14 +196,14 @@ write_step (struct cache *c, struct window *w, uint64_t off, uint64_t len,
             void *opaque)
 {
   struct rw_ctx *x = opaque;
-  uint64_t first = block_of (c, off), last = block_of (c, off + len - 1);
+  uint64_t start = block_of (c, off), end = block_of (c, off + len - 1) + 1;
 
   if (fill_edges (c, w, off, off + len) == -1)
     return -1;
   copy_range (c, w, x->buf + (off - x->req_off), off, len, true);
-  dirty_blocks (c, w, first, last);
+  dirty_blocks (c, w, start, end);
   if (x->flags & CACHE_FUA)
-    return wb_window (c, w, first, last - first + 1, BACKING_FUA);
+    return wb_window (c, w, start, end, BACKING_FUA);
   return 0;
 }
 

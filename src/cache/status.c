@@ -107,7 +107,8 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
   while (e.end < end && !e.stop && r == 0) {
     uint64_t fi = folio_of (c, e.end);
     pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1), true);
+    struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1) + 1,
+                                 true);
     pthread_mutex_unlock (&c->lock);
     uint64_t clean_end = f ? folio_pos (c, fi) : end;
     if (e.end < clean_end) {

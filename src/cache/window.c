@@ -13,14 +13,14 @@ stripe_of (struct cache *c, uint64_t fi)
   return &c->stripes[fi % NSTRIPES];
 }
 
-/* Call fn on each stripe index of folios [first, last], in ascending
- * stripe order (the only order in which several stripes are taken). */
+/* Call fn on each stripe of folios [start, end), in ascending stripe
+ * order (the only order in which several stripes are taken). */
 static void
-stripes_each (struct cache *c, uint64_t first, uint64_t last,
+stripes_each (struct cache *c, uint64_t start, uint64_t end,
               int (*fn) (pthread_mutex_t *))
 {
-  uint64_t n = last - first + 1;
-  uint32_t s0 = first % NSTRIPES;
+  uint64_t n = end - start;
+  uint32_t s0 = start % NSTRIPES;
 
   if (n >= NSTRIPES) {
     for (uint32_t s = 0; s < NSTRIPES; s++)
@@ -37,15 +37,15 @@ stripes_each (struct cache *c, uint64_t first, uint64_t last,
 }
 
 void
-range_lock (struct cache *c, uint64_t first, uint64_t last)
+range_lock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, first, last, pthread_mutex_lock);
+  stripes_each (c, start, end, pthread_mutex_lock);
 }
 
 void
-range_unlock (struct cache *c, uint64_t first, uint64_t last)
+range_unlock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, first, last, pthread_mutex_unlock);
+  stripes_each (c, start, end, pthread_mutex_unlock);
 }
 
 static void
@@ -128,8 +128,8 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
 static int
 window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 {
-  for (uint32_t i = 0; i < w->n; i++) {
-    struct folio *f = fidx_get (&c->index, w->first + i);
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    struct folio *f = fidx_get (&c->index, fi);
     if (f != NULL) {
       lru_unlink (c, f);
       lru_append (c, f);
@@ -139,10 +139,10 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
         errno = EAGAIN;
         return -1;
       }
-      if (folio_insert_locked (c, f, w->first + i) == -1)
+      if (folio_insert_locked (c, f, fi) == -1)
         return -1;
     }
-    w->f[i] = f;
+    w->f[fi - w->start] = f;
   }
   return 0;
 }
@@ -158,14 +158,14 @@ wait_for_space_locked (struct cache *c)
 }
 
 int
-window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
-              bool alloc)
+window_begin (struct cache *c, struct window *w, uint64_t start,
+              uint64_t end, bool alloc)
 {
-  assert (n > 0 && n <= WINDOW_MAX);
-  w->first = first;
-  w->n = n;
+  assert (start < end && end - start <= WINDOW_MAX);
+  w->start = start;
+  w->end = end;
   for (;;) {
-    range_lock (c, first, first + n - 1);
+    range_lock (c, start, end);
     pthread_mutex_lock (&c->lock);
     if (window_lookup_locked (c, w, alloc) == 0) {
       pthread_mutex_unlock (&c->lock);
@@ -173,7 +173,7 @@ window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
     }
     int err = errno;
     /* Never wait holding stripes: writeback needs them. */
-    range_unlock (c, first, first + n - 1);
+    range_unlock (c, start, end);
     int failing = wb_error (c);
     if (err != EAGAIN || failing) {
       pthread_mutex_unlock (&c->lock);
@@ -189,19 +189,17 @@ window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
 void
 window_end (struct cache *c, struct window *w)
 {
-  range_unlock (c, w->first, w->first + w->n - 1);
+  range_unlock (c, w->start, w->end);
 }
 
 int
-cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
+cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
                     int (*fn) (struct cache *, struct folio *, void *),
                     void *opaque)
 {
-  uint64_t fi = first;
-
-  while (fi <= last) {
+  for (uint64_t fi = start; fi < end; fi++) {
     pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, last, false);
+    struct folio *f = fidx_find (&c->index, &fi, end, false);
     pthread_mutex_unlock (&c->lock);
     if (f == NULL)
       break;
@@ -209,9 +207,6 @@ cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
     int r = fn (c, f, opaque);
     if (r != 0)
       return r;
-    if (fi == UINT64_MAX)
-      break;
-    fi++;
   }
   return 0;
 }

@@ -8,26 +8,26 @@
 #include "cache/cache-int.h"
 #include "foliod/util.h"
 
-/* Write global blocks [blk, blk+n), all dirty and cached in w. */
+/* Write global blocks [start, end), all dirty and cached in w. */
 static int
-wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
         unsigned flags)
 {
   uint32_t bpf = c->blocks_per_folio;
-  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
-  struct folio *f = w->f[blk / bpf - w->first];
+  uint64_t off = block_pos (c, start), len = block_pos (c, end - start);
+  struct folio *f = w->f[start / bpf - w->start];
   const unsigned char *src;
   int r;
 
-  if ((blk + n - 1) / bpf == blk / bpf)
-    src = f->data + block_pos (c, blk % bpf);
+  if ((end - 1) / bpf == start / bpf)
+    src = f->data + block_pos (c, start % bpf);
   else {
     unsigned char *bounce = io_bounce (c);
     if (bounce == NULL)
       return -1;
-    for (uint64_t b = blk; b < blk + n; b++) {
-      struct folio *g = w->f[b / bpf - w->first];
-      memcpy (bounce + block_pos (c, b - blk),
+    for (uint64_t b = start; b < end; b++) {
+      struct folio *g = w->f[b / bpf - w->start];
+      memcpy (bounce + block_pos (c, b - start),
               g->data + block_pos (c, b % bpf), (size_t) 1 << c->block_shift);
     }
     src = bounce;
@@ -42,12 +42,11 @@ wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
   }
   atomic_store (&c->wb_failing, 0);
   bool unstable = c->b->ops->loss_epoch != NULL && !(flags & BACKING_FUA);
-  for (uint64_t b = blk; b < blk + n;) {
-    struct folio *g = w->f[b / bpf - w->first];
-    uint32_t first = (uint32_t) (b % bpf);
-    uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
-                                                          : blk + n - b);
-    folio_written (c, g, first, cnt, unstable);
+  for (uint64_t b = start; b < end;) {
+    struct folio *g = w->f[b / bpf - w->start];
+    uint32_t i = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    folio_written (c, g, i, i + cnt, unstable);
     b += cnt;
   }
   return 0;
@@ -56,32 +55,32 @@ wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
 static bool
 block_dirty (struct cache *c, struct window *w, uint64_t b)
 {
-  struct folio *f = w->f[b / c->blocks_per_folio - w->first];
+  struct folio *f = w->f[b / c->blocks_per_folio - w->start];
 
   return f != NULL && folio_block_dirty (c, f, b % c->blocks_per_folio);
 }
 
 int
-wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+wb_window (struct cache *c, struct window *w, uint64_t start, uint64_t end,
            unsigned flags)
 {
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
-  uint64_t end = blk + n;
   int err = 0;
 
-  for (uint64_t b = blk; b < end;) {
+  for (uint64_t b = start; b < end;) {
     if (!block_dirty (c, w, b)) {
       b++;
       continue;
     }
-    uint64_t run = 1;
-    while (b + run < end && run < max_blocks && block_dirty (c, w, b + run))
-      run++;
-    if (wb_run (c, w, b, run, flags) == -1 && err == 0)
+    uint64_t run_end = b + 1;
+    while (run_end < end && run_end - b < max_blocks &&
+           block_dirty (c, w, run_end))
+      run_end++;
+    if (wb_run (c, w, b, run_end, flags) == -1 && err == 0)
       err = errno;
     if (backing_unreachable (err))
       break;                    /* the other runs would only wait too */
-    b += run;
+    b = run_end;
   }
   if (err) {
     errno = err;
@@ -117,12 +116,12 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
     pthread_mutex_unlock (stripe_of (c, fi));
     return false;
   }
-  w->first = fi;
+  w->start = fi;
   w->f[0] = f;
-  w->n = 1;
-  while (w->n < WINDOW_MAX && fi + w->n <= c->last_folio &&
-         folio_block_dirty (c, w->f[w->n - 1], last_block)) {
-    uint64_t next = fi + w->n;
+  w->end = fi + 1;
+  while (w->end - fi < WINDOW_MAX && w->end < c->nr_folios &&
+         folio_block_dirty (c, w->f[w->end - fi - 1], last_block)) {
+    uint64_t next = w->end;
     if (pthread_mutex_trylock (stripe_of (c, next)) != 0)
       break;
     pthread_mutex_lock (&c->lock);      /* held stripe: g cannot go away */
@@ -132,7 +131,8 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
       pthread_mutex_unlock (stripe_of (c, next));
       break;
     }
-    w->f[w->n++] = g;
+    w->f[next - fi] = g;
+    w->end = next + 1;
   }
   return true;
 }
@@ -152,7 +152,7 @@ wb_pass (struct cache *c, bool all, int *err)
   for (;;) {
     pthread_mutex_lock (&c->lock);
     struct folio *f = fidx_find (&c->index, &fi,
-                                 wrapped && !all ? start - 1 : c->last_folio,
+                                 wrapped && !all ? start : c->nr_folios,
                                  true);
     pthread_mutex_unlock (&c->lock);
     if (f == NULL) {
@@ -169,20 +169,20 @@ wb_pass (struct cache *c, bool all, int *err)
       continue;
     }
     if (wb_batch_begin (c, &w, fi, all)) {
-      uint64_t blk = fi * c->blocks_per_folio;
-      if (wb_window (c, &w, blk, (uint64_t) w.n * c->blocks_per_folio, 0)
-          == -1 && *err == 0)
+      uint32_t bpf = c->blocks_per_folio;
+      if (wb_window (c, &w, w.start * bpf, w.end * bpf, 0) == -1 &&
+          *err == 0)
         *err = errno;
       window_end (c, &w);
-      written += w.n;
-      fi += w.n;
+      written += (int) (w.end - w.start);
+      fi = w.end;
       /* Retry the backing, not each run: a remote that is down has been
        * waited for once (its retry window); the next pass tries again. */
       if (backing_unreachable (*err))
         break;
     } else
       fi++;
-    c->wb_cursor = fi > c->last_folio ? 0 : fi;
+    c->wb_cursor = fi >= c->nr_folios ? 0 : fi;
   }
   return written;
 }
@@ -194,9 +194,9 @@ folios_each_locked (struct cache *c, bool marked,
                     void (*fn) (struct cache *, struct folio *, bool),
                     bool arg)
 {
-  for (uint64_t fi = 0; fi <= c->last_folio; fi++) {
+  for (uint64_t fi = 0; fi < c->nr_folios; fi++) {
     pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, c->last_folio, marked);
+    struct folio *f = fidx_find (&c->index, &fi, c->nr_folios, marked);
     pthread_mutex_unlock (&c->lock);
     if (f == NULL)
       break;
@@ -279,7 +279,7 @@ forget_clean (struct cache *c, struct folio *f, bool unused)
   (void) unused;
   for (uint32_t i = 0; i < c->blocks_per_folio; i++)
     if (!folio_block_dirty (c, f, i))
-      folio_clear_uptodate (c, f, i, 1);
+      folio_clear_uptodate (c, f, i, i + 1);
 }
 
 void
