@@ -36,11 +36,11 @@
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
 
 /* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
- * store: blocks_per_folio uptodate bits, then as many dirty bits, then as
- * many unstable bits (written back, but the backing has not flushed them
- * yet and could lose them: see backing_ops.loss_epoch).  A folio is marked
- * in the index while it has dirty or unstable blocks; it is evictable only
- * when it has neither. */
+ * store: a plane of blocks_per_folio bits per enum folio_plane (store.h):
+ * uptodate, dirty, and unstable (written back, but the backing has not
+ * flushed them yet and could lose them: see backing_ops.loss_epoch).  A
+ * folio is marked in the index while it has dirty or unstable blocks; it
+ * is evictable only when it has neither. */
 struct folio {
   uint64_t index;           /* folio number in the export; lock */
   uint32_t slot;            /* store slot, fixed */
@@ -137,6 +137,18 @@ static inline uint64_t block_pos (const struct cache *c, uint64_t blk)
 { return blk << c->block_shift; }
 
 /* --- folio state (folio.c); caller holds the folio's stripe --- */
+bool folio_test (const struct cache *c, const struct folio *f,
+                 enum folio_plane p, uint32_t blk);
+/* The first block in [start, end) whose bit in plane p is set (on) or
+ * clear; end if none.  A word at a time. */
+uint32_t folio_next (const struct cache *c, const struct folio *f,
+                     enum folio_plane p, bool on, uint32_t start,
+                     uint32_t end);
+/* The same over global blocks [start, end) of a window's folios (caller
+ * holds the window); a folio that is not cached has no bit set. */
+uint64_t window_next (const struct cache *c, const struct window *w,
+                      enum folio_plane p, bool on, uint64_t start,
+                      uint64_t end);
 bool folio_block_uptodate (const struct cache *c, const struct folio *f,
                            uint32_t blk);
 bool folio_block_dirty (const struct cache *c, const struct folio *f,

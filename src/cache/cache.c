@@ -114,7 +114,7 @@ store_check (const struct store *s, const struct cache_config *cfg,
   CHECK (s->folio_size == cfg->folio_size,
          "store folio size %" PRIu32 " does not match folio-size %" PRIu32,
          s->folio_size, cfg->folio_size);
-  CHECK ((uint64_t) s->bitmap_words * 64 >= 3ull * blocks,
+  CHECK (s->bitmap_words >= store_bitmap_words (blocks),
          "store bitmaps too small for %" PRIu32 " blocks per folio", blocks);
   CHECK (s->nslots >= 4, "store must hold at least 4 folios");
   return 0;

@@ -43,23 +43,9 @@ fill_range (struct cache *c, struct window *w, uint64_t off, uint64_t len,
             bool *missed)
 {
   uint64_t b = block_of (c, off), end = block_of (c, off + len - 1) + 1;
-  uint32_t bpf = c->blocks_per_folio;
 
-  while (b < end) {
-    struct folio *f = window_folio (c, w, b);
-    if (f->nr_uptodate == bpf) {           /* skip a fully uptodate folio */
-      b = (b / bpf + 1) * bpf;
-      continue;
-    }
-    if (folio_block_uptodate (c, f, b % bpf)) {
-      b++;
-      continue;
-    }
-    uint64_t run_end = b + 1;
-    while (run_end < end &&
-           !folio_block_uptodate (c, window_folio (c, w, run_end),
-                                  run_end % bpf))
-      run_end++;
+  while ((b = window_next (c, w, FP_UPTODATE, false, b, end)) < end) {
+    uint64_t run_end = window_next (c, w, FP_UPTODATE, true, b, end);
     if (io_fill (c, w, b, run_end) == -1)
       return -1;
     *missed = true;

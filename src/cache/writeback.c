@@ -52,30 +52,17 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
   return 0;
 }
 
-static bool
-block_dirty (struct cache *c, struct window *w, uint64_t b)
-{
-  struct folio *f = w->f[b / c->blocks_per_folio - w->start];
-
-  return f != NULL && folio_block_dirty (c, f, b % c->blocks_per_folio);
-}
-
 int
 wb_window (struct cache *c, struct window *w, uint64_t start, uint64_t end,
            unsigned flags)
 {
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
+  uint64_t b = start;
   int err = 0;
 
-  for (uint64_t b = start; b < end;) {
-    if (!block_dirty (c, w, b)) {
-      b++;
-      continue;
-    }
-    uint64_t run_end = b + 1;
-    while (run_end < end && run_end - b < max_blocks &&
-           block_dirty (c, w, run_end))
-      run_end++;
+  while ((b = window_next (c, w, FP_DIRTY, true, b, end)) < end) {
+    uint64_t cap = end - b > max_blocks ? b + max_blocks : end;
+    uint64_t run_end = window_next (c, w, FP_DIRTY, false, b, cap);
     if (wb_run (c, w, b, run_end, flags) == -1 && err == 0)
       err = errno;
     if (backing_unreachable (err))
