@@ -189,8 +189,16 @@ void window_end (struct cache *c, struct window *w);
 int cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
                         int (*fn) (struct cache *, struct folio *, void *),
                         void *opaque);
+
+/* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
 int throttle_dirty (struct cache *c, uint64_t len);
+/* A window could not be looked up (errno err; c->lock held, no stripe):
+ * when it lacked room (EAGAIN), wait up to 100 ms for writeback to make
+ * some and return 0 (try again), else -1 with errno (also when writeback
+ * is failing: waiting would not help). */
+int throttle_room_locked (struct cache *c, int err);
+/* Wake the writeback thread (c->lock held). */
 void wb_kick_locked (struct cache *c);
 
 /* --- backing I/O (io.c): clamp at the export end, count, per-thread

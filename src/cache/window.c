@@ -1,11 +1,9 @@
-/* Range locks, folio lookup and allocation, eviction, dirty throttling.
- * See the lock order in cache-int.h. */
+/* Range locks, folio lookup and allocation, the LRU and eviction.  See the
+ * lock order in cache-int.h; the waits for room are in throttle.c. */
 #include <assert.h>
 #include <errno.h>
-#include <time.h>
 
 #include "cache/cache-int.h"
-#include "foliod/util.h"
 
 pthread_mutex_t *
 stripe_of (struct cache *c, uint64_t fi)
@@ -147,16 +145,6 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
   return 0;
 }
 
-/* Wait up to 100 ms for writeback to free room (lock held). */
-static void
-wait_for_space_locked (struct cache *c)
-{
-  c->space_waiters++;
-  wb_kick_locked (c);
-  cond_wait_ms (&c->space_cv, &c->lock, 100);
-  c->space_waiters--;
-}
-
 int
 window_begin (struct cache *c, struct window *w, uint64_t start,
               uint64_t end, bool alloc)
@@ -174,15 +162,10 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
     int err = errno;
     /* Never wait holding stripes: writeback needs them. */
     range_unlock (c, start, end);
-    int failing = wb_error (c);
-    if (err != EAGAIN || failing) {
-      pthread_mutex_unlock (&c->lock);
-      errno = err != EAGAIN ? err : failing;
-      return -1;
-    }
-    STAT_ADD (c, throttle_waits, 1);
-    wait_for_space_locked (c);
+    int r = throttle_room_locked (c, err);
     pthread_mutex_unlock (&c->lock);
+    if (r == -1)
+      return -1;
   }
 }
 
@@ -208,37 +191,5 @@ cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
     if (r != 0)
       return r;
   }
-  return 0;
-}
-
-void
-wb_kick_locked (struct cache *c)
-{
-  c->wb_kick = true;
-  pthread_cond_signal (&c->wb_cv);
-}
-
-int
-throttle_dirty (struct cache *c, uint64_t len)
-{
-  bool waited = false;
-
-  if (STAT_GET (c, dirty_bytes) + len <= c->dirty_limit)
-    return 0;
-  pthread_mutex_lock (&c->lock);
-  while (STAT_GET (c, dirty_bytes) > 0 &&
-         STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
-    int failing = wb_error (c);
-    if (failing) {
-      pthread_mutex_unlock (&c->lock);
-      errno = failing;
-      return -1;
-    }
-    if (!waited)
-      STAT_ADD (c, throttle_waits, 1);
-    waited = true;
-    wait_for_space_locked (c);
-  }
-  pthread_mutex_unlock (&c->lock);
   return 0;
 }
