@@ -76,9 +76,13 @@ wb_window (struct cache *c, struct window *w, uint64_t start, uint64_t end,
   return 0;
 }
 
-/* Is folio f worth writing in this pass? */
+/* Is folio f worth writing in this pass?  The one background policy (the
+ * kernel's wb_over_bg_thresh): over the background threshold, or with
+ * writers waiting for room, every dirty folio; else those dirty for longer
+ * than dirty_expire_ms.  Without the stripe it is a hint (dirtied_ms is
+ * atomic): wb_batch_begin asks again under it. */
 static bool
-wb_wanted (struct cache *c, struct folio *f, bool all)
+wb_wanted (struct cache *c, const struct folio *f, bool all)
 {
   if (all || STAT_GET (c, dirty_bytes) > c->dirty_background ||
       c->space_waiters > 0)
@@ -149,10 +153,8 @@ wb_pass (struct cache *c, bool all, int *err)
       fi = 0;
       continue;
     }
-    if (!all && STAT_GET (c, dirty_bytes) <= c->dirty_background / 2 &&
-        c->space_waiters == 0 &&
-        f->dirtied_ms + c->cfg.dirty_expire_ms > now_ms ()) {
-      fi++;                      /* below the threshold and still young */
+    if (!wb_wanted (c, f, all)) {
+      fi++;                      /* skipped without taking its stripe */
       continue;
     }
     if (wb_batch_begin (c, &w, fi, all)) {
