@@ -184,11 +184,52 @@ pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
 int window_begin (struct cache *c, struct window *w, uint64_t start,
                   uint64_t end, bool alloc);
 void window_end (struct cache *c, struct window *w);
-/* Visit cached folios with numbers in [start, end), caller holding their
- * stripes.  fn returns 0 to go on, else stops and is returned. */
-int cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
-                        int (*fn) (struct cache *, struct folio *, void *),
-                        void *opaque);
+/* The first cached folio with a number in [*fi, end), *fi set to its
+ * number; NULL if none.  The caller holds the stripes of [*fi, end), so
+ * the folio stays cached. */
+struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
+                                 uint64_t end);
+
+/* --- the request iterator (iter.c), iomap_iter's shape ---
+ *
+ *   struct cache_iter it;
+ *   cache_iter_init (&it, c, off, len, CI_ALLOC);
+ *   while ((r = cache_iter_next (&it)) > 0)
+ *     it.done = step (&it, ...);
+ *
+ * Each step gets one window: the folios under bytes [it.pos, it.step_end)
+ * of the request, locked and looked up (with CI_ALLOC created, waiting for
+ * room if need be).  With CI_THROTTLE the first call waits for dirty data
+ * to fall below the limit.  A step sets it.done to the bytes it did (> 0)
+ * or -1 with errno.  cache_iter_next releases the window and returns 1
+ * for the next step, 0 when the range is done, or -1 with errno when a
+ * step or a window failed.  After 0 or -1 nothing is held, and the caller
+ * must not return to the loop body. */
+#define CI_ALLOC    (1u << 0)   /* create the folios that are not cached */
+#define CI_THROTTLE (1u << 1)   /* throttle_dirty before the first step */
+
+struct cache_iter {
+  struct cache *c;
+  uint64_t start, end;      /* the request's bytes */
+  unsigned flags;
+  uint64_t pos, step_end;   /* this step's bytes */
+  int64_t done;             /* set by the step */
+  struct window w;          /* this step's folios, held */
+  bool held, over;
+  /* The backing's extent asked for by the last miss of this step (valid
+   * while mapped): the window's stripes keep anyone else from writing the
+   * backing under it, so further misses in the window can use it. */
+  struct backing_extent map;
+  bool mapped;
+};
+
+void cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
+                      uint64_t len, unsigned flags);
+int cache_iter_next (struct cache_iter *it);
+/* The backing's extent holding byte off of the step's window: asked for
+ * on a miss only (a hit needs no mapping), clipped to the window. */
+int cache_iter_map (struct cache_iter *it, uint64_t off,
+                    struct backing_extent *ext);
 
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
@@ -207,9 +248,14 @@ int io_read (struct cache *c, void *buf, uint64_t len, uint64_t off);
 int io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
               unsigned flags);
 unsigned char *io_bounce (struct cache *c);
-/* Bring blocks [start, end) (global numbers) of the window's folios
+/* Bring blocks [start, end) (global numbers) of the step's folios
  * uptodate: holes are zero-filled, data runs read with one request each. */
-int io_fill (struct cache *c, struct window *w, uint64_t start, uint64_t end);
+int io_fill (struct cache_iter *it, uint64_t start, uint64_t end);
+/* The one place that asks the backing for a mapping: the extent at byte
+ * start, clipped to [start, end) and to the export (a backing without map
+ * has one data extent; so has an empty answer: data is always safe). */
+int cache_map (struct cache *c, uint64_t start, uint64_t end,
+               struct backing_extent *ext);
 
 /* --- writeback (writeback.c) --- */
 /* Write back dirty blocks in global blocks [start, end) of a locked

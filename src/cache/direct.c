@@ -64,10 +64,9 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
   }
 }
 
-static int
-fix_folio (struct cache *c, struct folio *f, void *opaque)
+static void
+fix_folio (struct cache *c, struct folio *f, const struct fix *x)
 {
-  const struct fix *x = opaque;
   uint64_t fstart = folio_pos (c, f->index);
   uint64_t s = x->off > fstart ? x->off : fstart;
   uint64_t fend = fstart + ((uint64_t) 1 << c->folio_shift);
@@ -80,14 +79,18 @@ fix_folio (struct cache *c, struct folio *f, void *opaque)
     fix_block (c, f, i, s, be, x);
     s = be;
   }
-  return 0;
 }
 
+/* The caller holds the range lock of the request's folios. */
 static void
-fix_cached (struct cache *c, struct fix *x)
+fix_cached (struct cache *c, const struct fix *x)
 {
-  cached_folios_each (c, folio_of (c, x->off), folio_of (c, x->end - 1) + 1,
-                      fix_folio, x);
+  uint64_t end = folio_of (c, x->end - 1) + 1;
+  struct folio *f;
+
+  for (uint64_t fi = folio_of (c, x->off);
+       (f = cached_folio_next (c, &fi, end)) != NULL; fi++)
+    fix_folio (c, f, x);
 }
 
 /* Passthrough requests leave no copy in the cache: if the backing loses

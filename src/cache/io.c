@@ -103,57 +103,69 @@ fill_zero (struct cache *c, struct window *w, uint64_t start, uint64_t end)
   }
 }
 
-/* Classify the blocks from start on with one map call: *hole says whether
- * they read as zeroes, *run_end (> start, <= end) where that answer ends.
- * A block that is only partly a hole counts as data. */
+int
+cache_map (struct cache *c, uint64_t start, uint64_t end,
+           struct backing_extent *ext)
+{
+  if (end > c->size)
+    end = c->size;
+  *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
+  if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
+    return 0;
+  if (c->b->ops->map (c->b, start, end - start, ext) == -1)
+    return -1;
+  if (ext->length == 0)
+    *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
+  else if (ext->offset + ext->length > end)
+    ext->length = end - ext->offset;
+  return 0;
+}
+
+/* Classify the blocks from start on: *hole says whether they read as
+ * zeroes, *run_end (> start, <= end) where that answer ends.  A block
+ * that is only partly a hole counts as data. */
 static int
-extent_blocks (struct cache *c, uint64_t start, uint64_t end,
+extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
                uint64_t *run_end, bool *hole)
 {
+  struct cache *c = it->c;
   struct backing_extent ext;
-  uint64_t off = block_pos (c, start), len = block_pos (c, end - start);
   uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
   uint64_t e;
 
-  *run_end = end;
-  *hole = false;
-  if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
-    return 0;
-  if (off + len > c->size)
-    len = c->size - off;
-  if (c->b->ops->map (c->b, off, len, &ext) == -1)
+  if (cache_iter_map (it, block_pos (c, start), &ext) == -1)
     return -1;
   uint64_t xend = ext.offset + ext.length;
   if (ext.type != BACKING_DATA) {
     if (xend >= c->size)           /* the export's last block may be short */
       xend = (c->size + bmask) & ~bmask;
     e = block_of (c, xend);
-    *hole = e > start;
   } else
     e = block_of (c, xend + bmask);
+  *hole = ext.type != BACKING_DATA && e > start;
   if (e <= start)
     e = start + 1;
-  if (e < end)
-    *run_end = e;
+  *run_end = e < end ? e : end;
   return 0;
 }
 
 int
-io_fill (struct cache *c, struct window *w, uint64_t start, uint64_t end)
+io_fill (struct cache_iter *it, uint64_t start, uint64_t end)
 {
+  struct cache *c = it->c;
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
 
   while (start < end) {
     uint64_t run_end;
     bool hole;
-    if (extent_blocks (c, start, end, &run_end, &hole) == -1)
+    if (extent_blocks (it, start, end, &run_end, &hole) == -1)
       return -1;
     if (hole)
-      fill_zero (c, w, start, run_end);
+      fill_zero (c, &it->w, start, run_end);
     else {
       if (run_end - start > max_blocks)
         run_end = start + max_blocks;
-      if (fill_data (c, w, start, run_end) == -1)
+      if (fill_data (c, &it->w, start, run_end) == -1)
         return -1;
     }
     start = run_end;

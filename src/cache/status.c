@@ -41,19 +41,6 @@ emit (struct emitter *e, uint64_t end, enum backing_extent_type type)
   e->end = end;
 }
 
-/* The backing's extent at off, clipped to end. */
-static int
-map_at (struct cache *c, uint64_t off, uint64_t end, struct backing_extent *x)
-{
-  *x = (struct backing_extent) { off, end - off, BACKING_DATA };
-  if ((c->b->caps & BACKING_CAN_MAP) && c->b->ops->map != NULL &&
-      c->b->ops->map (c->b, off, end - off, x) == -1)
-    return -1;
-  if (x->length == 0 || x->offset + x->length > end)
-    x->length = end - off;
-  return 0;
-}
-
 /* [e->end, end) has no dirty block: the backing's answer stands. */
 static int
 emit_clean (struct cache *c, struct emitter *e, uint64_t end)
@@ -61,7 +48,7 @@ emit_clean (struct cache *c, struct emitter *e, uint64_t end)
   struct backing_extent x;
 
   while (e->end < end && !e->stop) {
-    if (map_at (c, e->end, end, &x) == -1)
+    if (cache_map (c, e->end, end, &x) == -1)
       return -1;
     emit (e, x.offset + x.length, x.type);
   }
@@ -76,7 +63,7 @@ emit_folio (struct cache *c, struct emitter *e, struct folio *f, uint64_t end)
   uint64_t fstart = folio_pos (c, f->index);
 
   while (e->end < end && !e->stop) {
-    if (map_at (c, e->end, end, &x) == -1)
+    if (cache_map (c, e->end, end, &x) == -1)
       return -1;
     uint64_t xend = x.offset + x.length;
     if (x.type == BACKING_DATA) {

@@ -175,21 +175,11 @@ window_end (struct cache *c, struct window *w)
   range_unlock (c, w->start, w->end);
 }
 
-int
-cached_folios_each (struct cache *c, uint64_t start, uint64_t end,
-                    int (*fn) (struct cache *, struct folio *, void *),
-                    void *opaque)
+struct folio *
+cached_folio_next (struct cache *c, uint64_t *fi, uint64_t end)
 {
-  for (uint64_t fi = start; fi < end; fi++) {
-    pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, end, false);
-    pthread_mutex_unlock (&c->lock);
-    if (f == NULL)
-      break;
-    /* The caller holds fi's stripe, so f stays cached. */
-    int r = fn (c, f, opaque);
-    if (r != 0)
-      return r;
-  }
-  return 0;
+  pthread_mutex_lock (&c->lock);
+  struct folio *f = fidx_find (&c->index, fi, end, false);
+  pthread_mutex_unlock (&c->lock);
+  return f;
 }
