@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cache/cache-int.h"
 #include "cache/ops.h"
@@ -225,34 +224,20 @@ cache_free (struct cache *c)
 }
 
 int
-cache_shutdown (struct cache *c, unsigned attempts)
-{
-  int r = 0;
-
-  cache_stop_writeback (c);
-  for (unsigned i = 0; i < (attempts ? attempts : 1); i++) {
-    if (i > 0)
-      sleep (1);
-    r = cache_flush (c);
-    if (r == 0)
-      break;
-    if (c->passthrough_lost && STAT_GET (c, dirty_bytes) == 0 &&
-        STAT_GET (c, unstable_bytes) == 0)
-      break;                 /* written; the loss is final, retrying won't help */
-  }
-  return r;
-}
-
-int
 cache_destroy (struct cache *c)
 {
-  int r;
+  bool lost;
 
   if (c == NULL)
     return 0;
-  r = cache_shutdown (c, 1);
+  cache_stop_writeback (c);
+  lost = STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0;
   cache_free (c);
-  return r;
+  if (lost) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
 }
 
 /* Write back everything, then flush the backing.  If the backing lost

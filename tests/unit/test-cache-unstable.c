@@ -158,7 +158,8 @@ test_lost_passthrough_fails_flush (void **state)
   assert_int_equal (errno, EIO);
   assert_int_equal (cache_read (c, buf, sizeof buf, 0, 0), 0);
   assert_memory_equal (buf, v.durable, sizeof buf);
-  assert_int_equal (cache_destroy (c), -1);
+  /* The flushes reported the loss; destroy drops nothing dirty. */
+  assert_int_equal (cache_destroy (c), 0);
 }
 
 int
