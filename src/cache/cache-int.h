@@ -16,10 +16,12 @@
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "foliod/backing.h"
 #include "foliod/cache.h"
@@ -34,6 +36,41 @@
 
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+/* range_lock takes each stripe of a window once only because a window
+ * has fewer folios than there are stripes. */
+_Static_assert (WINDOW_MAX < NSTRIPES, "a window must not wrap the stripes");
+
+/* Every mutex call of the cache goes through lock_check.  A lock call
+ * that fails is a bug (a mutex taken twice by its holder, or released by
+ * another thread: the mutexes are error-checking, see cache_init_locks),
+ * not an error to handle, so it aborts, as server/internal.h's
+ * lock_or_die does.  Only a trylock may fail, with EBUSY: false. */
+static inline bool
+lock_check (int r, bool trylock)
+{
+  if (r != 0 && !(trylock && r == EBUSY))
+    abort ();
+  return r == 0;
+}
+
+static inline void
+lock_or_die (pthread_mutex_t *m)
+{
+  lock_check (pthread_mutex_lock (m), false);
+}
+
+static inline void
+unlock_or_die (pthread_mutex_t *m)
+{
+  lock_check (pthread_mutex_unlock (m), false);
+}
+
+/* true if taken, false if someone holds it (the caller too). */
+static inline bool
+trylock_or_die (pthread_mutex_t *m)
+{
+  return lock_check (pthread_mutex_trylock (m), true);
+}
 
 /* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
  * store: a plane of blocks_per_folio bits per enum folio_plane (store.h):

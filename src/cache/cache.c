@@ -65,15 +65,25 @@ log2u (uint64_t v)
   return (unsigned) __builtin_ctzll (v);
 }
 
+/* Error-checking mutexes: a lock taken twice by its holder, or released
+ * by a thread that does not hold it, fails (and lock_or_die aborts)
+ * instead of hanging or going unnoticed. */
 static int
 cache_init_locks (struct cache *c)
 {
+  pthread_mutexattr_t ma;
+  int bad = 0;
+
+  if (pthread_mutexattr_init (&ma) != 0)
+    return -1;
+  bad |= pthread_mutexattr_settype (&ma, PTHREAD_MUTEX_ERRORCHECK);
   for (unsigned i = 0; i < NSTRIPES; i++)
-    pthread_mutex_init (&c->stripes[i], NULL);
-  pthread_mutex_init (&c->lock, NULL);
-  pthread_mutex_init (&c->wb_mutex, NULL);
+    bad |= pthread_mutex_init (&c->stripes[i], &ma);
+  bad |= pthread_mutex_init (&c->lock, &ma);
+  bad |= pthread_mutex_init (&c->wb_mutex, &ma);
+  pthread_mutexattr_destroy (&ma);
   /* Both are waited on with timeouts (cond_wait_ms). */
-  if (cond_init_monotonic (&c->space_cv) != 0 ||
+  if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
@@ -198,10 +208,10 @@ cache_stop_writeback (struct cache *c)
 {
   if (!c->wb_running)
     return;
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   atomic_store (&c->wb_stop, true);
   pthread_cond_signal (&c->wb_cv);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   pthread_join (c->wb_thread, NULL);
   c->wb_running = false;
 }
@@ -259,7 +269,7 @@ cache_flush (struct cache *c)
 {
   int err = 0, r;
 
-  pthread_mutex_lock (&c->wb_mutex);
+  lock_or_die (&c->wb_mutex);
   for (unsigned attempt = 0;; attempt++) {
     int pass_err;
     wb_pass (c, true, &pass_err);
@@ -279,10 +289,10 @@ cache_flush (struct cache *c)
   }
   if (c->passthrough_lost && err == 0)
     err = EIO;
-  pthread_mutex_unlock (&c->wb_mutex);
-  pthread_mutex_lock (&c->lock);
+  unlock_or_die (&c->wb_mutex);
+  lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   if (err) {
     errno = err;
     return -1;
@@ -333,10 +343,10 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
 #undef G
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
 }
 
 const struct cache_config *

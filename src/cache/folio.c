@@ -163,11 +163,11 @@ folio_mark (struct cache *c, struct folio *f, bool was_marked)
 
   if (marked == was_marked)
     return;
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   fidx_set_mark (&c->index, f->index, marked);
   if (!marked)
     pthread_cond_broadcast (&c->space_cv);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
 }
 
 void

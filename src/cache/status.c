@@ -93,10 +93,10 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
     return -1;
   while (e.end < end && !e.stop && r == 0) {
     uint64_t fi = folio_of (c, e.end);
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (&c->lock);
     struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1) + 1,
                                  true);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     uint64_t clean_end = f ? folio_pos (c, fi) : end;
     if (e.end < clean_end) {
       r = emit_clean (c, &e, clean_end);
@@ -104,12 +104,12 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
     }
     uint64_t fend = folio_pos (c, fi + 1) < end ? folio_pos (c, fi + 1) : end;
     pthread_mutex_t *m = stripe_of (c, fi);
-    pthread_mutex_lock (m);
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (m);
+    lock_or_die (&c->lock);
     f = fidx_get (&c->index, fi);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     r = f ? emit_folio (c, &e, f, fend) : emit_clean (c, &e, fend);
-    pthread_mutex_unlock (m);
+    unlock_or_die (m);
   }
   emit_pending (&e);
   return r;

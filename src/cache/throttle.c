@@ -44,12 +44,12 @@ throttle_dirty (struct cache *c, uint64_t len)
 
   if (STAT_GET (c, dirty_bytes) + len <= c->dirty_limit)
     return 0;
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   while (STAT_GET (c, dirty_bytes) > 0 &&
          STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
     int failing = wb_error (c);
     if (failing) {
-      pthread_mutex_unlock (&c->lock);
+      unlock_or_die (&c->lock);
       errno = failing;
       return -1;
     }
@@ -58,6 +58,6 @@ throttle_dirty (struct cache *c, uint64_t len)
     waited = true;
     throttle_space_locked (c);
   }
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   return 0;
 }

@@ -15,7 +15,7 @@ stripe_of (struct cache *c, uint64_t fi)
  * order (the only order in which several stripes are taken). */
 static void
 stripes_each (struct cache *c, uint64_t start, uint64_t end,
-              int (*fn) (pthread_mutex_t *))
+              void (*fn) (pthread_mutex_t *))
 {
   uint64_t n = end - start;
   uint32_t s0 = start % NSTRIPES;
@@ -37,13 +37,13 @@ stripes_each (struct cache *c, uint64_t start, uint64_t end,
 void
 range_lock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, start, end, pthread_mutex_lock);
+  stripes_each (c, start, end, lock_or_die);
 }
 
 void
 range_unlock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, start, end, pthread_mutex_unlock);
+  stripes_each (c, start, end, unlock_or_die);
 }
 
 static void
@@ -78,18 +78,18 @@ evict_one_locked (struct cache *c)
   while (f != NULL && budget-- > 0) {
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
-    if (pthread_mutex_trylock (m) == 0) {
+    if (trylock_or_die (m)) {
       if (f->nr_dirty == 0 && f->nr_unstable == 0) {
         lru_unlink (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;
         folio_reset (c, f);
         c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
-        pthread_mutex_unlock (m);
+        unlock_or_die (m);
         STAT_ADD (c, evictions, 1);
         return f;
       }
-      pthread_mutex_unlock (m);
+      unlock_or_die (m);
       lru_unlink (c, f);
       lru_append (c, f);
     }
@@ -154,16 +154,16 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   w->end = end;
   for (;;) {
     range_lock (c, start, end);
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (&c->lock);
     if (window_lookup_locked (c, w, alloc) == 0) {
-      pthread_mutex_unlock (&c->lock);
+      unlock_or_die (&c->lock);
       return 0;
     }
     int err = errno;
     /* Never wait holding stripes: writeback needs them. */
     range_unlock (c, start, end);
     int r = throttle_room_locked (c, err);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (r == -1)
       return -1;
   }
@@ -178,8 +178,8 @@ window_end (struct cache *c, struct window *w)
 struct folio *
 cached_folio_next (struct cache *c, uint64_t *fi, uint64_t end)
 {
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   struct folio *f = fidx_find (&c->index, fi, end, false);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   return f;
 }

@@ -99,12 +99,12 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
 {
   uint32_t last_block = c->blocks_per_folio - 1;
 
-  pthread_mutex_lock (stripe_of (c, fi));
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (stripe_of (c, fi));
+  lock_or_die (&c->lock);
   struct folio *f = fidx_get (&c->index, fi);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all)) {
-    pthread_mutex_unlock (stripe_of (c, fi));
+    unlock_or_die (stripe_of (c, fi));
     return false;
   }
   w->start = fi;
@@ -113,13 +113,13 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
   while (w->end - fi < WINDOW_MAX && w->end < c->nr_folios &&
          folio_block_dirty (c, w->f[w->end - fi - 1], last_block)) {
     uint64_t next = w->end;
-    if (pthread_mutex_trylock (stripe_of (c, next)) != 0)
+    if (!trylock_or_die (stripe_of (c, next)))
       break;
-    pthread_mutex_lock (&c->lock);      /* held stripe: g cannot go away */
+    lock_or_die (&c->lock);      /* held stripe: g cannot go away */
     struct folio *g = fidx_get (&c->index, next);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (g == NULL || !folio_block_dirty (c, g, 0)) {
-      pthread_mutex_unlock (stripe_of (c, next));
+      unlock_or_die (stripe_of (c, next));
       break;
     }
     w->f[next - fi] = g;
@@ -141,11 +141,11 @@ wb_pass (struct cache *c, bool all, int *err)
 
   *err = 0;
   for (;;) {
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (&c->lock);
     struct folio *f = fidx_find (&c->index, &fi,
                                  wrapped && !all ? start : c->nr_folios,
                                  true);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (f == NULL) {
       if (wrapped || start == 0)
         break;
@@ -184,18 +184,18 @@ folios_each_locked (struct cache *c, bool marked,
                     bool arg)
 {
   for (uint64_t fi = 0; fi < c->nr_folios; fi++) {
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (&c->lock);
     struct folio *f = fidx_find (&c->index, &fi, c->nr_folios, marked);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (f == NULL)
       break;
-    pthread_mutex_lock (stripe_of (c, fi));
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (stripe_of (c, fi));
+    lock_or_die (&c->lock);
     f = fidx_get (&c->index, fi);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (f != NULL)
       fn (c, f, arg);
-    pthread_mutex_unlock (stripe_of (c, fi));
+    unlock_or_die (stripe_of (c, fi));
   }
 }
 
@@ -282,13 +282,13 @@ wb_sleep (struct cache *c, unsigned ms)
 {
   uint64_t end = now_ms () + ms, now;
 
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   while (!atomic_load (&c->wb_stop) && !c->wb_kick &&
          (now = now_ms ()) < end)
     if (cond_wait_ms (&c->wb_cv, &c->lock, end - now) == ETIMEDOUT)
       break;
   c->wb_kick = false;
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
 }
 
 /* The background writeback thread: wakes every writeback_interval_ms or
@@ -307,7 +307,7 @@ wb_thread_main (void *arg)
     if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0)
       continue;
     int err;
-    pthread_mutex_lock (&c->wb_mutex);
+    lock_or_die (&c->wb_mutex);
     wb_pass (c, false, &err);
     /* Unstable blocks pin memory until the backing flushes them: flush
      * after every pass that left some, even one with failed writes, so
@@ -316,10 +316,10 @@ wb_thread_main (void *arg)
     if (STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1 &&
         err == 0)
       err = errno;
-    pthread_mutex_unlock (&c->wb_mutex);
-    pthread_mutex_lock (&c->lock);
+    unlock_or_die (&c->wb_mutex);
+    lock_or_die (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (err)
       backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
                               : 100;
