@@ -201,6 +201,10 @@ void folio_set_dirty (struct cache *c, struct folio *f, uint32_t start,
                       uint32_t end);
 void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
                         uint32_t end);
+/* Forget blocks [start, end) altogether, dirty and unstable too: a trim
+ * leaves the backing free to read as anything there. */
+void folio_drop (struct cache *c, struct folio *f, uint32_t start,
+                 uint32_t end);
 void folio_reset (struct cache *c, struct folio *f);
 /* Dirty blocks [start, end) reached the backing: clean them, or make them
  * unstable when the backing could still lose them. */

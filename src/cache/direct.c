@@ -14,7 +14,8 @@ enum fix_kind {
   FIX_WRITE,  /* backing now holds src over the range */
   FIX_ZERO,   /* backing now reads zeroes over the range */
   FIX_DROP,   /* whole blocks discarded: forget them */
-  FIX_FAILED, /* backing content unknown: forget clean copies */
+  FIX_FAILED, /* backing content unknown: forget clean copies, keep the
+               * ones the cache answers for */
   FIX_OVERLAY,/* direct read: copy dirty blocks into the caller's buffer */
 };
 
@@ -50,11 +51,17 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
     }
     return;
   case FIX_DROP:
-    folio_clear_dirty (c, f, i, i + 1);
-    folio_clear_uptodate (c, f, i, i + 1);
+    /* Unstable too: after a trim the block may read as anything, so a
+     * loss of the write before it needs no rewrite. */
+    folio_drop (c, f, i, i + 1);
     return;
   case FIX_FAILED:
-    if (!folio_block_dirty (c, f, i))
+    /* An unstable block was acknowledged and is still ours to make
+     * durable, and the failed request may have half overwritten it in
+     * the backing: write it again. */
+    if (folio_test (c, f, FP_UNSTABLE, i))
+      folio_set_dirty (c, f, i, i + 1);
+    else if (!folio_block_dirty (c, f, i))
       folio_clear_uptodate (c, f, i, i + 1);
     return;
   case FIX_OVERLAY:

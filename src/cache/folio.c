@@ -1,6 +1,7 @@
 /* Per-block state of a folio: one plane of bits per enum folio_plane (as
  * the kernel's iomap_folio_state), searched a word at a time.  Helpers keep
  * the counters in step. */
+#include <assert.h>
 #include <string.h>
 
 #include "cache/cache-int.h"
@@ -135,18 +136,45 @@ folio_assign (struct cache *c, struct folio *f, enum folio_plane p,
                       on);
 }
 
+/* Are blocks [start, end) of plane p all set (on) or all clear? */
+static bool
+folio_all (const struct cache *c, const struct folio *f, enum folio_plane p,
+           bool on, uint32_t start, uint32_t end)
+{
+  return folio_next (c, f, p, !on, start, end) == end;
+}
+
+/* Move a counter of f by the blocks that changed: it never exceeds the
+ * folio's blocks (a miscount would wrap it). */
+static void
+folio_count (const struct cache *c, uint32_t *nr, uint32_t changed, bool on)
+{
+  assert (on || *nr >= changed);
+  *nr = on ? *nr + changed : *nr - changed;
+  assert (*nr <= c->blocks_per_folio);
+}
+
 void
 folio_set_uptodate (struct cache *c, struct folio *f, uint32_t start,
                     uint32_t end)
 {
-  f->nr_uptodate += folio_assign (c, f, FP_UPTODATE, start, end, true);
+  uint32_t added = folio_assign (c, f, FP_UPTODATE, start, end, true);
+
+  folio_count (c, &f->nr_uptodate, added, true);
 }
 
+/* The cache forgets its copy: only of blocks it does not answer for
+ * (dirty ones are newer than the backing, unstable ones it may have to
+ * write again: both must stay uptodate). */
 void
 folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t start,
                       uint32_t end)
 {
-  f->nr_uptodate -= folio_assign (c, f, FP_UPTODATE, start, end, false);
+  assert (folio_all (c, f, FP_DIRTY, false, start, end));
+  assert (folio_all (c, f, FP_UNSTABLE, false, start, end));
+  uint32_t removed = folio_assign (c, f, FP_UPTODATE, start, end, false);
+
+  folio_count (c, &f->nr_uptodate, removed, false);
 }
 
 static bool
@@ -175,13 +203,15 @@ folio_set_dirty (struct cache *c, struct folio *f, uint32_t start,
                  uint32_t end)
 {
   bool was = folio_marked (f);
+
+  assert (folio_all (c, f, FP_UPTODATE, true, start, end)); /* dirty => uptodate */
   uint32_t added = folio_assign (c, f, FP_DIRTY, start, end, true);
 
   if (added == 0)
     return;
   if (f->nr_dirty == 0)
     f->dirtied_ms = now_ms ();
-  f->nr_dirty += added;
+  folio_count (c, &f->nr_dirty, added, true);
   STAT_ADD (c, dirty_bytes, (uint64_t) added << c->block_shift);
   folio_mark (c, f, was);
 }
@@ -195,7 +225,7 @@ folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
 
   if (removed == 0)
     return;
-  f->nr_dirty -= removed;
+  folio_count (c, &f->nr_dirty, removed, false);
   atomic_fetch_sub_explicit (&c->st.dirty_bytes,
                              (uint64_t) removed << c->block_shift,
                              memory_order_relaxed);
@@ -209,16 +239,16 @@ folio_assign_unstable (struct cache *c, struct folio *f, uint32_t start,
                        uint32_t end, bool on)
 {
   bool was = folio_marked (f);
+
+  assert (!on || folio_all (c, f, FP_UPTODATE, true, start, end));
   uint32_t changed = folio_assign (c, f, FP_UNSTABLE, start, end, on);
   uint64_t bytes = (uint64_t) changed << c->block_shift;
 
-  if (on) {
-    f->nr_unstable += changed;
+  folio_count (c, &f->nr_unstable, changed, on);
+  if (on)
     STAT_ADD (c, unstable_bytes, bytes);
-  } else {
-    f->nr_unstable -= changed;
+  else
     atomic_fetch_sub (&c->st.unstable_bytes, bytes);
-  }
   folio_mark (c, f, was);
 }
 
@@ -245,10 +275,25 @@ folio_settle (struct cache *c, struct folio *f, bool lost)
   }
 }
 
-/* Forget all state: the slot is about to hold another folio. */
+void
+folio_drop (struct cache *c, struct folio *f, uint32_t start, uint32_t end)
+{
+  folio_clear_dirty (c, f, start, end);
+  folio_assign_unstable (c, f, start, end, false);
+  folio_clear_uptodate (c, f, start, end);
+}
+
+/* Forget all state: the slot is about to hold another folio.  Only a
+ * clean, stable folio may be forgotten (rule 4: dirty data is never
+ * dropped). */
 void
 folio_reset (struct cache *c, struct folio *f)
 {
+  uint32_t bpf = c->blocks_per_folio;
+
+  assert (f->nr_dirty == 0 && f->nr_unstable == 0);
+  assert (folio_all (c, f, FP_DIRTY, false, 0, bpf));
+  assert (folio_all (c, f, FP_UNSTABLE, false, 0, bpf));
   memset (f->bits, 0, c->store->bitmap_words * sizeof (uint64_t));
   f->nr_uptodate = f->nr_dirty = f->nr_unstable = 0;
   f->dirtied_ms = 0;

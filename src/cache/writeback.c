@@ -262,12 +262,13 @@ wb_error (struct cache *c)
   return err ? err : atomic_load (&c->flush_failing);
 }
 
+/* Dirty and unstable blocks stay: the cache answers for them. */
 static void
 forget_clean (struct cache *c, struct folio *f, bool unused)
 {
   (void) unused;
   for (uint32_t i = 0; i < c->blocks_per_folio; i++)
-    if (!folio_block_dirty (c, f, i))
+    if (!folio_block_dirty (c, f, i) && !folio_test (c, f, FP_UNSTABLE, i))
       folio_clear_uptodate (c, f, i, i + 1);
 }
 
