@@ -10,8 +10,14 @@ void
 cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
                  uint64_t len, unsigned flags)
 {
-  *it = (struct cache_iter) { .c = c, .start = off, .end = off + len,
-                              .flags = flags, .pos = off };
+  /* Field by field: the window (2 KiB of pointers) is filled by each
+   * step's lookup, not cleared per request. */
+  it->c = c;
+  it->start = it->pos = it->step_end = off;
+  it->end = off + len;
+  it->flags = flags;
+  it->done = 0;
+  it->held = it->over = it->mapped = false;
 }
 
 /* The iteration is over: r is 0 (done) or -1 (errno kept). */
