@@ -70,7 +70,7 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
   r->s.ops = &ram_ops;
   r->s.nslots = nslots;
   r->s.folio_size = folio_size;
-  r->s.bitmap_words = (3 * blocks + 63) / 64; /* uptodate, dirty, unstable */
+  r->s.bitmap_words = store_bitmap_words (blocks);
   r->data_len = (size_t) nslots * folio_size;
   r->data = mmap (NULL, r->data_len, PROT_READ | PROT_WRITE,
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
