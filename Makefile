@@ -21,6 +21,11 @@ SAN     ?=
 CC      ?= cc
 CFLAGS  ?= -O2 -g
 WARN     = -Wall -Wextra -Wno-unused-parameter -Wshadow -Wformat=2
+WARN    += -Wmissing-prototypes -Wstrict-prototypes -Wvla
+# make WERROR=1 (CI): any warning fails the build.
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
 ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
             $(shell pkg-config --cflags libnbd 2>/dev/null)
 LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd)
