@@ -35,6 +35,7 @@
  * stays dirty in the cache.
  */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -534,6 +535,7 @@ conn_pick (struct nbdb_backing *nb, struct nbdb_conn *prev)
 {
   unsigned start = atomic_fetch_add (&nb->next_conn, 1), i;
 
+  assert (nb->nconns > 0);      /* nbd_conns_start made them */
   for (i = 0; i < nb->nconns; i++) {
     struct nbdb_conn *c = &nb->conns[(start + i) % nb->nconns];
     if (atomic_load (&c->up))

@@ -289,6 +289,7 @@ exports_close (struct daemon *d)
 
   stop_deadline_set (d);
   for (size_t i = 0; i < cfg->n_exports; i++) {
+    // cppcheck-suppress uninitvar ; closer_start sets every field of one
     struct closer *ki = k ? &k[i] : &one;  /* no memory: one by one */
     if (cfg->exports[i].ex == NULL)
       continue;
