@@ -193,7 +193,8 @@ check-tsan-unit: $(UNIT_BINS)
 # in .clang-tidy) and gcc -fanalyzer.  The bar is zero findings; a false
 # positive is suppressed where it is, with the reason.
 ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(DAEMON_SRCS) $(PLUGIN_SRCS)
-ANALYZE_CFLAGS = -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc \
+ANALYZE_DEFS = -DFOLIOD_VERSION='"$(VERSION)"'
+ANALYZE_CFLAGS = -std=gnu11 -D_GNU_SOURCE $(ANALYZE_DEFS) -Iinclude -Isrc \
   $(shell pkg-config --cflags libnbd nbdkit 2>/dev/null)
 analyze: deps
 	$(MAKE) analyze-cppcheck analyze-tidy analyze-gcc
@@ -201,14 +202,14 @@ analyze: deps
 analyze-cppcheck:
 	cppcheck -q --std=c11 --enable=warning,performance,portability \
 	  --inconclusive --error-exitcode=1 --inline-suppr \
-	  --library=posix,openssl -Iinclude -Isrc $(ANALYZE_SRCS)
+	  --library=posix,openssl -D__CPPCHECK__ $(ANALYZE_DEFS) -Iinclude -Isrc $(ANALYZE_SRCS)
 
 analyze-tidy:
 	printf '%s\n' $(ANALYZE_SRCS) | xargs -P2 -I{} clang-tidy -quiet {} \
 	  -- $(ANALYZE_CFLAGS)
 
 analyze-gcc:
-	printf '%s\n' $(ANALYZE_SRCS) | xargs -P2 -I{} $(CC) $(ALLCFLAGS) \
+	printf '%s\n' $(ANALYZE_SRCS) | xargs -P2 -I{} $(CC) $(ALLCFLAGS) $(ANALYZE_DEFS) \
 	  $(shell pkg-config --cflags nbdkit 2>/dev/null) -fanalyzer -Werror \
 	  -c -o /dev/null {}
 

@@ -190,6 +190,7 @@ fidx_remove (struct fidx *x, uint64_t index)
   struct fidx_node *path[11];
   if (!fidx_path (x, index, path))
     return NULL;
+  assert (x->height >= 1);      /* a tree has a root level */
   void *item = path[x->height - 1]->slots[slot_of (index, 0)];
   fidx_set_mark (x, index, false);
   for (int level = x->height - 1; level >= 0; level--) {
