@@ -88,8 +88,12 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
     errno = ENOMEM;
     return NULL;
   }
+#if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic push     /* -fanalyzer: &r->s is r, its first member */
 #pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
+#endif
   return &r->s;
+#if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic pop
+#endif
 }
