@@ -95,6 +95,12 @@ int store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
  * at once.  0 or -1/errno (the ranges stay pending). */
 int store_pmem_sync_pending (struct store *s);
 
+/* Copy len bytes from src into the store at dst and persist them: the
+ * write path's copy (cache-line stores: non-temporal stores, no separate
+ * flush; page stores: memcpy, recorded for the next sync_pending). */
+void store_pmem_write (struct store *s, void *dst, const void *src,
+                       size_t len);
+
 /* Everything written back and flushed: sync and mark the store clean, so
  * that the next open trusts every block (warm restart). */
 int store_pmem_mark_clean (struct store *s);

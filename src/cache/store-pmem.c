@@ -36,6 +36,7 @@
  *    process crash) a block written since the last FLUSH may be lost or
  *    come back with other data; flushed blocks come back exact.
  */
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -113,12 +114,28 @@ pmem_persist (struct store *s, const void *addr, size_t len)
 
   if (len == 0)
     return 0;
+  assert ((const unsigned char *) addr >= p->map.base &&
+          (const unsigned char *) addr + len <= p->map.base + p->map.size);
   pmem_unclean (p);
   if (p->defer)
     pending_mark (p, addr, len);
   else
     p->map.persist (addr, len);
   return 0;
+}
+
+void
+store_pmem_write (struct store *s, void *dst, const void *src, size_t len)
+{
+  struct store_pmem *p = SP (s);
+
+  if (p->defer) {       /* libpmem2's copy would msync each time */
+    memcpy (dst, src, len);
+    pmem_persist (s, dst, len);
+    return;
+  }
+  pmem_unclean (p);
+  p->map.memcpy (dst, src, len, 0);   /* non-temporal, then a fence */
 }
 
 static void
