@@ -101,8 +101,9 @@ int store_pmem_sync_pending (struct store *s);
 void store_pmem_write (struct store *s, void *dst, const void *src,
                        size_t len);
 
-/* Everything written back and flushed: sync and mark the store clean, so
- * that the next open trusts every block (warm restart). */
+/* Everything written back and flushed, no write in flight: sync and mark
+ * the store clean, so that the next open trusts every block (warm
+ * restart).  The next persist() or set_index marks it in use again. */
 int store_pmem_mark_clean (struct store *s);
 
 /* Print a store's headers, geometry, backing and dirty bytes to out

@@ -61,9 +61,11 @@ struct store_pmem {
   bool clean;                    /* atomic: header says clean right now */
   bool defer;                    /* page store: persist() records only */
   uint64_t *pending;             /* atomic bits: chunks to msync */
-  uint64_t *snap;                /* sync_pending's copy (under sync_lock) */
-  size_t pending_words;
+  uint64_t *pending_top;         /* atomic bits: words of pending not 0, so
+                                  * a FLUSH scans 1/4096 of the chunks */
+  size_t pending_words, top_words;
   pthread_mutex_t sync_lock;     /* one sync at a time; guards the header */
+  int sync_errno;                /* under sync_lock: an msync failed */
 };
 
 #define SP(s) ((struct store_pmem *) (s))
@@ -80,6 +82,8 @@ pmem_bitmap (struct store *s, uint32_t slot)
   return pmem_layout_bitmap (&SP (s)->meta, slot) + 1;  /* past the stamp */
 }
 
+/* Record [addr, addr+len) for the next sync: the chunk bits, then the
+ * summary bit of their word, which sync_pending takes first. */
 static void
 pending_mark (struct store_pmem *p, const void *addr, size_t len)
 {
@@ -87,9 +91,12 @@ pending_mark (struct store_pmem *p, const void *addr, size_t len)
   size_t first = off >> PMEM_SYNC_CHUNK_SHIFT;
   size_t last = (off + len - 1) >> PMEM_SYNC_CHUNK_SHIFT;
 
-  for (size_t c = first; c <= last; c++)
-    __atomic_fetch_or (&p->pending[c / 64], 1ull << (c % 64),
+  for (size_t c = first; c <= last; c++) {
+    size_t w = c / 64;
+    __atomic_fetch_or (&p->pending[w], 1ull << (c % 64), __ATOMIC_RELEASE);
+    __atomic_fetch_or (&p->pending_top[w / 64], 1ull << (w % 64),
                        __ATOMIC_RELEASE);
+  }
 }
 
 /* A store marked clean that is written again is no longer clean: say so
@@ -161,31 +168,47 @@ pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
   }
 }
 
-/* msync the chunks in snap; on failure put them back as pending. */
+/* msync chunks [first, end), the whole chunks clipped to the mapping. */
 static int
-pmem_sync_snap (struct store_pmem *p)
+pmem_msync_chunks (struct store_pmem *p, size_t first, size_t end)
 {
-  size_t chunk = (size_t) 1 << PMEM_SYNC_CHUNK_SHIFT;
-  size_t nchunks = (p->map.size + chunk - 1) / chunk;
+  size_t off = first << PMEM_SYNC_CHUNK_SHIFT;
+  size_t len = (end << PMEM_SYNC_CHUNK_SHIFT) - off;
 
-  for (size_t c = 0; c < nchunks; c++) {
-    if (!(p->snap[c / 64] & (1ull << (c % 64))))
-      continue;
-    size_t end = c;
-    while (end < nchunks && (p->snap[end / 64] & (1ull << (end % 64))))
-      end++;
-    size_t off = c * chunk, len = end * chunk - off;
-    if (off + len > p->map.size)
-      len = p->map.size - off;
-    if (msync (p->map.base + off, len, MS_SYNC) == -1) {
-      int saved = errno;
-      for (size_t w = 0; w < p->pending_words; w++)
-        __atomic_fetch_or (&p->pending[w], p->snap[w], __ATOMIC_RELEASE);
-      errno = saved;
-      return -1;
+  if (off + len > p->map.size)
+    len = p->map.size - off;
+  return msync (p->map.base + off, len, MS_SYNC);
+}
+
+/* Take the pending bits (only the words the summary names) and msync each
+ * run of set bits.  Returns 0 or -1/errno. */
+static int
+pmem_sync_runs (struct store_pmem *p)
+{
+  size_t run = 0, run_end = 0;   /* the run being gathered, [run, run_end) */
+
+  for (size_t t = 0; t < p->top_words; t++) {
+    uint64_t top = __atomic_exchange_n (&p->pending_top[t], 0, __ATOMIC_ACQ_REL);
+    while (top) {
+      size_t w = t * 64 + (size_t) __builtin_ctzll (top);
+      uint64_t bits = __atomic_exchange_n (&p->pending[w], 0, __ATOMIC_ACQ_REL);
+      top &= top - 1;
+      while (bits) {
+        size_t c = w * 64 + (size_t) __builtin_ctzll (bits);
+        bits &= bits - 1;
+        if (c == run_end && run_end > run) {
+          run_end++;
+          continue;
+        }
+        if (run_end > run && pmem_msync_chunks (p, run, run_end) == -1)
+          return -1;
+        run = c;
+        run_end = c + 1;
+      }
     }
-    c = end;
   }
+  if (run_end > run && pmem_msync_chunks (p, run, run_end) == -1)
+    return -1;
   return 0;
 }
 
@@ -193,16 +216,21 @@ int
 store_pmem_sync_pending (struct store *s)
 {
   struct store_pmem *p = SP (s);
-  int r;
+  int r = 0;
 
   if (!p->defer)
     return 0;
   /* Serialised: a second FLUSH must not return while the first is still
    * writing the ranges it took, some of which may be the second's. */
   pthread_mutex_lock (&p->sync_lock);
-  for (size_t w = 0; w < p->pending_words; w++)
-    p->snap[w] = __atomic_exchange_n (&p->pending[w], 0, __ATOMIC_ACQ_REL);
-  r = pmem_sync_snap (p);
+  if (p->sync_errno == 0 && pmem_sync_runs (p) == -1)
+    p->sync_errno = errno;
+  /* Linux reports a writeback error once and then marks the pages clean:
+   * a later msync would succeed with the data lost, so the error sticks. */
+  if (p->sync_errno) {
+    errno = p->sync_errno;
+    r = -1;
+  }
   pthread_mutex_unlock (&p->sync_lock);
   return r;
 }
@@ -227,7 +255,7 @@ pmem_free (struct store_pmem *p)
   pmem_map_close (&p->map);
   pthread_mutex_destroy (&p->sync_lock);
   free (p->pending);
-  free (p->snap);
+  free (p->pending_top);
   free (p);
 }
 
@@ -314,9 +342,10 @@ pmem_init_pending (struct store_pmem *p)
   if (!p->defer)
     return 0;
   p->pending_words = (chunks + 63) / 64;
+  p->top_words = (p->pending_words + 63) / 64;
   p->pending = calloc (p->pending_words, sizeof *p->pending);
-  p->snap = calloc (p->pending_words, sizeof *p->snap);
-  return p->pending && p->snap ? 0 : -1;
+  p->pending_top = calloc (p->top_words, sizeof *p->pending_top);
+  return p->pending && p->pending_top ? 0 : -1;
 }
 
 struct store *

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "foliod/store.h"
+#include "cache/pmem-layout.h"
 
 static struct store *
 tool_open (const char *path)
@@ -38,7 +39,8 @@ tool_dirty (struct store *s, unsigned n)
       s->ops->set_index (s, slot, slot);
     memset (d + blk * 4096, 'a' + blk, 4096);
     s->ops->persist (s, d + blk * 4096, 4096);
-    bits[0] |= 1ull << blk | 1ull << (16 + blk);   /* uptodate, dirty */
+    pmem_plane_assign (bits, 16, PMEM_PLANE_UPTODATE, blk, true);
+    pmem_plane_assign (bits, 16, PMEM_PLANE_DIRTY, blk, true);
     s->ops->persist (s, bits, 8);
   }
 }

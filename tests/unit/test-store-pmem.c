@@ -359,8 +359,10 @@ test_foreign_file (void **state)
   struct pmem_layout l = layout ();
   static char junk[PMEM_HEADERS_BYTES];
 
-  int fd = open (path, O_CREAT | O_RDWR, 0600);
+  int fd = open (path, O_CREAT | O_RDWR, 0600);   /* empty: made a store */
   assert_true (fd >= 0);
+  store_destroy (open_ok (&cfg));
+  assert_int_equal (ftruncate (fd, 0), 0);
   assert_int_equal (ftruncate (fd, (off_t) l.total_size / 2), 0);
   close (fd);
   open_refused (&cfg, ENOSPC, "store too small");
@@ -529,6 +531,28 @@ test_page_sync_pending (void **state)
   assert_memory_equal (back, buf, sizeof buf);
 }
 
+/* A store of more than 64 * 64 sync chunks: runs in far apart words of
+ * the pending bits, and across a word boundary, are all written. */
+static void
+test_sync_large_store (void **state)
+{
+  struct store_pmem_config cfg = config ();
+  struct store *s;
+  static char buf[2 * FOLIO];
+  uint32_t at[] = { 0, 63, 4095, 4096, 5000 };
+
+  cfg.nslots = 5001;
+  cfg.export_size = (uint64_t) cfg.nslots * FOLIO;
+  s = open_ok (&cfg);
+  memset (buf, 'z', sizeof buf);
+  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+    store_pmem_write (s, s->ops->data (s, at[i]), buf,
+                      at[i] == 63 ? 2 * FOLIO : FOLIO);
+  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (mapping_dirty_kb (s->ops->data (s, 0)), 0);
+  store_destroy (s);
+}
+
 struct hammer {
   struct store *s;
   unsigned seed;
@@ -623,6 +647,7 @@ main (void)
     T (test_generation_and_stamp),
     T (test_recover_stale_and_duplicate),
     T (test_page_sync_pending),
+    T (test_sync_large_store),
     T (test_concurrent_sync),
     T (test_inspect),
   };
