@@ -80,10 +80,11 @@ typedef int (*store_pmem_recover_fn) (void *arg, uint32_t slot,
 struct store_pmem_recovery {
   uint32_t folios;                     /* slots handed to fn */
   uint32_t dropped;                    /* slots freed: not trustworthy */
-  uint64_t dirty_blocks, unstable_blocks;
+  uint64_t dirty_blocks, unstable_blocks;   /* as found (unstable: now dirty) */
 };
 /* Walk the slots that hold a folio.  After an unclean shutdown only dirty
  * and unstable blocks are kept (uptodate = dirty | unstable, persisted);
+ * unstable blocks come back dirty (the backing may have lost them);
  * slots with nothing trusted left, a stale bitmap, a folio index past the
  * export, or a folio held by a newer slot too, are freed.  Call once,
  * before the first set_index. */

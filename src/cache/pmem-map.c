@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,6 +93,12 @@ map_size (struct pmem_map *m, const char *path, uint64_t create_size,
   return 0;
 }
 
+static int
+map_msync (void *addr, size_t len)
+{
+  return msync (addr, len, MS_SYNC);
+}
+
 /* Map the whole file, asking for PAGE granularity at least, so that a
  * plain file (msync) is accepted and DAX reports CACHE_LINE or BYTE. */
 static int
@@ -129,6 +136,7 @@ map_map (struct pmem_map *m, const char *path, unsigned flags,
   m->drain = pmem2_get_drain_fn (m->map);
   m->memcpy = pmem2_get_memcpy_fn (m->map);
   m->memset = pmem2_get_memset_fn (m->map);
+  m->sync = map_msync;
   return 0;
 }
 

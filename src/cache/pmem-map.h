@@ -23,6 +23,7 @@ struct pmem_map {
   pmem2_drain_fn drain;
   pmem2_memcpy_fn memcpy;       /* non-temporal copy + persist */
   pmem2_memset_fn memset;
+  int (*sync) (void *addr, size_t len);  /* PAGE: msync MS_SYNC, 0 or -1 */
 };
 
 enum pmem_map_flags {
@@ -37,6 +38,15 @@ enum pmem_map_flags {
 int pmem_map_open (struct pmem_map *m, const char *path, uint64_t create_size,
                    uint64_t min_size, unsigned flags, char *err, size_t errlen);
 void pmem_map_close (struct pmem_map *m);
+
+/* A store over a map that is already set up: store_pmem_open's second
+ * half, and how tests run the store over simulated memory (m->map NULL,
+ * m->fd -1; the functions, base and size theirs).  Takes m over. */
+struct store;
+struct store_pmem_config;
+struct store *store_pmem_open_map (struct pmem_map *m,
+                                   const struct store_pmem_config *cfg,
+                                   char *err, size_t errlen);
 
 /* "byte", "cache-line" or "page". */
 const char *pmem_map_granularity_name (enum pmem2_granularity g);

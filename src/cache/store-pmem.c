@@ -15,14 +15,18 @@
  *    entry's generation, and of two slots naming one folio only the newer
  *    generation, so a reuse whose stores reached the media out of order
  *    never attributes one folio's bits to another.
- *  - writeback: backing write, then backing flush, then clear the dirty
- *    and unstable bits and persist(bits): a written-back block stays
- *    recoverable until the backing has flushed it.  A slot is reused
- *    (set_index) only after its dirty and unstable bits are clear.
+ *  - writeback: backing write; set the unstable bits, persist(bits); only
+ *    then clear the dirty bits, persist(bits) (the planes may lie in
+ *    different words, and a torn update must not leave a block neither);
+ *    backing flush; then clear the unstable bits, persist(bits): a
+ *    written-back block stays recoverable until the backing has flushed
+ *    it.  A slot is reused (set_index) only after its dirty and unstable
+ *    bits are clear and persisted.
  *  - shutdown: everything written back and flushed, then
  *    store_pmem_mark_clean(); the next open trusts every uptodate block.
  *    Open marks the store in use (not clean); after an unclean shutdown
- *    store_pmem_recover() keeps only dirty and unstable blocks.
+ *    store_pmem_recover() keeps only dirty and unstable blocks; unstable
+ *    ones come back dirty (the backing may have lost its unflushed writes).
  *
  * What "persistent" means:
  *  - cache-line store (a DAX file mapped MAP_SYNC, device-DAX): persist()
@@ -66,6 +70,7 @@ struct store_pmem {
   size_t pending_words, top_words;
   pthread_mutex_t sync_lock;     /* one sync at a time; guards the header */
   int sync_errno;                /* under sync_lock: an msync failed */
+  struct recover_ent *recover;   /* store_pmem_recover's, until it returns */
 };
 
 #define SP(s) ((struct store_pmem *) (s))
@@ -177,7 +182,7 @@ pmem_msync_chunks (struct store_pmem *p, size_t first, size_t end)
 
   if (off + len > p->map.size)
     len = p->map.size - off;
-  return msync (p->map.base + off, len, MS_SYNC);
+  return p->map.sync (p->map.base + off, len);
 }
 
 /* Take the pending bits (only the words the summary names) and msync each
@@ -256,6 +261,7 @@ pmem_free (struct store_pmem *p)
   pthread_mutex_destroy (&p->sync_lock);
   free (p->pending);
   free (p->pending_top);
+  free (p->recover);
   free (p);
 }
 
@@ -302,7 +308,7 @@ pmem_init_gen (struct store_pmem *p)
   p->next_gen = max + 1;
 }
 
-/* Map, then format or validate; the store is then marked in use. */
+/* Format or validate the mapped store; it is then marked in use. */
 static int
 pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
                 char *err, size_t errlen)
@@ -314,9 +320,7 @@ pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
   struct pmem_layout l;
   int r;
 
-  if (pmem_layout_compute (&l, &g, err, errlen) == -1 ||
-      pmem_map_open (&p->map, cfg->path, l.total_size, PMEM_HEADERS_BYTES, 0,
-                     err, errlen) == -1)
+  if (pmem_layout_compute (&l, &g, err, errlen) == -1)
     return -1;
   r = pmem_layout_open (&p->meta, &p->map, &g, &b, cfg->path, err, errlen);
   if (r == 1) {
@@ -349,15 +353,19 @@ pmem_init_pending (struct store_pmem *p)
 }
 
 struct store *
-store_pmem_open (const struct store_pmem_config *cfg, char *err, size_t errlen)
+store_pmem_open_map (struct pmem_map *m,
+                     const struct store_pmem_config *cfg,
+                     char *err, size_t errlen)
 {
   struct store_pmem *p = calloc (1, sizeof *p);
 
   if (p == NULL) {
+    pmem_map_close (m);
     snprintf (err, errlen, "%s: out of memory", cfg->path);
+    errno = ENOMEM;
     return NULL;
   }
-  p->map.fd = -1;
+  p->map = *m;
   pthread_mutex_init (&p->sync_lock, NULL);
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
@@ -379,6 +387,21 @@ fail:;
   pmem_free (p);
   errno = saved;
   return NULL;
+}
+
+struct store *
+store_pmem_open (const struct store_pmem_config *cfg, char *err, size_t errlen)
+{
+  struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
+                             cfg->export_size };
+  struct pmem_layout l;
+  struct pmem_map m;
+
+  if (pmem_layout_compute (&l, &g, err, errlen) == -1 ||
+      pmem_map_open (&m, cfg->path, l.total_size, PMEM_HEADERS_BYTES, 0,
+                     err, errlen) == -1)
+    return NULL;
+  return store_pmem_open_map (&m, cfg, err, errlen);   /* closes m on error */
 }
 
 /* Recovery. */
@@ -423,6 +446,29 @@ recover_trim (struct store_pmem *p, uint64_t *bits, bool clean,
   return kept;
 }
 
+/* The backing may have lost what it had not flushed when foliod stopped:
+ * unstable blocks are dirty again.  Dirty is persisted before unstable is
+ * cleared (the planes may be in different words: a torn update must not
+ * leave a block neither). */
+static void
+recover_redirty (struct store_pmem *p, uint64_t *bits)
+{
+  size_t len = (size_t) p->s.bitmap_words * sizeof *bits;
+  bool any = false;
+
+  for (uint32_t b = 0; b < p->blocks; b++)
+    if (pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b)) {
+      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_DIRTY, b, true);
+      any = true;
+    }
+  if (!any)
+    return;
+  pmem_persist (&p->s, bits, len);
+  for (uint32_t b = 0; b < p->blocks; b++)
+    pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UNSTABLE, b, false);
+  pmem_persist (&p->s, bits, len);
+}
+
 /* The live slots whose folio is inside the export, sorted by folio, newest
  * generation first; the others are freed. */
 static struct recover_ent *
@@ -430,7 +476,7 @@ recover_collect (struct store_pmem *p, uint32_t *n, uint32_t *dropped)
 {
   uint64_t nfolios = (p->meta.l.g.export_size + p->s.folio_size - 1) /
                      p->s.folio_size;
-  struct recover_ent *v = calloc (p->s.nslots, sizeof *v);
+  struct recover_ent *v = p->recover = calloc (p->s.nslots, sizeof *v);
 
   *n = 0;
   for (uint32_t i = 0; v && i < p->s.nslots; i++) {
@@ -472,10 +518,12 @@ store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
       continue;
     }
     pmem_persist (s, bits, (size_t) s->bitmap_words * sizeof *bits);
+    recover_redirty (p, bits);
     out->folios++;
     r = fn (arg, v[k].slot, v[k].folio, bits);
   }
   free (v);
+  p->recover = NULL;
   if (r == 0 && store_pmem_sync_pending (s) == -1)
     r = -1;
   return r;
