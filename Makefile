@@ -39,7 +39,8 @@ WARN    += -Werror
 endif
 ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
             $(shell pkg-config --cflags libnbd 2>/dev/null)
-LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd)
+LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd) \
+              $(shell pkg-config --libs libpmem2 zlib 2>/dev/null || echo -lpmem2 -lz)
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1

@@ -581,6 +581,8 @@ main (int argc, char **argv)
   struct cli cli;
   int r;
 
+  if (argc > 1 && strcmp (argv[1], "store") == 0)
+    return cli_store (argc - 1, argv + 1) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
   daemon_config_init (&cfg);
   r = cli_parse (argc, argv, &cli, &cfg);
   if (r != 0) {
