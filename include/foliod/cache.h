@@ -87,15 +87,11 @@ struct cache *cache_create (struct backing *b, struct store *store,
                             char *err, size_t errlen)
   FOLIOD_NONNULL (1, 3) FOLIOD_WUR;
 
-/* Write back everything, stop the writeback thread, free the cache.
- * Returns 0, or -1 if dirty data could not be written (it is then lost:
- * callers should retry cache_flush first; see cache_shutdown). */
+/* Stop the writeback thread and free the cache.  It writes nothing back:
+ * the caller flushes first (export_close holds the shutdown policy: how
+ * often to retry, and for how long).  Returns 0, or -1 with errno EIO
+ * when dirty or unstable data was still cached: it is lost. */
 int cache_destroy (struct cache *c) FOLIOD_WUR;
-
-/* Stop background work and write back all dirty data, retrying failed
- * writes up to attempts times (sleeping between).  0 when clean. */
-int cache_shutdown (struct cache *c, unsigned attempts)
-  FOLIOD_NONNULL (1) FOLIOD_WUR;
 
 /* Start/stop the background writeback thread (cache_create starts it;
  * nbdkit forks after loading plugins, so its adapter restarts it). */

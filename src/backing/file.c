@@ -20,6 +20,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 
+#include "foliod/lock.h"
 #include "backing/file-private.h"
 #include "foliod/minmax.h"
 
@@ -106,11 +107,11 @@ bounce_get (struct file_backing *fb)
   void *mem;
   int r;
 
-  pthread_mutex_lock (&fb->pool_lock);
+  lock_or_die (&fb->pool_lock);
   p = fb->pool;
   if (p)
     fb->pool = p->next;
-  pthread_mutex_unlock (&fb->pool_lock);
+  unlock_or_die (&fb->pool_lock);
   if (p)
     return p;
   r = posix_memalign (&mem, MAX (fb->b.io_align, 4096u), FILE_BOUNCE_SIZE);
@@ -126,10 +127,10 @@ bounce_put (struct file_backing *fb, void *mem)
 {
   struct file_bounce *p = mem;
 
-  pthread_mutex_lock (&fb->pool_lock);
+  lock_or_die (&fb->pool_lock);
   p->next = fb->pool;
   fb->pool = p;
-  pthread_mutex_unlock (&fb->pool_lock);
+  unlock_or_die (&fb->pool_lock);
 }
 
 static int
@@ -208,9 +209,9 @@ dio_write_window (struct file_backing *fb, char *bounce, const char *src,
     l2 = NULL;
   }
   if (l1)
-    pthread_mutex_lock (l1);
+    lock_or_die (l1);
   if (l2)
-    pthread_mutex_lock (l2);
+    lock_or_die (l2);
 
   if (head && pread_exact (fb->fd, bounce, a, ws) == -1)
     goto out;
@@ -221,9 +222,9 @@ dio_write_window (struct file_backing *fb, char *bounce, const char *src,
   ret = pwrite_exact (fb->fd, bounce, we - ws, ws);
  out:
   if (l2)
-    pthread_mutex_unlock (l2);
+    unlock_or_die (l2);
   if (l1)
-    pthread_mutex_unlock (l1);
+    unlock_or_die (l1);
   return ret;
 }
 

@@ -35,6 +35,7 @@
  * stays dirty in the cache.
  */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -46,6 +47,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
+#include "foliod/lock.h"
 #include "backing/nbd-private.h"
 #include "foliod/minmax.h"
 #include "foliod/util.h"
@@ -240,12 +242,12 @@ poller_ensure (struct nbdb_conn *c)
 {
   int r = 0;
 
-  pthread_mutex_lock (&c->poller_lock);
+  lock_or_die (&c->poller_lock);
   if (c->has_poller && c->poller_pid != getpid ())
     c->has_poller = 0;          /* forked: that thread is not ours */
   if (!c->has_poller)
     r = poller_start (c) == 0 ? 1 : -1;
-  pthread_mutex_unlock (&c->poller_lock);
+  unlock_or_die (&c->poller_lock);
   return r;
 }
 
@@ -322,9 +324,9 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
       conn_cut (c, c->h);
     while (atomic_load (&c->users) > 0)
       sleep_ms (1);
-    pthread_mutex_lock (&c->poller_lock);
+    lock_or_die (&c->poller_lock);
     poller_stop (c);
-    pthread_mutex_unlock (&c->poller_lock);
+    unlock_or_die (&c->poller_lock);
     nbd_close (c->h);
     c->h = NULL;
     atomic_store (&c->up, 0);
@@ -395,11 +397,11 @@ waiter_complete (void *user, int *error)
 {
   struct waiter *w = user;
 
-  pthread_mutex_lock (&w->lock);
+  lock_or_die (&w->lock);
   w->err = *error;
   w->done = 1;
   pthread_cond_signal (&w->cond);
-  pthread_mutex_unlock (&w->lock);
+  unlock_or_die (&w->lock);
   return 1;                     /* retire the command */
 }
 
@@ -415,7 +417,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
   int dead_rounds = 0, r = 0;
   uint64_t now;
 
-  pthread_mutex_lock (&w->lock);
+  lock_or_die (&w->lock);
   while (!w->done) {
     if ((now = now_ms ()) >= end) {
       r = WAITER_HUNG;
@@ -429,7 +431,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
       break;
     }
   }
-  pthread_mutex_unlock (&w->lock);
+  unlock_or_die (&w->lock);
   return r;
 }
 
@@ -533,6 +535,7 @@ conn_pick (struct nbdb_backing *nb, struct nbdb_conn *prev)
 {
   unsigned start = atomic_fetch_add (&nb->next_conn, 1), i;
 
+  assert (nb->nconns > 0);      /* nbd_conns_start made them */
   for (i = 0; i < nb->nconns; i++) {
     struct nbdb_conn *c = &nb->conns[(start + i) % nb->nconns];
     if (atomic_load (&c->up))
@@ -682,11 +685,11 @@ fork_prepare (void)
   struct nbdb_backing *nb;
   unsigned i;
 
-  pthread_mutex_lock (&fork_lock);
+  lock_or_die (&fork_lock);
   for (nb = fork_list; nb; nb = nb->fork_next)
     for (i = 0; i < nb->nconns; i++) {
       struct nbdb_conn *c = &nb->conns[i];
-      pthread_mutex_lock (&c->poller_lock);
+      lock_or_die (&c->poller_lock);
       c->restart = c->has_poller && c->poller_pid == getpid ();
       poller_stop (c);
     }
@@ -705,9 +708,9 @@ fork_release (int parent)
       if (parent && c->restart && c->h)
         poller_start (c);
       c->restart = 0;
-      pthread_mutex_unlock (&c->poller_lock);
+      unlock_or_die (&c->poller_lock);
     }
-  pthread_mutex_unlock (&fork_lock);
+  unlock_or_die (&fork_lock);
 }
 
 static void fork_parent (void) { fork_release (1); }
@@ -723,10 +726,10 @@ static void
 fork_list_add (struct nbdb_backing *nb)
 {
   pthread_once (&fork_once, fork_register_once);
-  pthread_mutex_lock (&fork_lock);
+  lock_or_die (&fork_lock);
   nb->fork_next = fork_list;
   fork_list = nb;
-  pthread_mutex_unlock (&fork_lock);
+  unlock_or_die (&fork_lock);
 }
 
 static void
@@ -734,13 +737,13 @@ fork_list_remove (struct nbdb_backing *nb)
 {
   struct nbdb_backing **pp;
 
-  pthread_mutex_lock (&fork_lock);
+  lock_or_die (&fork_lock);
   for (pp = &fork_list; *pp; pp = &(*pp)->fork_next)
     if (*pp == nb) {
       *pp = nb->fork_next;
       break;
     }
-  pthread_mutex_unlock (&fork_lock);
+  unlock_or_die (&fork_lock);
 }
 
 int
@@ -784,9 +787,9 @@ nbdb_conns_stop (struct nbdb_backing *nb)
     fork_list_remove (nb);
   for (i = 0; nb->conns && i < nb->nconns; i++) {
     struct nbdb_conn *c = &nb->conns[i];
-    pthread_mutex_lock (&c->poller_lock);
+    lock_or_die (&c->poller_lock);
     poller_stop (c);
-    pthread_mutex_unlock (&c->poller_lock);
+    unlock_or_die (&c->poller_lock);
     if (c->h) {
       uint64_t d = atomic_load (&nb->deadline);
       if (!d || now_ms () < d)  /* past the deadline: no goodbyes */

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "foliod/lock.h"
 #include "backing/nbd-private.h"
 #include "foliod/minmax.h"
 
@@ -69,7 +70,7 @@ ext_invalidate (struct nbdb_backing *nb, uint64_t off, uint64_t len)
   uint64_t end = off + len;
   unsigned i;
 
-  pthread_mutex_lock (&nb->ext_lock);
+  lock_or_die (&nb->ext_lock);
   for (i = 0; i < NBD_EXT_SLOTS; i++) {
     struct ext_slot *s = &nb->ext[i];
     uint64_t se = s->off + s->len;
@@ -92,7 +93,7 @@ ext_invalidate (struct nbdb_backing *nb, uint64_t off, uint64_t len)
   }
   nb->gen++;
   nb->inval[nb->gen % NBD_INVAL_LOG] = (struct inval) { off, end, nb->gen };
-  pthread_mutex_unlock (&nb->ext_lock);
+  unlock_or_die (&nb->ext_lock);
 }
 
 /* An extent told before the latest reconnect is dropped here: the remote
@@ -106,7 +107,7 @@ ext_lookup (struct nbdb_backing *nb, uint64_t off, uint64_t len,
   unsigned i;
   int found = 0;
 
-  pthread_mutex_lock (&nb->ext_lock);
+  lock_or_die (&nb->ext_lock);
   for (i = 0; i < NBD_EXT_SLOTS; i++) {
     struct ext_slot *s = &nb->ext[i];
     if (s->len && s->epoch != epoch)
@@ -119,7 +120,7 @@ ext_lookup (struct nbdb_backing *nb, uint64_t off, uint64_t len,
       break;
     }
   }
-  pthread_mutex_unlock (&nb->ext_lock);
+  unlock_or_die (&nb->ext_lock);
   return found;
 }
 
@@ -426,9 +427,9 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   /* One round trip answers for a lot more than this call needs. */
   m->count = MIN (b->size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
   epoch = atomic_load (&nb->reconnects);
-  pthread_mutex_lock (&nb->ext_lock);
+  lock_or_die (&nb->ext_lock);
   gen = nb->gen;
-  pthread_mutex_unlock (&nb->ext_lock);
+  unlock_or_die (&nb->ext_lock);
   if (nbdb_run (nb, call_block_status, m) == -1) {
     free (m);
     return -1;
@@ -440,11 +441,11 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   ext->length = MIN (len, m->e[0].len);
   ext->type = m->e[0].type;
 
-  pthread_mutex_lock (&nb->ext_lock);
+  lock_or_die (&nb->ext_lock);
   if (ext_still_valid (nb, gen, off, off + m->count))
     for (i = 0; i < m->n; i++)
       ext_store (nb, m->e[i].off, m->e[i].len, m->e[i].type, epoch);
-  pthread_mutex_unlock (&nb->ext_lock);
+  unlock_or_die (&nb->ext_lock);
   free (m);
   return 0;
 }

@@ -16,25 +16,41 @@
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "foliod/backing.h"
 #include "foliod/cache.h"
+#include "foliod/lock.h"
+#include "foliod/stat.h"
 #include "foliod/store.h"
 #include "cache/fidx.h"
 
+/* Ranges.  Inside the cache every range is half-open, [start, end): of
+ * bytes, blocks (global numbers, or numbers inside one folio) or folios.
+ * Its length is end - start; an empty range has start == end.  Only the
+ * calls that mirror the public and backing APIs (cache_*, io_read,
+ * io_write) take a length and an offset. */
+
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+/* range_lock takes each stripe of a window once only because a window
+ * has fewer folios than there are stripes. */
+_Static_assert (WINDOW_MAX < NSTRIPES, "a window must not wrap the stripes");
+
+/* Every mutex call of the cache goes through foliod/lock.h (the
+ * mutexes are error-checking, see cache_init_locks). */
 
 /* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
- * store: blocks_per_folio uptodate bits, then as many dirty bits, then as
- * many unstable bits (written back, but the backing has not flushed them
- * yet and could lose them: see backing_ops.loss_epoch).  A folio is marked
- * in the index while it has dirty or unstable blocks; it is evictable only
- * when it has neither. */
+ * store: a plane of blocks_per_folio bits per enum folio_plane (store.h):
+ * uptodate, dirty, and unstable (written back, but the backing has not
+ * flushed them yet and could lose them: see backing_ops.loss_epoch).  A
+ * folio is marked in the index while it has dirty or unstable blocks; it
+ * is evictable only when it has neither. */
 struct folio {
   uint64_t index;           /* folio number in the export; lock */
   uint32_t slot;            /* store slot, fixed */
@@ -65,10 +81,6 @@ struct cache_counters {
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
 };
 
-#define STAT_ADD(c, f, n) \
-  atomic_fetch_add_explicit (&(c)->st.f, (n), memory_order_relaxed)
-#define STAT_GET(c, f) atomic_load_explicit (&(c)->st.f, memory_order_relaxed)
-
 struct cache {
   struct backing *b;
   struct store *store;
@@ -77,7 +89,7 @@ struct cache {
   uint64_t size;            /* export bytes */
   unsigned folio_shift, block_shift;
   uint32_t blocks_per_folio;
-  uint64_t last_folio;      /* largest folio number */
+  uint64_t nr_folios;       /* folio numbers are [0, nr_folios) */
   uint32_t window;          /* folios per range lock, <= WINDOW_MAX */
   uint64_t dirty_limit, dirty_background; /* bytes */
 
@@ -114,11 +126,10 @@ struct cache {
   struct cache_counters st;
 };
 
-/* A window: consecutive folios [first, first+n) under one range lock. */
+/* A window: consecutive folios [start, end) under one range lock. */
 struct window {
-  uint64_t first;
-  uint32_t n;
-  struct folio *f[WINDOW_MAX]; /* NULL where not cached */
+  uint64_t start, end;
+  struct folio *f[WINDOW_MAX]; /* f[fi - start]; NULL where not cached */
 };
 
 /* --- geometry --- */
@@ -132,46 +143,113 @@ static inline uint64_t block_pos (const struct cache *c, uint64_t blk)
 { return blk << c->block_shift; }
 
 /* --- folio state (folio.c); caller holds the folio's stripe --- */
+bool folio_test (const struct cache *c, const struct folio *f,
+                 enum folio_plane p, uint32_t blk);
+/* The first block in [start, end) whose bit in plane p is set (on) or
+ * clear; end if none.  A word at a time. */
+uint32_t folio_next (const struct cache *c, const struct folio *f,
+                     enum folio_plane p, bool on, uint32_t start,
+                     uint32_t end);
+/* The same over global blocks [start, end) of a window's folios (caller
+ * holds the window); a folio that is not cached has no bit set. */
+uint64_t window_next (const struct cache *c, const struct window *w,
+                      enum folio_plane p, bool on, uint64_t start,
+                      uint64_t end);
 bool folio_block_uptodate (const struct cache *c, const struct folio *f,
                            uint32_t blk);
 bool folio_block_dirty (const struct cache *c, const struct folio *f,
                         uint32_t blk);
-void folio_set_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                         uint32_t n);
-void folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t first,
-                           uint32_t n);
+/* Block ranges [start, end) inside the folio. */
+void folio_set_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                         uint32_t end);
+void folio_clear_uptodate (struct cache *c, struct folio *f, uint32_t start,
+                           uint32_t end);
 /* Set or clear dirty bits; keeps nr_dirty, dirty_bytes and the index mark
  * (taking c->lock on a clean<->dirty transition). */
-void folio_set_dirty (struct cache *c, struct folio *f, uint32_t first,
-                      uint32_t n);
-void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t first,
-                        uint32_t n);
+void folio_set_dirty (struct cache *c, struct folio *f, uint32_t start,
+                      uint32_t end);
+void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
+                        uint32_t end);
+/* Forget blocks [start, end) altogether, dirty and unstable too: a trim
+ * leaves the backing free to read as anything there. */
+void folio_drop (struct cache *c, struct folio *f, uint32_t start,
+                 uint32_t end);
 void folio_reset (struct cache *c, struct folio *f);
-/* Dirty blocks [first, first+n) reached the backing: clean them, or make
- * them unstable when the backing could still lose them. */
-void folio_written (struct cache *c, struct folio *f, uint32_t first,
-                    uint32_t n, bool unstable);
+/* Dirty blocks [start, end) reached the backing: clean them, or make them
+ * unstable when the backing could still lose them. */
+void folio_written (struct cache *c, struct folio *f, uint32_t start,
+                    uint32_t end, bool unstable);
 /* Unstable blocks become clean (the backing flushed them) or dirty again
  * (the backing may have lost them). */
 void folio_settle (struct cache *c, struct folio *f, bool lost);
 
 /* --- locking and windows (window.c) --- */
-void range_lock (struct cache *c, uint64_t first, uint64_t last);
-void range_unlock (struct cache *c, uint64_t first, uint64_t last);
+/* Lock or unlock the stripes of folios [start, end). */
+void range_lock (struct cache *c, uint64_t start, uint64_t end);
+void range_unlock (struct cache *c, uint64_t start, uint64_t end);
 pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
-/* Lock folios [first, first+n) and look them up; with alloc, create the
+/* Lock folios [start, end) and look them up; with alloc, create the
  * missing ones (evicting clean folios, waiting for writeback if needed).
  * Returns 0 with the range locked, or -1/errno with nothing held. */
-int window_begin (struct cache *c, struct window *w, uint64_t first,
-                  uint32_t n, bool alloc);
+int window_begin (struct cache *c, struct window *w, uint64_t start,
+                  uint64_t end, bool alloc);
 void window_end (struct cache *c, struct window *w);
-/* Visit cached folios with numbers in [first, last], caller holding their
- * stripes.  fn returns 0 to go on, else stops and is returned. */
-int cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
-                        int (*fn) (struct cache *, struct folio *, void *),
-                        void *opaque);
+/* The first cached folio with a number in [*fi, end), *fi set to its
+ * number; NULL if none.  The caller holds the stripes of [*fi, end), so
+ * the folio stays cached. */
+struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
+                                 uint64_t end);
+
+/* --- the request iterator (iter.c), iomap_iter's shape ---
+ *
+ *   struct cache_iter it;
+ *   cache_iter_init (&it, c, off, len, CI_ALLOC);
+ *   while ((r = cache_iter_next (&it)) > 0)
+ *     it.done = step (&it, ...);
+ *
+ * Each step gets one window: the folios under bytes [it.pos, it.step_end)
+ * of the request, locked and looked up (with CI_ALLOC created, waiting for
+ * room if need be).  With CI_THROTTLE the first call waits for dirty data
+ * to fall below the limit.  A step sets it.done to the bytes it did (> 0)
+ * or -1 with errno.  cache_iter_next releases the window and returns 1
+ * for the next step, 0 when the range is done, or -1 with errno when a
+ * step or a window failed.  After 0 or -1 nothing is held, and the caller
+ * must not return to the loop body. */
+#define CI_ALLOC    (1u << 0)   /* create the folios that are not cached */
+#define CI_THROTTLE (1u << 1)   /* throttle_dirty before the first step */
+
+struct cache_iter {
+  struct cache *c;
+  uint64_t start, end;      /* the request's bytes */
+  unsigned flags;
+  uint64_t pos, step_end;   /* this step's bytes */
+  int64_t done;             /* set by the step */
+  struct window w;          /* this step's folios, held */
+  bool held, over;
+  /* The backing's extent asked for by the last miss of this step (valid
+   * while mapped): the window's stripes keep anyone else from writing the
+   * backing under it, so further misses in the window can use it. */
+  struct backing_extent map;
+  bool mapped;
+};
+
+void cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
+                      uint64_t len, unsigned flags);
+int cache_iter_next (struct cache_iter *it);
+/* The backing's extent holding byte off of the step's window: asked for
+ * on a miss only (a hit needs no mapping), clipped to the window. */
+int cache_iter_map (struct cache_iter *it, uint64_t off,
+                    struct backing_extent *ext);
+
+/* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
 int throttle_dirty (struct cache *c, uint64_t len);
+/* A window could not be looked up (errno err; c->lock held, no stripe):
+ * when it lacked room (EAGAIN), wait up to 100 ms for writeback to make
+ * some and return 0 (try again), else -1 with errno (also when writeback
+ * is failing: waiting would not help). */
+int throttle_room_locked (struct cache *c, int err);
+/* Wake the writeback thread (c->lock held). */
 void wb_kick_locked (struct cache *c);
 
 /* --- backing I/O (io.c): clamp at the export end, count, per-thread
@@ -180,15 +258,20 @@ int io_read (struct cache *c, void *buf, uint64_t len, uint64_t off);
 int io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
               unsigned flags);
 unsigned char *io_bounce (struct cache *c);
-/* Bring blocks [blk, blk+n) (global numbers) of the window's folios
+/* Bring blocks [start, end) (global numbers) of the step's folios
  * uptodate: holes are zero-filled, data runs read with one request each. */
-int io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n);
+int io_fill (struct cache_iter *it, uint64_t start, uint64_t end);
+/* The one place that asks the backing for a mapping: the extent at byte
+ * start, clipped to [start, end) and to the export (a backing without map
+ * has one data extent; so has an empty answer: data is always safe). */
+int cache_map (struct cache *c, uint64_t start, uint64_t end,
+               struct backing_extent *ext);
 
 /* --- writeback (writeback.c) --- */
-/* Write back dirty blocks in global blocks [blk, blk+n) of a locked
+/* Write back dirty blocks in global blocks [start, end) of a locked
  * window, merging runs across folios.  0 or -1/errno (blocks stay dirty). */
-int wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
-               unsigned backing_flags);
+int wb_window (struct cache *c, struct window *w, uint64_t start,
+               uint64_t end, unsigned backing_flags);
 int wb_pass (struct cache *c, bool all, int *err);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or

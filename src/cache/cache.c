@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cache/cache-int.h"
 #include "cache/ops.h"
@@ -66,15 +65,25 @@ log2u (uint64_t v)
   return (unsigned) __builtin_ctzll (v);
 }
 
+/* Error-checking mutexes: a lock taken twice by its holder, or released
+ * by a thread that does not hold it, fails (and lock_or_die aborts)
+ * instead of hanging or going unnoticed. */
 static int
 cache_init_locks (struct cache *c)
 {
+  pthread_mutexattr_t ma;
+  int bad = 0;
+
+  if (pthread_mutexattr_init (&ma) != 0)
+    return -1;
+  bad |= pthread_mutexattr_settype (&ma, PTHREAD_MUTEX_ERRORCHECK);
   for (unsigned i = 0; i < NSTRIPES; i++)
-    pthread_mutex_init (&c->stripes[i], NULL);
-  pthread_mutex_init (&c->lock, NULL);
-  pthread_mutex_init (&c->wb_mutex, NULL);
+    bad |= pthread_mutex_init (&c->stripes[i], &ma);
+  bad |= pthread_mutex_init (&c->lock, &ma);
+  bad |= pthread_mutex_init (&c->wb_mutex, &ma);
+  pthread_mutexattr_destroy (&ma);
   /* Both are waited on with timeouts (cond_wait_ms). */
-  if (cond_init_monotonic (&c->space_cv) != 0 ||
+  if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
@@ -114,7 +123,7 @@ store_check (const struct store *s, const struct cache_config *cfg,
   CHECK (s->folio_size == cfg->folio_size,
          "store folio size %" PRIu32 " does not match folio-size %" PRIu32,
          s->folio_size, cfg->folio_size);
-  CHECK ((uint64_t) s->bitmap_words * 64 >= 3ull * blocks,
+  CHECK (s->bitmap_words >= store_bitmap_words (blocks),
          "store bitmaps too small for %" PRIu32 " blocks per folio", blocks);
   CHECK (s->nslots >= 4, "store must hold at least 4 folios");
   return 0;
@@ -140,7 +149,7 @@ cache_create (struct backing *b, struct store *store,
   c->folio_shift = log2u (cfg->folio_size);
   c->block_shift = log2u (cfg->block_size);
   c->blocks_per_folio = cfg->folio_size / cfg->block_size;
-  c->last_folio = c->size ? (c->size - 1) >> c->folio_shift : 0;
+  c->nr_folios = c->size ? ((c->size - 1) >> c->folio_shift) + 1 : 0;
   c->store = store;
   if (store == NULL) {
     uint32_t n = (uint32_t) (cfg->cache_size / cfg->folio_size);
@@ -156,7 +165,7 @@ cache_create (struct backing *b, struct store *store,
     c->window = 1;
   c->dirty_limit = bytes * cfg->dirty_limit_pct / 100;
   c->dirty_background = bytes * cfg->dirty_background_pct / 100;
-  fidx_init (&c->index, c->last_folio);
+  fidx_init (&c->index, c->nr_folios ? c->nr_folios - 1 : 0);
   c->stable_epoch = b->ops->loss_epoch ? b->ops->loss_epoch (b) : 0;
   c->zero_block = calloc (1, cfg->block_size);
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
@@ -199,10 +208,10 @@ cache_stop_writeback (struct cache *c)
 {
   if (!c->wb_running)
     return;
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   atomic_store (&c->wb_stop, true);
   pthread_cond_signal (&c->wb_cv);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   pthread_join (c->wb_thread, NULL);
   c->wb_running = false;
 }
@@ -225,34 +234,20 @@ cache_free (struct cache *c)
 }
 
 int
-cache_shutdown (struct cache *c, unsigned attempts)
-{
-  int r = 0;
-
-  cache_stop_writeback (c);
-  for (unsigned i = 0; i < (attempts ? attempts : 1); i++) {
-    if (i > 0)
-      sleep (1);
-    r = cache_flush (c);
-    if (r == 0)
-      break;
-    if (c->passthrough_lost && STAT_GET (c, dirty_bytes) == 0 &&
-        STAT_GET (c, unstable_bytes) == 0)
-      break;                 /* written; the loss is final, retrying won't help */
-  }
-  return r;
-}
-
-int
 cache_destroy (struct cache *c)
 {
-  int r;
+  bool lost;
 
   if (c == NULL)
     return 0;
-  r = cache_shutdown (c, 1);
+  cache_stop_writeback (c);
+  lost = STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0;
   cache_free (c);
-  return r;
+  if (lost) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
 }
 
 /* Write back everything, then flush the backing.  If the backing lost
@@ -274,7 +269,7 @@ cache_flush (struct cache *c)
 {
   int err = 0, r;
 
-  pthread_mutex_lock (&c->wb_mutex);
+  lock_or_die (&c->wb_mutex);
   for (unsigned attempt = 0;; attempt++) {
     int pass_err;
     wb_pass (c, true, &pass_err);
@@ -294,10 +289,10 @@ cache_flush (struct cache *c)
   }
   if (c->passthrough_lost && err == 0)
     err = EIO;
-  pthread_mutex_unlock (&c->wb_mutex);
-  pthread_mutex_lock (&c->lock);
+  unlock_or_die (&c->wb_mutex);
+  lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   if (err) {
     errno = err;
     return -1;
@@ -348,10 +343,10 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
 #undef G
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
 }
 
 const struct cache_config *

@@ -14,7 +14,8 @@ enum fix_kind {
   FIX_WRITE,  /* backing now holds src over the range */
   FIX_ZERO,   /* backing now reads zeroes over the range */
   FIX_DROP,   /* whole blocks discarded: forget them */
-  FIX_FAILED, /* backing content unknown: forget clean copies */
+  FIX_FAILED, /* backing content unknown: forget clean copies, keep the
+               * ones the cache answers for */
   FIX_OVERLAY,/* direct read: copy dirty blocks into the caller's buffer */
 };
 
@@ -45,17 +46,23 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
     if (whole) {
-      folio_set_uptodate (c, f, i, 1);
-      folio_clear_dirty (c, f, i, 1);
+      folio_set_uptodate (c, f, i, i + 1);
+      folio_clear_dirty (c, f, i, i + 1);
     }
     return;
   case FIX_DROP:
-    folio_clear_dirty (c, f, i, 1);
-    folio_clear_uptodate (c, f, i, 1);
+    /* Unstable too: after a trim the block may read as anything, so a
+     * loss of the write before it needs no rewrite. */
+    folio_drop (c, f, i, i + 1);
     return;
   case FIX_FAILED:
-    if (!folio_block_dirty (c, f, i))
-      folio_clear_uptodate (c, f, i, 1);
+    /* An unstable block was acknowledged and is still ours to make
+     * durable, and the failed request may have half overwritten it in
+     * the backing: write it again. */
+    if (folio_test (c, f, FP_UNSTABLE, i))
+      folio_set_dirty (c, f, i, i + 1);
+    else if (!folio_block_dirty (c, f, i))
+      folio_clear_uptodate (c, f, i, i + 1);
     return;
   case FIX_OVERLAY:
     if (folio_block_dirty (c, f, i))
@@ -64,10 +71,9 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
   }
 }
 
-static int
-fix_folio (struct cache *c, struct folio *f, void *opaque)
+static void
+fix_folio (struct cache *c, struct folio *f, const struct fix *x)
 {
-  const struct fix *x = opaque;
   uint64_t fstart = folio_pos (c, f->index);
   uint64_t s = x->off > fstart ? x->off : fstart;
   uint64_t fend = fstart + ((uint64_t) 1 << c->folio_shift);
@@ -80,14 +86,18 @@ fix_folio (struct cache *c, struct folio *f, void *opaque)
     fix_block (c, f, i, s, be, x);
     s = be;
   }
-  return 0;
 }
 
+/* The caller holds the range lock of the request's folios. */
 static void
-fix_cached (struct cache *c, struct fix *x)
+fix_cached (struct cache *c, const struct fix *x)
 {
-  cached_folios_each (c, folio_of (c, x->off), folio_of (c, x->end - 1),
-                      fix_folio, x);
+  uint64_t end = folio_of (c, x->end - 1) + 1;
+  struct folio *f;
+
+  for (uint64_t fi = folio_of (c, x->off);
+       (f = cached_folio_next (c, &fi, end)) != NULL; fi++)
+    fix_folio (c, f, x);
 }
 
 /* Passthrough requests leave no copy in the cache: if the backing loses
@@ -134,15 +144,15 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
 {
   struct fix x = { .kind = FIX_OVERLAY, .off = off, .end = off + len,
                    .dst = buf };
-  uint64_t first = folio_of (c, off), last = folio_of (c, off + len - 1);
+  uint64_t start = folio_of (c, off), end = folio_of (c, off + len - 1) + 1;
 
   STAT_ADD (c, direct_read_ops, 1);
   STAT_ADD (c, direct_read_bytes, len);
-  range_lock (c, first, last);
+  range_lock (c, start, end);
   int r = io_read (c, buf, len, off);
   if (r == 0)
     fix_cached (c, &x);   /* dirty blocks are newer than the backing */
-  range_unlock (c, first, last);
+  range_unlock (c, start, end);
   return r;
 }
 
@@ -154,12 +164,12 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
              unsigned flags)
 {
   uint64_t off = x->off, len = x->end - x->off;
-  uint64_t first = folio_of (c, off), last = folio_of (c, x->end - 1);
+  uint64_t start = folio_of (c, off), end = folio_of (c, x->end - 1) + 1;
   int r;
 
   if (op != PASS_WRITE)
     flags = durable_flags (c, flags);
-  range_lock (c, first, last);
+  range_lock (c, start, end);
   switch (op) {
   case PASS_WRITE:
     r = io_write (c, buf, len, off, backing_flags (flags));
@@ -184,7 +194,7 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
   if (r == -1)
     x->kind = FIX_FAILED;
   fix_cached (c, x);
-  range_unlock (c, first, last);
+  range_unlock (c, start, end);
   errno = err;
   return r;
 }

@@ -190,6 +190,7 @@ fidx_remove (struct fidx *x, uint64_t index)
   struct fidx_node *path[11];
   if (!fidx_path (x, index, path))
     return NULL;
+  assert (x->height >= 1);      /* a tree has a root level */
   void *item = path[x->height - 1]->slots[slot_of (index, 0)];
   fidx_set_mark (x, index, false);
   for (int level = x->height - 1; level >= 0; level--) {
@@ -210,7 +211,7 @@ fidx_remove (struct fidx *x, uint64_t index)
 
 static void *
 node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
-           uint64_t start, uint64_t last, bool marked, uint64_t *found)
+           uint64_t start, uint64_t end, bool marked, uint64_t *found)
 {
   unsigned first = (unsigned) ((start - base) >> shift);
   uint64_t bits = (marked ? n->marked : n->present) & (~0ull << first);
@@ -218,14 +219,14 @@ node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
   while (bits) {
     unsigned s = __builtin_ctzll (bits);
     uint64_t child_base = base + ((uint64_t) s << shift);
-    if (child_base > last)
+    if (child_base >= end)
       return NULL;
     if (shift == 0) {
       *found = child_base;
       return n->slots[s];
     }
     void *r = node_find (n->slots[s], shift - FIDX_BITS, child_base,
-                         start > child_base ? start : child_base, last,
+                         start > child_base ? start : child_base, end,
                          marked, found);
     if (r)
       return r;
@@ -235,12 +236,10 @@ node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
 }
 
 void *
-fidx_find (const struct fidx *x, uint64_t *index, uint64_t last, bool marked)
+fidx_find (const struct fidx *x, uint64_t *index, uint64_t end, bool marked)
 {
-  if (x->root == NULL || *index > x->max_index || *index > last)
+  if (x->root == NULL || *index > x->max_index || *index >= end)
     return NULL;
-  if (last > x->max_index)
-    last = x->max_index;
-  return node_find (x->root, leaf_shift (x, 0), 0, *index, last, marked,
+  return node_find (x->root, leaf_shift (x, 0), 0, *index, end, marked,
                     index);
 }

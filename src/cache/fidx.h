@@ -37,9 +37,9 @@ void *fidx_remove (struct fidx *x, uint64_t index);
 void fidx_set_mark (struct fidx *x, uint64_t index, bool on);
 bool fidx_get_mark (const struct fidx *x, uint64_t index);
 
-/* First entry (marked only, if marked) with index in [*index, last].
+/* First entry (marked only, if marked) with index in [*index, end).
  * Sets *index to its index.  NULL if none. */
-void *fidx_find (const struct fidx *x, uint64_t *index, uint64_t last,
+void *fidx_find (const struct fidx *x, uint64_t *index, uint64_t end,
                  bool marked);
 
 #endif /* FOLIOD_FIDX_H */

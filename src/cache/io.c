@@ -56,107 +56,119 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   return c->b->ops->write (c->b, buf, len, off, flags);
 }
 
-/* Read global blocks [blk, blk+n) (inside the window, all cached) with one
- * request, straight into folio memory when they sit in one folio. */
+/* Read global blocks [start, end) (inside the window, all cached) with
+ * one request, straight into folio memory when they sit in one folio. */
 static int
-fill_data (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+fill_data (struct cache *c, struct window *w, uint64_t start, uint64_t end)
 {
-  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
+  uint64_t off = block_pos (c, start), len = block_pos (c, end - start);
   uint64_t fi = folio_of (c, off);
   uint32_t bpf = c->blocks_per_folio;
 
   if (folio_of (c, off + len - 1) == fi) {
-    struct folio *f = w->f[fi - w->first];
+    struct folio *f = w->f[fi - w->start];
     uint64_t in = off - folio_pos (c, fi);
     if (io_read (c, f->data + in, len, off) == -1)
       return -1;
-    folio_set_uptodate (c, f, (uint32_t) (blk % bpf), (uint32_t) n);
+    folio_set_uptodate (c, f, (uint32_t) (start % bpf),
+                        (uint32_t) ((end - 1) % bpf) + 1);
     return 0;
   }
   unsigned char *bounce = io_bounce (c);
   if (bounce == NULL || io_read (c, bounce, len, off) == -1)
     return -1;
-  for (uint64_t b = blk; b < blk + n;) {
-    struct folio *f = w->f[b / bpf - w->first];
-    uint32_t first = (uint32_t) (b % bpf);
-    uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
-                                                          : blk + n - b);
-    memcpy (f->data + block_pos (c, first), bounce + block_pos (c, b - blk),
+  for (uint64_t b = start; b < end;) {
+    struct folio *f = w->f[b / bpf - w->start];
+    uint32_t i = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    memcpy (f->data + block_pos (c, i), bounce + block_pos (c, b - start),
             block_pos (c, cnt));
-    folio_set_uptodate (c, f, first, cnt);
+    folio_set_uptodate (c, f, i, i + cnt);
     b += cnt;
   }
   return 0;
 }
 
-/* Zero-fill global blocks [blk, blk+n): the backing says they read as 0. */
+/* Zero-fill global blocks [start, end): the backing says they read as 0. */
 static void
-fill_zero (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+fill_zero (struct cache *c, struct window *w, uint64_t start, uint64_t end)
 {
   uint32_t bpf = c->blocks_per_folio;
 
-  for (uint64_t b = blk; b < blk + n; b++) {
-    struct folio *f = w->f[b / bpf - w->first];
+  for (uint64_t b = start; b < end; b++) {
+    struct folio *f = w->f[b / bpf - w->start];
     uint32_t i = (uint32_t) (b % bpf);
     memset (f->data + block_pos (c, i), 0, (size_t) 1 << c->block_shift);
-    folio_set_uptodate (c, f, i, 1);
+    folio_set_uptodate (c, f, i, i + 1);
   }
 }
 
-/* Classify the blocks from blk on with one map call: *hole says whether
- * they read as zeroes, *cnt (>= 1, <= n) how many share that answer.  A
- * block that is only partly a hole counts as data. */
-static int
-extent_blocks (struct cache *c, uint64_t blk, uint64_t n, uint64_t *cnt,
-               bool *hole)
+int
+cache_map (struct cache *c, uint64_t start, uint64_t end,
+           struct backing_extent *ext)
 {
-  struct backing_extent ext;
-  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
-  uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
-
-  *cnt = n;
-  *hole = false;
+  if (end > c->size)
+    end = c->size;
+  *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
   if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
     return 0;
-  if (off + len > c->size)
-    len = c->size - off;
-  if (c->b->ops->map (c->b, off, len, &ext) == -1)
+  if (c->b->ops->map (c->b, start, end - start, ext) == -1)
     return -1;
-  uint64_t end = ext.offset + ext.length;
+  if (ext->length == 0)
+    *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
+  else if (ext->offset + ext->length > end)
+    ext->length = end - ext->offset;
+  return 0;
+}
+
+/* Classify the blocks from start on: *hole says whether they read as
+ * zeroes, *run_end (> start, <= end) where that answer ends.  A block
+ * that is only partly a hole counts as data. */
+static int
+extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
+               uint64_t *run_end, bool *hole)
+{
+  struct cache *c = it->c;
+  struct backing_extent ext;
+  uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
+  uint64_t e;
+
+  if (cache_iter_map (it, block_pos (c, start), &ext) == -1)
+    return -1;
+  uint64_t xend = ext.offset + ext.length;
   if (ext.type != BACKING_DATA) {
-    if (end >= c->size)            /* the export's last block may be short */
-      end = (c->size + bmask) & ~bmask;
-    *cnt = block_of (c, end) - blk;
-    *hole = *cnt > 0;
+    if (xend >= c->size)           /* the export's last block may be short */
+      xend = (c->size + bmask) & ~bmask;
+    e = block_of (c, xend);
   } else
-    *cnt = block_of (c, end + bmask) - blk;
-  if (*cnt == 0)
-    *cnt = 1;
-  if (*cnt > n)
-    *cnt = n;
+    e = block_of (c, xend + bmask);
+  *hole = ext.type != BACKING_DATA && e > start;
+  if (e <= start)
+    e = start + 1;
+  *run_end = e < end ? e : end;
   return 0;
 }
 
 int
-io_fill (struct cache *c, struct window *w, uint64_t blk, uint64_t n)
+io_fill (struct cache_iter *it, uint64_t start, uint64_t end)
 {
+  struct cache *c = it->c;
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
 
-  while (n > 0) {
-    uint64_t cnt;
+  while (start < end) {
+    uint64_t run_end;
     bool hole;
-    if (extent_blocks (c, blk, n, &cnt, &hole) == -1)
+    if (extent_blocks (it, start, end, &run_end, &hole) == -1)
       return -1;
     if (hole)
-      fill_zero (c, w, blk, cnt);
+      fill_zero (c, &it->w, start, run_end);
     else {
-      if (cnt > max_blocks)
-        cnt = max_blocks;
-      if (fill_data (c, w, blk, cnt) == -1)
+      if (run_end - start > max_blocks)
+        run_end = start + max_blocks;
+      if (fill_data (c, &it->w, start, run_end) == -1)
         return -1;
     }
-    blk += cnt;
-    n -= cnt;
+    start = run_end;
   }
   return 0;
 }

@@ -4,13 +4,6 @@
 
 #include "cache/cache-int.h"
 
-/* Run fn on each window of folios covering [off, off+len), with the part
- * of the range inside the window.  fn returns 0 or -1/errno. */
-typedef int (*window_fn) (struct cache *c, struct window *w, uint64_t off,
-                          uint64_t len, void *opaque);
-int windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
-                  window_fn fn, void *opaque);
-
 /* 0 if [off, off+len) lies in the export, else -1/EINVAL. */
 int range_check (const struct cache *c, uint64_t len, uint64_t off);
 /* 0 if the backing may be written, else -1/EPERM. */

@@ -7,64 +7,27 @@
 #include "cache/cache-int.h"
 #include "cache/ops.h"
 
-int
-windows_each (struct cache *c, uint64_t off, uint64_t len, bool alloc,
-              window_fn fn, void *opaque)
-{
-  uint64_t end = off + len;
-  uint64_t fi = folio_of (c, off), last = folio_of (c, end - 1);
-  struct window w;
-
-  while (fi <= last) {
-    uint32_t n = (uint32_t) (last - fi + 1 < c->window ? last - fi + 1
-                                                        : c->window);
-    uint64_t wstart = folio_pos (c, fi), wend = folio_pos (c, fi + n);
-    uint64_t s = off > wstart ? off : wstart, e = end < wend ? end : wend;
-    if (window_begin (c, &w, fi, n, alloc) == -1)
-      return -1;
-    int r = fn (c, &w, s, e - s, opaque);
-    window_end (c, &w);
-    if (r == -1)
-      return -1;
-    fi += n;
-  }
-  return 0;
-}
-
 static struct folio *
 window_folio (struct cache *c, struct window *w, uint64_t blk)
 {
-  return w->f[blk / c->blocks_per_folio - w->first];
+  return w->f[blk / c->blocks_per_folio - w->start];
 }
 
-/* Bring every block overlapping [off, off+len) uptodate: one fill per
- * contiguous run of missing blocks.  *missed is set if any was missing. */
+/* Bring every block of the step uptodate: one fill per contiguous run of
+ * missing blocks.  *missed is set if any was missing. */
 static int
-fill_range (struct cache *c, struct window *w, uint64_t off, uint64_t len,
-            bool *missed)
+fill_range (struct cache_iter *it, bool *missed)
 {
-  uint64_t b = block_of (c, off), last = block_of (c, off + len - 1);
-  uint32_t bpf = c->blocks_per_folio;
+  struct cache *c = it->c;
+  struct window *w = &it->w;
+  uint64_t b = block_of (c, it->pos), end = block_of (c, it->step_end - 1) + 1;
 
-  while (b <= last) {
-    struct folio *f = window_folio (c, w, b);
-    if (f->nr_uptodate == bpf) {           /* skip a fully uptodate folio */
-      b = (b / bpf + 1) * bpf;
-      continue;
-    }
-    if (folio_block_uptodate (c, f, b % bpf)) {
-      b++;
-      continue;
-    }
-    uint64_t run = 1;
-    while (b + run <= last &&
-           !folio_block_uptodate (c, window_folio (c, w, b + run),
-                                  (b + run) % bpf))
-      run++;
-    if (io_fill (c, w, b, run) == -1)
+  while ((b = window_next (c, w, FP_UPTODATE, false, b, end)) < end) {
+    uint64_t run_end = window_next (c, w, FP_UPTODATE, true, b, end);
+    if (io_fill (it, b, run_end) == -1)
       return -1;
     *missed = true;
-    b += run;
+    b = run_end;
   }
   return 0;
 }
@@ -80,7 +43,7 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     uint64_t fi = folio_of (c, off);
     uint64_t in = off - folio_pos (c, fi);
     uint64_t n = ((uint64_t) 1 << c->folio_shift) - in;
-    struct folio *f = w->f[fi - w->first];
+    struct folio *f = w->f[fi - w->start];
     if (n > len)
       n = len;
     if (to_folio)
@@ -93,31 +56,28 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
   }
 }
 
-struct rw_ctx {
-  unsigned char *buf;   /* client buffer at the request's offset */
-  uint64_t req_off;     /* the request's offset */
-  unsigned flags;
-  bool missed;
-};
-
-static int
-read_step (struct cache *c, struct window *w, uint64_t off, uint64_t len,
-           void *opaque)
+/* Copy the step's part of the buffer (at the request's start) out of the
+ * cache, filling what is missing first.  buf NULL: prefetch. */
+static int64_t
+read_step (struct cache_iter *it, unsigned char *buf, bool *missed)
 {
-  struct rw_ctx *x = opaque;
+  uint64_t len = it->step_end - it->pos;
 
-  if (fill_range (c, w, off, len, &x->missed) == -1)
+  if (fill_range (it, missed) == -1)
     return -1;
-  if (x->buf)
-    copy_range (c, w, x->buf + (off - x->req_off), off, len, false);
-  return 0;
+  if (buf)
+    copy_range (it->c, &it->w, buf + (it->pos - it->start), it->pos, len,
+                false);
+  return (int64_t) len;
 }
 
 int
 cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
             unsigned flags)
 {
-  struct rw_ctx x = { .buf = buf, .req_off = off };
+  struct cache_iter it;
+  bool missed = false;
+  int r;
 
   if (range_check (c, len, off) == -1)
     return -1;
@@ -129,9 +89,11 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   }
   if (use_direct (c, len, flags))
     return buf ? direct_read (c, buf, len, off) : 0;
-  int r = windows_each (c, off, len, true, read_step, &x);
+  cache_iter_init (&it, c, off, len, CI_ALLOC);
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = read_step (&it, buf, &missed);
   if (buf != NULL) {
-    if (x.missed) STAT_ADD (c, read_misses, 1);
+    if (missed) STAT_ADD (c, read_misses, 1);
     else if (r == 0) STAT_ADD (c, read_hits, 1);
   }
   return r;
@@ -158,61 +120,67 @@ block_partial (struct cache *c, uint64_t blk, uint64_t off, uint64_t end)
 /* Read-modify-write: a partly written block that is not uptodate is read
  * first, that block only (rule 1). */
 static int
-fill_edges (struct cache *c, struct window *w, uint64_t off, uint64_t end)
+fill_edges (struct cache_iter *it)
 {
+  struct cache *c = it->c;
+  uint64_t off = it->pos, end = it->step_end;
   uint64_t edge[2] = { block_of (c, off), block_of (c, end - 1) };
   uint32_t bpf = c->blocks_per_folio;
 
   for (int i = 0; i < 2; i++) {
     if (i == 1 && edge[1] == edge[0])
       break;
-    struct folio *f = window_folio (c, w, edge[i]);
+    struct folio *f = window_folio (c, &it->w, edge[i]);
     if (block_partial (c, edge[i], off, end) &&
         !folio_block_uptodate (c, f, edge[i] % bpf) &&
-        io_fill (c, w, edge[i], 1) == -1)
+        io_fill (it, edge[i], edge[i] + 1) == -1)
       return -1;
   }
   return 0;
 }
 
-/* Mark blocks [first, last] (global) uptodate and dirty. */
+/* Mark blocks [start, end) (global) uptodate and dirty. */
 static void
-dirty_blocks (struct cache *c, struct window *w, uint64_t first,
-              uint64_t last)
+dirty_blocks (struct cache *c, struct window *w, uint64_t start,
+              uint64_t end)
 {
   uint32_t bpf = c->blocks_per_folio;
 
-  for (uint64_t b = first; b <= last;) {
+  for (uint64_t b = start; b < end;) {
     struct folio *f = window_folio (c, w, b);
     uint32_t i = (uint32_t) (b % bpf);
-    uint32_t n = (uint32_t) (bpf - i < last - b + 1 ? bpf - i : last - b + 1);
-    folio_set_uptodate (c, f, i, n);
-    folio_set_dirty (c, f, i, n);
+    uint32_t n = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    folio_set_uptodate (c, f, i, i + n);
+    folio_set_dirty (c, f, i, i + n);
     b += n;
   }
 }
 
-static int
-write_step (struct cache *c, struct window *w, uint64_t off, uint64_t len,
-            void *opaque)
+/* Copy the step's part of the buffer (at the request's start) into the
+ * cache; with CACHE_FUA write it back before returning. */
+static int64_t
+write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
 {
-  struct rw_ctx *x = opaque;
-  uint64_t first = block_of (c, off), last = block_of (c, off + len - 1);
+  struct cache *c = it->c;
+  uint64_t off = it->pos, len = it->step_end - it->pos;
+  uint64_t start = block_of (c, off), end = block_of (c, off + len - 1) + 1;
 
-  if (fill_edges (c, w, off, off + len) == -1)
+  if (fill_edges (it) == -1)
     return -1;
-  copy_range (c, w, x->buf + (off - x->req_off), off, len, true);
-  dirty_blocks (c, w, first, last);
-  if (x->flags & CACHE_FUA)
-    return wb_window (c, w, first, last - first + 1, BACKING_FUA);
-  return 0;
+  copy_range (c, &it->w, (void *) (buf + (off - it->start)), off, len, true);
+  dirty_blocks (c, &it->w, start, end);
+  if ((flags & CACHE_FUA) &&
+      wb_window (c, &it->w, start, end, BACKING_FUA) == -1)
+    return -1;
+  return (int64_t) len;
 }
 
 int
 cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
              unsigned flags)
 {
-  struct rw_ctx x = { .buf = (unsigned char *) buf, .req_off = off };
+  struct cache_iter it;
+  int r;
 
   if (range_check (c, len, off) == -1 || writable_check (c) == -1)
     return -1;
@@ -223,8 +191,9 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     return direct_write (c, buf, len, off, flags);
   if (c->cfg.mode == CACHE_WRITETHROUGH)
     flags |= CACHE_FUA;
-  x.flags = flags;
-  if (!(flags & CACHE_FUA) && throttle_dirty (c, len) == -1)
-    return -1;
-  return windows_each (c, off, len, true, write_step, &x);
+  cache_iter_init (&it, c, off, len,
+                   CI_ALLOC | (flags & CACHE_FUA ? 0 : CI_THROTTLE));
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = write_step (&it, buf, flags);
+  return r;
 }

@@ -41,19 +41,6 @@ emit (struct emitter *e, uint64_t end, enum backing_extent_type type)
   e->end = end;
 }
 
-/* The backing's extent at off, clipped to end. */
-static int
-map_at (struct cache *c, uint64_t off, uint64_t end, struct backing_extent *x)
-{
-  *x = (struct backing_extent) { off, end - off, BACKING_DATA };
-  if ((c->b->caps & BACKING_CAN_MAP) && c->b->ops->map != NULL &&
-      c->b->ops->map (c->b, off, end - off, x) == -1)
-    return -1;
-  if (x->length == 0 || x->offset + x->length > end)
-    x->length = end - off;
-  return 0;
-}
-
 /* [e->end, end) has no dirty block: the backing's answer stands. */
 static int
 emit_clean (struct cache *c, struct emitter *e, uint64_t end)
@@ -61,7 +48,7 @@ emit_clean (struct cache *c, struct emitter *e, uint64_t end)
   struct backing_extent x;
 
   while (e->end < end && !e->stop) {
-    if (map_at (c, e->end, end, &x) == -1)
+    if (cache_map (c, e->end, end, &x) == -1)
       return -1;
     emit (e, x.offset + x.length, x.type);
   }
@@ -76,7 +63,7 @@ emit_folio (struct cache *c, struct emitter *e, struct folio *f, uint64_t end)
   uint64_t fstart = folio_pos (c, f->index);
 
   while (e->end < end && !e->stop) {
-    if (map_at (c, e->end, end, &x) == -1)
+    if (cache_map (c, e->end, end, &x) == -1)
       return -1;
     uint64_t xend = x.offset + x.length;
     if (x.type == BACKING_DATA) {
@@ -106,9 +93,10 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
     return -1;
   while (e.end < end && !e.stop && r == 0) {
     uint64_t fi = folio_of (c, e.end);
-    pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1), true);
-    pthread_mutex_unlock (&c->lock);
+    lock_or_die (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi, folio_of (c, end - 1) + 1,
+                                 true);
+    unlock_or_die (&c->lock);
     uint64_t clean_end = f ? folio_pos (c, fi) : end;
     if (e.end < clean_end) {
       r = emit_clean (c, &e, clean_end);
@@ -116,12 +104,12 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
     }
     uint64_t fend = folio_pos (c, fi + 1) < end ? folio_pos (c, fi + 1) : end;
     pthread_mutex_t *m = stripe_of (c, fi);
-    pthread_mutex_lock (m);
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (m);
+    lock_or_die (&c->lock);
     f = fidx_get (&c->index, fi);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     r = f ? emit_folio (c, &e, f, fend) : emit_clean (c, &e, fend);
-    pthread_mutex_unlock (m);
+    unlock_or_die (m);
   }
   emit_pending (&e);
   return r;

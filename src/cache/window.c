@@ -1,11 +1,9 @@
-/* Range locks, folio lookup and allocation, eviction, dirty throttling.
- * See the lock order in cache-int.h. */
+/* Range locks, folio lookup and allocation, the LRU and eviction.  See the
+ * lock order in cache-int.h; the waits for room are in throttle.c. */
 #include <assert.h>
 #include <errno.h>
-#include <time.h>
 
 #include "cache/cache-int.h"
-#include "foliod/util.h"
 
 pthread_mutex_t *
 stripe_of (struct cache *c, uint64_t fi)
@@ -13,14 +11,14 @@ stripe_of (struct cache *c, uint64_t fi)
   return &c->stripes[fi % NSTRIPES];
 }
 
-/* Call fn on each stripe index of folios [first, last], in ascending
- * stripe order (the only order in which several stripes are taken). */
+/* Call fn on each stripe of folios [start, end), in ascending stripe
+ * order (the only order in which several stripes are taken). */
 static void
-stripes_each (struct cache *c, uint64_t first, uint64_t last,
-              int (*fn) (pthread_mutex_t *))
+stripes_each (struct cache *c, uint64_t start, uint64_t end,
+              void (*fn) (pthread_mutex_t *))
 {
-  uint64_t n = last - first + 1;
-  uint32_t s0 = first % NSTRIPES;
+  uint64_t n = end - start;
+  uint32_t s0 = start % NSTRIPES;
 
   if (n >= NSTRIPES) {
     for (uint32_t s = 0; s < NSTRIPES; s++)
@@ -37,15 +35,15 @@ stripes_each (struct cache *c, uint64_t first, uint64_t last,
 }
 
 void
-range_lock (struct cache *c, uint64_t first, uint64_t last)
+range_lock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, first, last, pthread_mutex_lock);
+  stripes_each (c, start, end, lock_or_die);
 }
 
 void
-range_unlock (struct cache *c, uint64_t first, uint64_t last)
+range_unlock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, first, last, pthread_mutex_unlock);
+  stripes_each (c, start, end, unlock_or_die);
 }
 
 static void
@@ -80,18 +78,18 @@ evict_one_locked (struct cache *c)
   while (f != NULL && budget-- > 0) {
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
-    if (pthread_mutex_trylock (m) == 0) {
+    if (trylock_or_die (m)) {
       if (f->nr_dirty == 0 && f->nr_unstable == 0) {
         lru_unlink (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;
         folio_reset (c, f);
         c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
-        pthread_mutex_unlock (m);
+        unlock_or_die (m);
         STAT_ADD (c, evictions, 1);
         return f;
       }
-      pthread_mutex_unlock (m);
+      unlock_or_die (m);
       lru_unlink (c, f);
       lru_append (c, f);
     }
@@ -128,8 +126,8 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
 static int
 window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 {
-  for (uint32_t i = 0; i < w->n; i++) {
-    struct folio *f = fidx_get (&c->index, w->first + i);
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    struct folio *f = fidx_get (&c->index, fi);
     if (f != NULL) {
       lru_unlink (c, f);
       lru_append (c, f);
@@ -139,111 +137,49 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
         errno = EAGAIN;
         return -1;
       }
-      if (folio_insert_locked (c, f, w->first + i) == -1)
+      if (folio_insert_locked (c, f, fi) == -1)
         return -1;
     }
-    w->f[i] = f;
+    w->f[fi - w->start] = f;
   }
   return 0;
 }
 
-/* Wait up to 100 ms for writeback to free room (lock held). */
-static void
-wait_for_space_locked (struct cache *c)
-{
-  c->space_waiters++;
-  wb_kick_locked (c);
-  cond_wait_ms (&c->space_cv, &c->lock, 100);
-  c->space_waiters--;
-}
-
 int
-window_begin (struct cache *c, struct window *w, uint64_t first, uint32_t n,
-              bool alloc)
+window_begin (struct cache *c, struct window *w, uint64_t start,
+              uint64_t end, bool alloc)
 {
-  assert (n > 0 && n <= WINDOW_MAX);
-  w->first = first;
-  w->n = n;
+  assert (start < end && end - start <= WINDOW_MAX);
+  w->start = start;
+  w->end = end;
   for (;;) {
-    range_lock (c, first, first + n - 1);
-    pthread_mutex_lock (&c->lock);
+    range_lock (c, start, end);
+    lock_or_die (&c->lock);
     if (window_lookup_locked (c, w, alloc) == 0) {
-      pthread_mutex_unlock (&c->lock);
+      unlock_or_die (&c->lock);
       return 0;
     }
     int err = errno;
     /* Never wait holding stripes: writeback needs them. */
-    range_unlock (c, first, first + n - 1);
-    int failing = wb_error (c);
-    if (err != EAGAIN || failing) {
-      pthread_mutex_unlock (&c->lock);
-      errno = err != EAGAIN ? err : failing;
+    range_unlock (c, start, end);
+    int r = throttle_room_locked (c, err);
+    unlock_or_die (&c->lock);
+    if (r == -1)
       return -1;
-    }
-    STAT_ADD (c, throttle_waits, 1);
-    wait_for_space_locked (c);
-    pthread_mutex_unlock (&c->lock);
   }
 }
 
 void
 window_end (struct cache *c, struct window *w)
 {
-  range_unlock (c, w->first, w->first + w->n - 1);
+  range_unlock (c, w->start, w->end);
 }
 
-int
-cached_folios_each (struct cache *c, uint64_t first, uint64_t last,
-                    int (*fn) (struct cache *, struct folio *, void *),
-                    void *opaque)
+struct folio *
+cached_folio_next (struct cache *c, uint64_t *fi, uint64_t end)
 {
-  uint64_t fi = first;
-
-  while (fi <= last) {
-    pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, last, false);
-    pthread_mutex_unlock (&c->lock);
-    if (f == NULL)
-      break;
-    /* The caller holds fi's stripe, so f stays cached. */
-    int r = fn (c, f, opaque);
-    if (r != 0)
-      return r;
-    if (fi == UINT64_MAX)
-      break;
-    fi++;
-  }
-  return 0;
-}
-
-void
-wb_kick_locked (struct cache *c)
-{
-  c->wb_kick = true;
-  pthread_cond_signal (&c->wb_cv);
-}
-
-int
-throttle_dirty (struct cache *c, uint64_t len)
-{
-  bool waited = false;
-
-  if (STAT_GET (c, dirty_bytes) + len <= c->dirty_limit)
-    return 0;
-  pthread_mutex_lock (&c->lock);
-  while (STAT_GET (c, dirty_bytes) > 0 &&
-         STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
-    int failing = wb_error (c);
-    if (failing) {
-      pthread_mutex_unlock (&c->lock);
-      errno = failing;
-      return -1;
-    }
-    if (!waited)
-      STAT_ADD (c, throttle_waits, 1);
-    waited = true;
-    wait_for_space_locked (c);
-  }
-  pthread_mutex_unlock (&c->lock);
-  return 0;
+  lock_or_die (&c->lock);
+  struct folio *f = fidx_find (&c->index, fi, end, false);
+  unlock_or_die (&c->lock);
+  return f;
 }

@@ -8,26 +8,26 @@
 #include "cache/cache-int.h"
 #include "foliod/util.h"
 
-/* Write global blocks [blk, blk+n), all dirty and cached in w. */
+/* Write global blocks [start, end), all dirty and cached in w. */
 static int
-wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
         unsigned flags)
 {
   uint32_t bpf = c->blocks_per_folio;
-  uint64_t off = block_pos (c, blk), len = block_pos (c, n);
-  struct folio *f = w->f[blk / bpf - w->first];
+  uint64_t off = block_pos (c, start), len = block_pos (c, end - start);
+  struct folio *f = w->f[start / bpf - w->start];
   const unsigned char *src;
   int r;
 
-  if ((blk + n - 1) / bpf == blk / bpf)
-    src = f->data + block_pos (c, blk % bpf);
+  if ((end - 1) / bpf == start / bpf)
+    src = f->data + block_pos (c, start % bpf);
   else {
     unsigned char *bounce = io_bounce (c);
     if (bounce == NULL)
       return -1;
-    for (uint64_t b = blk; b < blk + n; b++) {
-      struct folio *g = w->f[b / bpf - w->first];
-      memcpy (bounce + block_pos (c, b - blk),
+    for (uint64_t b = start; b < end; b++) {
+      struct folio *g = w->f[b / bpf - w->start];
+      memcpy (bounce + block_pos (c, b - start),
               g->data + block_pos (c, b % bpf), (size_t) 1 << c->block_shift);
     }
     src = bounce;
@@ -42,46 +42,32 @@ wb_run (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
   }
   atomic_store (&c->wb_failing, 0);
   bool unstable = c->b->ops->loss_epoch != NULL && !(flags & BACKING_FUA);
-  for (uint64_t b = blk; b < blk + n;) {
-    struct folio *g = w->f[b / bpf - w->first];
-    uint32_t first = (uint32_t) (b % bpf);
-    uint32_t cnt = (uint32_t) (bpf - first < blk + n - b ? bpf - first
-                                                          : blk + n - b);
-    folio_written (c, g, first, cnt, unstable);
+  for (uint64_t b = start; b < end;) {
+    struct folio *g = w->f[b / bpf - w->start];
+    uint32_t i = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    folio_written (c, g, i, i + cnt, unstable);
     b += cnt;
   }
   return 0;
 }
 
-static bool
-block_dirty (struct cache *c, struct window *w, uint64_t b)
-{
-  struct folio *f = w->f[b / c->blocks_per_folio - w->first];
-
-  return f != NULL && folio_block_dirty (c, f, b % c->blocks_per_folio);
-}
-
 int
-wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
+wb_window (struct cache *c, struct window *w, uint64_t start, uint64_t end,
            unsigned flags)
 {
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
-  uint64_t end = blk + n;
+  uint64_t b = start;
   int err = 0;
 
-  for (uint64_t b = blk; b < end;) {
-    if (!block_dirty (c, w, b)) {
-      b++;
-      continue;
-    }
-    uint64_t run = 1;
-    while (b + run < end && run < max_blocks && block_dirty (c, w, b + run))
-      run++;
-    if (wb_run (c, w, b, run, flags) == -1 && err == 0)
+  while ((b = window_next (c, w, FP_DIRTY, true, b, end)) < end) {
+    uint64_t cap = end - b > max_blocks ? b + max_blocks : end;
+    uint64_t run_end = window_next (c, w, FP_DIRTY, false, b, cap);
+    if (wb_run (c, w, b, run_end, flags) == -1 && err == 0)
       err = errno;
     if (backing_unreachable (err))
       break;                    /* the other runs would only wait too */
-    b += run;
+    b = run_end;
   }
   if (err) {
     errno = err;
@@ -90,9 +76,13 @@ wb_window (struct cache *c, struct window *w, uint64_t blk, uint64_t n,
   return 0;
 }
 
-/* Is folio f worth writing in this pass? */
+/* Is folio f worth writing in this pass?  The one background policy (the
+ * kernel's wb_over_bg_thresh): over the background threshold, or with
+ * writers waiting for room, every dirty folio; else those dirty for longer
+ * than dirty_expire_ms.  Without the stripe it is a hint (dirtied_ms is
+ * atomic): wb_batch_begin asks again under it. */
 static bool
-wb_wanted (struct cache *c, struct folio *f, bool all)
+wb_wanted (struct cache *c, const struct folio *f, bool all)
 {
   if (all || STAT_GET (c, dirty_bytes) > c->dirty_background ||
       c->space_waiters > 0)
@@ -109,30 +99,31 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
 {
   uint32_t last_block = c->blocks_per_folio - 1;
 
-  pthread_mutex_lock (stripe_of (c, fi));
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (stripe_of (c, fi));
+  lock_or_die (&c->lock);
   struct folio *f = fidx_get (&c->index, fi);
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
   if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all)) {
-    pthread_mutex_unlock (stripe_of (c, fi));
+    unlock_or_die (stripe_of (c, fi));
     return false;
   }
-  w->first = fi;
+  w->start = fi;
   w->f[0] = f;
-  w->n = 1;
-  while (w->n < WINDOW_MAX && fi + w->n <= c->last_folio &&
-         folio_block_dirty (c, w->f[w->n - 1], last_block)) {
-    uint64_t next = fi + w->n;
-    if (pthread_mutex_trylock (stripe_of (c, next)) != 0)
+  w->end = fi + 1;
+  while (w->end - fi < WINDOW_MAX && w->end < c->nr_folios &&
+         folio_block_dirty (c, w->f[w->end - fi - 1], last_block)) {
+    uint64_t next = w->end;
+    if (!trylock_or_die (stripe_of (c, next)))
       break;
-    pthread_mutex_lock (&c->lock);      /* held stripe: g cannot go away */
+    lock_or_die (&c->lock);      /* held stripe: g cannot go away */
     struct folio *g = fidx_get (&c->index, next);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (g == NULL || !folio_block_dirty (c, g, 0)) {
-      pthread_mutex_unlock (stripe_of (c, next));
+      unlock_or_die (stripe_of (c, next));
       break;
     }
-    w->f[w->n++] = g;
+    w->f[next - fi] = g;
+    w->end = next + 1;
   }
   return true;
 }
@@ -150,11 +141,11 @@ wb_pass (struct cache *c, bool all, int *err)
 
   *err = 0;
   for (;;) {
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (&c->lock);
     struct folio *f = fidx_find (&c->index, &fi,
-                                 wrapped && !all ? start - 1 : c->last_folio,
+                                 wrapped && !all ? start : c->nr_folios,
                                  true);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (f == NULL) {
       if (wrapped || start == 0)
         break;
@@ -162,27 +153,25 @@ wb_pass (struct cache *c, bool all, int *err)
       fi = 0;
       continue;
     }
-    if (!all && STAT_GET (c, dirty_bytes) <= c->dirty_background / 2 &&
-        c->space_waiters == 0 &&
-        f->dirtied_ms + c->cfg.dirty_expire_ms > now_ms ()) {
-      fi++;                      /* below the threshold and still young */
+    if (!wb_wanted (c, f, all)) {
+      fi++;                      /* skipped without taking its stripe */
       continue;
     }
     if (wb_batch_begin (c, &w, fi, all)) {
-      uint64_t blk = fi * c->blocks_per_folio;
-      if (wb_window (c, &w, blk, (uint64_t) w.n * c->blocks_per_folio, 0)
-          == -1 && *err == 0)
+      uint32_t bpf = c->blocks_per_folio;
+      if (wb_window (c, &w, w.start * bpf, w.end * bpf, 0) == -1 &&
+          *err == 0)
         *err = errno;
       window_end (c, &w);
-      written += w.n;
-      fi += w.n;
+      written += (int) (w.end - w.start);
+      fi = w.end;
       /* Retry the backing, not each run: a remote that is down has been
        * waited for once (its retry window); the next pass tries again. */
       if (backing_unreachable (*err))
         break;
     } else
       fi++;
-    c->wb_cursor = fi > c->last_folio ? 0 : fi;
+    c->wb_cursor = fi >= c->nr_folios ? 0 : fi;
   }
   return written;
 }
@@ -194,19 +183,19 @@ folios_each_locked (struct cache *c, bool marked,
                     void (*fn) (struct cache *, struct folio *, bool),
                     bool arg)
 {
-  for (uint64_t fi = 0; fi <= c->last_folio; fi++) {
-    pthread_mutex_lock (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi, c->last_folio, marked);
-    pthread_mutex_unlock (&c->lock);
+  for (uint64_t fi = 0; fi < c->nr_folios; fi++) {
+    lock_or_die (&c->lock);
+    struct folio *f = fidx_find (&c->index, &fi, c->nr_folios, marked);
+    unlock_or_die (&c->lock);
     if (f == NULL)
       break;
-    pthread_mutex_lock (stripe_of (c, fi));
-    pthread_mutex_lock (&c->lock);
+    lock_or_die (stripe_of (c, fi));
+    lock_or_die (&c->lock);
     f = fidx_get (&c->index, fi);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (f != NULL)
       fn (c, f, arg);
-    pthread_mutex_unlock (stripe_of (c, fi));
+    unlock_or_die (stripe_of (c, fi));
   }
 }
 
@@ -273,13 +262,14 @@ wb_error (struct cache *c)
   return err ? err : atomic_load (&c->flush_failing);
 }
 
+/* Dirty and unstable blocks stay: the cache answers for them. */
 static void
 forget_clean (struct cache *c, struct folio *f, bool unused)
 {
   (void) unused;
   for (uint32_t i = 0; i < c->blocks_per_folio; i++)
-    if (!folio_block_dirty (c, f, i))
-      folio_clear_uptodate (c, f, i, 1);
+    if (!folio_block_dirty (c, f, i) && !folio_test (c, f, FP_UNSTABLE, i))
+      folio_clear_uptodate (c, f, i, i + 1);
 }
 
 void
@@ -293,13 +283,13 @@ wb_sleep (struct cache *c, unsigned ms)
 {
   uint64_t end = now_ms () + ms, now;
 
-  pthread_mutex_lock (&c->lock);
+  lock_or_die (&c->lock);
   while (!atomic_load (&c->wb_stop) && !c->wb_kick &&
          (now = now_ms ()) < end)
     if (cond_wait_ms (&c->wb_cv, &c->lock, end - now) == ETIMEDOUT)
       break;
   c->wb_kick = false;
-  pthread_mutex_unlock (&c->lock);
+  unlock_or_die (&c->lock);
 }
 
 /* The background writeback thread: wakes every writeback_interval_ms or
@@ -318,7 +308,7 @@ wb_thread_main (void *arg)
     if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0)
       continue;
     int err;
-    pthread_mutex_lock (&c->wb_mutex);
+    lock_or_die (&c->wb_mutex);
     wb_pass (c, false, &err);
     /* Unstable blocks pin memory until the backing flushes them: flush
      * after every pass that left some, even one with failed writes, so
@@ -327,10 +317,10 @@ wb_thread_main (void *arg)
     if (STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1 &&
         err == 0)
       err = errno;
-    pthread_mutex_unlock (&c->wb_mutex);
-    pthread_mutex_lock (&c->lock);
+    unlock_or_die (&c->wb_mutex);
+    lock_or_die (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
-    pthread_mutex_unlock (&c->lock);
+    unlock_or_die (&c->lock);
     if (err)
       backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
                               : 100;

@@ -18,6 +18,7 @@
 #include <openssl/crypto.h>
 
 #include "daemon/daemon.h"
+#include "foliod/store.h"
 
 #ifndef FOLIOD_VERSION
 #error "FOLIOD_VERSION is set by the Makefile (VERSION)"
@@ -121,6 +122,7 @@ usage (void)
   printf ("Usage: foliod [OPTION...]\n"
           "       foliod stats [--control PATH] [--prometheus]\n"
           "       foliod flush EXPORT [--control PATH]\n"
+          "       foliod store inspect PATH\n"
           "\n"
           "Serve block devices over NBD through a folio cache: writes land\n"
           "in memory, writeback sends only the dirty blocks to the backing.\n"
@@ -345,6 +347,23 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
   }
   free (lo);
   return r;
+}
+
+/* foliod store inspect PATH: offline, no configuration, no daemon. */
+int
+cli_store (int argc, char **argv)
+{
+  char err[1024];
+
+  if (argc != 3 || strcmp (argv[1], "inspect") != 0) {
+    fprintf (stderr, "foliod: usage: foliod store inspect PATH\n");
+    return -1;
+  }
+  if (store_pmem_inspect (argv[2], stdout, err, sizeof err) == -1) {
+    fprintf (stderr, "foliod: %s\n", err);
+    return -1;
+  }
+  return 0;
 }
 
 int

@@ -318,7 +318,10 @@ new_export (struct daemon_config *c, const char *name)
   memset (nv, 0, sizeof *nv);
   export_config_init (&nv->cfg);
   nv->cfg.name = strdup (name);
+#pragma GCC diagnostic push     /* -fanalyzer: it is kept in c->exports */
+#pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
   if (nv->cfg.name == NULL) {
+#pragma GCC diagnostic pop
     export_config_free (&nv->cfg);
     return NULL;
   }
@@ -500,8 +503,11 @@ ini_section (struct ini *in, char *s)
                e->where);
     return;
   }
+#pragma GCC diagnostic push     /* -fanalyzer: it is kept in in->c->exports */
+#pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
   e = new_export (in->c, name);
   if (e == NULL) {
+#pragma GCC diagnostic pop
     ini_error (in, "out of memory");
     return;
   }

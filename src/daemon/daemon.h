@@ -131,6 +131,8 @@ struct cli {
 };
 int cli_parse (int argc, char **argv, struct cli *cli,
                struct daemon_config *c);
+/* foliod store SUBCOMMAND ARGS (argv[0] is "store").  0 or -1. */
+int cli_store (int argc, char **argv);
 
 /* systemd (systemd.c). */
 int sd_notifyf (const char *fmt, ...)

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "foliod/lock.h"
 #include "daemon/daemon.h"
 #include "foliod/util.h"
 #include "server/log.h"
@@ -207,7 +208,7 @@ log_admit (const char *fmt, int level)
   struct log_kind *k;
   bool ok;
 
-  pthread_mutex_lock (&log_lock);
+  lock_or_die (&log_lock);
   if (now / 1000 != log_report_sec) {
     log_report_sec = now / 1000;
     for (size_t i = 0; i < LOG_KINDS; i++)
@@ -224,7 +225,7 @@ log_admit (const char *fmt, int level)
     k->millitokens -= 1000;
   else
     k->suppressed++;
-  pthread_mutex_unlock (&log_lock);
+  unlock_or_die (&log_lock);
   return ok;
 }
 

@@ -249,6 +249,7 @@ exec_read_structured (struct req *r)
     req_iov (r, last, 28);
     req_iov (r, data, s->len);
   }
+  assert (last);                /* count > 0 gave at least one chunk */
   chunk_set_done (last);
 }
 

@@ -24,6 +24,7 @@
 #include <ev.h>
 
 #include "foliod/stat.h"
+#include "foliod/lock.h"
 #include "server/server.h"
 #include "server/transport.h"
 #include "server/nbd-proto.h"
@@ -239,22 +240,6 @@ struct server {
   struct ssl_ctx_st *tls_ctx;    /* TLS for new connections (tls.h);
                                     NULL: STARTTLS refused */
 };
-
-/* Locking that cannot fail in a correct program: a failure is a bug
- * (corrupted or destroyed mutex), so stop rather than run unlocked. */
-static inline void
-lock_or_die (pthread_mutex_t *m)
-{
-  if (pthread_mutex_lock (m) != 0)
-    abort ();
-}
-
-static inline void
-unlock_or_die (pthread_mutex_t *m)
-{
-  if (pthread_mutex_unlock (m) != 0)
-    abort ();
-}
 
 /* Map a byte-level I/O result to an input step result. */
 static inline enum step

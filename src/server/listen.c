@@ -79,6 +79,7 @@ listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
         log_warn ("accept on %s: %m", l->name);
       return;
     }
+    // NOLINTNEXTLINE(clang-analyzer-core.UndefinedBinaryOperatorResult): accept4 filled ss
     if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
       setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     peer_name (&ss, len, l, peer, sizeof peer);

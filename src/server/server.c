@@ -163,6 +163,7 @@ server_add_export (struct server *s, struct export *e)
       errno = EEXIST;
       return -1;
     }
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   n = realloc (s->exports, (s->nexports + 1) * sizeof *n);
   if (!n)
     return -1;

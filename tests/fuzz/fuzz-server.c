@@ -275,6 +275,9 @@ fuzz_server_idle (const struct conn *c)
         && unread == 0 && !c->tops->pending ((struct conn *) c));
 }
 
+/* libFuzzer's entry point (it has no header to declare it). */
+int LLVMFuzzerTestOneInput (const uint8_t *data, size_t size);
+
 int
 LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
 {

@@ -58,6 +58,7 @@ t_close (struct t *t)
   struct fake_totals tot;
   fake_get_totals (t->fb, &tot);
   assert_int_equal (tot.bad, 0);     /* no out-of-range request, ever */
+  assert_int_equal (cache_flush (t->c), 0);
   assert_int_equal (cache_destroy (t->c), 0);
   fake_free (t->fb);
 }
@@ -689,22 +690,25 @@ test_eviction_never_loses_dirty (void **state)
   t_close (&t);
 }
 
-/* cache_destroy writes back what is dirty; cache_shutdown retries. */
+/* cache_destroy writes nothing back (the shutdown policy, flush and
+ * retries, is export_close's): after a flush it drops nothing, without one
+ * it reports the dirty data it drops.  A failed flush keeps the data for
+ * the next one. */
 static void
-test_destroy_and_shutdown_write_back (void **state)
+test_destroy_writes_nothing_back (void **state)
 {
   struct fake_backing *fb = fake_backing_new (4 * MiB);
   struct cache_config cfg;
   struct cache *c;
-  uint8_t buf[4096];
+  uint8_t buf[4096], got[4096], before[4096];
 
   cfg_small (&cfg);
   fill (buf, sizeof buf, 5);
   c = ct_cache (fb, &cfg);
   assert_non_null (c);
   assert_int_equal (cache_write (c, buf, 4096, 8192, 0), 0);
+  assert_int_equal (cache_flush (c), 0);
   assert_int_equal (cache_destroy (c), 0);
-  uint8_t got[4096];
   fake_peek (fb, got, 4096, 8192);
   assert_memory_equal (got, buf, 4096);
 
@@ -713,10 +717,23 @@ test_destroy_and_shutdown_write_back (void **state)
   assert_non_null (c);
   assert_int_equal (cache_write (c, buf, 4096, 8192, 0), 0);
   fake_fail_next (fb, FAKE_M (FAKE_WRITE), 2, EIO);
-  assert_int_equal (cache_shutdown (c, 5), 0);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_flush (c), 0);
   fake_peek (fb, got, 4096, 8192);
   assert_memory_equal (got, buf, 4096);
   assert_int_equal (cache_destroy (c), 0);
+
+  fake_peek (fb, before, 4096, 8192);
+  fill (buf, sizeof buf, 7);
+  c = ct_cache (fb, &cfg);
+  assert_non_null (c);
+  assert_int_equal (cache_write (c, buf, 4096, 8192, 0), 0);
+  errno = 0;
+  assert_int_equal (cache_destroy (c), -1);
+  assert_int_equal (errno, EIO);
+  fake_peek (fb, got, 4096, 8192);
+  assert_memory_equal (got, before, 4096);
   fake_free (fb);
 }
 
@@ -1116,8 +1133,8 @@ test_full_of_unwritable_dirty_data (void **state)
   t_close (&t);
 }
 
-/* cache_shutdown gives up after its attempts when the backing keeps
- * failing; cache_destroy then reports the loss instead of hanging. */
+/* A flush fails, and does not hang, while the backing keeps failing;
+ * cache_destroy then reports the loss instead of hanging. */
 static void
 test_shutdown_gives_up (void **state)
 {
@@ -1133,7 +1150,8 @@ test_shutdown_gives_up (void **state)
   assert_int_equal (cache_write (c, buf, 4096, 0, 0), 0);
   fake_fail_range (fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
   uint64_t t0 = ct_now_ms ();
-  assert_int_equal (cache_shutdown (c, 2), -1);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_flush (c), -1);
   assert_int_equal (cache_destroy (c), -1);
   assert_true (ct_now_ms () - t0 < 20000);
   fake_free (fb);
@@ -1329,6 +1347,7 @@ test_external_store (void **state)
   for (int i = 0; i < 32; i++)
     assert_int_equal (cache_write (c, buf, 4096, i * 65536ull, 0), 0);
   assert_true (stats_of (c).cached_bytes <= 8 * 65536);
+  assert_int_equal (cache_flush (c), 0);
   assert_int_equal (cache_destroy (c), 0);
   assert_int_equal (good->nslots, 8);          /* still ours, still alive */
 
@@ -1500,7 +1519,7 @@ main (void)
     cmocka_unit_test (test_read_error_then_success),
     cmocka_unit_test (test_rmw_read_error_fails_write),
     cmocka_unit_test (test_eviction_never_loses_dirty),
-    cmocka_unit_test (test_destroy_and_shutdown_write_back),
+    cmocka_unit_test (test_destroy_writes_nothing_back),
     cmocka_unit_test (test_block_status_dirty_is_data),
     cmocka_unit_test (test_block_status_races_writeback),
     cmocka_unit_test (test_zero_and_trim_of_dirty_blocks),

@@ -22,6 +22,8 @@ struct vol {
   unsigned char durable[SIZE], acked[SIZE];
   uint64_t epoch;
   int crash_on_flush;      /* crash just before the next flush */
+  int fail_flush;          /* the next flush fails (nothing made durable) */
+  int fail_write;          /* the next write fails, half done */
   uint64_t writes;
 };
 
@@ -38,6 +40,12 @@ v_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 {
   struct vol *v = (struct vol *) b;
 
+  if (v->fail_write) {
+    v->fail_write = 0;
+    memcpy (v->acked + off, buf, len / 2);
+    errno = EIO;
+    return -1;
+  }
   memcpy (v->acked + off, buf, len);
   if (flags & BACKING_FUA)
     memcpy (v->durable + off, buf, len);
@@ -57,10 +65,22 @@ v_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 }
 
 static int
+v_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  memset (((struct vol *) b)->acked + off, 0xee, len); /* reads as anything */
+  return 0;
+}
+
+static int
 v_flush (struct backing *b)
 {
   struct vol *v = (struct vol *) b;
 
+  if (v->fail_flush) {
+    v->fail_flush = 0;
+    errno = EIO;
+    return -1;
+  }
   if (v->crash_on_flush) {          /* the remote restarts: the reconnected */
     v->crash_on_flush = 0;          /* flush succeeds on what survived */
     memcpy (v->acked, v->durable, SIZE);
@@ -76,7 +96,7 @@ static void v_close (struct backing *b) { (void) b; }
 
 static const struct backing_ops vol_ops = {
   .name = "volatile", .read = v_read, .write = v_write, .zero = v_zero,
-  .flush = v_flush, .loss_epoch = v_epoch, .close = v_close,
+  .trim = v_trim, .flush = v_flush, .loss_epoch = v_epoch, .close = v_close,
 };
 
 static struct cache *
@@ -88,7 +108,7 @@ open_cache (struct vol *v)
   memset (v, 0, sizeof *v);
   v->b.ops = &vol_ops;
   v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
   cache_config_default (&cfg);
   cfg.cache_size = 1u << 20;
   cfg.dirty_expire_ms = 3600000;       /* only flushes write back */
@@ -158,7 +178,81 @@ test_lost_passthrough_fails_flush (void **state)
   assert_int_equal (errno, EIO);
   assert_int_equal (cache_read (c, buf, sizeof buf, 0, 0), 0);
   assert_memory_equal (buf, v.durable, sizeof buf);
-  assert_int_equal (cache_destroy (c), -1);
+  /* The flushes reported the loss; destroy drops nothing dirty. */
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* Dirty plus unstable bytes: what the cache still answers for. */
+static uint64_t
+pinned (struct cache *c)
+{
+  struct cache_stats st;
+
+  cache_get_stats (c, &st);
+  return st.dirty_bytes + st.unstable_bytes;
+}
+
+/* Fill buf with 0x42, write it and write it back, but leave it unflushed:
+ * unstable. */
+static void
+write_unstable (struct cache *c, struct vol *v, unsigned char *buf,
+                uint64_t len, uint64_t off)
+{
+  struct cache_stats st;
+
+  memset (buf, 0x42, len);
+  assert_int_equal (cache_write (c, buf, len, off, 0), 0);
+  v->fail_flush = 1;
+  assert_int_equal (cache_flush (c), -1);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.unstable_bytes, len);
+  assert_int_equal (st.dirty_bytes, 0);
+}
+
+/* A trim over unstable blocks ends the cache's duty to them: a loss after
+ * it writes nothing again (the blocks may read as anything), and nothing
+ * stays pinned.  (The cache used to keep them unstable, and the loss made
+ * them dirty without their data: dirty but not uptodate.) */
+static void
+test_trim_drops_unstable (void **state)
+{
+  static struct vol v;
+  struct cache *c = open_cache (&v);
+  unsigned char buf[8192];
+
+  write_unstable (c, &v, buf, sizeof buf, 65536);
+  assert_int_equal (cache_trim (c, sizeof buf, 65536, 0), 0);
+  assert_int_equal (pinned (c), 0);
+  v.crash_on_flush = 1;
+  assert_int_equal (cache_flush (c), 0);
+  assert_int_equal (v.writes, 1);
+  assert_int_equal (pinned (c), 0);
+  assert_int_equal (cache_read (c, buf, sizeof buf, 65536, 0), 0);
+  assert_memory_equal (buf, v.acked + 65536, sizeof buf);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A failed direct write over unstable blocks may have half overwritten
+ * them in the backing: the cache still answers for what it acknowledged,
+ * so it writes them again, and keeps its copy. */
+static void
+test_failed_direct_write_over_unstable (void **state)
+{
+  static struct vol v;
+  struct cache *c = open_cache (&v);
+  unsigned char buf[8192], other[8192];
+
+  write_unstable (c, &v, buf, sizeof buf, 65536);
+  memset (other, 0x17, sizeof other);
+  v.fail_write = 1;
+  assert_int_equal (cache_write (c, other, sizeof other, 65536,
+                                 CACHE_DIRECT), -1);
+  assert_int_equal (cache_flush (c), 0);
+  assert_memory_equal (v.durable + 65536, buf, sizeof buf);
+  assert_int_equal (cache_read (c, other, sizeof other, 65536, 0), 0);
+  assert_memory_equal (other, buf, sizeof buf);
+  assert_int_equal (pinned (c), 0);
+  assert_int_equal (cache_destroy (c), 0);
 }
 
 int
@@ -168,6 +262,8 @@ main (void)
     cmocka_unit_test (test_rewrite_after_loss),
     cmocka_unit_test (test_unstable_pins_until_flush),
     cmocka_unit_test (test_lost_passthrough_fails_flush),
+    cmocka_unit_test (test_trim_drops_unstable),
+    cmocka_unit_test (test_failed_direct_write_over_unstable),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

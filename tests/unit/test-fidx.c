@@ -35,7 +35,7 @@ check_walks (const struct fidx *x, const uint64_t *want, size_t n)
   uint64_t at = 0;
   size_t found = 0;
 
-  while (fidx_find (x, &at, x->max_index, false) != NULL) {
+  while (fidx_find (x, &at, x->max_index + 1, false) != NULL) {
     assert_true (found < n);
     assert_int_equal (at, want[found]);
     found++;
@@ -44,7 +44,7 @@ check_walks (const struct fidx *x, const uint64_t *want, size_t n)
   }
   assert_int_equal (found, n);
   at = 0;
-  assert_null (fidx_find (x, &at, x->max_index, true));
+  assert_null (fidx_find (x, &at, x->max_index + 1, true));
 }
 
 static void

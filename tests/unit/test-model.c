@@ -497,8 +497,8 @@ do_op (struct model *m, enum op_kind kind)
 
   case OP_RESTART:
     /* Clean phases only: stop and restart the writeback thread (as the
-     * nbdkit adapter does around fork), or destroy the cache (which
-     * writes everything back) and start a new one, cold. */
+     * nbdkit adapter does around fork), or flush, destroy the cache and
+     * start a new one, cold. */
     if (chance (m, 50)) {
       cache_stop_writeback (m->c);
       r = cache_start_writeback (m->c);
@@ -506,10 +506,13 @@ do_op (struct model *m, enum op_kind kind)
         MFAIL (m, "cache_start_writeback failed: %s", strerror (errno));
       break;
     }
+    if (cache_flush (m->c) == -1)
+      MFAIL (m, "cache_flush with a working backing failed: %s",
+             strerror (errno));
     r = cache_destroy (m->c);
     m->c = NULL;
     if (r == -1)
-      MFAIL (m, "cache_destroy with a working backing failed");
+      MFAIL (m, "cache_destroy after a good flush dropped data");
     check_backing (m);
     fake_reset_log (m->fb);     /* the new cache counts from zero */
     m->c = ct_cache (m->fb, &m->cfg);

@@ -1,0 +1,91 @@
+/* The request iterator, in the shape of the kernel's iomap_iter: the caller
+ * loops over steps, the iterator takes and releases the windows between
+ * them (see cache-int.h). */
+#include <assert.h>
+#include <errno.h>
+
+#include "cache/cache-int.h"
+
+void
+cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
+                 uint64_t len, unsigned flags)
+{
+  /* Field by field: the window (2 KiB of pointers) is filled by each
+   * step's lookup, not cleared per request. */
+  it->c = c;
+  it->start = it->pos = it->step_end = off;
+  it->end = off + len;
+  it->flags = flags;
+  it->done = 0;
+  it->held = it->over = it->mapped = false;
+}
+
+/* The iteration is over: r is 0 (done) or -1 (errno kept). */
+static int
+iter_over (struct cache_iter *it, int r)
+{
+  it->over = true;
+  return r;
+}
+
+/* Take the window holding it->pos, as many folios of the rest of the
+ * request as a window takes. */
+static int
+iter_window (struct cache_iter *it)
+{
+  struct cache *c = it->c;
+  uint64_t fi = folio_of (c, it->pos), fend = folio_of (c, it->end - 1) + 1;
+
+  if (fend - fi > c->window)
+    fend = fi + c->window;
+  if (window_begin (c, &it->w, fi, fend, it->flags & CI_ALLOC) == -1)
+    return -1;
+  it->held = true;
+  it->step_end = folio_pos (c, fend) < it->end ? folio_pos (c, fend)
+                                                : it->end;
+  it->done = 0;
+  return 0;
+}
+
+int
+cache_iter_next (struct cache_iter *it)
+{
+  struct cache *c = it->c;
+
+  assert (!it->over);          /* 0 or -1 ended the loop */
+  if (it->held) {
+    int err = errno;
+    window_end (c, &it->w);
+    it->held = false;
+    it->mapped = false;        /* the stripes no longer keep it true */
+    if (it->done < 0) {
+      errno = err;
+      return iter_over (it, -1);
+    }
+    assert (it->done > 0 && (uint64_t) it->done <= it->step_end - it->pos);
+    it->pos += (uint64_t) it->done;
+  } else if ((it->flags & CI_THROTTLE) &&     /* the first call */
+             throttle_dirty (c, it->end - it->start) == -1)
+    return iter_over (it, -1);
+  if (it->pos >= it->end)
+    return iter_over (it, 0);
+  if (iter_window (it) == -1)
+    return iter_over (it, -1);
+  return 1;
+}
+
+int
+cache_iter_map (struct cache_iter *it, uint64_t off,
+                struct backing_extent *ext)
+{
+  struct backing_extent *m = &it->map;
+
+  assert (it->held);
+  if (!it->mapped || off < m->offset || off - m->offset >= m->length) {
+    if (cache_map (it->c, off, folio_pos (it->c, it->w.end), m) == -1)
+      return -1;
+    it->mapped = true;
+  }
+  *ext = *m;
+  return 0;
+}

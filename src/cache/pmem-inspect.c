@@ -1,0 +1,90 @@
+/* foliod store inspect PATH: what a pmem store holds, read offline. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "foliod/store.h"
+#include "cache/pmem-layout.h"
+
+static void
+inspect_uuid (const uint8_t *u, char out[37])
+{
+  snprintf (out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
+            "%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4], u[5],
+            u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* Folios held and their dirty and unstable blocks, as recovery sees them. */
+static void
+inspect_slots (const struct pmem_meta *pm, FILE *out)
+{
+  uint32_t blocks = pm->l.g.folio_size / pm->l.g.block_size, folios = 0;
+  uint64_t dirty = 0, unstable = 0;
+
+  for (uint32_t i = 0; i < pm->l.g.nslots; i++) {
+    if (!pmem_layout_slot_live (pm, i))
+      continue;
+    const uint64_t *bits = pmem_layout_bitmap (pm, i) + 1;
+    folios++;
+    for (uint32_t b = 0; b < blocks; b++) {
+      dirty += pmem_plane_test (bits, blocks, PMEM_PLANE_DIRTY, b);
+      unstable += pmem_plane_test (bits, blocks, PMEM_PLANE_UNSTABLE, b);
+    }
+  }
+  fprintf (out, "folios: %" PRIu32 " of %" PRIu32 " slots\n", folios,
+           pm->l.g.nslots);
+  fprintf (out, "dirty: %" PRIu64 " bytes\n", dirty * pm->l.g.block_size);
+  fprintf (out, "unstable: %" PRIu64 " bytes\n",
+           unstable * pm->l.g.block_size);
+}
+
+static void
+inspect_print (const struct pmem_meta *pm, const char *path, FILE *out)
+{
+  const struct pmem_header *h = &pm->hdr;
+  char uuid[37];
+
+  fprintf (out, "store: %s\n", path);
+  for (int i = 0; i < 2; i++)
+    fprintf (out, "header %c: %s, seq %" PRIu64 "%s\n", 'A' + i,
+             pmem_copy_state_name (pm->state[i]), pm->seq[i],
+             i == pm->cur ? " (current)" : "");
+  inspect_uuid (h->uuid, uuid);
+  fprintf (out, "layout: version %" PRIu32 ", uuid %s, %" PRIu64 " bytes\n",
+           h->version, uuid, h->total_size);
+  fprintf (out, "geometry: folio-size %" PRIu32 ", block-size %" PRIu32
+           ", slots %" PRIu32 ", export-size %" PRIu64 "\n", h->folio_size,
+           h->block_size, h->nslots, h->export_size);
+  fprintf (out, "backing: %s, %" PRIu64 " bytes", h->backing_spec,
+           h->backing_size);
+  if (h->backing_dev || h->backing_ino)
+    fprintf (out, ", device %" PRIu64 " inode %" PRIu64, h->backing_dev,
+             h->backing_ino);
+  fprintf (out, "\nstate: %s\n", (h->flags & PMEM_FLAG_CLEAN) ? "clean"
+           : "not clean (in use, or not shut down cleanly)");
+  fprintf (out, "granularity: %s\n",
+           pmem_map_granularity_name (pm->m->gran));
+  inspect_slots (pm, out);
+}
+
+int
+store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen)
+{
+  struct pmem_map m;
+  struct pmem_meta pm;
+  int r;
+
+  if (pmem_map_open (&m, path, 0, 0, PMEM_MAP_READONLY, err, errlen) == -1)
+    return -1;
+  r = pmem_layout_open (&pm, &m, NULL, NULL, path, err, errlen);
+  if (r == 1) {
+    snprintf (err, errlen, "%s: not a foliod store (never formatted)", path);
+    errno = EINVAL;
+    r = -1;
+  }
+  if (r == 0)
+    inspect_print (&pm, path, out);
+  pmem_map_close (&m);
+  return r;
+}

@@ -1,0 +1,167 @@
+/* The on-media layout of a pmem store, versioned and self-describing:
+ *
+ *   0        header copy A  (PMEM_HEADER_COPY bytes)
+ *   4 KiB    header copy B
+ *   8 KiB    slot table: per slot { folio index, generation }
+ *   ...      slot bitmaps: per slot { generation tag, PMEM_NPLANES planes }
+ *   2 MiB-aligned: folio data, nslots * folio_size
+ *
+ * Each header copy carries a sequence number and a crc32; the newer valid
+ * copy wins, and an update always writes the other one, so a torn header
+ * write leaves the previous header valid.  A slot's bitmap carries the
+ * generation of the slot entry it belongs to: bits whose tag differs from
+ * the entry are not the folio's (a reuse whose writes reached the media in
+ * another order) and are not trusted.  Integers are in host byte order.
+ */
+#ifndef FOLIOD_PMEM_LAYOUT_H
+#define FOLIOD_PMEM_LAYOUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/pmem-map.h"
+
+#define PMEM_MAGIC          "FOLIODPM"
+#define PMEM_LAYOUT_VERSION 1
+#define PMEM_HEADER_COPY    4096u
+#define PMEM_HEADERS_BYTES  (2 * PMEM_HEADER_COPY)
+#define PMEM_DATA_ALIGN     (2u << 20)   /* huge pages, device-DAX alignment */
+#define PMEM_SPEC_MAX       1024         /* backing spec, NUL included */
+#define PMEM_NPLANES        3            /* uptodate, dirty, unstable (FP_*) */
+#define PMEM_FLAG_CLEAN     1u           /* shut down cleanly: all trusted */
+
+struct pmem_geometry {
+  uint32_t folio_size, block_size, nslots;
+  uint64_t export_size;
+};
+
+/* What the store caches: a store is only ever used with its own backing. */
+struct pmem_backing_id {
+  const char *spec;   /* the export's backing spec string */
+  uint64_t size;
+  uint64_t dev, ino;  /* files: st_dev, st_ino; otherwise 0 */
+};
+
+/* Sizes and offsets, all computed from a geometry. */
+struct pmem_layout {
+  struct pmem_geometry g;
+  uint32_t bitmap_words;    /* uint64_t words of one slot's planes */
+  uint32_t bitmap_stride;   /* bytes per slot bitmap record (tag + planes) */
+  uint64_t slots_off, bitmaps_off, data_off, total_size;
+};
+
+struct pmem_slot {
+  uint64_t folio_index;     /* STORE_NO_FOLIO when free */
+  uint64_t gen;             /* store-wide, grows at each set_index */
+};
+
+struct pmem_header {
+  char magic[8];
+  uint32_t version;
+  uint32_t header_bytes;    /* sizeof (struct pmem_header) of its writer */
+  uint64_t seq;             /* the newer valid copy wins */
+  uint8_t uuid[16];
+  uint32_t flags;           /* PMEM_FLAG_* */
+  uint32_t folio_size, block_size, nslots;
+  uint64_t export_size;
+  uint32_t bitmap_words, bitmap_stride;
+  uint64_t slots_off, bitmaps_off, data_off, total_size;
+  uint64_t backing_size, backing_dev, backing_ino;
+  char backing_spec[PMEM_SPEC_MAX];
+  uint32_t crc;             /* crc32 of every byte before it */
+  uint32_t pad;
+};
+
+enum pmem_copy_state {
+  PMEM_COPY_OK, PMEM_COPY_ZERO, PMEM_COPY_BAD_MAGIC, PMEM_COPY_BAD_CRC,
+  PMEM_COPY_BAD_VERSION,
+};
+
+/* An opened layout: the mapping, the computed layout, the current header. */
+struct pmem_meta {
+  struct pmem_map *m;
+  struct pmem_layout l;
+  struct pmem_header hdr;          /* the winning copy, as last written */
+  int cur;                         /* which copy hdr is (0 = A, 1 = B) */
+  enum pmem_copy_state state[2];   /* as found at open */
+  uint64_t seq[2];
+};
+
+/* Fill l for geometry g.  0, or -1/EINVAL with err. */
+int pmem_layout_compute (struct pmem_layout *l, const struct pmem_geometry *g,
+                         char *err, size_t errlen);
+
+/* Write a new, empty store for l and backing b into m (slot table and
+ * bitmaps cleared, then both header copies).  Not clean. */
+int pmem_layout_format (struct pmem_meta *pm, struct pmem_map *m,
+                        const struct pmem_layout *l,
+                        const struct pmem_backing_id *b,
+                        char *err, size_t errlen);
+
+/* Read and check the headers of m.  want_g and want_b (either may be NULL:
+ * inspection) must match the store.  Returns 0, 1 when both copies are all
+ * zeros (never formatted), or -1/errno with one line in err naming path. */
+int pmem_layout_open (struct pmem_meta *pm, struct pmem_map *m,
+                      const struct pmem_geometry *want_g,
+                      const struct pmem_backing_id *want_b,
+                      const char *path, char *err, size_t errlen);
+
+/* Write pm->hdr as the older copy with seq + 1, persisted; it then wins. */
+void pmem_layout_update (struct pmem_meta *pm);
+void pmem_layout_set_clean (struct pmem_meta *pm, bool clean);
+
+const char *pmem_copy_state_name (enum pmem_copy_state s);
+
+static inline struct pmem_slot *
+pmem_layout_slot (const struct pmem_meta *pm, uint32_t slot)
+{
+  return (struct pmem_slot *) (pm->m->base + pm->l.slots_off) + slot;
+}
+
+/* The slot's bitmap record: word 0 is the generation tag, the planes follow. */
+static inline uint64_t *
+pmem_layout_bitmap (const struct pmem_meta *pm, uint32_t slot)
+{
+  return (uint64_t *) (pm->m->base + pm->l.bitmaps_off +
+                       (size_t) slot * pm->l.bitmap_stride);
+}
+
+static inline void *
+pmem_layout_data (const struct pmem_meta *pm, uint32_t slot)
+{
+  return pm->m->base + pm->l.data_off + (size_t) slot * pm->l.g.folio_size;
+}
+
+/* The planes of a slot bitmap, blocks bits each, in FP_* order. */
+enum { PMEM_PLANE_UPTODATE, PMEM_PLANE_DIRTY, PMEM_PLANE_UNSTABLE };
+
+static inline bool
+pmem_plane_test (const uint64_t *bits, uint32_t blocks, int plane,
+                 uint32_t blk)
+{
+  uint32_t i = (uint32_t) plane * blocks + blk;
+  return bits[i / 64] & (1ull << (i % 64));
+}
+
+static inline void
+pmem_plane_assign (uint64_t *bits, uint32_t blocks, int plane, uint32_t blk,
+                   bool on)
+{
+  uint32_t i = (uint32_t) plane * blocks + blk;
+  if (on)
+    bits[i / 64] |= 1ull << (i % 64);
+  else
+    bits[i / 64] &= ~(1ull << (i % 64));
+}
+
+/* Does the slot hold a folio whose bitmap is its own (stamp matches)? */
+static inline bool
+pmem_layout_slot_live (const struct pmem_meta *pm, uint32_t slot)
+{
+  const struct pmem_slot *e = pmem_layout_slot (pm, slot);
+  return e->folio_index != UINT64_MAX &&
+         pmem_layout_bitmap (pm, slot)[0] == e->gen;
+}
+
+#endif /* FOLIOD_PMEM_LAYOUT_H */

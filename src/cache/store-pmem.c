@@ -1,0 +1,530 @@
+/* The pmem store: folio data, bitmaps and slot table in a mapped file
+ * (pmem-layout.h), persisted with libpmem2 (pmem-map.h).
+ *
+ * Ordering contract.  The store persists in the order persist() is called;
+ * the cache keeps these rules (issue 14, DESIGN.md "store=pmem"):
+ *
+ *  - write: data into data(slot), persist(data); then the dirty bits,
+ *    persist(bits); then the reply.  A FLUSH, or a FUA write, calls
+ *    store_pmem_sync_pending() before its reply.
+ *  - a slot takes a folio with set_index(slot, folio) before any of its
+ *    bits says uptodate or dirty.  set_index clears the slot's bits, stamps
+ *    its bitmap with a new store-wide generation and writes the slot entry
+ *    with the same generation, persisted before it returns (cache-line
+ *    store).  Recovery trusts a bitmap only when its stamp equals the
+ *    entry's generation, and of two slots naming one folio only the newer
+ *    generation, so a reuse whose stores reached the media out of order
+ *    never attributes one folio's bits to another.
+ *  - writeback: backing write; set the unstable bits, persist(bits); only
+ *    then clear the dirty bits, persist(bits) (the planes may lie in
+ *    different words, and a torn update must not leave a block neither);
+ *    backing flush; then clear the unstable bits, persist(bits): a
+ *    written-back block stays recoverable until the backing has flushed
+ *    it.  A slot is reused (set_index) only after its dirty and unstable
+ *    bits are clear and persisted.
+ *  - shutdown: everything written back and flushed, then
+ *    store_pmem_mark_clean(); the next open trusts every uptodate block.
+ *    Open marks the store in use (not clean); after an unclean shutdown
+ *    store_pmem_recover() keeps only dirty and unstable blocks; unstable
+ *    ones come back dirty (the backing may have lost its unflushed writes).
+ *
+ * What "persistent" means:
+ *  - cache-line store (a DAX file mapped MAP_SYNC, device-DAX): persist()
+ *    is libpmem2's CPU flush + fence, power-safe when it returns; no
+ *    system call on the write path.  sync_pending() has nothing to do.
+ *  - page store (any other file): the mapping is shared, so a store is
+ *    safe against the death of the process as soon as it is made; persist()
+ *    only records the range, and sync_pending() msyncs what was recorded
+ *    since its last call.  Power-safe from that call on: between two calls
+ *    the kernel writes pages in any order, so after a power cut (not a
+ *    process crash) a block written since the last FLUSH may be lost or
+ *    come back with other data; flushed blocks come back exact.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "foliod/store.h"
+#include "cache/pmem-layout.h"
+#include "cache/pmem-map.h"
+
+/* Page stores track pending msync in chunks of this many bytes. */
+#define PMEM_SYNC_CHUNK_SHIFT 16
+
+struct store_pmem {
+  struct store s;                /* first: the base */
+  struct pmem_map map;
+  struct pmem_meta meta;
+  uint32_t blocks;               /* blocks per folio */
+  uint64_t next_gen;             /* atomic: the next set_index's generation */
+  bool formatted, was_clean;
+  bool clean;                    /* atomic: header says clean right now */
+  bool defer;                    /* page store: persist() records only */
+  uint64_t *pending;             /* atomic bits: chunks to msync */
+  uint64_t *pending_top;         /* atomic bits: words of pending not 0, so
+                                  * a FLUSH scans 1/4096 of the chunks */
+  size_t pending_words, top_words;
+  pthread_mutex_t sync_lock;     /* one sync at a time; guards the header */
+  int sync_errno;                /* under sync_lock: an msync failed */
+  struct recover_ent *recover;   /* store_pmem_recover's, until it returns */
+};
+
+#define SP(s) ((struct store_pmem *) (s))
+
+static void *
+pmem_data (struct store *s, uint32_t slot)
+{
+  return pmem_layout_data (&SP (s)->meta, slot);
+}
+
+static uint64_t *
+pmem_bitmap (struct store *s, uint32_t slot)
+{
+  return pmem_layout_bitmap (&SP (s)->meta, slot) + 1;  /* past the stamp */
+}
+
+/* Record [addr, addr+len) for the next sync: the chunk bits, then the
+ * summary bit of their word, which sync_pending takes first. */
+static void
+pending_mark (struct store_pmem *p, const void *addr, size_t len)
+{
+  size_t off = (const unsigned char *) addr - p->map.base;
+  size_t first = off >> PMEM_SYNC_CHUNK_SHIFT;
+  size_t last = (off + len - 1) >> PMEM_SYNC_CHUNK_SHIFT;
+
+  for (size_t c = first; c <= last; c++) {
+    size_t w = c / 64;
+    __atomic_fetch_or (&p->pending[w], 1ull << (c % 64), __ATOMIC_RELEASE);
+    __atomic_fetch_or (&p->pending_top[w / 64], 1ull << (w % 64),
+                       __ATOMIC_RELEASE);
+  }
+}
+
+/* A store marked clean that is written again is no longer clean: say so
+ * in the header before the first new byte can become persistent. */
+static void
+pmem_unclean (struct store_pmem *p)
+{
+  if (!__atomic_load_n (&p->clean, __ATOMIC_ACQUIRE))
+    return;
+  pthread_mutex_lock (&p->sync_lock);
+  if (p->clean) {
+    pmem_layout_set_clean (&p->meta, false);
+    __atomic_store_n (&p->clean, false, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock (&p->sync_lock);
+}
+
+static int
+pmem_persist (struct store *s, const void *addr, size_t len)
+{
+  struct store_pmem *p = SP (s);
+
+  if (len == 0)
+    return 0;
+  assert ((const unsigned char *) addr >= p->map.base &&
+          (const unsigned char *) addr + len <= p->map.base + p->map.size);
+  pmem_unclean (p);
+  if (p->defer)
+    pending_mark (p, addr, len);
+  else
+    p->map.persist (addr, len);
+  return 0;
+}
+
+void
+store_pmem_write (struct store *s, void *dst, const void *src, size_t len)
+{
+  struct store_pmem *p = SP (s);
+
+  if (p->defer) {       /* libpmem2's copy would msync each time */
+    memcpy (dst, src, len);
+    pmem_persist (s, dst, len);
+    return;
+  }
+  pmem_unclean (p);
+  p->map.memcpy (dst, src, len, 0);   /* non-temporal, then a fence */
+}
+
+static void
+pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
+{
+  struct store_pmem *p = SP (s);
+  uint64_t gen = __atomic_fetch_add (&p->next_gen, 1, __ATOMIC_RELAXED);
+  uint64_t *rec = pmem_layout_bitmap (&p->meta, slot);
+  struct pmem_slot *e = pmem_layout_slot (&p->meta, slot);
+
+  pmem_unclean (p);
+  memset (rec + 1, 0, (size_t) s->bitmap_words * sizeof *rec);
+  rec[0] = gen;
+  e->folio_index = folio_index;
+  e->gen = gen;
+  if (p->defer) {
+    pending_mark (p, rec, p->meta.l.bitmap_stride);
+    pending_mark (p, e, sizeof *e);
+  } else {      /* either may land first: the stamp check covers both */
+    p->map.flush (rec, p->meta.l.bitmap_stride);
+    p->map.flush (e, sizeof *e);
+    p->map.drain ();
+  }
+}
+
+/* msync chunks [first, end), the whole chunks clipped to the mapping. */
+static int
+pmem_msync_chunks (struct store_pmem *p, size_t first, size_t end)
+{
+  size_t off = first << PMEM_SYNC_CHUNK_SHIFT;
+  size_t len = (end << PMEM_SYNC_CHUNK_SHIFT) - off;
+
+  if (off + len > p->map.size)
+    len = p->map.size - off;
+  return p->map.sync (p->map.base + off, len);
+}
+
+/* Take the pending bits (only the words the summary names) and msync each
+ * run of set bits.  Returns 0 or -1/errno. */
+static int
+pmem_sync_runs (struct store_pmem *p)
+{
+  size_t run = 0, run_end = 0;   /* the run being gathered, [run, run_end) */
+
+  for (size_t t = 0; t < p->top_words; t++) {
+    uint64_t top = __atomic_exchange_n (&p->pending_top[t], 0, __ATOMIC_ACQ_REL);
+    while (top) {
+      size_t w = t * 64 + (size_t) __builtin_ctzll (top);
+      uint64_t bits = __atomic_exchange_n (&p->pending[w], 0, __ATOMIC_ACQ_REL);
+      top &= top - 1;
+      while (bits) {
+        size_t c = w * 64 + (size_t) __builtin_ctzll (bits);
+        bits &= bits - 1;
+        if (c == run_end && run_end > run) {
+          run_end++;
+          continue;
+        }
+        if (run_end > run && pmem_msync_chunks (p, run, run_end) == -1)
+          return -1;
+        run = c;
+        run_end = c + 1;
+      }
+    }
+  }
+  if (run_end > run && pmem_msync_chunks (p, run, run_end) == -1)
+    return -1;
+  return 0;
+}
+
+int
+store_pmem_sync_pending (struct store *s)
+{
+  struct store_pmem *p = SP (s);
+  int r = 0;
+
+  if (!p->defer)
+    return 0;
+  /* Serialised: a second FLUSH must not return while the first is still
+   * writing the ranges it took, some of which may be the second's. */
+  pthread_mutex_lock (&p->sync_lock);
+  if (p->sync_errno == 0 && pmem_sync_runs (p) == -1)
+    p->sync_errno = errno;
+  /* Linux reports a writeback error once and then marks the pages clean:
+   * a later msync would succeed with the data lost, so the error sticks. */
+  if (p->sync_errno) {
+    errno = p->sync_errno;
+    r = -1;
+  }
+  pthread_mutex_unlock (&p->sync_lock);
+  return r;
+}
+
+int
+store_pmem_mark_clean (struct store *s)
+{
+  struct store_pmem *p = SP (s);
+
+  if (store_pmem_sync_pending (s) == -1)
+    return -1;
+  pthread_mutex_lock (&p->sync_lock);
+  pmem_layout_set_clean (&p->meta, true);
+  __atomic_store_n (&p->clean, true, __ATOMIC_RELEASE);
+  pthread_mutex_unlock (&p->sync_lock);
+  return 0;
+}
+
+static void
+pmem_free (struct store_pmem *p)
+{
+  pmem_map_close (&p->map);
+  pthread_mutex_destroy (&p->sync_lock);
+  free (p->pending);
+  free (p->pending_top);
+  free (p->recover);
+  free (p);
+}
+
+static void
+pmem_destroy (struct store *s)
+{
+  store_pmem_sync_pending (s);   /* best effort: nothing is lost by a miss */
+  pmem_free (SP (s));
+}
+
+static const struct store_ops pmem_ops = {
+  .name = "pmem",
+  .data = pmem_data,
+  .bitmap = pmem_bitmap,
+  .set_index = pmem_set_index,
+  .persist = pmem_persist,
+  .destroy = pmem_destroy,
+};
+
+void
+store_pmem_get_info (struct store *s, struct store_pmem_info *info)
+{
+  struct store_pmem *p = SP (s);
+
+  info->granularity = pmem_map_granularity_name (p->map.gran);
+  info->power_safe_per_write = !p->defer;
+  info->devdax = p->map.devdax;
+  info->formatted = p->formatted;
+  info->was_clean = p->was_clean;
+}
+
+/* The next generation: past every entry and every stamp on the media. */
+static void
+pmem_init_gen (struct store_pmem *p)
+{
+  uint64_t max = 0;
+
+  for (uint32_t i = 0; i < p->s.nslots; i++) {
+    uint64_t g = pmem_layout_slot (&p->meta, i)->gen;
+    uint64_t t = pmem_layout_bitmap (&p->meta, i)[0];
+    max = g > max ? g : max;
+    max = t > max ? t : max;
+  }
+  p->next_gen = max + 1;
+}
+
+/* Format or validate the mapped store; it is then marked in use. */
+static int
+pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
+                char *err, size_t errlen)
+{
+  struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
+                             cfg->export_size };
+  struct pmem_backing_id b = { cfg->backing_spec, cfg->backing_size,
+                               cfg->backing_dev, cfg->backing_ino };
+  struct pmem_layout l;
+  int r;
+
+  if (pmem_layout_compute (&l, &g, err, errlen) == -1)
+    return -1;
+  r = pmem_layout_open (&p->meta, &p->map, &g, &b, cfg->path, err, errlen);
+  if (r == 1) {
+    r = pmem_layout_format (&p->meta, &p->map, &l, &b, err, errlen);
+    p->formatted = r == 0;
+    if (r == -1 && errno == ENOSPC)   /* name the file */
+      snprintf (err, errlen, "%s: store too small: %zu bytes, needs %" PRIu64,
+                cfg->path, p->map.size, l.total_size);
+  }
+  if (r == -1)
+    return -1;
+  p->was_clean = p->meta.hdr.flags & PMEM_FLAG_CLEAN;
+  pmem_layout_set_clean (&p->meta, false);
+  return 0;
+}
+
+static int
+pmem_init_pending (struct store_pmem *p)
+{
+  size_t chunks = (p->map.size >> PMEM_SYNC_CHUNK_SHIFT) + 1;
+
+  p->defer = p->map.gran == PMEM2_GRANULARITY_PAGE;
+  if (!p->defer)
+    return 0;
+  p->pending_words = (chunks + 63) / 64;
+  p->top_words = (p->pending_words + 63) / 64;
+  p->pending = calloc (p->pending_words, sizeof *p->pending);
+  p->pending_top = calloc (p->top_words, sizeof *p->pending_top);
+  return p->pending && p->pending_top ? 0 : -1;
+}
+
+struct store *
+store_pmem_open_map (struct pmem_map *m,
+                     const struct store_pmem_config *cfg,
+                     char *err, size_t errlen)
+{
+  struct store_pmem *p = calloc (1, sizeof *p);
+
+  if (p == NULL) {
+    pmem_map_close (m);
+    snprintf (err, errlen, "%s: out of memory", cfg->path);
+    errno = ENOMEM;
+    return NULL;
+  }
+  p->map = *m;
+  pthread_mutex_init (&p->sync_lock, NULL);
+  if (pmem_open_meta (p, cfg, err, errlen) == -1)
+    goto fail;
+  if (pmem_init_pending (p) == -1) {
+    snprintf (err, errlen, "%s: out of memory", cfg->path);
+    errno = ENOMEM;
+    goto fail;
+  }
+  p->s.ops = &pmem_ops;
+  p->s.nslots = cfg->nslots;
+  p->s.folio_size = cfg->folio_size;
+  p->s.bitmap_words = p->meta.l.bitmap_words;
+  p->blocks = cfg->folio_size / cfg->block_size;
+  pmem_init_gen (p);
+  return &p->s;
+
+fail:;
+  int saved = errno;
+  pmem_free (p);
+  errno = saved;
+  return NULL;
+}
+
+struct store *
+store_pmem_open (const struct store_pmem_config *cfg, char *err, size_t errlen)
+{
+  struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
+                             cfg->export_size };
+  struct pmem_layout l;
+  struct pmem_map m;
+
+  if (pmem_layout_compute (&l, &g, err, errlen) == -1 ||
+      pmem_map_open (&m, cfg->path, l.total_size, PMEM_HEADERS_BYTES, 0,
+                     err, errlen) == -1)
+    return NULL;
+  return store_pmem_open_map (&m, cfg, err, errlen);   /* closes m on error */
+}
+
+/* Recovery. */
+
+struct recover_ent {
+  uint64_t folio, gen;
+  uint32_t slot;
+};
+
+static int
+recover_cmp (const void *a, const void *b)
+{
+  const struct recover_ent *x = a, *y = b;
+
+  if (x->folio != y->folio)
+    return x->folio < y->folio ? -1 : 1;
+  return x->gen > y->gen ? -1 : x->gen < y->gen;   /* newest first */
+}
+
+/* After an unclean shutdown a clean block may hold a torn write: keep only
+ * dirty and unstable blocks.  Returns how many blocks stay uptodate; adds
+ * the dirty and unstable ones to out. */
+static uint32_t
+recover_trim (struct store_pmem *p, uint64_t *bits, bool clean,
+              struct store_pmem_recovery *out)
+{
+  uint32_t kept = 0, dirty = 0, unstable = 0;
+
+  for (uint32_t b = 0; b < p->blocks; b++) {
+    bool d = pmem_plane_test (bits, p->blocks, PMEM_PLANE_DIRTY, b);
+    bool u = pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b);
+    if (!clean)
+      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UPTODATE, b, d || u);
+    kept += pmem_plane_test (bits, p->blocks, PMEM_PLANE_UPTODATE, b);
+    dirty += d;
+    unstable += u;
+  }
+  if (kept) {
+    out->dirty_blocks += dirty;
+    out->unstable_blocks += unstable;
+  }
+  return kept;
+}
+
+/* The backing may have lost what it had not flushed when foliod stopped:
+ * unstable blocks are dirty again.  Dirty is persisted before unstable is
+ * cleared (the planes may be in different words: a torn update must not
+ * leave a block neither). */
+static void
+recover_redirty (struct store_pmem *p, uint64_t *bits)
+{
+  size_t len = (size_t) p->s.bitmap_words * sizeof *bits;
+  bool any = false;
+
+  for (uint32_t b = 0; b < p->blocks; b++)
+    if (pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b)) {
+      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_DIRTY, b, true);
+      any = true;
+    }
+  if (!any)
+    return;
+  pmem_persist (&p->s, bits, len);
+  for (uint32_t b = 0; b < p->blocks; b++)
+    pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UNSTABLE, b, false);
+  pmem_persist (&p->s, bits, len);
+}
+
+/* The live slots whose folio is inside the export, sorted by folio, newest
+ * generation first; the others are freed. */
+static struct recover_ent *
+recover_collect (struct store_pmem *p, uint32_t *n, uint32_t *dropped)
+{
+  uint64_t nfolios = (p->meta.l.g.export_size + p->s.folio_size - 1) /
+                     p->s.folio_size;
+  struct recover_ent *v = p->recover = calloc (p->s.nslots, sizeof *v);
+
+  *n = 0;
+  for (uint32_t i = 0; v && i < p->s.nslots; i++) {
+    const struct pmem_slot *e = pmem_layout_slot (&p->meta, i);
+    if (e->folio_index == STORE_NO_FOLIO)
+      continue;
+    if (!pmem_layout_slot_live (&p->meta, i) || e->folio_index >= nfolios) {
+      pmem_set_index (&p->s, i, STORE_NO_FOLIO);
+      (*dropped)++;
+      continue;
+    }
+    v[(*n)++] = (struct recover_ent) { e->folio_index, e->gen, i };
+  }
+  if (v)
+    qsort (v, *n, sizeof *v, recover_cmp);
+  return v;
+}
+
+int
+store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
+                    struct store_pmem_recovery *out)
+{
+  struct store_pmem *p = SP (s);
+  struct recover_ent *v;
+  uint32_t n;
+  int r = 0;
+
+  memset (out, 0, sizeof *out);
+  v = recover_collect (p, &n, &out->dropped);
+  if (v == NULL)
+    return -1;
+  for (uint32_t k = 0; k < n && r == 0; k++) {
+    uint64_t *bits = pmem_bitmap (s, v[k].slot);
+    /* A newer slot took the folio: this one was evicted, clean. */
+    bool older = k > 0 && v[k - 1].folio == v[k].folio;
+    if (older || recover_trim (p, bits, p->was_clean, out) == 0) {
+      pmem_set_index (s, v[k].slot, STORE_NO_FOLIO);
+      out->dropped++;
+      continue;
+    }
+    pmem_persist (s, bits, (size_t) s->bitmap_words * sizeof *bits);
+    recover_redirty (p, bits);
+    out->folios++;
+    r = fn (arg, v[k].slot, v[k].folio, bits);
+  }
+  free (v);
+  p->recover = NULL;
+  if (r == 0 && store_pmem_sync_pending (s) == -1)
+    r = -1;
+  return r;
+}
