@@ -10,6 +10,7 @@
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
 #   make install    PREFIX=/usr/local DESTDIR=
+#   make deb        Debian packages in build-deb/; make check-deb tests them
 #
 # BUILD selects the output directory, so that several builds (default,
 # sanitizer) live side by side: make BUILD=build-asan SAN=1.  SAN=1 is
@@ -330,11 +331,11 @@ clean:
 
 # Debian packages (debian/): foliod_VERSION_amd64.deb and
 # nbdkit-plugin-folio_VERSION_amd64.deb (with -dbgsym, .buildinfo and
-# .changes), which dpkg-buildpackage writes to ../, moved to build-deb/.  The
-# packaging tools are installed only for this target.
+# .changes), which dpkg-buildpackage writes to ../, moved to build-deb/
+# (about 20 s; objects in build-deb-obj/).
 DEB_OUT ?= build-deb
 deb:
-	@FOLIOD_EXTRA_PKGS="debhelper dpkg-dev lintian" scripts/install-deps
+	@scripts/install-deps
 	rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
 	dpkg-buildpackage -us -uc -b
 	v=$$(dpkg-parsechangelog -S Version); \
@@ -343,6 +344,8 @@ deb:
 	     ../nbdkit-plugin-folio-dbgsym_$${v}_amd64.deb $(DEB_OUT)/
 	@ls -l $(DEB_OUT)/*.deb
 
-# The packages' contents, lintian, and a dpkg install/remove/purge cycle.
+# The packages' contents, lintian, and a dpkg install/remove/purge cycle
+# in a scratch root; also part of make check (tests/test-deb.sh runs make
+# deb itself then).
 check-deb: deb
 	DEB_OUT=$(abspath $(DEB_OUT)) tests/test-deb.sh
