@@ -43,6 +43,8 @@ ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
 LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd) \
               $(shell pkg-config --libs libpmem2 zlib 2>/dev/null || echo -lpmem2 -lz)
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
+# The daemon alone: metrics-listen's HTTP server (src/daemon/metrics.c).
+LDLIBS_DAEMON = $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
@@ -132,7 +134,7 @@ $(CORE_LIB): $(CORE_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
 
 $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)

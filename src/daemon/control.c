@@ -6,7 +6,9 @@
  * socket or Ceph's admin socket.  Why Prometheus text format for the
  * answer: it is what monitoring stacks ingest (node_exporter's textfile
  * collector takes `foliod stats --prometheus` output as is), it is plain
- * text a human can read, and it needs no library.
+ * text a human can read, and it needs no library.  Prometheus itself
+ * scrapes HTTP: metrics-listen (metrics.c) serves the same text there,
+ * opt-in.
  *
  * Protocol: the client sends one line, the daemon answers and closes.
  *   "stats\n"        -> Prometheus text exposition format
@@ -46,7 +48,6 @@
 #define CONTROL_LINE_MAX 512     /* a request line, '\n' included */
 #define CONTROL_STATS_WAIT_S 30  /* the command line's wait for an answer */
 #define CONTROL_FLUSH_WAIT_S 3600 /* ... for a flush (writes back first) */
-#define STATS_BUF_SIZE (64 * 1024)
 
 /* One control client: reading its line, then sending the reply. */
 struct control_client {
@@ -263,6 +264,16 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
   return o.len;
 }
 
+char *
+stats_text (struct daemon_export *ex, size_t n, void *server, size_t *len)
+{
+  char *buf = malloc (STATS_BUF_SIZE);
+
+  if (buf)
+    *len = stats_format (buf, STATS_BUF_SIZE, ex, n, server);
+  return buf;
+}
+
 void
 stats_log (struct daemon_export *ex, size_t n, void *server)
 {
@@ -343,13 +354,8 @@ control_answer (struct control *ctl, const char *line, size_t *len)
                                 "'flush EXPORT')\n";
   char *buf;
 
-  if (strcmp (line, "stats") == 0) {
-    buf = malloc (STATS_BUF_SIZE);
-    if (buf)
-      *len = stats_format (buf, STATS_BUF_SIZE, ctl->exports,
-                           ctl->n_exports, ctl->server);
-    return buf;
-  }
+  if (strcmp (line, "stats") == 0)
+    return stats_text (ctl->exports, ctl->n_exports, ctl->server, len);
   buf = malloc (512);
   if (buf == NULL)
     return NULL;

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "foliod/export.h"
 #include "server/log.h"
@@ -38,6 +39,7 @@ struct daemon_config {
   char **unix_paths;
   size_t n_unix;
   char *control;            /* control socket path, NULL: none */
+  char *metrics_listen;     /* HTTP /metrics address, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
   enum server_tls_mode tls;
@@ -150,7 +152,29 @@ void control_stop (struct control *ctl);
  * returns the length (truncated to buflen - 1). */
 size_t stats_format (char *buf, size_t buflen, struct daemon_export *ex,
                      size_t n, void *server);
+/* The same in a malloc'd buffer of at most STATS_BUF_SIZE bytes (*len
+ * without the '\0'); NULL when out of memory.  Any thread may call it:
+ * the counters are read atomically, as the event loop's threads write
+ * them. */
+#define STATS_BUF_SIZE (64 * 1024)
+char *stats_text (struct daemon_export *ex, size_t n, void *server,
+                  size_t *len);
 void stats_log (struct daemon_export *ex, size_t n, void *server);
 int control_client (const char *path, const char *command, int prometheus);
+
+/* The HTTP metrics endpoint (metrics.c). */
+struct metrics_addr {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  char text[300];           /* "127.0.0.1:9100", for messages */
+};
+/* "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" (no host: 127.0.0.1).
+ * 0, or -1 with a reason in err. */
+int metrics_addr_parse (const char *s, struct metrics_addr *a, char *err,
+                        size_t errlen);
+struct metrics;
+struct metrics *metrics_start (const char *addr, struct daemon_export *ex,
+                               size_t n, void *server);
+void metrics_stop (struct metrics *m);
 
 #endif /* FOLIOD_DAEMON_H */

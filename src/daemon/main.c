@@ -36,6 +36,7 @@ struct daemon {
   struct ev_loop *loop;
   struct server *server;
   struct control *ctl;
+  struct metrics *metrics;
   ev_signal sig_term, sig_int, sig_usr1, sig_hup;
   ev_timer status_timer;     /* refreshes systemd's STATUS= line */
   int stopping;              /* first SIGTERM/SIGINT seen */
@@ -540,6 +541,12 @@ daemon_start (struct daemon *d)
     if (d->ctl == NULL)
       return -1;
   }
+  if (cfg->metrics_listen) {
+    d->metrics = metrics_start (cfg->metrics_listen, cfg->exports,
+                                cfg->n_exports, d->server);
+    if (d->metrics == NULL)
+      return -1;
+  }
   if (cfg->pidfile) {
     if (pidfile_write (cfg->pidfile) == -1)
       return -1;
@@ -560,6 +567,7 @@ daemon_run (struct daemon_config *cfg)
     ev_run (d.loop, 0);
     signals_stop (&d);
   }
+  metrics_stop (d.metrics);
   control_stop (d.ctl);
   if (exports_close (&d) == -1)
     r = -1;
