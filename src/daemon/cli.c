@@ -44,8 +44,8 @@ static const struct {
   { "foreground", 0, 'f', NULL, "do not detach (always the case under "
     "systemd)" },
   { "check-config", 1, OPT_CHECK_CONFIG, "FILE", "check FILE and exit" },
-  { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print the raw "
-    "Prometheus text" },
+  { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print every counter "
+    "as Prometheus text instead of the table" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };

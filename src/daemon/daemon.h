@@ -127,7 +127,7 @@ extern const char foliod_default_conf[];
 struct cli {
   const char *subcommand;   /* NULL, "stats", "flush" */
   const char *sub_arg;      /* flush: export name */
-  int prometheus;           /* stats: raw Prometheus text */
+  int prometheus;           /* stats: Prometheus text, not the table */
   const char *config_file;
   const char *check_config;
 };
@@ -148,19 +148,25 @@ struct control;
 struct control *control_start (const char *path, struct daemon_export *ex,
                                size_t n, void *server);
 void control_stop (struct control *ctl);
-/* Write the statistics of every export, Prometheus text format, to buf;
- * returns the length (truncated to buflen - 1). */
+/* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
+ * command, print the answer.  0 or -1 (said on stderr). */
+int control_client (const char *path, const char *command);
+
+/* Statistics (stats.c).  Write those of every export and the server to
+ * buf, Prometheus text format or the table of `foliod stats`; return the
+ * length (truncated to buflen - 1). */
 size_t stats_format (char *buf, size_t buflen, struct daemon_export *ex,
                      size_t n, void *server);
-/* The same in a malloc'd buffer of at most STATS_BUF_SIZE bytes (*len
+size_t stats_table (char *buf, size_t buflen, struct daemon_export *ex,
+                    size_t n, void *server);
+/* Either in a malloc'd buffer of at most STATS_BUF_SIZE bytes (*len
  * without the '\0'); NULL when out of memory.  Any thread may call it:
  * the counters are read atomically, as the event loop's threads write
  * them. */
 #define STATS_BUF_SIZE (64 * 1024)
 char *stats_text (struct daemon_export *ex, size_t n, void *server,
-                  size_t *len);
+                  int table, size_t *len);
 void stats_log (struct daemon_export *ex, size_t n, void *server);
-int control_client (const char *path, const char *command, int prometheus);
 
 /* The HTTP metrics endpoint (metrics.c). */
 struct metrics_addr {

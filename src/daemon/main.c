@@ -609,9 +609,12 @@ main (int argc, char **argv)
       r = -1;
     }
     if (r == 0) {
+      const char *arg = cli.sub_arg;
+      if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
+        arg = "table";
       snprintf (cmd, sizeof cmd, "%s%s%s\n", cli.subcommand,
-                cli.sub_arg ? " " : "", cli.sub_arg ? cli.sub_arg : "");
-      r = control_client (path ? path : cfg.control, cmd, cli.prometheus);
+                arg ? " " : "", arg ? arg : "");
+      r = control_client (path ? path : cfg.control, cmd);
     }
     free (path);
   } else {

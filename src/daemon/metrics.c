@@ -128,7 +128,7 @@ metrics_request (void *cls, struct MHD_Connection *conn, const char *url,
   if (strcmp (url, "/metrics") != 0)
     return metrics_reply_text (conn, MHD_HTTP_NOT_FOUND,
                                "not found: try /metrics\n");
-  body = stats_text (m->exports, m->n_exports, m->server, &len);
+  body = stats_text (m->exports, m->n_exports, m->server, 0, &len);
   if (body == NULL)
     return MHD_NO;
   return metrics_reply (conn, MHD_HTTP_OK, body, len);
