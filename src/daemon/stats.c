@@ -289,12 +289,13 @@ static void
 table_row (char cell[TABLE_COLS][TABLE_CELL], const char *name,
            const struct export_values *v)
 {
+  uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
+
   snprintf (cell[0], TABLE_CELL, "%s", name);
   human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
   human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
   human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
-  snprintf (cell[4], TABLE_CELL, "%llu",
-            (unsigned long long) (v->v[M_HITS] + v->v[M_MISSES]));
+  snprintf (cell[4], TABLE_CELL, "%llu", (unsigned long long) reads);
   hit_ratio (cell[5], TABLE_CELL, v);
   human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
   human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
@@ -322,7 +323,7 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
 {
   struct outbuf o = { buf, 0, buflen };
   char (*rows)[TABLE_COLS][TABLE_CELL];
-  int width[TABLE_COLS];
+  int width[TABLE_COLS] = { 0 };
   size_t nrows = 0;
   struct server_stats ss;
 
@@ -340,12 +341,10 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
       export_values (ex[i].ex, &v);
       table_row (rows[++nrows], ex[i].cfg.name, &v);
     }
-  for (size_t c = 0; c < TABLE_COLS; c++) {
-    width[c] = 0;
+  for (size_t c = 0; c < TABLE_COLS; c++)
     for (size_t r = 0; r <= nrows; r++)
       if ((int) strlen (rows[r][c]) > width[c])
         width[c] = (int) strlen (rows[r][c]);
-  }
   for (size_t r = 0; r <= nrows; r++)
     table_line (&o, rows[r], width);
   free (rows);
