@@ -333,17 +333,18 @@ clean:
 
 # Debian packages (debian/): foliod_VERSION_amd64.deb and
 # nbdkit-plugin-folio_VERSION_amd64.deb (with -dbgsym, .buildinfo and
-# .changes), which dpkg-buildpackage writes to ../, moved to build-deb/
-# (about 20 s; objects in build-deb-obj/).
+# .changes) in build-deb/, not in ../ where dpkg-buildpackage puts them by
+# default (the parent directory may hold other trees' builds); about 20 s,
+# objects in build-deb-obj/.
 DEB_OUT ?= build-deb
 deb:
 	@scripts/install-deps
 	rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
-	dpkg-buildpackage -us -uc -b
-	v=$$(dpkg-parsechangelog -S Version); \
-	  mv ../foliod_$${v}_amd64.* ../foliod-dbgsym_$${v}_amd64.deb \
-	     ../nbdkit-plugin-folio_$${v}_amd64.deb \
-	     ../nbdkit-plugin-folio-dbgsym_$${v}_amd64.deb $(DEB_OUT)/
+	v=$$(dpkg-parsechangelog -S Version) out=$(abspath $(DEB_OUT)); \
+	  FOLIOD_DEB_OUT=$$out dpkg-buildpackage -us -uc -b \
+	    --buildinfo-option=-u$$out --changes-option=-u$$out \
+	    --buildinfo-file=$$out/foliod_$${v}_amd64.buildinfo \
+	    --changes-file=$$out/foliod_$${v}_amd64.changes
 	@ls -l $(DEB_OUT)/*.deb
 
 # The packages' contents, lintian, and a dpkg install/remove/purge cycle
