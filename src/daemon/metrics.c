@@ -20,7 +20,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +159,7 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   struct metrics *m = calloc (1, sizeof *m);
   struct metrics_addr a;
   char err[512];
+  sigset_t all, old;
   unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
 
   if (m == NULL)
@@ -171,6 +174,10 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   m->exports = ex;
   m->n_exports = n;
   m->server = server;
+  /* MHD's thread inherits a full signal mask: signals belong to the
+   * event loop (as for the server's workers). */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
   m->mhd = MHD_start_daemon (flags, 0, NULL, NULL, metrics_request, m,
              MHD_OPTION_EXTERNAL_LOGGER, metrics_log, NULL,
              MHD_OPTION_SOCK_ADDR, (const struct sockaddr *) &a.ss,
@@ -179,6 +186,7 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) METRICS_TIMEOUT_S,
              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) METRICS_CONN_MEMORY,
              MHD_OPTION_END);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (m->mhd == NULL) {
     log_error ("metrics-listen %s: cannot listen: %s", a.text,
                strerror (errno));
