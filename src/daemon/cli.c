@@ -15,6 +15,7 @@
 
 #include <ev.h>
 #include <libnbd.h>
+#include <microhttpd.h>
 #include <openssl/crypto.h>
 
 #include "daemon/daemon.h"
@@ -154,9 +155,9 @@ print_version (void)
   struct nbd_handle *h = nbd_create ();
 
   printf ("foliod %s\n", FOLIOD_VERSION);
-  printf ("libnbd %s, %s, libev %d.%d\n", h ? nbd_get_version (h) : "?",
-          OpenSSL_version (OPENSSL_VERSION), ev_version_major (),
-          ev_version_minor ());
+  printf ("libnbd %s, %s, libev %d.%d, libmicrohttpd %s\n",
+          h ? nbd_get_version (h) : "?", OpenSSL_version (OPENSSL_VERSION),
+          ev_version_major (), ev_version_minor (), MHD_get_version ());
   nbd_close (h);
 }
 
