@@ -15,10 +15,12 @@ truncate -s 64M "$img"
 python3 -c '
 import sys; f = open(sys.argv[1], "r+b"); f.seek(32 << 20); f.write(b"\x5a" * 65536)' "$img"
 ctl=$tmp/ctl.sock
+# A second export, never used, with a name longer than a table cell.
+idle=idle-export-with-a-name-longer-than-32-characters
 truncate -s 1M "$tmp/idle.img"
 start_foliod --control "$ctl" --pidfile "$tmp/pid" --export \
   "disk0=$img,cache-size=16M,folio-size=64K,block-size=4K,dirty-expire=3600000,dirty-background=100,dirty-limit=100" \
-  --export "idle=$tmp/idle.img"
+  --export "$idle=$tmp/idle.img"
 
 # stat NAME: one counter of export disk0 (or of the server when no label).
 stat () {
@@ -92,7 +94,7 @@ head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATI
 row () { awk -v e="$1" '$1 == e { $1 = $1; print }' "$tmp/table"; }
 [ "$(row disk0)" = "disk0 64M 768K 0 3 66.7% 652K 652K 1.00 0" ] ||
   fail "disk0 row: '$(row disk0)'"
-[ "$(row idle)" = "idle 1M 0 0 0 - 0 0 - 0" ] || fail "idle row: '$(row idle)'"
+[ "$(row "$idle")" = "$idle 1M 0 0 0 - 0 0 - 0" ] || fail "idle row: '$(row "$idle")'"
 grep -qx "connections: 0 open, $(( conns0 + 2 )) accepted, 0 refused; requests: [0-9]*, 0 with errors" \
   "$tmp/table" || fail "table: no connections line"
 grep -q '^#\|_total' "$tmp/table" && fail "Prometheus text in the table"

@@ -282,16 +282,23 @@ static const char *const table_head[] = {
 #define TABLE_COLS (sizeof table_head / sizeof table_head[0])
 #define TABLE_CELL 32
 
+/* A row: the export's name as it is (any length), the numbers as text. */
+struct table_row {
+  const char *name;
+  char cell[TABLE_COLS][TABLE_CELL];   /* [0] unused: name */
+};
+
 /* One export's row: the cells as the head names them.  WRITTEN is what
  * clients wrote, WRITTEN BACK what reached the backing, WRITE AMP the
  * second over the first ("-" before any write). */
 static void
-table_row (char cell[TABLE_COLS][TABLE_CELL], const char *name,
+table_row (struct table_row *row, const char *name,
            const struct export_values *v)
 {
+  char (*cell)[TABLE_CELL] = row->cell;
   uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
 
-  snprintf (cell[0], TABLE_CELL, "%s", name);
+  row->name = name;
   human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
   human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
   human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
@@ -307,13 +314,18 @@ table_row (char cell[TABLE_COLS][TABLE_CELL], const char *name,
             (unsigned long long) v->v[M_BACKING_ERRORS]);
 }
 
+static const char *
+table_cell (const struct table_row *row, size_t c)
+{
+  return c == 0 ? row->name : row->cell[c];
+}
+
 /* The first column left-aligned (names), the others right-aligned. */
 static void
-table_line (struct outbuf *o, char cell[TABLE_COLS][TABLE_CELL],
-            const int *width)
+table_line (struct outbuf *o, const struct table_row *row, const int *width)
 {
   for (size_t c = 0; c < TABLE_COLS; c++)
-    out (o, c == 0 ? "%-*s" : "  %*s", width[c], cell[c]);
+    out (o, c == 0 ? "%-*s" : "  %*s", width[c], table_cell (row, c));
   out (o, "\n");
 }
 
@@ -322,7 +334,7 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
              void *server)
 {
   struct outbuf o = { buf, 0, buflen };
-  char (*rows)[TABLE_COLS][TABLE_CELL];
+  struct table_row *rows;
   int width[TABLE_COLS] = { 0 };
   size_t nrows = 0;
   struct server_stats ss;
@@ -333,20 +345,21 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
   rows = calloc (n + 1, sizeof *rows);
   if (rows == NULL)
     return 0;
-  for (size_t c = 0; c < TABLE_COLS; c++)
-    snprintf (rows[0][c], TABLE_CELL, "%s", table_head[c]);
+  rows[0].name = table_head[0];
+  for (size_t c = 1; c < TABLE_COLS; c++)
+    snprintf (rows[0].cell[c], TABLE_CELL, "%s", table_head[c]);
   for (size_t i = 0; i < n; i++)
     if (ex[i].ex) {
       struct export_values v;
       export_values (ex[i].ex, &v);
-      table_row (rows[++nrows], ex[i].cfg.name, &v);
+      table_row (&rows[++nrows], ex[i].cfg.name, &v);
     }
   for (size_t c = 0; c < TABLE_COLS; c++)
     for (size_t r = 0; r <= nrows; r++)
-      if ((int) strlen (rows[r][c]) > width[c])
-        width[c] = (int) strlen (rows[r][c]);
+      if ((int) strlen (table_cell (&rows[r], c)) > width[c])
+        width[c] = (int) strlen (table_cell (&rows[r], c));
   for (size_t r = 0; r <= nrows; r++)
-    table_line (&o, rows[r], width);
+    table_line (&o, &rows[r], width);
   free (rows);
   if (server) {
     server_get_stats (server, &ss);
