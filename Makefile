@@ -10,6 +10,7 @@
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
 #   make install    PREFIX=/usr/local DESTDIR=
+#   make deb        Debian packages in build-deb/; make check-deb tests them
 #
 # BUILD selects the output directory, so that several builds (default,
 # sanitizer) live side by side: make BUILD=build-asan SAN=1.  SAN=1 is
@@ -42,6 +43,8 @@ ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
 LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd) \
               $(shell pkg-config --libs libpmem2 zlib 2>/dev/null || echo -lpmem2 -lz)
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
+# The daemon alone: metrics-listen's HTTP server (src/daemon/metrics.c).
+LDLIBS_DAEMON = $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
@@ -98,7 +101,8 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean \
+        check-valgrind check-model-long check-vm bench install install-files uninstall \
+        clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
 
@@ -130,7 +134,7 @@ $(CORE_LIB): $(CORE_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
 
 $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
@@ -290,7 +294,10 @@ MANS  = $(wildcard man/*.[0-9])
 # The units name /usr/sbin/foliod and /etc/foliod; point them at the
 # installed paths.  An existing foliod.conf is never overwritten (the
 # example also goes to DOCDIR); uninstall removes it only if unchanged.
-install: all
+# install-files installs the daemon and plugin alone (debian/rules: no
+# tests or benches built).
+install: all install-files
+install-files: $(filter $(FOLIOD) $(PLUGIN),$(TARGETS))
 	install -D -m 755 $(FOLIOD) $(DESTDIR)$(SBINDIR)/foliod
 	if [ -f $(PLUGIN) ]; then \
 	  install -D -m 755 $(PLUGIN) $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so; fi
@@ -323,3 +330,25 @@ uninstall:
 clean:
 	rm -rf build build-asan build-fuzz build-fuzz-cov foliod plugins/folio/nbdkit-folio-plugin.so
 	rm -rf build-tsan
+
+# Debian packages (debian/): foliod_VERSION_amd64.deb and
+# nbdkit-plugin-folio_VERSION_amd64.deb (with -dbgsym, .buildinfo and
+# .changes) in build-deb/, not in ../ where dpkg-buildpackage puts them by
+# default (the parent directory may hold other trees' builds); about 20 s,
+# objects in build-deb-obj/.
+DEB_OUT ?= build-deb
+deb:
+	@scripts/install-deps
+	rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
+	v=$$(dpkg-parsechangelog -S Version) out=$(abspath $(DEB_OUT)); \
+	  FOLIOD_DEB_OUT=$$out dpkg-buildpackage -us -uc -b \
+	    --buildinfo-option=-u$$out --changes-option=-u$$out \
+	    --buildinfo-file=$$out/foliod_$${v}_amd64.buildinfo \
+	    --changes-file=$$out/foliod_$${v}_amd64.changes
+	@ls -l $(DEB_OUT)/*.deb
+
+# The packages' contents, lintian, and a dpkg install/remove/purge cycle
+# in a scratch root; also part of make check (tests/test-deb.sh runs make
+# deb itself then).
+check-deb: deb
+	DEB_OUT=$(abspath $(DEB_OUT)) tests/test-deb.sh

@@ -29,7 +29,7 @@ grep -q 'cache-size' "$out" || fail "--help lacks the export keys"
 for opt in --version -V; do
   "$FOLIOD" $opt >"$out" || fail "$opt: exit $?"
   grep -qE '^foliod [0-9]+\.[0-9]+' "$out" || fail "$opt: $(cat "$out")"
-  grep -qE '^libnbd [0-9.]+, OpenSSL [0-9.]+.*, libev [0-9]+\.[0-9]+$' "$out" ||
+  grep -qE '^libnbd [0-9.]+, OpenSSL [0-9.]+.*, libev [0-9]+\.[0-9]+, libmicrohttpd [0-9.]+$' "$out" ||
     fail "$opt: no library versions: $(cat "$out")"
 done
 

@@ -2,8 +2,9 @@
 # Statistics: after a known workload the counters of `foliod stats` equal
 # what was done: bytes clients wrote and read, bytes written back (= bytes
 # written for block-aligned writes: amplification 1.000), hits and misses,
-# connections; `foliod flush EXPORT` writes back at once; SIGUSR1 logs the
-# counters.
+# connections; `foliod flush EXPORT` writes back at once; the table of
+# `foliod stats` shows hit ratio and write amplification per export;
+# SIGUSR1 logs the counters.
 . "$(dirname "$0")/lib.sh"
 lib_init daemon-stats
 requires nbdsh python3
@@ -14,8 +15,12 @@ truncate -s 64M "$img"
 python3 -c '
 import sys; f = open(sys.argv[1], "r+b"); f.seek(32 << 20); f.write(b"\x5a" * 65536)' "$img"
 ctl=$tmp/ctl.sock
+# A second export, never used, with a name longer than a table cell.
+idle=idle-export-with-a-name-longer-than-32-characters
+truncate -s 1M "$tmp/idle.img"
 start_foliod --control "$ctl" --pidfile "$tmp/pid" --export \
-  "disk0=$img,cache-size=16M,folio-size=64K,block-size=4K,dirty-expire=3600000,dirty-background=100,dirty-limit=100"
+  "disk0=$img,cache-size=16M,folio-size=64K,block-size=4K,dirty-expire=3600000,dirty-background=100,dirty-limit=100" \
+  --export "$idle=$tmp/idle.img"
 
 # stat NAME: one counter of export disk0 (or of the server when no label).
 stat () {
@@ -78,10 +83,21 @@ PY
 "$FOLIOD" flush nosuch --control "$ctl" 2>"$tmp/err" && fail "flush of a missing export succeeded"
 grep -q "no export named 'nosuch'" "$tmp/err" || fail "flush nosuch: $(cat "$tmp/err")"
 
-# The table form shows the same numbers.
-"$FOLIOD" stats --control "$ctl" > "$tmp/table"
-grep -q "^export disk0$" "$tmp/table" || fail "table: $(cat "$tmp/table")"
-grep -qE "^  client write bytes +$written$" "$tmp/table" || fail "table: $(cat "$tmp/table")"
+# The table (the default form): one row per export with its hit ratio
+# (2 hits of 3 reads) and write amplification (652K written, 652K
+# written back, 12 folios cached); "-" for the export nobody used; the
+# server's line.
+"$FOLIOD" stats --control "$ctl" > "$tmp/table" || fail "foliod stats (table)"
+cat "$tmp/table"
+head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATIO +WRITTEN +WRITTEN BACK +WRITE AMP +ERRORS$' ||
+  fail "table head: $(head -n 1 "$tmp/table")"
+row () { awk -v e="$1" '$1 == e { $1 = $1; print }' "$tmp/table"; }
+[ "$(row disk0)" = "disk0 64M 768K 0 3 66.7% 652K 652K 1.00 0" ] ||
+  fail "disk0 row: '$(row disk0)'"
+[ "$(row "$idle")" = "$idle 1M 0 0 0 - 0 0 - 0" ] || fail "idle row: '$(row "$idle")'"
+grep -qx "connections: 0 open, $(( conns0 + 2 )) accepted, 0 refused; requests: [0-9]*, 0 with errors" \
+  "$tmp/table" || fail "table: no connections line"
+grep -q '^#\|_total' "$tmp/table" && fail "Prometheus text in the table"
 
 # SIGUSR1 logs the counters (to foliod itself, not the timeout wrapper).
 kill -USR1 "$(cat "$tmp/pid")"

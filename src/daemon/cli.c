@@ -15,6 +15,7 @@
 
 #include <ev.h>
 #include <libnbd.h>
+#include <microhttpd.h>
 #include <openssl/crypto.h>
 
 #include "daemon/daemon.h"
@@ -44,8 +45,8 @@ static const struct {
   { "foreground", 0, 'f', NULL, "do not detach (always the case under "
     "systemd)" },
   { "check-config", 1, OPT_CHECK_CONFIG, "FILE", "check FILE and exit" },
-  { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print the raw "
-    "Prometheus text" },
+  { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print every counter "
+    "as Prometheus text instead of the table" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
@@ -154,9 +155,9 @@ print_version (void)
   struct nbd_handle *h = nbd_create ();
 
   printf ("foliod %s\n", FOLIOD_VERSION);
-  printf ("libnbd %s, %s, libev %d.%d\n", h ? nbd_get_version (h) : "?",
-          OpenSSL_version (OPENSSL_VERSION), ev_version_major (),
-          ev_version_minor ());
+  printf ("libnbd %s, %s, libev %d.%d, libmicrohttpd %s\n",
+          h ? nbd_get_version (h) : "?", OpenSSL_version (OPENSSL_VERSION),
+          ev_version_major (), ev_version_minor (), MHD_get_version ());
   nbd_close (h);
 }
 

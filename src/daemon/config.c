@@ -21,7 +21,7 @@
 #include "daemon/daemon.h"
 
 enum {
-  K_LISTEN, K_UNIX, K_CONTROL, K_STATE_DIR, K_PIDFILE, K_WORKERS,
+  K_LISTEN, K_UNIX, K_CONTROL, K_METRICS_LISTEN, K_STATE_DIR, K_PIDFILE, K_WORKERS,
   K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
   K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
   K_IDLE_TIMEOUT, K_TLS,
@@ -34,6 +34,7 @@ const struct server_key server_keys[] = {
   { "listen", "HOST:PORT", "listen on TCP (repeatable; [::1]:10809 for IPv6)", 1 },
   { "unix", "PATH", "listen on a Unix socket (repeatable)", 1 },
   { "control", "PATH", "control socket for 'foliod stats' and 'foliod flush'", 0 },
+  { "metrics-listen", "HOST:PORT", "serve Prometheus metrics over HTTP at /metrics (default: off; no HOST: 127.0.0.1)", 0 },
   { "state-dir", "DIR", "directory relative paths of the config resolve in", 0 },
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
   { "workers", "N", "worker threads running requests (default 16)", 0 },
@@ -76,6 +77,7 @@ daemon_config_free (struct daemon_config *c)
   strv_free (c->listen, c->n_listen);
   strv_free (c->unix_paths, c->n_unix);
   free (c->control);
+  free (c->metrics_listen);
   free (c->state_dir);
   free (c->pidfile);
   free (c->tls_certificates);
@@ -216,6 +218,18 @@ set_listen (struct daemon_config *c, const char *value, char *err,
   return strv_push (&c->listen, &c->n_listen, value);
 }
 
+/* Resolved here, so that a bad address is an error at its line. */
+static int
+set_metrics_listen (struct daemon_config *c, const char *value, char *err,
+                    size_t errlen)
+{
+  struct metrics_addr a;
+
+  if (metrics_addr_parse (value, &a, err, errlen) == -1)
+    return -1;
+  return set_string (&c->metrics_listen, value);
+}
+
 static int
 set_tls (struct daemon_config *c, const char *value)
 {
@@ -244,6 +258,7 @@ daemon_config_set (struct daemon_config *c, const char *key,
     r = *value ? strv_push (&c->unix_paths, &c->n_unix, value) : -1;
     break;
   case K_CONTROL: r = set_string (&c->control, value); break;
+  case K_METRICS_LISTEN: return set_metrics_listen (c, value, err, errlen);
   case K_STATE_DIR: r = set_string (&c->state_dir, value); break;
   case K_PIDFILE: r = set_string (&c->pidfile, value); break;
   case K_WORKERS: r = parse_uint (value, 1, 1024, &c->workers); break;

@@ -6,10 +6,13 @@
  * socket or Ceph's admin socket.  Why Prometheus text format for the
  * answer: it is what monitoring stacks ingest (node_exporter's textfile
  * collector takes `foliod stats --prometheus` output as is), it is plain
- * text a human can read, and it needs no library.
+ * text a human can read, and it needs no library.  Prometheus itself
+ * scrapes HTTP: metrics-listen (metrics.c) serves the same text there,
+ * opt-in.
  *
  * Protocol: the client sends one line, the daemon answers and closes.
  *   "stats\n"        -> Prometheus text exposition format
+ *   "stats table\n"  -> the table of `foliod stats` (stats.c)
  *   "flush EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
  * One thread serves the clients (a flush can take as long as the dirty
  * data needs and must not stall the event loop).  It waits on none of
@@ -25,7 +28,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,6 @@
 #define CONTROL_LINE_MAX 512     /* a request line, '\n' included */
 #define CONTROL_STATS_WAIT_S 30  /* the command line's wait for an answer */
 #define CONTROL_FLUSH_WAIT_S 3600 /* ... for a flush (writes back first) */
-#define STATS_BUF_SIZE (64 * 1024)
 
 /* One control client: reading its line, then sending the reply. */
 struct control_client {
@@ -68,231 +69,6 @@ struct control {
   struct server *server;
   struct control_client clients[CONTROL_MAX_CLIENTS];
 };
-
-/* ---- statistics ---------------------------------------------------------- */
-
-enum metric_id {
-  M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
-  M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
-  M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
-};
-
-static const struct {
-  const char *name;
-  const char *type;
-  const char *help;
-} metrics[M_COUNT] = {
-  [M_HITS] = { "foliod_read_hits_total", "counter",
-               "Client reads served from the cache without backing I/O." },
-  [M_MISSES] = { "foliod_read_misses_total", "counter",
-                 "Client reads that needed backing reads." },
-  [M_CLIENT_READ] = { "foliod_client_read_bytes_total", "counter",
-                      "Bytes clients read." },
-  [M_CLIENT_WRITE] = { "foliod_client_write_bytes_total", "counter",
-                       "Bytes clients wrote (NBD_CMD_WRITE payload)." },
-  [M_WRITEBACK] = { "foliod_writeback_bytes_total", "counter",
-                    "Bytes written to the backing." },
-  [M_WA] = { "foliod_write_amplification", "gauge",
-             "Backing bytes written / client bytes written (0 before any "
-             "write)." },
-  [M_DIRTY] = { "foliod_dirty_bytes", "gauge",
-                "Bytes in the cache not yet written back." },
-  [M_CACHED] = { "foliod_cached_bytes", "gauge",
-                 "Folio memory in use." },
-  [M_PASSTHROUGH] = { "foliod_passthrough_bytes_total", "counter",
-                      "Bytes read or written directly, bypassing the cache "
-                      "(cache=none, direct-threshold)." },
-  [M_PT_READ_OPS] = { "foliod_passthrough_read_ops_total", "counter",
-                      "Client reads that bypassed the cache." },
-  [M_PT_READ_BYTES] = { "foliod_passthrough_read_bytes_total", "counter",
-                        "Bytes of client reads that bypassed the cache." },
-  [M_PT_WRITE_OPS] = { "foliod_passthrough_write_ops_total", "counter",
-                       "Client writes that bypassed the cache." },
-  [M_PT_WRITE_BYTES] = { "foliod_passthrough_write_bytes_total", "counter",
-                         "Bytes of client writes that bypassed the cache." },
-  [M_BACKING_READ] = { "foliod_backing_read_bytes_total", "counter",
-                       "Bytes read from the backing." },
-  [M_BACKING_ERRORS] = { "foliod_backing_errors_total", "counter",
-                         "Failed backing reads and writebacks." },
-  [M_RECONNECTS] = { "foliod_backing_reconnects_total", "counter",
-                     "Reconnections of an nbd: backing." },
-  [M_RETRIES] = { "foliod_backing_retries_total", "counter",
-                  "Requests an nbd: backing sent again after a reconnect." },
-  [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
-                   "Bytes written to a remote backing, not yet flushed by it." },
-  [M_EVICTIONS] = { "foliod_evictions_total", "counter",
-                    "Clean folios evicted to make room." },
-  [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
-                  "Flushes sent to the backing." },
-  [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
-};
-
-struct export_values {
-  uint64_t v[M_COUNT];
-  double wa;
-};
-
-static void
-export_values (struct export *ex, struct export_values *out)
-{
-  struct cache_stats st;
-  struct backing_stats bst = { 0 };
-  // cppcheck-suppress ctuuninitvar ; out is written here, never read
-  uint64_t *v = out->v;
-
-  export_get_stats (ex, &st, &bst);
-  v[M_HITS] = st.read_hits;
-  v[M_MISSES] = st.read_misses;
-  v[M_CLIENT_READ] = st.client_read_bytes;
-  v[M_CLIENT_WRITE] = st.client_write_bytes;
-  v[M_WRITEBACK] = st.backing_write_bytes;
-  v[M_DIRTY] = st.dirty_bytes;
-  v[M_CACHED] = st.cached_bytes;
-  v[M_PASSTHROUGH] = st.direct_read_bytes + st.direct_write_bytes;
-  v[M_PT_READ_OPS] = st.direct_read_ops;
-  v[M_PT_READ_BYTES] = st.direct_read_bytes;
-  v[M_PT_WRITE_OPS] = st.direct_write_ops;
-  v[M_PT_WRITE_BYTES] = st.direct_write_bytes;
-  v[M_BACKING_READ] = st.backing_read_bytes;
-  v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
-  v[M_RECONNECTS] = bst.reconnects;
-  v[M_RETRIES] = bst.retries;
-  v[M_UNSTABLE] = st.unstable_bytes;
-  v[M_EVICTIONS] = st.evictions;
-  v[M_FLUSHES] = st.backing_flush_ops;
-  v[M_SIZE] = ex->size;
-  out->wa = st.client_write_bytes
-    ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
-}
-
-/* Label value escaping of the text format: backslash, quote, newline. */
-static void
-label_escape (char *out, size_t outlen, const char *s)
-{
-  size_t n = 0;
-
-  for (; *s && n + 3 < outlen; s++) {
-    if (*s == '\\' || *s == '"' || *s == '\n') {
-      out[n++] = '\\';
-      out[n++] = *s == '\n' ? 'n' : *s;
-    } else
-      out[n++] = *s;
-  }
-  out[n] = '\0';
-}
-
-struct outbuf {
-  char *buf;
-  size_t len, cap;
-};
-
-static void __attribute__ ((format (printf, 2, 3)))
-out (struct outbuf *o, const char *fmt, ...)
-{
-  va_list ap;
-  int r;
-
-  if (o->len + 1 >= o->cap)
-    return;
-  va_start (ap, fmt);
-  r = vsnprintf (o->buf + o->len, o->cap - o->len, fmt, ap);
-  va_end (ap);
-  if (r > 0)
-    o->len += (size_t) r;
-  if (o->len >= o->cap)
-    o->len = o->cap - 1;
-}
-
-size_t
-stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
-              void *server)
-{
-  struct outbuf o = { buf, 0, buflen };
-  struct export_values *vals;
-  struct server_stats ss;
-  char label[300];
-
-  if (buflen == 0)
-    return 0;
-  buf[0] = '\0';
-  vals = calloc (n ? n : 1, sizeof *vals);
-  if (vals == NULL)
-    return 0;
-  for (size_t i = 0; i < n; i++)
-    if (ex[i].ex)
-      export_values (ex[i].ex, &vals[i]);
-  for (int m = 0; m < M_COUNT; m++) {
-    out (&o, "# HELP %s %s\n# TYPE %s %s\n", metrics[m].name, metrics[m].help,
-         metrics[m].name, metrics[m].type);
-    for (size_t i = 0; i < n; i++) {
-      if (ex[i].ex == NULL)
-        continue;
-      label_escape (label, sizeof label, ex[i].cfg.name);
-      if (m == M_WA)
-        out (&o, "%s{export=\"%s\"} %.3f\n", metrics[m].name, label,
-             vals[i].wa);
-      else
-        out (&o, "%s{export=\"%s\"} %llu\n", metrics[m].name, label,
-             (unsigned long long) vals[i].v[m]);
-    }
-  }
-  free (vals);
-  if (server) {
-    /* The server counts connections over all exports. */
-    server_get_stats (server, &ss);
-    out (&o, "# HELP foliod_connections Client connections open now.\n"
-         "# TYPE foliod_connections gauge\nfoliod_connections %llu\n",
-         (unsigned long long) ss.connections_now);
-    out (&o, "# HELP foliod_connections_accepted_total Client connections "
-         "accepted.\n# TYPE foliod_connections_accepted_total counter\n"
-         "foliod_connections_accepted_total %llu\n",
-         (unsigned long long) ss.connections_total);
-    out (&o, "# HELP foliod_connections_refused_total Connections refused "
-         "over max-connections.\n# TYPE foliod_connections_refused_total "
-         "counter\nfoliod_connections_refused_total %llu\n",
-         (unsigned long long) ss.connections_refused);
-    out (&o, "# HELP foliod_requests_total NBD requests completed.\n"
-         "# TYPE foliod_requests_total counter\nfoliod_requests_total %llu\n",
-         (unsigned long long) ss.requests);
-    out (&o, "# HELP foliod_request_errors_total NBD requests answered with "
-         "an error.\n# TYPE foliod_request_errors_total counter\n"
-         "foliod_request_errors_total %llu\n",
-         (unsigned long long) ss.request_errors);
-  }
-  return o.len;
-}
-
-void
-stats_log (struct daemon_export *ex, size_t n, void *server)
-{
-  struct server_stats ss = { 0 };
-
-  if (server)
-    server_get_stats (server, &ss);
-  log_info ("connections: %llu open, %llu accepted, %llu requests",
-            (unsigned long long) ss.connections_now,
-            (unsigned long long) ss.connections_total,
-            (unsigned long long) ss.requests);
-  for (size_t i = 0; i < n; i++) {
-    struct export_values v;
-    if (ex[i].ex == NULL)
-      continue;
-    export_values (ex[i].ex, &v);
-    log_info ("export %s: hits %llu misses %llu client-written %llu "
-              "written-back %llu (amplification %.2f) dirty %llu cached %llu "
-              "passthrough %llu backing-errors %llu reconnects %llu",
-              ex[i].cfg.name, (unsigned long long) v.v[M_HITS],
-              (unsigned long long) v.v[M_MISSES],
-              (unsigned long long) v.v[M_CLIENT_WRITE],
-              (unsigned long long) v.v[M_WRITEBACK], v.wa,
-              (unsigned long long) v.v[M_DIRTY],
-              (unsigned long long) v.v[M_CACHED],
-              (unsigned long long) v.v[M_PASSTHROUGH],
-              (unsigned long long) v.v[M_BACKING_ERRORS],
-              (unsigned long long) v.v[M_RECONNECTS]);
-  }
-}
 
 /* ---- the daemon side ------------------------------------------------------ */
 
@@ -343,13 +119,9 @@ control_answer (struct control *ctl, const char *line, size_t *len)
                                 "'flush EXPORT')\n";
   char *buf;
 
-  if (strcmp (line, "stats") == 0) {
-    buf = malloc (STATS_BUF_SIZE);
-    if (buf)
-      *len = stats_format (buf, STATS_BUF_SIZE, ctl->exports,
-                           ctl->n_exports, ctl->server);
-    return buf;
-  }
+  if (strcmp (line, "stats") == 0 || strcmp (line, "stats table") == 0)
+    return stats_text (ctl->exports, ctl->n_exports, ctl->server,
+                       line[5] != '\0', len);
   buf = malloc (512);
   if (buf == NULL)
     return NULL;
@@ -654,94 +426,8 @@ control_stop (struct control *ctl)
 
 /* ---- the client side: foliod stats / foliod flush ------------------------- */
 
-/* "foliod_read_hits_total" -> "read hits" */
-static void
-pretty_name (char *out, size_t outlen, const char *name, size_t len)
-{
-  size_t n = 0;
-
-  if (len > 7 && strncmp (name, "foliod_", 7) == 0) {
-    name += 7;
-    len -= 7;
-  }
-  if (len > 6 && strncmp (name + len - 6, "_total", 6) == 0)
-    len -= 6;
-  for (size_t i = 0; i < len && n + 1 < outlen; i++)
-    out[n++] = name[i] == '_' ? ' ' : name[i];
-  out[n] = '\0';
-}
-
-/* Print the Prometheus text grouped by export:
- *   export disk0
- *     read hits                        12
- * Lines without an export label are printed under "server". */
-static void
-print_table (char *text)
-{
-  char *save = NULL, *line, *exports[64];
-  size_t n_exports = 0;
-  char name[128];
-
-  /* The export names, in order of appearance. */
-  char *copy = strdup (text);
-  if (copy == NULL)
-    return;
-  for (line = strtok_r (copy, "\n", &save); line;
-       line = strtok_r (NULL, "\n", &save)) {
-    char *brace = strstr (line, "{export=\""), *end;
-    size_t i;
-    if (line[0] == '#' || brace == NULL || n_exports == 64)
-      continue;
-    brace += 9;
-    end = strstr (brace, "\"}");
-    if (end == NULL)
-      continue;
-    *end = '\0';
-    for (i = 0; i < n_exports; i++)
-      if (strcmp (exports[i], brace) == 0)
-        break;
-    if (i == n_exports && (exports[i] = strdup (brace)) != NULL)
-      n_exports++;
-  }
-  free (copy);
-  for (size_t i = 0; i <= n_exports; i++) {
-    copy = strdup (text);
-    if (copy == NULL)
-      break;
-    if (i < n_exports)
-      printf ("export %s\n", exports[i]);
-    else
-      printf ("server\n");
-    for (line = strtok_r (copy, "\n", &save); line;
-         line = strtok_r (NULL, "\n", &save)) {
-      char *brace, *value, *sp;
-      if (line[0] == '#' || (value = strrchr (line, ' ')) == NULL)
-        continue;
-      brace = strchr (line, '{');
-      sp = strchr (line, ' ');
-      if (i < n_exports) {
-        if (brace == NULL)
-          continue;
-        char want[300];
-        snprintf (want, sizeof want, "{export=\"%s\"}", exports[i]);
-        if (strncmp (brace, want, strlen (want)) != 0)
-          continue;
-        pretty_name (name, sizeof name, line, (size_t) (brace - line));
-      } else {
-        if (brace != NULL)
-          continue;
-        pretty_name (name, sizeof name, line, (size_t) (sp - line));
-      }
-      printf ("  %-28s %s\n", name, value + 1);
-    }
-    free (copy);
-  }
-  for (size_t i = 0; i < n_exports; i++)
-    free (exports[i]);
-}
-
 int
-control_client (const char *path, const char *command, int prometheus)
+control_client (const char *path, const char *command)
 {
   struct sockaddr_un sa;
   char *buf = NULL;
@@ -792,10 +478,7 @@ control_client (const char *path, const char *command, int prometheus)
     fprintf (stderr, "foliod: %s", buf + 6);
     goto out;
   }
-  if (strncmp (command, "stats", 5) == 0 && !prometheus)
-    print_table (buf);
-  else
-    fputs (buf, stdout);
+  fputs (buf, stdout);
   r = 0;
   goto out;
 

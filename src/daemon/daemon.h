@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "foliod/export.h"
 #include "server/log.h"
@@ -38,6 +39,7 @@ struct daemon_config {
   char **unix_paths;
   size_t n_unix;
   char *control;            /* control socket path, NULL: none */
+  char *metrics_listen;     /* HTTP /metrics address, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
   enum server_tls_mode tls;
@@ -125,7 +127,7 @@ extern const char foliod_default_conf[];
 struct cli {
   const char *subcommand;   /* NULL, "stats", "flush" */
   const char *sub_arg;      /* flush: export name */
-  int prometheus;           /* stats: raw Prometheus text */
+  int prometheus;           /* stats: Prometheus text, not the table */
   const char *config_file;
   const char *check_config;
 };
@@ -146,11 +148,39 @@ struct control;
 struct control *control_start (const char *path, struct daemon_export *ex,
                                size_t n, void *server);
 void control_stop (struct control *ctl);
-/* Write the statistics of every export, Prometheus text format, to buf;
- * returns the length (truncated to buflen - 1). */
+/* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
+ * command, print the answer.  0 or -1 (said on stderr). */
+int control_client (const char *path, const char *command);
+
+/* Statistics (stats.c).  Write those of every export and the server to
+ * buf, Prometheus text format or the table of `foliod stats`; return the
+ * length (truncated to buflen - 1). */
 size_t stats_format (char *buf, size_t buflen, struct daemon_export *ex,
                      size_t n, void *server);
+size_t stats_table (char *buf, size_t buflen, struct daemon_export *ex,
+                    size_t n, void *server);
+/* Either in a malloc'd buffer of at most STATS_BUF_SIZE bytes (*len
+ * without the '\0'); NULL when out of memory.  Any thread may call it:
+ * the counters are read atomically, as the event loop's threads write
+ * them. */
+#define STATS_BUF_SIZE (64 * 1024)
+char *stats_text (struct daemon_export *ex, size_t n, void *server,
+                  int table, size_t *len);
 void stats_log (struct daemon_export *ex, size_t n, void *server);
-int control_client (const char *path, const char *command, int prometheus);
+
+/* The HTTP metrics endpoint (metrics.c). */
+struct metrics_addr {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  char text[300];           /* "127.0.0.1:9100", for messages */
+};
+/* "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" (no host: 127.0.0.1).
+ * 0, or -1 with a reason in err. */
+int metrics_addr_parse (const char *s, struct metrics_addr *a, char *err,
+                        size_t errlen);
+struct metrics;
+struct metrics *metrics_start (const char *addr, struct daemon_export *ex,
+                               size_t n, void *server);
+void metrics_stop (struct metrics *m);
 
 #endif /* FOLIOD_DAEMON_H */

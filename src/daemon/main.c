@@ -36,6 +36,7 @@ struct daemon {
   struct ev_loop *loop;
   struct server *server;
   struct control *ctl;
+  struct metrics *metrics;
   ev_signal sig_term, sig_int, sig_usr1, sig_hup;
   ev_timer status_timer;     /* refreshes systemd's STATUS= line */
   int stopping;              /* first SIGTERM/SIGINT seen */
@@ -540,6 +541,12 @@ daemon_start (struct daemon *d)
     if (d->ctl == NULL)
       return -1;
   }
+  if (cfg->metrics_listen) {
+    d->metrics = metrics_start (cfg->metrics_listen, cfg->exports,
+                                cfg->n_exports, d->server);
+    if (d->metrics == NULL)
+      return -1;
+  }
   if (cfg->pidfile) {
     if (pidfile_write (cfg->pidfile) == -1)
       return -1;
@@ -560,6 +567,7 @@ daemon_run (struct daemon_config *cfg)
     ev_run (d.loop, 0);
     signals_stop (&d);
   }
+  metrics_stop (d.metrics);
   control_stop (d.ctl);
   if (exports_close (&d) == -1)
     r = -1;
@@ -601,9 +609,12 @@ main (int argc, char **argv)
       r = -1;
     }
     if (r == 0) {
+      const char *arg = cli.sub_arg;
+      if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
+        arg = "table";
       snprintf (cmd, sizeof cmd, "%s%s%s\n", cli.subcommand,
-                cli.sub_arg ? " " : "", cli.sub_arg ? cli.sub_arg : "");
-      r = control_client (path ? path : cfg.control, cmd, cli.prometheus);
+                arg ? " " : "", arg ? arg : "");
+      r = control_client (path ? path : cfg.control, cmd);
     }
     free (path);
   } else {

@@ -1,0 +1,387 @@
+/* The statistics: every export's counters and the server's, as the
+ * Prometheus text of `foliod stats --prometheus` and of GET /metrics, as
+ * the table of `foliod stats`, and as log lines (SIGUSR1).
+ *
+ * One reading of the counters (export_values) feeds all three forms, so
+ * they never disagree about what a number means.  The counters are
+ * atomics the I/O threads update (STAT_ADD); any thread may read them,
+ * which is what the control and metrics threads do.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/daemon.h"
+#include "server/log.h"
+#include "server/server.h"
+
+enum metric_id {
+  M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
+  M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
+  M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
+};
+
+static const struct {
+  const char *name;
+  const char *type;
+  const char *help;
+} metrics[M_COUNT] = {
+  [M_HITS] = { "foliod_read_hits_total", "counter",
+               "Client reads served from the cache without backing I/O." },
+  [M_MISSES] = { "foliod_read_misses_total", "counter",
+                 "Client reads that needed backing reads." },
+  [M_CLIENT_READ] = { "foliod_client_read_bytes_total", "counter",
+                      "Bytes clients read." },
+  [M_CLIENT_WRITE] = { "foliod_client_write_bytes_total", "counter",
+                       "Bytes clients wrote (NBD_CMD_WRITE payload)." },
+  [M_WRITEBACK] = { "foliod_writeback_bytes_total", "counter",
+                    "Bytes written to the backing." },
+  [M_WA] = { "foliod_write_amplification", "gauge",
+             "Backing bytes written / client bytes written (0 before any "
+             "write)." },
+  [M_DIRTY] = { "foliod_dirty_bytes", "gauge",
+                "Bytes in the cache not yet written back." },
+  [M_CACHED] = { "foliod_cached_bytes", "gauge",
+                 "Folio memory in use." },
+  [M_PASSTHROUGH] = { "foliod_passthrough_bytes_total", "counter",
+                      "Bytes read or written directly, bypassing the cache "
+                      "(cache=none, direct-threshold)." },
+  [M_PT_READ_OPS] = { "foliod_passthrough_read_ops_total", "counter",
+                      "Client reads that bypassed the cache." },
+  [M_PT_READ_BYTES] = { "foliod_passthrough_read_bytes_total", "counter",
+                        "Bytes of client reads that bypassed the cache." },
+  [M_PT_WRITE_OPS] = { "foliod_passthrough_write_ops_total", "counter",
+                       "Client writes that bypassed the cache." },
+  [M_PT_WRITE_BYTES] = { "foliod_passthrough_write_bytes_total", "counter",
+                         "Bytes of client writes that bypassed the cache." },
+  [M_BACKING_READ] = { "foliod_backing_read_bytes_total", "counter",
+                       "Bytes read from the backing." },
+  [M_BACKING_ERRORS] = { "foliod_backing_errors_total", "counter",
+                         "Failed backing reads and writebacks." },
+  [M_RECONNECTS] = { "foliod_backing_reconnects_total", "counter",
+                     "Reconnections of an nbd: backing." },
+  [M_RETRIES] = { "foliod_backing_retries_total", "counter",
+                  "Requests an nbd: backing sent again after a reconnect." },
+  [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
+                   "Bytes written to a remote backing, not yet flushed by it." },
+  [M_EVICTIONS] = { "foliod_evictions_total", "counter",
+                    "Clean folios evicted to make room." },
+  [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
+                  "Flushes sent to the backing." },
+  [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
+};
+
+struct export_values {
+  uint64_t v[M_COUNT];
+  double wa;
+};
+
+static void
+export_values (struct export *ex, struct export_values *out)
+{
+  struct cache_stats st;
+  struct backing_stats bst = { 0 };
+  // cppcheck-suppress ctuuninitvar ; out is written here, never read
+  uint64_t *v = out->v;
+
+  export_get_stats (ex, &st, &bst);
+  v[M_HITS] = st.read_hits;
+  v[M_MISSES] = st.read_misses;
+  v[M_CLIENT_READ] = st.client_read_bytes;
+  v[M_CLIENT_WRITE] = st.client_write_bytes;
+  v[M_WRITEBACK] = st.backing_write_bytes;
+  v[M_DIRTY] = st.dirty_bytes;
+  v[M_CACHED] = st.cached_bytes;
+  v[M_PASSTHROUGH] = st.direct_read_bytes + st.direct_write_bytes;
+  v[M_PT_READ_OPS] = st.direct_read_ops;
+  v[M_PT_READ_BYTES] = st.direct_read_bytes;
+  v[M_PT_WRITE_OPS] = st.direct_write_ops;
+  v[M_PT_WRITE_BYTES] = st.direct_write_bytes;
+  v[M_BACKING_READ] = st.backing_read_bytes;
+  v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
+  v[M_RECONNECTS] = bst.reconnects;
+  v[M_RETRIES] = bst.retries;
+  v[M_UNSTABLE] = st.unstable_bytes;
+  v[M_EVICTIONS] = st.evictions;
+  v[M_FLUSHES] = st.backing_flush_ops;
+  v[M_SIZE] = ex->size;
+  out->wa = st.client_write_bytes
+    ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
+}
+
+/* Label value escaping of the text format: backslash, quote, newline. */
+static void
+label_escape (char *out, size_t outlen, const char *s)
+{
+  size_t n = 0;
+
+  for (; *s && n + 3 < outlen; s++) {
+    if (*s == '\\' || *s == '"' || *s == '\n') {
+      out[n++] = '\\';
+      out[n++] = *s == '\n' ? 'n' : *s;
+    } else
+      out[n++] = *s;
+  }
+  out[n] = '\0';
+}
+
+struct outbuf {
+  char *buf;
+  size_t len, cap;
+};
+
+static void __attribute__ ((format (printf, 2, 3)))
+out (struct outbuf *o, const char *fmt, ...)
+{
+  va_list ap;
+  int r;
+
+  if (o->len + 1 >= o->cap)
+    return;
+  va_start (ap, fmt);
+  r = vsnprintf (o->buf + o->len, o->cap - o->len, fmt, ap);
+  va_end (ap);
+  if (r > 0)
+    o->len += (size_t) r;
+  if (o->len >= o->cap)
+    o->len = o->cap - 1;
+}
+
+size_t
+stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
+              void *server)
+{
+  struct outbuf o = { buf, 0, buflen };
+  struct export_values *vals;
+  struct server_stats ss;
+  char label[300];
+
+  if (buflen == 0)
+    return 0;
+  buf[0] = '\0';
+  vals = calloc (n ? n : 1, sizeof *vals);
+  if (vals == NULL)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (ex[i].ex)
+      export_values (ex[i].ex, &vals[i]);
+  for (int m = 0; m < M_COUNT; m++) {
+    out (&o, "# HELP %s %s\n# TYPE %s %s\n", metrics[m].name, metrics[m].help,
+         metrics[m].name, metrics[m].type);
+    for (size_t i = 0; i < n; i++) {
+      if (ex[i].ex == NULL)
+        continue;
+      label_escape (label, sizeof label, ex[i].cfg.name);
+      if (m == M_WA)
+        out (&o, "%s{export=\"%s\"} %.3f\n", metrics[m].name, label,
+             vals[i].wa);
+      else
+        out (&o, "%s{export=\"%s\"} %llu\n", metrics[m].name, label,
+             (unsigned long long) vals[i].v[m]);
+    }
+  }
+  free (vals);
+  if (server) {
+    /* The server counts connections over all exports. */
+    server_get_stats (server, &ss);
+    out (&o, "# HELP foliod_connections Client connections open now.\n"
+         "# TYPE foliod_connections gauge\nfoliod_connections %llu\n",
+         (unsigned long long) ss.connections_now);
+    out (&o, "# HELP foliod_connections_accepted_total Client connections "
+         "accepted.\n# TYPE foliod_connections_accepted_total counter\n"
+         "foliod_connections_accepted_total %llu\n",
+         (unsigned long long) ss.connections_total);
+    out (&o, "# HELP foliod_connections_refused_total Connections refused "
+         "over max-connections.\n# TYPE foliod_connections_refused_total "
+         "counter\nfoliod_connections_refused_total %llu\n",
+         (unsigned long long) ss.connections_refused);
+    out (&o, "# HELP foliod_requests_total NBD requests completed.\n"
+         "# TYPE foliod_requests_total counter\nfoliod_requests_total %llu\n",
+         (unsigned long long) ss.requests);
+    out (&o, "# HELP foliod_request_errors_total NBD requests answered with "
+         "an error.\n# TYPE foliod_request_errors_total counter\n"
+         "foliod_request_errors_total %llu\n",
+         (unsigned long long) ss.request_errors);
+  }
+  return o.len;
+}
+
+
+void
+stats_log (struct daemon_export *ex, size_t n, void *server)
+{
+  struct server_stats ss = { 0 };
+
+  if (server)
+    server_get_stats (server, &ss);
+  log_info ("connections: %llu open, %llu accepted, %llu requests",
+            (unsigned long long) ss.connections_now,
+            (unsigned long long) ss.connections_total,
+            (unsigned long long) ss.requests);
+  for (size_t i = 0; i < n; i++) {
+    struct export_values v;
+    if (ex[i].ex == NULL)
+      continue;
+    export_values (ex[i].ex, &v);
+    log_info ("export %s: hits %llu misses %llu client-written %llu "
+              "written-back %llu (amplification %.2f) dirty %llu cached %llu "
+              "passthrough %llu backing-errors %llu reconnects %llu",
+              ex[i].cfg.name, (unsigned long long) v.v[M_HITS],
+              (unsigned long long) v.v[M_MISSES],
+              (unsigned long long) v.v[M_CLIENT_WRITE],
+              (unsigned long long) v.v[M_WRITEBACK], v.wa,
+              (unsigned long long) v.v[M_DIRTY],
+              (unsigned long long) v.v[M_CACHED],
+              (unsigned long long) v.v[M_PASSTHROUGH],
+              (unsigned long long) v.v[M_BACKING_ERRORS],
+              (unsigned long long) v.v[M_RECONNECTS]);
+  }
+}
+
+/* 1536 -> "1.5K", 16777216 -> "16M", 100 -> "100" (powers of 1024, as
+ * the configuration's sizes). */
+static void
+human_size (char *buf, size_t len, uint64_t v)
+{
+  static const char units[] = "KMGTPE";
+  double d = (double) v;
+  int u = -1;
+
+  while (d >= 1024 && u + 1 < (int) sizeof units - 1) {
+    d /= 1024;
+    u++;
+  }
+  if (u < 0)
+    snprintf (buf, len, "%llu", (unsigned long long) v);
+  else if (d < 10 && d != (double) (uint64_t) d)
+    snprintf (buf, len, "%.1f%c", d, units[u]);
+  else
+    snprintf (buf, len, "%.0f%c", d, units[u]);
+}
+
+/* hits / (hits + misses) as "66.7%", "-" before any cached read. */
+static void
+hit_ratio (char *buf, size_t len, const struct export_values *v)
+{
+  uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
+
+  if (reads == 0)
+    snprintf (buf, len, "-");
+  else
+    snprintf (buf, len, "%.1f%%", 100.0 * (double) v->v[M_HITS] /
+              (double) reads);
+}
+
+static const char *const table_head[] = {
+  "EXPORT", "SIZE", "CACHED", "DIRTY", "READS", "HIT RATIO", "WRITTEN",
+  "WRITTEN BACK", "WRITE AMP", "ERRORS",
+};
+#define TABLE_COLS (sizeof table_head / sizeof table_head[0])
+#define TABLE_CELL 32
+
+/* A row: the export's name as it is (any length), the numbers as text. */
+struct table_row {
+  const char *name;
+  char cell[TABLE_COLS][TABLE_CELL];   /* [0] unused: name */
+};
+
+/* One export's row: the cells as the head names them.  WRITTEN is what
+ * clients wrote, WRITTEN BACK what reached the backing, WRITE AMP the
+ * second over the first ("-" before any write). */
+static void
+table_row (struct table_row *row, const char *name,
+           const struct export_values *v)
+{
+  char (*cell)[TABLE_CELL] = row->cell;
+  uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
+
+  row->name = name;
+  human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
+  human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
+  human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
+  snprintf (cell[4], TABLE_CELL, "%llu", (unsigned long long) reads);
+  hit_ratio (cell[5], TABLE_CELL, v);
+  human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
+  human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
+  if (v->v[M_CLIENT_WRITE])
+    snprintf (cell[8], TABLE_CELL, "%.2f", v->wa);
+  else
+    snprintf (cell[8], TABLE_CELL, "-");
+  snprintf (cell[9], TABLE_CELL, "%llu",
+            (unsigned long long) v->v[M_BACKING_ERRORS]);
+}
+
+static const char *
+table_cell (const struct table_row *row, size_t c)
+{
+  return c == 0 ? row->name : row->cell[c];
+}
+
+/* The first column left-aligned (names), the others right-aligned. */
+static void
+table_line (struct outbuf *o, const struct table_row *row, const int *width)
+{
+  for (size_t c = 0; c < TABLE_COLS; c++)
+    out (o, c == 0 ? "%-*s" : "  %*s", width[c], table_cell (row, c));
+  out (o, "\n");
+}
+
+size_t
+stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
+             void *server)
+{
+  struct outbuf o = { buf, 0, buflen };
+  struct table_row *rows;
+  int width[TABLE_COLS] = { 0 };
+  size_t nrows = 0;
+  struct server_stats ss;
+
+  if (buflen == 0)
+    return 0;
+  buf[0] = '\0';
+  rows = calloc (n + 1, sizeof *rows);
+  if (rows == NULL)
+    return 0;
+  rows[0].name = table_head[0];
+  for (size_t c = 1; c < TABLE_COLS; c++)
+    snprintf (rows[0].cell[c], TABLE_CELL, "%s", table_head[c]);
+  for (size_t i = 0; i < n; i++)
+    if (ex[i].ex) {
+      struct export_values v;
+      export_values (ex[i].ex, &v);
+      table_row (&rows[++nrows], ex[i].cfg.name, &v);
+    }
+  for (size_t c = 0; c < TABLE_COLS; c++)
+    for (size_t r = 0; r <= nrows; r++)
+      if ((int) strlen (table_cell (&rows[r], c)) > width[c])
+        width[c] = (int) strlen (table_cell (&rows[r], c));
+  for (size_t r = 0; r <= nrows; r++)
+    table_line (&o, &rows[r], width);
+  free (rows);
+  if (server) {
+    server_get_stats (server, &ss);
+    out (&o, "\nconnections: %llu open, %llu accepted, %llu refused; "
+         "requests: %llu, %llu with errors\n",
+         (unsigned long long) ss.connections_now,
+         (unsigned long long) ss.connections_total,
+         (unsigned long long) ss.connections_refused,
+         (unsigned long long) ss.requests,
+         (unsigned long long) ss.request_errors);
+  }
+  return o.len;
+}
+
+char *
+stats_text (struct daemon_export *ex, size_t n, void *server, int table,
+            size_t *len)
+{
+  char *buf = malloc (STATS_BUF_SIZE);
+
+  if (buf)
+    *len = (table ? stats_table : stats_format) (buf, STATS_BUF_SIZE, ex, n,
+                                                server);
+  return buf;
+}
