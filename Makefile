@@ -6,6 +6,7 @@
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-tsan the unit tests under ThreadSanitizer (build-tsan)
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
+#   make check-vm-systemd   foliod under a real systemd (qemu guest)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -101,8 +102,8 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install install-files uninstall \
-        clean deb check-deb \
+        check-valgrind check-model-long check-vm check-vm-systemd bench install install-files \
+        uninstall clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
 
@@ -229,6 +230,13 @@ check-model-long: all
 check-vm: deps
 	$(MAKE) $(FOLIOD)
 	$(TEST_ENV) tests/run-tests tests/test-vm.sh
+
+# foliod under a real systemd as PID 1 in a qemu guest booted from the
+# host's own root file system (tests/vm/run-systemd); also part of "make
+# check" as tests/test-vm-systemd.sh.
+check-vm-systemd: deps
+	$(MAKE) all
+	$(TEST_ENV) tests/run-tests tests/test-vm-systemd.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
