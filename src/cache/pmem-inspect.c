@@ -88,3 +88,33 @@ store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen)
   pmem_map_close (&m);
   return r;
 }
+
+int
+store_pmem_read_header (const char *path, struct store_pmem_header_info *out,
+                        char *err, size_t errlen)
+{
+  struct pmem_map m;
+  struct pmem_meta pm;
+  int r;
+
+  if (pmem_map_open (&m, path, 0, 0, PMEM_MAP_READONLY, err, errlen) == -1)
+    return -1;
+  r = pmem_layout_open (&pm, &m, NULL, NULL, path, err, errlen);
+  if (r == 1) {
+    snprintf (err, errlen, "%s: not a foliod store (never formatted)", path);
+    errno = EINVAL;
+    r = -1;
+  }
+  if (r == 0) {
+    const struct pmem_header *h = &pm.hdr;
+    out->nslots = h->nslots;
+    out->folio_size = h->folio_size;
+    out->block_size = h->block_size;
+    out->export_size = h->export_size;
+    out->backing_size = h->backing_size;
+    snprintf (out->backing_spec, sizeof out->backing_spec, "%.*s",
+              (int) sizeof h->backing_spec, h->backing_spec);
+  }
+  pmem_map_close (&m);
+  return r;
+}
