@@ -209,6 +209,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   store_pmem_get_info (c->store, &pi);
   si->granularity = pi.granularity;
   si->power_safe_per_write = pi.power_safe_per_write;
+  si->devdax = pi.devdax;
   si->formatted = pi.formatted;
   si->was_clean = pi.was_clean;
   c->store_deferred = !pi.power_safe_per_write;
