@@ -100,7 +100,7 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
     cache_get_stats (e->ex->cache, &st);
     log_info ("control: flush %s (%llu bytes dirty)", name,
               (unsigned long long) st.dirty_bytes);
-    if (cache_flush (e->ex->cache) == -1)
+    if (cache_write_back (e->ex->cache) == -1)
       snprintf (reply, len, "ERROR flush %.200s: %s\n", name,
                 strerror (errno));
     else

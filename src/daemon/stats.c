@@ -21,7 +21,8 @@ enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE,
+  M_STORE_DIRTY, M_COUNT
 };
 
 static const struct {
@@ -72,6 +73,9 @@ static const struct {
   [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
                   "Flushes sent to the backing." },
   [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
+  [M_STORE_DIRTY] = { "foliod_store_dirty_bytes", "gauge",
+                      "Dirty bytes kept in a persistent store (pmem): they "
+                      "survive a crash (0 with the ram store)." },
 };
 
 struct export_values {
@@ -108,6 +112,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_SIZE] = ex->size;
+  v[M_STORE_DIRTY] = ex->store ? st.dirty_bytes + st.unstable_bytes : 0;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }
@@ -184,6 +189,20 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
     }
   }
   free (vals);
+  out (&o, "# HELP foliod_store_info Where folio memory lives: kind ram or "
+       "pmem, granularity cache-line, byte or page (pmem), flush store or "
+       "backing.\n# TYPE foliod_store_info gauge\n");
+  for (size_t i = 0; i < n; i++) {
+    struct cache_store_info si;
+    if (ex[i].ex == NULL)
+      continue;
+    cache_get_store_info (ex[i].ex->cache, &si);
+    label_escape (label, sizeof label, ex[i].cfg.name);
+    out (&o, "foliod_store_info{export=\"%s\",kind=\"%s\","
+         "granularity=\"%s\",flush=\"%s\"} 1\n", label, si.kind,
+         si.granularity ? si.granularity : "none",
+         si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
+  }
   if (server) {
     /* The server counts connections over all exports. */
     server_get_stats (server, &ss);
