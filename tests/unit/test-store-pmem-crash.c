@@ -24,10 +24,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "foliod/store.h"
 #include "cache/pmem-layout.h"
+#include "lib/cachetest.h"
 
 #define FOLIO 16384
 #define BLOCK 512
@@ -44,6 +46,7 @@ static bool power_off;           /* since then: no persist, no reply */
 static unsigned seed;
 static char err[512];
 static bool page_mode;           /* PAGE granularity: msync at FLUSH */
+static unsigned store_seed;      /* STORE_SEED, or the time */
 
 /* The parts of the store the test uses: metadata, then folio data. */
 static void
@@ -150,8 +153,11 @@ sim_open (void)
 
 /* The model: what the client was told, and what the backing holds. */
 static uint32_t acked[NF][BPF];     /* version of the last acknowledged write */
-static uint32_t backing[NF][BPF];   /* version the backing has flushed */
-static uint32_t unflushed[NF][BPF]; /* written to the backing, not flushed */
+/* The backing holds bytes, as a disk does: a block written back torn, or
+ * as version 0 (zeros), is what it flushes. */
+static uint64_t backing[NF][BPF][WORDS];     /* what the backing flushed */
+static uint64_t unflushed[NF][BPF][WORDS];   /* written, not flushed yet */
+static bool has_unflushed[NF][BPF];
 static bool since_sync[NF][BPF];    /* page store: written since a FLUSH */
 static int slot_of[NF];
 static int64_t folio_of[SLOTS];
@@ -218,7 +224,8 @@ op_writeback (int slot)
     return;
   for (int b = 0; b < BPF; b++)
     if (bit (slot, PMEM_PLANE_DIRTY, b)) {
-      unflushed[f][b] = (uint32_t) (block_of (slot, b)[0] >> 32);
+      memcpy (unflushed[f][b], block_of (slot, b), BLOCK);
+      has_unflushed[f][b] = true;
       bit_set (slot, PMEM_PLANE_UNSTABLE, b, true);
     }
   bits_persist (slot);
@@ -235,9 +242,9 @@ op_backing_flush (void)
     return;   /* the host died before it asked */
   for (int f = 0; f < NF; f++)
     for (int b = 0; b < BPF; b++)
-      if (unflushed[f][b]) {
-        backing[f][b] = unflushed[f][b];
-        unflushed[f][b] = 0;
+      if (has_unflushed[f][b]) {
+        memcpy (backing[f][b], unflushed[f][b], BLOCK);
+        has_unflushed[f][b] = false;
       }
   for (int slot = 0; slot < SLOTS; slot++) {
     for (int b = 0; b < BPF; b++)
@@ -301,7 +308,7 @@ op_write (int f, int b)
   inflight.f = f;
   inflight.b = b;
   inflight.v = v;
-  since_sync[f][b] = true;
+  since_sync[f][b] = page_mode;
   store_pmem_write (st, block_of (slot, b), buf, BLOCK);
   bit_set (slot, PMEM_PLANE_UPTODATE, b, true);
   bit_set (slot, PMEM_PLANE_DIRTY, b, true);
@@ -379,8 +386,7 @@ read_block (int f, int b, uint64_t *out)
   int slot = slot_of[f];
 
   if (slot < 0 || !bit (slot, PMEM_PLANE_UPTODATE, b)) {
-    for (int i = 0; i < WORDS; i++)
-      out[i] = word_of (f, b, backing[f][b], i);
+    memcpy (out, backing[f][b], BLOCK);
     return;
   }
   assert_true (bit (slot, PMEM_PLANE_DIRTY, b));   /* unclean: no others */
@@ -416,16 +422,17 @@ check_all (long round)
       }
       if (!v || inflight.f != f || inflight.b != b) {
         if (a != TORN && words_of (d, f, b, a) != WORDS)
-          fail_msg ("crash %ld: folio %d block %d: %d of %d words are the "
-                    "acknowledged version %u (word 0: %#llx)", round, f, b,
+          fail_msg ("STORE_SEED=%u crash %ld: folio %d block %d: %d of %d words are the "
+                    "acknowledged version %u (word 0: %#llx)", store_seed,
+                    round, f, b,
                     words_of (d, f, b, a), WORDS, a,
                     (unsigned long long) d[0]);
         continue;
       }
       for (int i = 0; i < WORDS && a != TORN; i++)
         if (d[i] != word_of (f, b, a, i) && d[i] != word_of (f, b, v, i))
-          fail_msg ("crash %ld: folio %d block %d word %d was never written",
-                    round, f, b, i);
+          fail_msg ("STORE_SEED=%u crash %ld: folio %d block %d word %d was never written",
+                    store_seed, round, f, b, i);
       acked[f][b] = words_of (d, f, b, v) == WORDS ? v
                     : a != TORN && words_of (d, f, b, a) == WORDS ? a : TORN;
     }
@@ -441,11 +448,12 @@ run_crashes (bool page)
   long total_ops = 0;
   struct pmem_geometry g = { FOLIO, BLOCK, SLOTS, (uint64_t) NF * FOLIO };
 
-  seed = 14;
+  seed = store_seed;
   page_mode = page;
+  next_version = 0;
   memset (acked, 0, sizeof acked);
   memset (backing, 0, sizeof backing);
-  memset (unflushed, 0, sizeof unflushed);
+  memset (has_unflushed, 0, sizeof has_unflushed);
   memset (since_sync, 0, sizeof since_sync);
   inflight.v = 0;
   assert_int_equal (pmem_layout_compute (&lay, &g, err, sizeof err), 0);
@@ -468,7 +476,7 @@ run_crashes (bool page)
       total_ops++;
     }
     sim_crash ();
-    memset (unflushed, 0, sizeof unflushed);   /* the backing lost them */
+    memset (has_unflushed, 0, sizeof has_unflushed);   /* the backing lost them */
     store_destroy (st);
     reopen ();
     check_all (round);
@@ -503,6 +511,11 @@ test_crashes_page (void **state)
 int
 main (void)
 {
+  store_seed = (unsigned) ct_env_u64 ("STORE_SEED", 0);
+  if (store_seed == 0)
+    store_seed = (unsigned) time (NULL) ^ (unsigned) getpid ();
+  printf ("STORE_SEED=%u\n", store_seed);
+  fflush (stdout);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_crashes_cache_line),
     cmocka_unit_test (test_crashes_page),
