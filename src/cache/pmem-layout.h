@@ -155,6 +155,17 @@ pmem_plane_assign (uint64_t *bits, uint32_t blocks, int plane, uint32_t blk,
     bits[i / 64] &= ~(1ull << (i % 64));
 }
 
+/* Does any block say dirty or unstable (what recovery trusts)? */
+static inline bool
+pmem_bits_dirty_or_unstable (const uint64_t *bits, uint32_t blocks)
+{
+  for (uint32_t b = 0; b < blocks; b++)
+    if (pmem_plane_test (bits, blocks, PMEM_PLANE_DIRTY, b) ||
+        pmem_plane_test (bits, blocks, PMEM_PLANE_UNSTABLE, b))
+      return true;
+  return false;
+}
+
 /* Does the slot hold a folio whose bitmap is its own (stamp matches)? */
 static inline bool
 pmem_layout_slot_live (const struct pmem_meta *pm, uint32_t slot)
