@@ -497,11 +497,11 @@ recover_trim (struct store_pmem *p, uint64_t *bits, bool clean,
   uint32_t kept = 0, dirty = 0, unstable = 0;
 
   for (uint32_t b = 0; b < p->blocks; b++) {
-    bool d = pmem_plane_test (bits, p->blocks, PMEM_PLANE_DIRTY, b);
-    bool u = pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b);
+    bool d = pmem_plane_test (bits, p->blocks, FP_DIRTY, b);
+    bool u = pmem_plane_test (bits, p->blocks, FP_UNSTABLE, b);
     if (!clean)
-      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UPTODATE, b, d || u);
-    kept += pmem_plane_test (bits, p->blocks, PMEM_PLANE_UPTODATE, b);
+      pmem_plane_assign (bits, p->blocks, FP_UPTODATE, b, d || u);
+    kept += pmem_plane_test (bits, p->blocks, FP_UPTODATE, b);
     dirty += d;
     unstable += u;
   }
@@ -523,15 +523,15 @@ recover_redirty (struct store_pmem *p, uint64_t *bits)
   bool any = false;
 
   for (uint32_t b = 0; b < p->blocks; b++)
-    if (pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b)) {
-      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_DIRTY, b, true);
+    if (pmem_plane_test (bits, p->blocks, FP_UNSTABLE, b)) {
+      pmem_plane_assign (bits, p->blocks, FP_DIRTY, b, true);
       any = true;
     }
   if (!any)
     return;
   pmem_persist (&p->s, bits, len);
   for (uint32_t b = 0; b < p->blocks; b++)
-    pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UNSTABLE, b, false);
+    pmem_plane_assign (bits, p->blocks, FP_UNSTABLE, b, false);
   pmem_persist (&p->s, bits, len);
 }
 

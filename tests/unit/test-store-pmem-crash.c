@@ -212,7 +212,7 @@ static bool
 slot_clean (int slot)
 {
   for (int b = 0; b < BPF; b++)
-    if (bit (slot, PMEM_PLANE_DIRTY, b) || bit (slot, PMEM_PLANE_UNSTABLE, b))
+    if (bit (slot, FP_DIRTY, b) || bit (slot, FP_UNSTABLE, b))
       return false;
   return true;
 }
@@ -228,14 +228,14 @@ op_writeback (int slot)
   if (f < 0)
     return;
   for (int b = 0; b < BPF; b++)
-    if (bit (slot, PMEM_PLANE_DIRTY, b)) {
+    if (bit (slot, FP_DIRTY, b)) {
       memcpy (unflushed[f][b], block_of (slot, b), BLOCK);
       has_unflushed[f][b] = true;
-      bit_set (slot, PMEM_PLANE_UNSTABLE, b, true);
+      bit_set (slot, FP_UNSTABLE, b, true);
     }
   bits_persist (slot);
   for (int b = 0; b < BPF; b++)
-    bit_set (slot, PMEM_PLANE_DIRTY, b, false);
+    bit_set (slot, FP_DIRTY, b, false);
   bits_persist (slot);
 }
 
@@ -253,7 +253,7 @@ op_backing_flush (void)
       }
   for (int slot = 0; slot < SLOTS; slot++) {
     for (int b = 0; b < BPF; b++)
-      bit_set (slot, PMEM_PLANE_UNSTABLE, b, false);
+      bit_set (slot, FP_UNSTABLE, b, false);
     bits_persist (slot);
   }
 }
@@ -315,8 +315,8 @@ op_write (int f, int b)
   inflight.v = v;
   since_sync[f][b] = page_mode;
   store_pmem_write (st, block_of (slot, b), buf, BLOCK);
-  bit_set (slot, PMEM_PLANE_UPTODATE, b, true);
-  bit_set (slot, PMEM_PLANE_DIRTY, b, true);
+  bit_set (slot, FP_UPTODATE, b, true);
+  bit_set (slot, FP_DIRTY, b, true);
   bits_persist (slot);
   if (power_off)
     return;
@@ -390,11 +390,11 @@ read_block (int f, int b, uint64_t *out)
 {
   int slot = slot_of[f];
 
-  if (slot < 0 || !bit (slot, PMEM_PLANE_UPTODATE, b)) {
+  if (slot < 0 || !bit (slot, FP_UPTODATE, b)) {
     memcpy (out, backing[f][b], BLOCK);
     return;
   }
-  assert_true (bit (slot, PMEM_PLANE_DIRTY, b));   /* unclean: no others */
+  assert_true (bit (slot, FP_DIRTY, b));   /* unclean: no others */
   memcpy (out, block_of (slot, b), BLOCK);
 }
 
