@@ -28,6 +28,8 @@
  *    Open marks the store in use (not clean); after an unclean shutdown
  *    store_pmem_recover() keeps only dirty and unstable blocks; unstable
  *    ones come back dirty (the backing may have lost its unflushed writes).
+ *    Recovery ends with a sync of the whole store (page store: after a
+ *    kill the mapping may hold more than the media).
  *
  * What "persistent" means:
  *  - cache-line store (a DAX file mapped MAP_SYNC, device-DAX): persist()
@@ -590,6 +592,11 @@ store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
   }
   free (v);
   p->recover = NULL;
+  /* Page store after a kill: the mapping holds what the dead process wrote
+   * (trusted now), the media maybe not yet: sync all of it, or a power cut
+   * later could bring back bits and data older than what was recovered. */
+  if (p->defer)
+    pending_mark (p, p->map.base, p->map.size);
   if (r == 0 && store_pmem_sync_pending (s) == -1)
     r = -1;
   return r;
