@@ -107,8 +107,9 @@ int store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
                         struct store_pmem_recovery *out);
 
 /* Page-granular stores: msync what persist() recorded since the last call
- * (FLUSH, FUA, before slot reuse after writeback).  Cache-line stores: 0
- * at once.  0 or -1/errno (the ranges stay pending). */
+ * (FLUSH, FUA; set_index calls it itself when a slot whose bits may still
+ * say dirty on the media takes a new folio).  Cache-line stores: 0 at
+ * once.  0 or -1/errno (the ranges stay pending). */
 int store_pmem_sync_pending (struct store *s);
 
 /* Copy len bytes from src into the store at dst and persist them: the

@@ -28,8 +28,8 @@ inspect_slots (const struct pmem_meta *pm, FILE *out)
     const uint64_t *bits = pmem_layout_bitmap (pm, i) + 1;
     folios++;
     for (uint32_t b = 0; b < blocks; b++) {
-      dirty += pmem_plane_test (bits, blocks, PMEM_PLANE_DIRTY, b);
-      unstable += pmem_plane_test (bits, blocks, PMEM_PLANE_UNSTABLE, b);
+      dirty += pmem_plane_test (bits, blocks, FP_DIRTY, b);
+      unstable += pmem_plane_test (bits, blocks, FP_UNSTABLE, b);
     }
   }
   fprintf (out, "folios: %" PRIu32 " of %" PRIu32 " slots\n", folios,

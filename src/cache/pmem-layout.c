@@ -36,7 +36,7 @@ pmem_layout_compute (struct pmem_layout *l, const struct pmem_geometry *g,
     FAIL (EINVAL, "pmem store: no slots");
   memset (l, 0, sizeof *l);
   l->g = *g;
-  l->bitmap_words = (PMEM_NPLANES * (g->folio_size / g->block_size) + 63) / 64;
+  l->bitmap_words = store_bitmap_words (g->folio_size / g->block_size);
   /* The tag and the planes in one cache line (or more), never shared. */
   l->bitmap_stride = (uint32_t) round_up ((1 + l->bitmap_words) * 8, 64);
   l->slots_off = PMEM_HEADERS_BYTES;

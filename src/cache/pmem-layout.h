@@ -3,7 +3,7 @@
  *   0        header copy A  (PMEM_HEADER_COPY bytes)
  *   4 KiB    header copy B
  *   8 KiB    slot table: per slot { folio index, generation }
- *   ...      slot bitmaps: per slot { generation tag, PMEM_NPLANES planes }
+ *   ...      slot bitmaps: per slot { generation tag, the FP_* planes }
  *   2 MiB-aligned: folio data, nslots * folio_size
  *
  * Each header copy carries a sequence number and a crc32; the newer valid
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "cache/pmem-map.h"
+#include "foliod/store.h"
 
 #define PMEM_MAGIC          "FOLIODPM"
 #define PMEM_LAYOUT_VERSION 1
@@ -28,7 +29,6 @@
 #define PMEM_HEADERS_BYTES  (2 * PMEM_HEADER_COPY)
 #define PMEM_DATA_ALIGN     (2u << 20)   /* huge pages, device-DAX alignment */
 #define PMEM_SPEC_MAX       1024         /* backing spec, NUL included */
-#define PMEM_NPLANES        3            /* uptodate, dirty, unstable (FP_*) */
 #define PMEM_FLAG_CLEAN     1u           /* shut down cleanly: all trusted */
 
 struct pmem_geometry {
@@ -133,8 +133,11 @@ pmem_layout_data (const struct pmem_meta *pm, uint32_t slot)
   return pm->m->base + pm->l.data_off + (size_t) slot * pm->l.g.folio_size;
 }
 
-/* The planes of a slot bitmap, blocks bits each, in FP_* order. */
-enum { PMEM_PLANE_UPTODATE, PMEM_PLANE_DIRTY, PMEM_PLANE_UNSTABLE };
+/* The planes of a slot bitmap, blocks bits each, are enum folio_plane's,
+ * in its order: layout version 1 has them so on the media. */
+_Static_assert (FP_UPTODATE == 0 && FP_DIRTY == 1 && FP_UNSTABLE == 2 &&
+                FP_NPLANES == 3, "pmem layout 1: the plane order changed "
+                "(bump PMEM_LAYOUT_VERSION)");
 
 static inline bool
 pmem_plane_test (const uint64_t *bits, uint32_t blocks, int plane,
@@ -153,6 +156,17 @@ pmem_plane_assign (uint64_t *bits, uint32_t blocks, int plane, uint32_t blk,
     bits[i / 64] |= 1ull << (i % 64);
   else
     bits[i / 64] &= ~(1ull << (i % 64));
+}
+
+/* Does any block say dirty or unstable (what recovery trusts)? */
+static inline bool
+pmem_bits_dirty_or_unstable (const uint64_t *bits, uint32_t blocks)
+{
+  for (uint32_t b = 0; b < blocks; b++)
+    if (pmem_plane_test (bits, blocks, FP_DIRTY, b) ||
+        pmem_plane_test (bits, blocks, FP_UNSTABLE, b))
+      return true;
+  return false;
 }
 
 /* Does the slot hold a folio whose bitmap is its own (stamp matches)? */

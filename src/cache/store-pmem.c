@@ -21,12 +21,15 @@
  *    backing flush; then clear the unstable bits, persist(bits): a
  *    written-back block stays recoverable until the backing has flushed
  *    it.  A slot is reused (set_index) only after its dirty and unstable
- *    bits are clear and persisted.
+ *    bits are clear and persisted; no data of the new folio goes into the
+ *    slot before its set_index.
  *  - shutdown: everything written back and flushed, then
  *    store_pmem_mark_clean(); the next open trusts every uptodate block.
  *    Open marks the store in use (not clean); after an unclean shutdown
  *    store_pmem_recover() keeps only dirty and unstable blocks; unstable
  *    ones come back dirty (the backing may have lost its unflushed writes).
+ *    Recovery ends with a sync of the whole store (page store: after a
+ *    kill the mapping may hold more than the media).
  *
  * What "persistent" means:
  *  - cache-line store (a DAX file mapped MAP_SYNC, device-DAX): persist()
@@ -36,9 +39,17 @@
  *    safe against the death of the process as soon as it is made; persist()
  *    only records the range, and sync_pending() msyncs what was recorded
  *    since its last call.  Power-safe from that call on: between two calls
- *    the kernel writes pages in any order, so after a power cut (not a
- *    process crash) a block written since the last FLUSH may be lost or
- *    come back with other data; flushed blocks come back exact.
+ *    the kernel writes pages in any order and at any time, so after a power
+ *    cut (not a process crash) a block written since the last FLUSH may
+ *    come back as any data its 512-byte sectors held since (its older or
+ *    its new data, or what an earlier folio of the slot left there: the
+ *    bitmap's page reached the media, the data's did not); every other
+ *    block comes back exact.  That includes the slot's earlier folios:
+ *    until a sync, the media may still hold bits a writeback cleared, so
+ *    set_index gives a slot a new folio only after the sync that carries
+ *    its last bitmap change since it was dirty (else the new folio's data
+ *    would land under the old folio's trusted bits); the store does that
+ *    itself (reuse_note, pmem_reuse_wait), the cache need not.
  */
 #include <assert.h>
 #include <errno.h>
@@ -48,6 +59,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "foliod/minmax.h"
 #include "foliod/store.h"
 #include "cache/pmem-layout.h"
 #include "cache/pmem-map.h"
@@ -68,6 +80,11 @@ struct store_pmem {
   uint64_t *pending_top;         /* atomic bits: words of pending not 0, so
                                   * a FLUSH scans 1/4096 of the chunks */
   size_t pending_words, top_words;
+  uint64_t syncs_started;        /* atomic: sync_pending calls begun */
+  uint64_t syncs_done;           /* atomic: the last one that succeeded */
+  uint64_t *reuse_sync;          /* atomic, per slot: the sync that must be
+                                  * done before the slot takes a new folio
+                                  * (its media bits may say dirty); 0: none */
   pthread_mutex_t sync_lock;     /* one sync at a time; guards the header */
   int sync_errno;                /* under sync_lock: an msync failed */
   struct recover_ent *recover;   /* store_pmem_recover's, until it returns */
@@ -100,7 +117,7 @@ pending_mark (struct store_pmem *p, const void *addr, size_t len)
     size_t w = c / 64;
     __atomic_fetch_or (&p->pending[w], 1ull << (c % 64), __ATOMIC_RELEASE);
     __atomic_fetch_or (&p->pending_top[w / 64], 1ull << (w % 64),
-                       __ATOMIC_RELEASE);
+                       __ATOMIC_SEQ_CST);   /* before reuse_note's load */
   }
 }
 
@@ -119,6 +136,35 @@ pmem_unclean (struct store_pmem *p)
   pthread_mutex_unlock (&p->sync_lock);
 }
 
+/* Page store: the kernel writes pages back in any order and at any time,
+ * so until the next sync the media may still hold a slot's dirty bits of
+ * before a writeback.  Such a slot must not take a new folio (whose data
+ * would land under the old folio's trusted bits) before that sync: note
+ * which one.  Called after pending_mark; a sync that began before it may
+ * have missed its chunks, so the next one is named. */
+static void
+reuse_note (struct store_pmem *p, const void *addr, size_t len)
+{
+  size_t off = (const unsigned char *) addr - p->map.base;
+  size_t stride = p->meta.l.bitmap_stride;
+  size_t end = p->meta.l.bitmaps_off + (size_t) p->s.nslots * stride;
+
+  if (off + len <= p->meta.l.bitmaps_off || off >= end)
+    return;
+  size_t first = off < p->meta.l.bitmaps_off
+                 ? 0 : (off - p->meta.l.bitmaps_off) / stride;
+  size_t last = (MIN (off + len, end) - 1 - p->meta.l.bitmaps_off) / stride;
+  uint64_t next = __atomic_load_n (&p->syncs_started, __ATOMIC_SEQ_CST) + 1;
+
+  for (size_t i = first; i <= last; i++) {
+    const uint64_t *bits = pmem_layout_bitmap (&p->meta, (uint32_t) i) + 1;
+    /* Once dirty, every later change of the bits must reach the media. */
+    if (pmem_bits_dirty_or_unstable (bits, p->blocks) ||
+        __atomic_load_n (&p->reuse_sync[i], __ATOMIC_RELAXED))
+      __atomic_store_n (&p->reuse_sync[i], next, __ATOMIC_RELAXED);
+  }
+}
+
 static int
 pmem_persist (struct store *s, const void *addr, size_t len)
 {
@@ -129,9 +175,10 @@ pmem_persist (struct store *s, const void *addr, size_t len)
   assert ((const unsigned char *) addr >= p->map.base &&
           (const unsigned char *) addr + len <= p->map.base + p->map.size);
   pmem_unclean (p);
-  if (p->defer)
+  if (p->defer) {
     pending_mark (p, addr, len);
-  else
+    reuse_note (p, addr, len);
+  } else
     p->map.persist (addr, len);
   return 0;
 }
@@ -150,6 +197,19 @@ store_pmem_write (struct store *s, void *dst, const void *src, size_t len)
   p->map.memcpy (dst, src, len, 0);   /* non-temporal, then a fence */
 }
 
+/* Before slot takes a new folio: the sync reuse_note named, if it is not
+ * done.  A failed sync leaves the slot to be reused anyway (set_index has
+ * no error): the error sticks, so no FLUSH claims power safety again. */
+static void
+pmem_reuse_wait (struct store_pmem *p, uint32_t slot)
+{
+  uint64_t need = __atomic_load_n (&p->reuse_sync[slot], __ATOMIC_RELAXED);
+
+  if (need > __atomic_load_n (&p->syncs_done, __ATOMIC_ACQUIRE))
+    store_pmem_sync_pending (&p->s);
+  __atomic_store_n (&p->reuse_sync[slot], 0, __ATOMIC_RELAXED);
+}
+
 static void
 pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
 {
@@ -159,6 +219,8 @@ pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
   struct pmem_slot *e = pmem_layout_slot (&p->meta, slot);
 
   pmem_unclean (p);
+  if (p->defer && folio_index != STORE_NO_FOLIO)
+    pmem_reuse_wait (p, slot);
   memset (rec + 1, 0, (size_t) s->bitmap_words * sizeof *rec);
   rec[0] = gen;
   e->folio_index = folio_index;
@@ -193,7 +255,8 @@ pmem_sync_runs (struct store_pmem *p)
   size_t run = 0, run_end = 0;   /* the run being gathered, [run, run_end) */
 
   for (size_t t = 0; t < p->top_words; t++) {
-    uint64_t top = __atomic_exchange_n (&p->pending_top[t], 0, __ATOMIC_ACQ_REL);
+    uint64_t top = __atomic_exchange_n (&p->pending_top[t], 0,
+                                        __ATOMIC_SEQ_CST);
     while (top) {
       size_t w = t * 64 + (size_t) __builtin_ctzll (top);
       uint64_t bits = __atomic_exchange_n (&p->pending[w], 0, __ATOMIC_ACQ_REL);
@@ -228,8 +291,11 @@ store_pmem_sync_pending (struct store *s)
   /* Serialised: a second FLUSH must not return while the first is still
    * writing the ranges it took, some of which may be the second's. */
   pthread_mutex_lock (&p->sync_lock);
+  uint64_t n = __atomic_add_fetch (&p->syncs_started, 1, __ATOMIC_SEQ_CST);
   if (p->sync_errno == 0 && pmem_sync_runs (p) == -1)
     p->sync_errno = errno;
+  if (p->sync_errno == 0)
+    __atomic_store_n (&p->syncs_done, n, __ATOMIC_RELEASE);
   /* Linux reports a writeback error once and then marks the pages clean:
    * a later msync would succeed with the data lost, so the error sticks. */
   if (p->sync_errno) {
@@ -261,6 +327,7 @@ pmem_free (struct store_pmem *p)
   pthread_mutex_destroy (&p->sync_lock);
   free (p->pending);
   free (p->pending_top);
+  free (p->reuse_sync);
   free (p->recover);
   free (p);
 }
@@ -349,7 +416,8 @@ pmem_init_pending (struct store_pmem *p)
   p->top_words = (p->pending_words + 63) / 64;
   p->pending = calloc (p->pending_words, sizeof *p->pending);
   p->pending_top = calloc (p->top_words, sizeof *p->pending_top);
-  return p->pending && p->pending_top ? 0 : -1;
+  p->reuse_sync = calloc (p->s.nslots, sizeof *p->reuse_sync);
+  return p->pending && p->pending_top && p->reuse_sync ? 0 : -1;
 }
 
 struct store *
@@ -369,16 +437,16 @@ store_pmem_open_map (struct pmem_map *m,
   pthread_mutex_init (&p->sync_lock, NULL);
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
-  if (pmem_init_pending (p) == -1) {
-    snprintf (err, errlen, "%s: out of memory", cfg->path);
-    errno = ENOMEM;
-    goto fail;
-  }
   p->s.ops = &pmem_ops;
   p->s.nslots = cfg->nslots;
   p->s.folio_size = cfg->folio_size;
   p->s.bitmap_words = p->meta.l.bitmap_words;
   p->blocks = cfg->folio_size / cfg->block_size;
+  if (pmem_init_pending (p) == -1) {
+    snprintf (err, errlen, "%s: out of memory", cfg->path);
+    errno = ENOMEM;
+    goto fail;
+  }
   pmem_init_gen (p);
   return &p->s;
 
@@ -431,11 +499,11 @@ recover_trim (struct store_pmem *p, uint64_t *bits, bool clean,
   uint32_t kept = 0, dirty = 0, unstable = 0;
 
   for (uint32_t b = 0; b < p->blocks; b++) {
-    bool d = pmem_plane_test (bits, p->blocks, PMEM_PLANE_DIRTY, b);
-    bool u = pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b);
+    bool d = pmem_plane_test (bits, p->blocks, FP_DIRTY, b);
+    bool u = pmem_plane_test (bits, p->blocks, FP_UNSTABLE, b);
     if (!clean)
-      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UPTODATE, b, d || u);
-    kept += pmem_plane_test (bits, p->blocks, PMEM_PLANE_UPTODATE, b);
+      pmem_plane_assign (bits, p->blocks, FP_UPTODATE, b, d || u);
+    kept += pmem_plane_test (bits, p->blocks, FP_UPTODATE, b);
     dirty += d;
     unstable += u;
   }
@@ -457,15 +525,15 @@ recover_redirty (struct store_pmem *p, uint64_t *bits)
   bool any = false;
 
   for (uint32_t b = 0; b < p->blocks; b++)
-    if (pmem_plane_test (bits, p->blocks, PMEM_PLANE_UNSTABLE, b)) {
-      pmem_plane_assign (bits, p->blocks, PMEM_PLANE_DIRTY, b, true);
+    if (pmem_plane_test (bits, p->blocks, FP_UNSTABLE, b)) {
+      pmem_plane_assign (bits, p->blocks, FP_DIRTY, b, true);
       any = true;
     }
   if (!any)
     return;
   pmem_persist (&p->s, bits, len);
   for (uint32_t b = 0; b < p->blocks; b++)
-    pmem_plane_assign (bits, p->blocks, PMEM_PLANE_UNSTABLE, b, false);
+    pmem_plane_assign (bits, p->blocks, FP_UNSTABLE, b, false);
   pmem_persist (&p->s, bits, len);
 }
 
@@ -524,6 +592,11 @@ store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
   }
   free (v);
   p->recover = NULL;
+  /* Page store after a kill: the mapping holds what the dead process wrote
+   * (trusted now), the media maybe not yet: sync all of it, or a power cut
+   * later could bring back bits and data older than what was recovered. */
+  if (p->defer)
+    pending_mark (p, p->map.base, p->map.size);
   if (r == 0 && store_pmem_sync_pending (s) == -1)
     r = -1;
   return r;

@@ -39,8 +39,8 @@ tool_dirty (struct store *s, unsigned n)
       s->ops->set_index (s, slot, slot);
     memset (d + blk * 4096, 'a' + blk, 4096);
     s->ops->persist (s, d + blk * 4096, 4096);
-    pmem_plane_assign (bits, 16, PMEM_PLANE_UPTODATE, blk, true);
-    pmem_plane_assign (bits, 16, PMEM_PLANE_DIRTY, blk, true);
+    pmem_plane_assign (bits, 16, FP_UPTODATE, blk, true);
+    pmem_plane_assign (bits, 16, FP_DIRTY, blk, true);
     s->ops->persist (s, bits, 8);
   }
 }

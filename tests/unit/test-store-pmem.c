@@ -96,11 +96,11 @@ fill_slot (struct store *s, uint32_t slot, uint64_t fi, uint32_t blk,
   s->ops->set_index (s, slot, fi);
   memset (d + blk * BLOCK, (int) (fi + blk + 1), BLOCK);
   assert_int_equal (s->ops->persist (s, d + blk * BLOCK, BLOCK), 0);
-  set_bit (bits, PMEM_PLANE_UPTODATE, blk);
+  set_bit (bits, FP_UPTODATE, blk);
   if (dirty)
-    set_bit (bits, PMEM_PLANE_DIRTY, blk);
+    set_bit (bits, FP_DIRTY, blk);
   if (unstable)
-    set_bit (bits, PMEM_PLANE_UNSTABLE, blk);
+    set_bit (bits, FP_UNSTABLE, blk);
   assert_int_equal (s->ops->persist (s, bits, s->bitmap_words * 8), 0);
 }
 
@@ -168,9 +168,9 @@ test_format_reopen_clean (void **state)
   assert_int_equal (w.n, 2);   /* folio order: 5 then 9 */
   assert_int_equal (w.slot[0], 3);
   assert_int_equal (w.folio[0], 5);
-  assert_true (test_bit (&w.bits[0], PMEM_PLANE_UPTODATE, 2)); /* clean: kept */
+  assert_true (test_bit (&w.bits[0], FP_UPTODATE, 2)); /* clean: kept */
   assert_int_equal (w.slot[1], 6);
-  assert_true (test_bit (&w.bits[1], PMEM_PLANE_DIRTY, 0));
+  assert_true (test_bit (&w.bits[1], FP_DIRTY, 0));
   assert_int_equal (rec.dirty_blocks, 1);
   const unsigned char *d = s->ops->data (s, 3);
   assert_int_equal (d[2 * BLOCK], 5 + 2 + 1);
@@ -193,9 +193,9 @@ test_unclean_trusts_dirty_only (void **state)
   fill_slot (s, 1, 2, 3, false, false);   /* set_index again: bits cleared */
   fill_slot (s, 2, 3, 4, false, true);
   uint64_t *bits = s->ops->bitmap (s, 2);
-  set_bit (bits, PMEM_PLANE_UPTODATE, 5);   /* clean neighbour: dropped */
-  set_bit (bits, PMEM_PLANE_DIRTY, 6);
-  set_bit (bits, PMEM_PLANE_UPTODATE, 6);
+  set_bit (bits, FP_UPTODATE, 5);   /* clean neighbour: dropped */
+  set_bit (bits, FP_DIRTY, 6);
+  set_bit (bits, FP_UPTODATE, 6);
   s->ops->persist (s, bits, 8);
   store_destroy (s);
 
@@ -205,9 +205,9 @@ test_unclean_trusts_dirty_only (void **state)
   assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
-  assert_true (test_bit (&w.bits[0], PMEM_PLANE_UPTODATE, 4));
-  assert_false (test_bit (&w.bits[0], PMEM_PLANE_UPTODATE, 5));
-  assert_true (test_bit (&w.bits[0], PMEM_PLANE_UPTODATE, 6));
+  assert_true (test_bit (&w.bits[0], FP_UPTODATE, 4));
+  assert_false (test_bit (&w.bits[0], FP_UPTODATE, 5));
+  assert_true (test_bit (&w.bits[0], FP_UPTODATE, 6));
   assert_int_equal (rec.folios, 1);
   assert_int_equal (rec.dropped, 2);
   assert_int_equal (rec.dirty_blocks, 1);
@@ -474,7 +474,7 @@ test_recover_stale_and_duplicate (void **state)
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
   assert_int_equal (w.folio[0], 4);
-  assert_true (test_bit (&w.bits[0], PMEM_PLANE_DIRTY, 1));
+  assert_true (test_bit (&w.bits[0], FP_DIRTY, 1));
   assert_int_equal (rec.dropped, 2);
   store_destroy (s);
 }
