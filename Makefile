@@ -6,6 +6,7 @@
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-tsan the unit tests under ThreadSanitizer (build-tsan)
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
+#   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -98,7 +99,7 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean \
+        check-valgrind check-model-long check-vm check-vm-pmem bench install uninstall clean \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
 
@@ -225,6 +226,13 @@ check-model-long: all
 check-vm: deps
 	$(MAKE) $(FOLIOD)
 	$(TEST_ENV) tests/run-tests tests/test-vm.sh
+
+# foliod inside a qemu guest with its pmem store on ext4 -o dax over an
+# emulated NVDIMM, a hard reset while writing, recovery on a second boot;
+# also part of "make check" as tests/test-vm-pmem.sh.
+check-vm-pmem: deps
+	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
+	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
