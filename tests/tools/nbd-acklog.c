@@ -4,12 +4,12 @@
  *     writes ranges 0 .. N-1 (4 in flight, a FLUSH after every 8th, FUA
  *     on every 5th) and prints "ack I" once the server has answered range
  *     I; with RESET_AFTER, the moment that many are acknowledged (the
- *     others still in flight) it resets the machine through
- *     /proc/sysrq-trigger;
- *   nbd-acklog verify URI|PATH SEED M SKIP[,SKIP...] ZEROS
+ *     others still in flight) it prints "resetting: N acked, ranges 0-I
+ *     issued" and resets the machine through /proc/sysrq-trigger;
+ *   nbd-acklog verify URI|PATH SEED M SKIP[,SKIP...] Z ZEROS
  *     checks that every range below M but the SKIP ones (-: none) holds
- *     its data and that the ZEROS ranges from M + 4 on (never written)
- *     read as zeros; prints "verify: ..." and exits 1 on a mismatch.
+ *     its data and that the ZEROS ranges from Z on (never written) read
+ *     as zeros; prints "verify: ..." and exits 1 on a mismatch.
  *
  * Range I is the bytes [I * STRIDE + a, + b) with a < 4096 and
  * b <= STRIDE - 4096 drawn from (SEED, I): unaligned, straddling folios,
@@ -88,10 +88,12 @@ struct writer {
 /* Power off the machine now, without sync: the test's "power cut".  The
  * console gets the acks printed so far first (tcdrain). */
 static void
-writer_reset (void)
+writer_reset (const struct writer *w)
 {
   int fd = open ("/proc/sysrq-trigger", O_WRONLY);
 
+  printf ("resetting: %" PRIu64 " acked, ranges 0-%" PRIu64 " issued\n",
+          w->acked, w->next - 1);
   fflush (stdout);
   tcdrain (STDOUT_FILENO);
   if (fd == -1 || write (fd, "b", 1) != 1)
@@ -116,7 +118,7 @@ writer_done (void *user_data, int *error)
   printf ("ack %" PRIu64 "\n", ref->index);
   fflush (stdout);
   if (++w->acked == w->reset_after)
-    writer_reset ();
+    writer_reset (w);
   return 1;
 }
 
@@ -258,7 +260,7 @@ range_check (struct source *src, uint64_t seed, uint64_t i, bool zeros,
 
 static int
 cmd_verify (const char *where, uint64_t seed, uint64_t m, const char *skips,
-            uint64_t zeros)
+            uint64_t zfrom, uint64_t zeros)
 {
   struct source src;
   unsigned char *got = malloc (STRIDE), *want = malloc (STRIDE);
@@ -266,9 +268,9 @@ cmd_verify (const char *where, uint64_t seed, uint64_t m, const char *skips,
 
   if (got == NULL || want == NULL || source_open (&src, where) == -1)
     return 1;
-  for (uint64_t i = 0; i < m + DEPTH + zeros; i++) {
-    bool z = i >= m + DEPTH;
-    if ((i < m && skipped (skips, i)) || (i >= m && !z))
+  for (uint64_t i = 0; i < m || i < zfrom + zeros; i++) {
+    bool z = i >= zfrom && i - zfrom < zeros;
+    if (!z && (i >= m || skipped (skips, i)))
       continue;
     checked++;
     if (!range_check (&src, seed, i, z, got, want)) {
@@ -291,11 +293,12 @@ main (int argc, char **argv)
     return cmd_write (argv[2], strtoull (argv[3], NULL, 0),
                       strtoull (argv[4], NULL, 0),
                       argc == 6 ? strtoull (argv[5], NULL, 0) : 0);
-  if (argc == 7 && strcmp (argv[1], "verify") == 0)
+  if (argc == 8 && strcmp (argv[1], "verify") == 0)
     return cmd_verify (argv[2], strtoull (argv[3], NULL, 0),
                        strtoull (argv[4], NULL, 0), argv[5],
-                       strtoull (argv[6], NULL, 0));
+                       strtoull (argv[6], NULL, 0),
+                       strtoull (argv[7], NULL, 0));
   fprintf (stderr, "usage: nbd-acklog write URI SEED N [RESET_AFTER] | "
-           "verify URI|PATH SEED M SKIPS ZEROS\n");
+           "verify URI|PATH SEED M SKIPS Z ZEROS\n");
   return 2;
 }
