@@ -31,6 +31,8 @@ q qemu-img compare -f qcow2 -F raw "$tmp/src.qcow2" "$tmp/img" ||
   fail "the backing file after SIGTERM differs"
 
 start_foliod --export "$spec"
+grep -q 'store pmem:.*: last shutdown clean; recovered' "$FOLIOD_LOG" ||
+  fail "no warm restart in the log: $(tail -n 5 "$FOLIOD_LOG")"
 q qemu-img compare -f qcow2 -F raw "$tmp/src.qcow2" "$U" || fail "compare after restart"
 q qemu-img convert -f raw -O qcow2 "$U" "$tmp/back.qcow2"
 q qemu-img compare -f qcow2 -F qcow2 "$tmp/src.qcow2" "$tmp/back.qcow2" ||
