@@ -189,6 +189,8 @@ cmd_write (const char *uri, uint64_t seed, uint64_t n, uint64_t reset_after)
     goto err;
   printf ("written %" PRIu64 "\n", n);
   nbd_close (w.h);
+  for (unsigned s = 0; s < DEPTH; s++)
+    free (w.buf[s]);
   return 0;
 err:
   if (!w.failed)
@@ -283,6 +285,10 @@ cmd_verify (const char *where, uint64_t seed, uint64_t m, const char *skips,
           where, checked, bad);
   if (src.h)
     nbd_close (src.h);
+  else
+    close (src.fd);
+  free (got);
+  free (want);
   return bad == 0 ? 0 : 1;
 }
 
