@@ -99,7 +99,7 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm check-vm-pmem bench install uninstall clean \
+        check-valgrind check-model-long check-vm bench install uninstall clean \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
 
@@ -230,6 +230,7 @@ check-vm: deps
 # foliod inside a qemu guest with its pmem store on ext4 -o dax over an
 # emulated NVDIMM, a hard reset while writing, recovery on a second boot;
 # also part of "make check" as tests/test-vm-pmem.sh.
+.PHONY: check-vm-pmem
 check-vm-pmem: deps
 	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
 	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
