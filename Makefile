@@ -7,6 +7,7 @@
 #   make check-tsan the unit tests under ThreadSanitizer (build-tsan)
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
+#   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -237,6 +238,14 @@ check-vm: deps
 check-vm-systemd: deps
 	$(MAKE) all
 	$(TEST_ENV) tests/run-tests tests/test-vm-systemd.sh
+
+# foliod inside a qemu guest with its pmem store on ext4 -o dax over an
+# emulated NVDIMM, a hard reset while writing, recovery on a second boot;
+# also part of "make check" as tests/test-vm-pmem.sh.
+.PHONY: check-vm-pmem
+check-vm-pmem: deps
+	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
+	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
