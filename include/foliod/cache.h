@@ -75,6 +75,9 @@ struct cache_stats {
   uint64_t evictions;
   uint64_t writeback_errors, read_errors;
   uint64_t throttle_waits;
+  uint64_t flush_ops;         /* cache_flush calls answered */
+  uint64_t flush_passes;      /* passes run for them (several share one) */
+  uint64_t flush_waiting;     /* now: flushes waiting for a pass to start */
 };
 
 struct cache;
@@ -107,7 +110,9 @@ int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
 int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Write back all dirty data and flush the backing.  A writeback error
- * leaves the data dirty (it is retried) and is returned here. */
+ * leaves the data dirty (it is retried) and is returned here.  Concurrent
+ * calls share one pass: each is answered by a pass that began after it
+ * was called, and gets that pass's result. */
 int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Bring the range into the cache (NBD_CMD_CACHE). */
 int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)

@@ -10,6 +10,8 @@
  *                      taken in ascending stripe order only (range_lock);
  *                      anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
+ * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
+ * is held while it is, and it is not held across a flush's pass.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
  */
@@ -29,6 +31,7 @@
 #include "foliod/stat.h"
 #include "foliod/store.h"
 #include "cache/fidx.h"
+#include "cache/flush-group.h"
 
 /* Ranges.  Inside the cache every range is half-open, [start, end): of
  * bytes, blocks (global numbers, or numbers inside one folio) or folios.
@@ -105,6 +108,8 @@ struct cache {
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
+  struct flush_group flush_group; /* concurrent cache_flush share passes */
+  bool flush_group_ok;
   pthread_mutex_t wb_mutex;
   pthread_t wb_thread;
   bool wb_running, wb_kick;

@@ -88,6 +88,9 @@ cache_init_locks (struct cache *c)
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;
+  if (flush_group_init (&c->flush_group) != 0)
+    return -1;
+  c->flush_group_ok = true;
   return 0;
 }
 
@@ -230,6 +233,8 @@ cache_free (struct cache *c)
     free (pthread_getspecific (c->bounce_key));
     pthread_key_delete (c->bounce_key);
   }
+  if (c->flush_group_ok)
+    flush_group_destroy (&c->flush_group);
   free (c);
 }
 
@@ -264,9 +269,10 @@ cache_destroy (struct cache *c)
  * error once, which is how a retried fsync came to claim lost data
  * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
  * until the next flush would make direct I/O cost cache memory. */
-int
-cache_flush (struct cache *c)
+static int
+cache_flush_pass (void *arg)
 {
+  struct cache *c = arg;
   int err = 0, r;
 
   lock_or_die (&c->wb_mutex);
@@ -293,11 +299,15 @@ cache_flush (struct cache *c)
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
   unlock_or_die (&c->lock);
-  if (err) {
-    errno = err;
-    return -1;
-  }
-  return 0;
+  return err;
+}
+
+/* Concurrent flushes share one pass (flush-group.h): eight clients that
+ * flush after every write pay one backing flush, not eight in a row. */
+int
+cache_flush (struct cache *c)
+{
+  return flush_group_run (&c->flush_group, cache_flush_pass, c);
 }
 
 int
@@ -343,6 +353,8 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
 #undef G
+  flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
+                     &s->flush_passes);
   lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;
