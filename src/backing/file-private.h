@@ -26,6 +26,8 @@ struct file_bounce {
 struct file_backing {
   struct backing b;             /* first: the cache sees only this */
   int fd;                       /* O_DIRECT when b.direct, else == fd_buf */
+  int fd_dio;                   /* the O_DIRECT fd (== fd when b.direct), or
+                                 * -1: writes with BACKING_DIRECT use it */
   int fd_buf;                   /* buffered fd: tail past direct_end */
   int fd_flush;                 /* flush's own open of the file: Linux
                                  * reports a writeback error once per open
@@ -34,8 +36,10 @@ struct file_backing {
                                  * the next flush */
   int is_blk;                   /* block device */
   uint32_t sector;              /* logical sector size (block device) */
+  uint32_t dio_align;           /* offset and length alignment O_DIRECT
+                                 * needs (b.io_align when b.direct) */
   uint32_t mem_align;           /* buffer alignment O_DIRECT needs */
-  uint64_t direct_end;          /* size rounded down to io_align; O_DIRECT
+  uint64_t direct_end;          /* size rounded down to dio_align; O_DIRECT
                                  * only below, the partial last sector goes
                                  * through fd_buf so the file never grows */
 

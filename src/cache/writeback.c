@@ -8,6 +8,12 @@
 #include "cache/cache-int.h"
 #include "foliod/util.h"
 
+/* Runs at least this long go out with BACKING_DIRECT: for a stream, the
+ * copy into the host's page cache (and its writeback) costs more CPU than
+ * the device write, and the data is cached here already; short runs stay
+ * buffered, where the kernel merges them before the flush. */
+#define WB_DIRECT_MIN (256u << 10)
+
 /* Write global blocks [start, end), all dirty and cached in w. */
 static int
 wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
@@ -32,7 +38,8 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
     }
     src = bounce;
   }
-  r = io_write (c, src, len, off, flags);
+  r = io_write (c, src, len, off,
+                flags | (len >= WB_DIRECT_MIN ? BACKING_DIRECT : 0));
   if (r == -1) {
     int err = errno;
     STAT_ADD (c, writeback_errors, 1);
@@ -128,6 +135,25 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
   return true;
 }
 
+/* After each batch of a pass, for writers waiting (for room or below the
+ * dirty limit): wake them to see what the pass has cleaned so far, rather
+ * than at its end, so that they fill while writeback writes.  A background
+ * pass also flushes the backing once unstable blocks pin a tenth of the
+ * cache (dirty_background), so that they become evictable.  Not a flush's
+ * pass: cache_flush settles at the end, where it checks for lost writes
+ * (a loss found here would leave blocks dirty behind its cursor). */
+static void
+wb_pass_progress (struct cache *c, bool all)
+{
+  if (atomic_load (&c->space_waiters) == 0)
+    return;
+  if (!all && STAT_GET (c, unstable_bytes) >= c->dirty_background)
+    (void) wb_stabilize (c);    /* a failure is kept in flush_failing */
+  lock_or_die (&c->lock);
+  pthread_cond_broadcast (&c->space_cv);
+  unlock_or_die (&c->lock);
+}
+
 /* One pass over the dirty folios (caller holds wb_mutex).  all: write
  * everything (flush); else only what background policy wants, starting at
  * the cursor.  Returns folios written; *err gets the first error. */
@@ -165,6 +191,7 @@ wb_pass (struct cache *c, bool all, int *err)
       window_end (c, &w);
       written += (int) (w.end - w.start);
       fi = w.end;
+      wb_pass_progress (c, all);
       /* Retry the backing, not each run: a remote that is down has been
        * waited for once (its retry window); the next pass tries again. */
       if (backing_unreachable (*err))
