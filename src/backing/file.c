@@ -850,10 +850,11 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   fb->fd = fb->fd_buf;
   if (open_sizes (fb, path, err, errlen) == -1)
     goto fail;
-  /* Writable and buffered: large writes the cache writes back may still
-   * skip the page cache (BACKING_DIRECT), the copy costing more than the
-   * device write. */
-  if ((o->direct || !o->read_only) &&
+  /* A writable, buffered regular file: large writes the cache writes back
+   * may still skip the page cache (BACKING_DIRECT), the copy costing more
+   * than the device write (measured on files; block devices stay as they
+   * were, their writes reaching the device through its page cache). */
+  if ((o->direct || (!o->read_only && !fb->is_blk)) &&
       open_direct (fb, path, flags, o->direct, test_flags, err, errlen) == -1)
     goto fail;
 

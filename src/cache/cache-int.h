@@ -2,6 +2,9 @@
  *
  * Locks, in the order they are taken:
  *   1. wb_mutex        serialises writeback passes (flush, background);
+ *   1b. walk_lock      the pass under way, shared with the writeback
+ *                      helpers (wb-walk.c); held while a batch's stripes
+ *                      are taken, never across its backing I/O;
  *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state, data and
  *                      backing I/O of folio number i, *whether or not the
  *                      folio is cached*: holding it means no one else reads
@@ -41,6 +44,7 @@
 
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+#define WB_HELPERS 3u     /* threads that join a writeback pass's owner */
 /* range_lock takes each stripe of a window once only because a window
  * has fewer folios than there are stripes. */
 _Static_assert (WINDOW_MAX < NSTRIPES, "a window must not wrap the stripes");
@@ -108,6 +112,13 @@ struct cache {
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
+  pthread_mutex_t walk_lock;
+  pthread_cond_t walk_cv;   /* under walk_lock: a pass began, a batch or a
+                             * mid-pass flush ended, stop */
+  struct wb_walk *walk;     /* the pass under way, or NULL; walk_lock */
+  bool walk_stop;           /* walk_lock */
+  pthread_t wb_helpers[WB_HELPERS];
+  unsigned nr_helpers;
   struct flush_group flush_group; /* concurrent cache_flush share passes */
   bool flush_group_ok;
   pthread_mutex_t wb_mutex;
@@ -277,7 +288,19 @@ int cache_map (struct cache *c, uint64_t start, uint64_t end,
  * window, merging runs across folios.  0 or -1/errno (blocks stay dirty). */
 int wb_window (struct cache *c, struct window *w, uint64_t start,
                uint64_t end, unsigned backing_flags);
+/* Is folio f worth writing in this pass (a hint without its stripe)? */
+bool wb_wanted (struct cache *c, const struct folio *f, bool all);
+/* Lock the dirty folio fi and the folios its dirty run goes on into
+ * (wb_window's batch).  false if fi is no longer worth writing. */
+bool wb_batch_begin (struct cache *c, struct window *w, uint64_t fi,
+                     bool all);
+/* One pass over the dirty folios (caller holds wb_mutex), walked with the
+ * helpers (wb-walk.c).  all: write everything (flush); else only what the
+ * background policy wants, starting at the cursor.  Returns folios
+ * written; *err gets the first error. */
 int wb_pass (struct cache *c, bool all, int *err);
+int wb_helpers_start (struct cache *c);
+void wb_helpers_stop (struct cache *c);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */

@@ -81,10 +81,12 @@ cache_init_locks (struct cache *c)
     bad |= pthread_mutex_init (&c->stripes[i], &ma);
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
+  bad |= pthread_mutex_init (&c->walk_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* Both are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
+      pthread_cond_init (&c->walk_cv, NULL) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;
@@ -196,9 +198,12 @@ cache_start_writeback (struct cache *c)
 
   if (c->wb_running)
     return 0;
+  if (wb_helpers_start (c) == -1)
+    return -1;
   atomic_store (&c->wb_stop, false);
   r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
   if (r != 0) {
+    wb_helpers_stop (c);
     errno = r;
     return -1;
   }
@@ -216,6 +221,7 @@ cache_stop_writeback (struct cache *c)
   pthread_cond_signal (&c->wb_cv);
   unlock_or_die (&c->lock);
   pthread_join (c->wb_thread, NULL);
+  wb_helpers_stop (c);
   c->wb_running = false;
 }
 
