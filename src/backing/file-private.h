@@ -14,6 +14,12 @@
  * pieces of this size. */
 #define FILE_BOUNCE_SIZE (1u << 20)
 
+/* Reads at least this long use the O_DIRECT fd where there is one, even
+ * when the backing is buffered: the cache above keeps what it reads, and a
+ * second copy in the page cache would cost the copy (and, for a stream,
+ * the memory) for nothing; shorter reads keep the kernel's readahead. */
+#define FILE_DIRECT_READ_MIN (256u << 10)
+
 /* Read-modify-write of a partial edge sector holds one of these locks
  * (chosen by sector number), so two partial writes into different bytes
  * of the same sector cannot lose each other's update. */

@@ -295,8 +295,8 @@ file_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 
   if (check_range (b, len, off) == -1)
     return -1;
-  if (!b->direct)
-    return pread_exact (fb->fd, buf, len, off);
+  if (!b->direct && !(len >= FILE_DIRECT_READ_MIN && fb->fd_dio >= 0))
+    return pread_exact (fb->fd_buf, buf, len, off);
   dlen = off < fb->direct_end ? MIN (len, fb->direct_end - off) : 0;
   if (dlen && dio_read (fb, buf, dlen, off) == -1)
     return -1;
