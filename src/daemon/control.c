@@ -75,7 +75,8 @@ enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_CLIENT_FLUSHES,
+  M_FLUSH_PASSES, M_SIZE, M_COUNT
 };
 
 static const struct {
@@ -125,6 +126,12 @@ static const struct {
                     "Clean folios evicted to make room." },
   [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
                   "Flushes sent to the backing." },
+  [M_CLIENT_FLUSHES] = { "foliod_flushes_total", "counter",
+                         "Client flushes answered (FLUSH, and FUA without "
+                         "data)." },
+  [M_FLUSH_PASSES] = { "foliod_flush_passes_total", "counter",
+                       "Writeback passes run for them: concurrent flushes "
+                       "share one." },
   [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
 };
 
@@ -161,6 +168,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
+  v[M_CLIENT_FLUSHES] = st.flush_ops;
+  v[M_FLUSH_PASSES] = st.flush_passes;
   v[M_SIZE] = ex->size;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
