@@ -14,6 +14,22 @@
  * buffered, where the kernel merges them before the flush. */
 #define WB_DIRECT_MIN (256u << 10)
 
+/* Do the folios of global blocks [start, end) lie one after the other in
+ * the store's memory (one folio; or slots handed out in order, as a
+ * stream gets them), so that the run needs no bounce copy? */
+static bool
+wb_run_contiguous (struct cache *c, struct window *w, uint64_t start,
+                   uint64_t end)
+{
+  uint32_t bpf = c->blocks_per_folio;
+  size_t fsize = (size_t) 1 << c->folio_shift;
+
+  for (uint64_t fi = start / bpf + 1; fi <= (end - 1) / bpf; fi++)
+    if (w->f[fi - w->start]->data != w->f[fi - 1 - w->start]->data + fsize)
+      return false;
+  return true;
+}
+
 /* Write global blocks [start, end), all dirty and cached in w. */
 static int
 wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
@@ -25,7 +41,7 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
   const unsigned char *src;
   int r;
 
-  if ((end - 1) / bpf == start / bpf)
+  if (wb_run_contiguous (c, w, start, end))
     src = f->data + block_pos (c, start % bpf);
   else {
     unsigned char *bounce = io_bounce (c);
