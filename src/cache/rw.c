@@ -193,7 +193,16 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     flags |= CACHE_FUA;
   cache_iter_init (&it, c, off, len,
                    CI_ALLOC | (flags & CACHE_FUA ? 0 : CI_THROTTLE));
+  /* Without a native FUA the backing flushes once per FUA write (a file:
+   * fdatasync): leave the blocks dirty and join a flush instead, so that
+   * concurrent FUA writes (and writethrough) share a pass and a backing
+   * flush (flush-group.h). */
+  bool grouped = (flags & CACHE_FUA) && !(c->b->caps & BACKING_CAN_FUA);
+  if (grouped)
+    flags &= ~CACHE_FUA;
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
+  if (r == 0 && grouped)
+    r = cache_flush (c);
   return r;
 }

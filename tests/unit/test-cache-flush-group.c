@@ -60,6 +60,9 @@ gate_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
   return 0;
 }
 
+static int gate_flush (struct backing *b);
+
+/* No native FUA (as a file): a FUA write is a write and a flush. */
 static int
 gate_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
             unsigned flags)
@@ -67,10 +70,8 @@ gate_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   struct gate_backing *g = to_gate (b);
   pthread_mutex_lock (&g->lock);
   memcpy (g->data + off, buf, len);
-  if (flags & BACKING_FUA)
-    memcpy (g->durable + off, buf, len);
   pthread_mutex_unlock (&g->lock);
-  return 0;
+  return flags & BACKING_FUA ? gate_flush (b) : 0;
 }
 
 static int
@@ -356,8 +357,9 @@ test_group_shares_pass_and_error (void **state)
   gate_done (g, c);
 }
 
-/* Eight clients that flush after every write: far fewer backing flushes
- * than flushes, and each client's write is durable when its flush returns. */
+/* Eight clients that flush after every write (or write with FUA): far
+ * fewer backing flushes than flushes, and each client's write is durable
+ * when its flush (its FUA write) returns. */
 #define NT 8
 #define ROUNDS 40
 struct client {
@@ -365,6 +367,7 @@ struct client {
   struct cache *c;
   struct gate_backing *g;
   unsigned id;
+  bool fua;
   atomic_int bad;
 };
 
@@ -376,8 +379,9 @@ client_main (void *arg)
 
   for (unsigned i = 1; i <= ROUNDS; i++) {
     memset (buf, (int) i, BS);
-    if (cache_write (k->c, buf, BS, (uint64_t) k->id * BS, 0) == -1 ||
-        cache_flush (k->c) == -1 ||
+    if (cache_write (k->c, buf, BS, (uint64_t) k->id * BS,
+                     k->fua ? CACHE_FUA : 0) == -1 ||
+        (!k->fua && cache_flush (k->c) == -1) ||
         !gate_durable_is (k->g, k->id, (unsigned char) i))
       atomic_fetch_add (&k->bad, 1);
   }
@@ -385,9 +389,8 @@ client_main (void *arg)
 }
 
 static void
-test_concurrent_flushes_share (void **state)
+concurrent_clients (bool fua)
 {
-  (void) state;
   struct gate_backing *g = gate_new ();
   struct cache *c = gate_cache (g);
   struct client k[NT];
@@ -395,7 +398,7 @@ test_concurrent_flushes_share (void **state)
 
   gate_set (g, false, 0, 2000);  /* a flush takes 2 ms, as a disk's would */
   for (unsigned i = 0; i < NT; i++) {
-    k[i] = (struct client) { .c = c, .g = g, .id = i };
+    k[i] = (struct client) { .c = c, .g = g, .id = i, .fua = fua };
     assert_int_equal (pthread_create (&k[i].t, NULL, client_main, &k[i]), 0);
   }
   for (unsigned i = 0; i < NT; i++) {
@@ -403,13 +406,28 @@ test_concurrent_flushes_share (void **state)
     assert_int_equal (atomic_load (&k[i].bad), 0);
   }
   cache_get_stats (c, &st);
-  printf ("%u flushes, %u backing flushes, %" PRIu64 " passes\n",
-          NT * ROUNDS, gate_entered (g), st.flush_passes);
+  printf ("%u %s, %u backing flushes, %" PRIu64 " passes\n",
+          NT * ROUNDS, fua ? "FUA writes" : "flushes", gate_entered (g),
+          st.flush_passes);
   /* Serialised one by one, nearly every flush found new writes and paid
    * its own backing flush. */
   assert_true (gate_entered (g) <= NT * ROUNDS / 2);
   assert_int_equal (st.flush_ops, NT * ROUNDS);
   gate_done (g, c);
+}
+
+static void
+test_concurrent_flushes_share (void **state)
+{
+  (void) state;
+  concurrent_clients (false);
+}
+
+static void
+test_concurrent_fua_writes_share (void **state)
+{
+  (void) state;
+  concurrent_clients (true);
 }
 
 int
@@ -419,6 +437,7 @@ main (void)
     cmocka_unit_test (test_flush_waits_for_next_pass),
     cmocka_unit_test (test_group_shares_pass_and_error),
     cmocka_unit_test (test_concurrent_flushes_share),
+    cmocka_unit_test (test_concurrent_fua_writes_share),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
