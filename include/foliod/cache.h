@@ -96,13 +96,17 @@ struct cache *cache_create (struct backing *b, struct store *store,
  * when dirty or unstable data was still cached: it is lost. */
 int cache_destroy (struct cache *c) FOLIOD_WUR;
 
-/* Start/stop the background writeback thread (cache_create starts it;
- * nbdkit forks after loading plugins, so its adapter restarts it). */
+/* Start/stop the background writeback thread and its helpers
+ * (cache_create starts them; nbdkit forks after loading plugins, so its
+ * adapter restarts them). */
 int cache_start_writeback (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
 
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
+/* With CACHE_FUA on a backing without native FUA (a file), the write is
+ * made durable by a cache_flush, shared with concurrent ones, whose
+ * result it returns. */
 int cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
                  unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
