@@ -83,10 +83,10 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
   bad |= pthread_mutex_init (&c->walk_lock, &ma);
   pthread_mutexattr_destroy (&ma);
-  /* Both are waited on with timeouts (cond_wait_ms). */
+  /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
-      pthread_cond_init (&c->walk_cv, NULL) != 0 ||
+      cond_init_monotonic (&c->walk_cv) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "cache/cache-int.h"
+#include "foliod/util.h"
 
 /* A pass under way; walk_lock. */
 struct wb_walk {
@@ -24,6 +25,17 @@ struct wb_walk {
   int err;                      /* the first error */
   int written;                  /* folios */
 };
+
+/* Helpers join a flush's pass (a client waits for it) and a background
+ * pass that writers wait on; a background pass nobody waits for goes at
+ * one thread's pace and leaves the cores to the requests. */
+#define WALK_POLL_MS 10
+
+static bool
+walk_wants_helpers (struct cache *c, const struct wb_walk *wk)
+{
+  return wk->all || atomic_load (&c->space_waiters) > 0;
+}
 
 static void
 walk_wait (struct cache *c)
@@ -106,6 +118,12 @@ walk_work (struct cache *c, bool owner)
   struct window w;
 
   while ((wk = c->walk) != NULL && !wk->over) {
+    if (!owner && !walk_wants_helpers (c, wk)) {
+      /* Looked at again soon: the throttle cannot wake us (it holds
+       * c->lock, which comes after walk_lock). */
+      cond_wait_ms (&c->walk_cv, &c->walk_lock, WALK_POLL_MS);
+      continue;
+    }
     if (wk->sync_wanted) {
       if (owner)
         walk_sync (c, wk);
