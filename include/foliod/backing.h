@@ -26,6 +26,9 @@
 #define BACKING_FUA        (1u << 0) /* durable before the op returns */
 #define BACKING_MAY_TRIM   (1u << 1) /* zero: punching a hole is fine */
 #define BACKING_FAST_ZERO  (1u << 2) /* zero: fail with ENOTSUP unless fast */
+#define BACKING_DIRECT     (1u << 3) /* write: a hint, bypass the host's page
+                                      * cache where the backing can (a large
+                                      * run the cache holds already) */
 
 /* Capabilities, in struct backing.caps. */
 #define BACKING_CAN_TRIM       (1u << 0)

@@ -83,6 +83,9 @@ struct cache_stats {
   uint64_t evictions;
   uint64_t writeback_errors, read_errors;
   uint64_t throttle_waits;
+  uint64_t flush_ops;         /* cache_flush calls answered */
+  uint64_t flush_passes;      /* passes run for them (several share one) */
+  uint64_t flush_waiting;     /* now: flushes waiting for a pass to start */
 };
 
 struct cache;
@@ -101,13 +104,17 @@ struct cache *cache_create (struct backing *b, struct store *store,
  * when dirty or unstable data was still cached: it is lost. */
 int cache_destroy (struct cache *c) FOLIOD_WUR;
 
-/* Start/stop the background writeback thread (cache_create starts it;
- * nbdkit forks after loading plugins, so its adapter restarts it). */
+/* Start/stop the background writeback thread and its helpers
+ * (cache_create starts them; nbdkit forks after loading plugins, so its
+ * adapter restarts them). */
 int cache_start_writeback (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
 
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
+/* With CACHE_FUA on a backing without native FUA (a file), the write is
+ * made durable by a cache_flush, shared with concurrent ones, whose
+ * result it returns. */
 int cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
                  unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
@@ -118,7 +125,9 @@ int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
  * backing (and sync a pmem store).  flush=store: make what was written
  * persistent in the store only (the backing gets it by background
  * writeback).  A writeback error leaves the data dirty (it is retried)
- * and is returned here. */
+ * and is returned here.  Concurrent calls that write back share one pass:
+ * each is answered by a pass that began after it was called, and gets
+ * that pass's result. */
 int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Write back all dirty data, flush the backing, sync the store, whatever
  * the flush mode: shutdown, foliod flush, foliod store writeback. */

@@ -14,6 +14,12 @@
  * pieces of this size. */
 #define FILE_BOUNCE_SIZE (1u << 20)
 
+/* Reads at least this long use the O_DIRECT fd where there is one, even
+ * when the backing is buffered: the cache above keeps what it reads, and a
+ * second copy in the page cache would cost the copy (and, for a stream,
+ * the memory) for nothing; shorter reads keep the kernel's readahead. */
+#define FILE_DIRECT_READ_MIN (256u << 10)
+
 /* Read-modify-write of a partial edge sector holds one of these locks
  * (chosen by sector number), so two partial writes into different bytes
  * of the same sector cannot lose each other's update. */
@@ -26,6 +32,8 @@ struct file_bounce {
 struct file_backing {
   struct backing b;             /* first: the cache sees only this */
   int fd;                       /* O_DIRECT when b.direct, else == fd_buf */
+  int fd_dio;                   /* the O_DIRECT fd (== fd when b.direct), or
+                                 * -1: writes with BACKING_DIRECT use it */
   int fd_buf;                   /* buffered fd: tail past direct_end */
   int fd_flush;                 /* flush's own open of the file: Linux
                                  * reports a writeback error once per open
@@ -34,8 +42,10 @@ struct file_backing {
                                  * the next flush */
   int is_blk;                   /* block device */
   uint32_t sector;              /* logical sector size (block device) */
+  uint32_t dio_align;           /* offset and length alignment O_DIRECT
+                                 * needs (b.io_align when b.direct) */
   uint32_t mem_align;           /* buffer alignment O_DIRECT needs */
-  uint64_t direct_end;          /* size rounded down to io_align; O_DIRECT
+  uint64_t direct_end;          /* size rounded down to dio_align; O_DIRECT
                                  * only below, the partial last sector goes
                                  * through fd_buf so the file never grows */
 

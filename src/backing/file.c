@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,7 +115,7 @@ bounce_get (struct file_backing *fb)
   unlock_or_die (&fb->pool_lock);
   if (p)
     return p;
-  r = posix_memalign (&mem, MAX (fb->b.io_align, 4096u), FILE_BOUNCE_SIZE);
+  r = posix_memalign (&mem, MAX (fb->dio_align, 4096u), FILE_BOUNCE_SIZE);
   if (r != 0) {
     errno = r;
     return NULL;
@@ -143,7 +144,7 @@ buf_aligned (struct file_backing *fb, const void *p)
 static int
 dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
 {
-  const uint64_t a = fb->b.io_align, end = off + len;
+  const uint64_t a = fb->dio_align, end = off + len;
   uint64_t pos = off;
   char *bounce = NULL;
   int ret = 0;
@@ -153,7 +154,7 @@ dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
     uint64_t body = ROUND_DOWN (end - pos, a);
 
     if (pos % a == 0 && body > 0 && buf_aligned (fb, dst)) {
-      if (pread_exact (fb->fd, dst, body, pos) == -1)
+      if (pread_exact (fb->fd_dio, dst, body, pos) == -1)
         goto fail;
       pos += body;
       continue;
@@ -164,7 +165,7 @@ dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
     uint64_t cend = MIN (end, we);
     if (!bounce && !(bounce = bounce_get (fb)))
       goto fail;
-    if (pread_exact (fb->fd, bounce, we - ws, ws) == -1)
+    if (pread_exact (fb->fd_dio, bounce, we - ws, ws) == -1)
       goto fail;
     memcpy (dst, bounce + (pos - ws), cend - pos);
     pos = cend;
@@ -181,7 +182,7 @@ dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
 static pthread_mutex_t *
 rmw_lock_for (struct file_backing *fb, uint64_t sector_off)
 {
-  return &fb->rmw_lock[(sector_off / fb->b.io_align) % FILE_RMW_STRIPES];
+  return &fb->rmw_lock[(sector_off / fb->dio_align) % FILE_RMW_STRIPES];
 }
 
 /* Write one bounced window [ws, we) holding [pos, cend) of new data from
@@ -190,7 +191,7 @@ static int
 dio_write_window (struct file_backing *fb, char *bounce, const char *src,
                   uint64_t pos, uint64_t cend, uint64_t ws, uint64_t we)
 {
-  const uint64_t a = fb->b.io_align;
+  const uint64_t a = fb->dio_align;
   int head = pos > ws, tail = cend < we;
   pthread_mutex_t *l1 = NULL, *l2 = NULL;
   int ret = -1;
@@ -213,13 +214,13 @@ dio_write_window (struct file_backing *fb, char *bounce, const char *src,
   if (l2)
     lock_or_die (l2);
 
-  if (head && pread_exact (fb->fd, bounce, a, ws) == -1)
+  if (head && pread_exact (fb->fd_dio, bounce, a, ws) == -1)
     goto out;
   if (tail && (!head || we - a != ws) &&
-      pread_exact (fb->fd, bounce + (we - a - ws), a, we - a) == -1)
+      pread_exact (fb->fd_dio, bounce + (we - a - ws), a, we - a) == -1)
     goto out;
   memcpy (bounce + (pos - ws), src, cend - pos);
-  ret = pwrite_exact (fb->fd, bounce, we - ws, ws);
+  ret = pwrite_exact (fb->fd_dio, bounce, we - ws, ws);
  out:
   if (l2)
     unlock_or_die (l2);
@@ -233,7 +234,7 @@ static int
 dio_write (struct file_backing *fb, const char *buf, uint64_t len,
            uint64_t off)
 {
-  const uint64_t a = fb->b.io_align, end = off + len;
+  const uint64_t a = fb->dio_align, end = off + len;
   uint64_t pos = off;
   char *bounce = NULL;
   int ret = 0;
@@ -243,7 +244,7 @@ dio_write (struct file_backing *fb, const char *buf, uint64_t len,
     uint64_t body = ROUND_DOWN (end - pos, a);
 
     if (pos % a == 0 && body > 0 && buf_aligned (fb, src)) {
-      if (pwrite_exact (fb->fd, src, body, pos) == -1)
+      if (pwrite_exact (fb->fd_dio, src, body, pos) == -1)
         goto fail;
       pos += body;
       continue;
@@ -294,8 +295,8 @@ file_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 
   if (check_range (b, len, off) == -1)
     return -1;
-  if (!b->direct)
-    return pread_exact (fb->fd, buf, len, off);
+  if (!b->direct && !(len >= FILE_DIRECT_READ_MIN && fb->fd_dio >= 0))
+    return pread_exact (fb->fd_buf, buf, len, off);
   dlen = off < fb->direct_end ? MIN (len, fb->direct_end - off) : 0;
   if (dlen && dio_read (fb, buf, dlen, off) == -1)
     return -1;
@@ -305,15 +306,16 @@ file_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
   return 0;
 }
 
-/* Write without the FUA part. */
+/* Write without the FUA part; with O_DIRECT when the backing is direct or
+ * the caller asks (and the file allows it). */
 static int
 file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
-                 uint64_t off)
+                 uint64_t off, bool direct)
 {
   uint64_t dlen;
 
-  if (!fb->b.direct)
-    return pwrite_exact (fb->fd, buf, len, off);
+  if (!fb->b.direct && !(direct && fb->fd_dio >= 0))
+    return pwrite_exact (fb->fd_buf, buf, len, off);
   dlen = off < fb->direct_end ? MIN (len, fb->direct_end - off) : 0;
   if (dlen && dio_write (fb, buf, dlen, off) == -1)
     return -1;
@@ -350,7 +352,7 @@ file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 
   if (check_writable (b, len, off) == -1)
     return -1;
-  if (file_write_data (fb, buf, len, off) == -1)
+  if (file_write_data (fb, buf, len, off, flags & BACKING_DIRECT) == -1)
     return -1;
   return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
 }
@@ -387,7 +389,7 @@ zero_by_writing (struct file_backing *fb, uint64_t len, uint64_t off)
     uint64_t n = MIN (len, (uint64_t) FILE_BOUNCE_SIZE);
     if (off % a)
       n = MIN (len, a - off % a);
-    if (file_write_data (fb, fb->zero_buf, n, off) == -1)
+    if (file_write_data (fb, fb->zero_buf, n, off, false) == -1)
       return -1;
     off += n;
     len -= n;
@@ -622,8 +624,8 @@ file_close (struct backing *b)
   struct file_bounce *p;
   unsigned i;
 
-  if (fb->fd != fb->fd_buf && fb->fd >= 0)
-    close (fb->fd);
+  if (fb->fd_dio >= 0)
+    close (fb->fd_dio);         /* fd is fd_dio or fd_buf */
   if (fb->fd_flush >= 0 && fb->fd_flush != fb->fd_buf)
     close (fb->fd_flush);
   if (fb->fd_buf >= 0)
@@ -674,7 +676,7 @@ probe_align (int fd, uint32_t a)
 /* Find io_align for the O_DIRECT fd.  Returns 0, or -1 when direct I/O
  * turns out not to work (the caller falls back to buffered I/O). */
 static int
-find_alignment (struct file_backing *fb, unsigned test_flags)
+find_alignment (struct file_backing *fb, int fd, unsigned test_flags)
 {
   uint32_t oa = 0, ma = 0;
   int r = 0;
@@ -684,14 +686,14 @@ find_alignment (struct file_backing *fb, unsigned test_flags)
   }
   else {
     if (!(test_flags & FILE_TEST_NO_STATX))
-      r = file_statx_dioalign (fb->fd, &oa, &ma);
+      r = file_statx_dioalign (fd, &oa, &ma);
     if (r == -1)
       return -1;
     if (r == 0) {
       static const uint32_t tries[] = { 512, 4096 };
       unsigned i;
       for (i = 0; i < 2 && r == 0; i++) {
-        r = probe_align (fb->fd, tries[i]);
+        r = probe_align (fd, tries[i]);
         if (r == 1)
           oa = ma = tries[i];
       }
@@ -699,7 +701,7 @@ find_alignment (struct file_backing *fb, unsigned test_flags)
         return -1;
     }
   }
-  fb->b.io_align = MAX (oa, ma);
+  fb->dio_align = MAX (oa, ma);
   fb->mem_align = ma;
   return 0;
 }
@@ -771,10 +773,12 @@ open_flush_fd (struct file_backing *fb)
     fb->fd_flush = fb->fd_buf;
 }
 
-/* Open the O_DIRECT fd and find its alignment; on refusal stay buffered
- * (b.direct = 0, the caller logs it). */
+/* Open the O_DIRECT fd and find its alignment.  With all, every read and
+ * write uses it (b.direct); else only writes that ask (BACKING_DIRECT).
+ * On refusal stay buffered (b.direct = 0, the caller logs it); without
+ * all, any failure just leaves the writes buffered. */
 static int
-open_direct (struct file_backing *fb, const char *path, int flags,
+open_direct (struct file_backing *fb, const char *path, int flags, bool all,
              unsigned test_flags, char *err, size_t errlen)
 {
   int fd;
@@ -786,21 +790,24 @@ open_direct (struct file_backing *fb, const char *path, int flags,
   else
     fd = open (path, flags | O_DIRECT);
   if (fd == -1) {
-    if (errno == EINVAL)
+    if (errno == EINVAL || !all)
       return 0;
     snprintf (err, errlen, "%s: open O_DIRECT: %s", path, strerror (errno));
     return -1;
   }
-  fb->fd = fd;
-  if (find_alignment (fb, test_flags) == -1) {
+  if (find_alignment (fb, fd, test_flags) == -1) {
     close (fd);
-    fb->fd = fb->fd_buf;
-    fb->b.io_align = 1;
+    fb->dio_align = 1;
     fb->mem_align = 1;
     return 0;
   }
-  fb->b.direct = 1;
-  fb->direct_end = ROUND_DOWN (fb->b.size, fb->b.io_align);
+  fb->fd_dio = fd;
+  fb->direct_end = ROUND_DOWN (fb->b.size, fb->dio_align);
+  if (all) {
+    fb->fd = fd;
+    fb->b.direct = 1;
+    fb->b.io_align = fb->dio_align;
+  }
   return 0;
 }
 
@@ -824,9 +831,9 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
     return NULL;
   }
   fb->b.ops = &file_ops;
-  fb->b.io_align = 1;
+  fb->b.io_align = fb->dio_align = 1;
   fb->mem_align = 1;
-  fb->fd = fb->fd_buf = fb->fd_flush = -1;
+  fb->fd = fb->fd_buf = fb->fd_flush = fb->fd_dio = -1;
   atomic_init (&fb->can_zero_range, 1);
   atomic_init (&fb->can_punch, 1);
   atomic_init (&fb->can_alloc, 1);
@@ -843,14 +850,18 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   fb->fd = fb->fd_buf;
   if (open_sizes (fb, path, err, errlen) == -1)
     goto fail;
-  if (o->direct &&
-      open_direct (fb, path, flags, test_flags, err, errlen) == -1)
+  /* A writable, buffered regular file: large writes the cache writes back
+   * may still skip the page cache (BACKING_DIRECT), the copy costing more
+   * than the device write (measured on files; block devices stay as they
+   * were, their writes reaching the device through its page cache). */
+  if ((o->direct || (!o->read_only && !fb->is_blk)) &&
+      open_direct (fb, path, flags, o->direct, test_flags, err, errlen) == -1)
     goto fail;
 
   if (o->read_only)
     fb->b.caps |= BACKING_READ_ONLY;
   else {
-    if (posix_memalign (&fb->zero_buf, MAX (fb->b.io_align, 4096u),
+    if (posix_memalign (&fb->zero_buf, MAX (fb->dio_align, 4096u),
                         FILE_BOUNCE_SIZE) != 0) {
       snprintf (err, errlen, "%s: out of memory", path);
       goto fail;

@@ -2,6 +2,9 @@
  *
  * Locks, in the order they are taken:
  *   1. wb_mutex        serialises writeback passes (flush, background);
+ *   1b. walk_lock      the pass under way, shared with the writeback
+ *                      helpers (wb-walk.c); held while a batch's stripes
+ *                      are taken, never across its backing I/O;
  *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state, data and
  *                      backing I/O of folio number i, *whether or not the
  *                      folio is cached*: holding it means no one else reads
@@ -10,6 +13,8 @@
  *                      taken in ascending stripe order only (range_lock);
  *                      anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
+ * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
+ * is held while it is, and it is not held across a flush's pass.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
  */
@@ -29,6 +34,7 @@
 #include "foliod/stat.h"
 #include "foliod/store.h"
 #include "cache/fidx.h"
+#include "cache/flush-group.h"
 
 /* Ranges.  Inside the cache every range is half-open, [start, end): of
  * bytes, blocks (global numbers, or numbers inside one folio) or folios.
@@ -38,6 +44,7 @@
 
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+#define WB_HELPERS 3u     /* threads that join a writeback pass's owner */
 /* range_lock takes each stripe of a window once only because a window
  * has fewer folios than there are stripes. */
 _Static_assert (WINDOW_MAX < NSTRIPES, "a window must not wrap the stripes");
@@ -109,6 +116,15 @@ struct cache {
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
+  pthread_mutex_t walk_lock;
+  pthread_cond_t walk_cv;   /* under walk_lock: a pass began, a batch or a
+                             * mid-pass flush ended, stop */
+  struct wb_walk *walk;     /* the pass under way, or NULL; walk_lock */
+  bool walk_stop;           /* walk_lock */
+  pthread_t wb_helpers[WB_HELPERS];
+  unsigned nr_helpers;
+  struct flush_group flush_group; /* concurrent cache_flush share passes */
+  bool flush_group_ok;
   pthread_mutex_t wb_mutex;
   pthread_t wb_thread;
   bool wb_running, wb_kick;
@@ -321,7 +337,19 @@ int cache_map (struct cache *c, uint64_t start, uint64_t end,
  * window, merging runs across folios.  0 or -1/errno (blocks stay dirty). */
 int wb_window (struct cache *c, struct window *w, uint64_t start,
                uint64_t end, unsigned backing_flags);
+/* Is folio f worth writing in this pass (a hint without its stripe)? */
+bool wb_wanted (struct cache *c, const struct folio *f, bool all);
+/* Lock the dirty folio fi and the folios its dirty run goes on into
+ * (wb_window's batch).  false if fi is no longer worth writing. */
+bool wb_batch_begin (struct cache *c, struct window *w, uint64_t fi,
+                     bool all);
+/* One pass over the dirty folios (caller holds wb_mutex), walked with the
+ * helpers (wb-walk.c).  all: write everything (flush); else only what the
+ * background policy wants, starting at the cursor.  Returns folios
+ * written; *err gets the first error. */
 int wb_pass (struct cache *c, bool all, int *err);
+int wb_helpers_start (struct cache *c);
+void wb_helpers_stop (struct cache *c);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */

@@ -81,13 +81,18 @@ cache_init_locks (struct cache *c)
     bad |= pthread_mutex_init (&c->stripes[i], &ma);
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
+  bad |= pthread_mutex_init (&c->walk_lock, &ma);
   pthread_mutexattr_destroy (&ma);
-  /* Both are waited on with timeouts (cond_wait_ms). */
+  /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
+      cond_init_monotonic (&c->walk_cv) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;
+  if (flush_group_init (&c->flush_group) != 0)
+    return -1;
+  c->flush_group_ok = true;
   return 0;
 }
 
@@ -311,9 +316,12 @@ cache_start_writeback (struct cache *c)
 
   if (c->wb_running)
     return 0;
+  if (wb_helpers_start (c) == -1)
+    return -1;
   atomic_store (&c->wb_stop, false);
   r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
   if (r != 0) {
+    wb_helpers_stop (c);
     errno = r;
     return -1;
   }
@@ -331,6 +339,7 @@ cache_stop_writeback (struct cache *c)
   pthread_cond_signal (&c->wb_cv);
   unlock_or_die (&c->lock);
   pthread_join (c->wb_thread, NULL);
+  wb_helpers_stop (c);
   c->wb_running = false;
 }
 
@@ -348,6 +357,8 @@ cache_free (struct cache *c)
     free (pthread_getspecific (c->bounce_key));
     pthread_key_delete (c->bounce_key);
   }
+  if (c->flush_group_ok)
+    flush_group_destroy (&c->flush_group);
   free (c);
 }
 
@@ -385,8 +396,9 @@ cache_destroy (struct cache *c)
  * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
  * until the next flush would make direct I/O cost cache memory. */
 static int
-cache_flush_backing (struct cache *c)
+cache_flush_pass (void *arg)
 {
+  struct cache *c = arg;
   int err = 0, r;
 
   lock_or_die (&c->wb_mutex);
@@ -413,11 +425,15 @@ cache_flush_backing (struct cache *c)
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
   unlock_or_die (&c->lock);
-  if (err) {
-    errno = err;
-    return -1;
-  }
-  return 0;
+  return err;
+}
+
+/* Concurrent flushes share one pass (flush-group.h): eight clients that
+ * flush after every write pay one backing flush, not eight in a row. */
+static int
+cache_flush_backing (struct cache *c)
+{
+  return flush_group_run (&c->flush_group, cache_flush_pass, c);
 }
 
 int
@@ -519,6 +535,8 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
 #undef G
+  flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
+                     &s->flush_passes);
   lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;

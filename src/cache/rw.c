@@ -192,15 +192,23 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   STAT_ADD (c, client_write_bytes, len);
   if (use_direct (c, len, flags))
     return direct_write (c, buf, len, off, flags);
-  /* FUA with flush=store: durable once the store is synced below. */
-  if (c->cfg.mode == CACHE_WRITETHROUGH ||
-      ((flags & CACHE_FUA) && c->sinfo.flush != CACHE_FLUSH_STORE))
+  /* Writethrough, and FUA unless flush=store (then the store sync below
+   * makes it durable), write the data back before the reply.  Without a
+   * native FUA the backing flushes once per such write (a file:
+   * fdatasync): leave the blocks dirty and join a flush instead, so that
+   * concurrent FUA writes (and writethrough) share a pass and a backing
+   * flush (flush-group.h). */
+  bool now = c->cfg.mode == CACHE_WRITETHROUGH ||
+             ((flags & CACHE_FUA) && c->sinfo.flush != CACHE_FLUSH_STORE);
+  bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
+  if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len,
-                   CI_ALLOC | (flags & CACHE_WRITE_NOW ? 0 : CI_THROTTLE));
+  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
-  if (r == 0 && (flags & CACHE_FUA))
+  if (r == 0 && grouped)
+    r = cache_write_back (c);
+  else if (r == 0 && (flags & CACHE_FUA))
     r = cache_store_sync (c);
   return r;
 }

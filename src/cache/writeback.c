@@ -8,6 +8,28 @@
 #include "cache/cache-int.h"
 #include "foliod/util.h"
 
+/* Runs at least this long go out with BACKING_DIRECT: for a stream, the
+ * copy into the host's page cache (and its writeback) costs more CPU than
+ * the device write, and the data is cached here already; short runs stay
+ * buffered, where the kernel merges them before the flush. */
+#define WB_DIRECT_MIN (256u << 10)
+
+/* Do the folios of global blocks [start, end) lie one after the other in
+ * the store's memory (one folio; or slots handed out in order, as a
+ * stream gets them), so that the run needs no bounce copy? */
+static bool
+wb_run_contiguous (struct cache *c, struct window *w, uint64_t start,
+                   uint64_t end)
+{
+  uint32_t bpf = c->blocks_per_folio;
+  size_t fsize = (size_t) 1 << c->folio_shift;
+
+  for (uint64_t fi = start / bpf + 1; fi <= (end - 1) / bpf; fi++)
+    if (w->f[fi - w->start]->data != w->f[fi - 1 - w->start]->data + fsize)
+      return false;
+  return true;
+}
+
 /* Write global blocks [start, end), all dirty and cached in w. */
 static int
 wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
@@ -19,7 +41,7 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
   const unsigned char *src;
   int r;
 
-  if ((end - 1) / bpf == start / bpf)
+  if (wb_run_contiguous (c, w, start, end))
     src = f->data + block_pos (c, start % bpf);
   else {
     unsigned char *bounce = io_bounce (c);
@@ -32,7 +54,8 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
     }
     src = bounce;
   }
-  r = io_write (c, src, len, off, flags);
+  r = io_write (c, src, len, off,
+                flags | (len >= WB_DIRECT_MIN ? BACKING_DIRECT : 0));
   if (r == -1) {
     int err = errno;
     STAT_ADD (c, writeback_errors, 1);
@@ -84,7 +107,7 @@ wb_window (struct cache *c, struct window *w, uint64_t start, uint64_t end,
  * writers waiting for room, every dirty folio; else those dirty for longer
  * than dirty_expire_ms.  Without the stripe it is a hint (dirtied_ms is
  * atomic): wb_batch_begin asks again under it. */
-static bool
+bool
 wb_wanted (struct cache *c, const struct folio *f, bool all)
 {
   if (all || STAT_GET (c, dirty_bytes) > c->dirty_background ||
@@ -95,13 +118,19 @@ wb_wanted (struct cache *c, const struct folio *f, bool all)
 
 /* Lock the dirty folio fi (blocking) into w, then, while a dirty run
  * reaches the end of the last folio, the next folio too (trylock), so that
- * the run goes out whole wherever the batch started.  Returns false if fi
- * is no longer worth writing. */
-static bool
+ * the run goes out whole wherever the batch started; up to max_io_bytes
+ * of folios, so that a stream makes batches the walk's threads write side
+ * by side.  Returns false if fi is no longer worth writing. */
+bool
 wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
 {
   uint32_t last_block = c->blocks_per_folio - 1;
+  uint64_t max = c->cfg.max_io_bytes >> c->folio_shift;
 
+  if (max < 2)
+    max = 2;                    /* a run may always cross one boundary */
+  if (max > WINDOW_MAX)
+    max = WINDOW_MAX;
   lock_or_die (stripe_of (c, fi));
   lock_or_die (&c->lock);
   struct folio *f = fidx_get (&c->index, fi);
@@ -113,7 +142,7 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
   w->start = fi;
   w->f[0] = f;
   w->end = fi + 1;
-  while (w->end - fi < WINDOW_MAX && w->end < c->nr_folios &&
+  while (w->end - fi < max && w->end < c->nr_folios &&
          folio_block_dirty (c, w->f[w->end - fi - 1], last_block)) {
     uint64_t next = w->end;
     if (!trylock_or_die (stripe_of (c, next)))
@@ -129,54 +158,6 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
     w->end = next + 1;
   }
   return true;
-}
-
-/* One pass over the dirty folios (caller holds wb_mutex).  all: write
- * everything (flush); else only what background policy wants, starting at
- * the cursor.  Returns folios written; *err gets the first error. */
-int
-wb_pass (struct cache *c, bool all, int *err)
-{
-  uint64_t start = all ? 0 : c->wb_cursor, fi = start;
-  bool wrapped = all;
-  int written = 0;
-  struct window w;
-
-  *err = 0;
-  for (;;) {
-    lock_or_die (&c->lock);
-    struct folio *f = fidx_find (&c->index, &fi,
-                                 wrapped && !all ? start : c->nr_folios,
-                                 true);
-    unlock_or_die (&c->lock);
-    if (f == NULL) {
-      if (wrapped || start == 0)
-        break;
-      wrapped = true;
-      fi = 0;
-      continue;
-    }
-    if (!wb_wanted (c, f, all)) {
-      fi++;                      /* skipped without taking its stripe */
-      continue;
-    }
-    if (wb_batch_begin (c, &w, fi, all)) {
-      uint32_t bpf = c->blocks_per_folio;
-      if (wb_window (c, &w, w.start * bpf, w.end * bpf, 0) == -1 &&
-          *err == 0)
-        *err = errno;
-      window_end (c, &w);
-      written += (int) (w.end - w.start);
-      fi = w.end;
-      /* Retry the backing, not each run: a remote that is down has been
-       * waited for once (its retry window); the next pass tries again. */
-      if (backing_unreachable (*err))
-        break;
-    } else
-      fi++;
-    c->wb_cursor = fi >= c->nr_folios ? 0 : fi;
-  }
-  return written;
 }
 
 /* Apply fn to every cached folio (marked only, if marked), each under its

@@ -21,8 +21,8 @@ enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE,
-  M_STORE_DIRTY, M_COUNT
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_CLIENT_FLUSHES,
+  M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_COUNT
 };
 
 static const struct {
@@ -72,6 +72,12 @@ static const struct {
                     "Clean folios evicted to make room." },
   [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
                   "Flushes sent to the backing." },
+  [M_CLIENT_FLUSHES] = { "foliod_flushes_total", "counter",
+                         "Client flushes that wrote back (FLUSH with "
+                         "flush=backing, and FUA without native FUA)." },
+  [M_FLUSH_PASSES] = { "foliod_flush_passes_total", "counter",
+                       "Writeback passes run for them: concurrent flushes "
+                       "share one." },
   [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
   [M_STORE_DIRTY] = { "foliod_store_dirty_bytes", "gauge",
                       "Dirty bytes kept in a persistent store (pmem): they "
@@ -111,6 +117,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
+  v[M_CLIENT_FLUSHES] = st.flush_ops;
+  v[M_FLUSH_PASSES] = st.flush_passes;
   v[M_SIZE] = ex->size;
   v[M_STORE_DIRTY] = ex->store ? st.dirty_bytes + st.unstable_bytes : 0;
   out->wa = st.client_write_bytes

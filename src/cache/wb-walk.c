@@ -1,0 +1,220 @@
+/* A writeback pass, walked by several threads: the one that runs the pass
+ * (holding wb_mutex: the writeback thread or a flush) and WB_HELPERS
+ * helpers that join it.  Batches are formed one at a time under walk_lock
+ * (so a dirty run is cut into batches exactly as by one thread) and
+ * written side by side: one thread writing back at queue depth 1 could not
+ * keep up with clients streaming through a cache smaller than the image.
+ *
+ * Everything the pass writes is written while its owner holds wb_mutex,
+ * and the owner settles unstable blocks (wb_stabilize) only when no thread
+ * of the walk is inside a batch: a settle must not clean a block that
+ * reached the backing after the flush began. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "cache/cache-int.h"
+#include "foliod/util.h"
+
+/* A pass under way; walk_lock. */
+struct wb_walk {
+  uint64_t start, fi;           /* where it began; the next folio to look at */
+  bool all, wrapped;
+  bool over;                    /* nothing left, or the backing is down */
+  bool sync_wanted;             /* the owner is to flush the backing */
+  unsigned active;              /* threads inside a batch */
+  int err;                      /* the first error */
+  int written;                  /* folios */
+};
+
+/* Helpers join a flush's pass (a client waits for it) and a background
+ * pass that writers wait on; a background pass nobody waits for goes at
+ * one thread's pace and leaves the cores to the requests. */
+#define WALK_POLL_MS 10
+
+static bool
+walk_wants_helpers (struct cache *c, const struct wb_walk *wk)
+{
+  return wk->all || atomic_load (&c->space_waiters) > 0;
+}
+
+static void
+walk_wait (struct cache *c)
+{
+  if (pthread_cond_wait (&c->walk_cv, &c->walk_lock) != 0)
+    abort ();                   /* only a bug makes it fail */
+}
+
+/* The next batch of the walk into w (walk_lock held; takes stripes).
+ * false when the walk is done. */
+static bool
+walk_next (struct cache *c, struct wb_walk *wk, struct window *w)
+{
+  for (;;) {
+    lock_or_die (&c->lock);
+    struct folio *f = fidx_find (&c->index, &wk->fi,
+                                 wk->wrapped && !wk->all ? wk->start
+                                                         : c->nr_folios,
+                                 true);
+    unlock_or_die (&c->lock);
+    if (f == NULL) {
+      if (wk->wrapped || wk->start == 0)
+        return false;
+      wk->wrapped = true;
+      wk->fi = 0;
+      continue;
+    }
+    if (!wb_wanted (c, f, wk->all)) {
+      wk->fi++;                  /* skipped without taking its stripe */
+      continue;
+    }
+    bool got = wb_batch_begin (c, w, wk->fi, wk->all);
+    wk->fi = got ? w->end : wk->fi + 1;
+    c->wb_cursor = wk->fi >= c->nr_folios ? 0 : wk->fi;
+    if (got)
+      return true;
+  }
+}
+
+/* After a batch (walk_lock held): wake writers waiting for room or below
+ * the dirty limit to see what the pass cleaned so far, rather than at its
+ * end, so that they fill while writeback writes.  A background pass also
+ * has its owner flush the backing once unstable blocks pin a tenth of the
+ * cache (dirty_background), so that they become evictable.  Not a flush's
+ * pass: cache_flush settles at its end, where it checks for lost writes
+ * (a loss found here would leave blocks dirty behind its cursor). */
+static void
+walk_progress (struct cache *c, struct wb_walk *wk)
+{
+  if (atomic_load (&c->space_waiters) == 0)
+    return;
+  if (!wk->all && STAT_GET (c, unstable_bytes) >= c->dirty_background)
+    wk->sync_wanted = true;
+  lock_or_die (&c->lock);
+  pthread_cond_broadcast (&c->space_cv);
+  unlock_or_die (&c->lock);
+}
+
+/* The owner's flush in the middle of its pass (walk_lock held): once no
+ * batch is being written. */
+static void
+walk_sync (struct cache *c, struct wb_walk *wk)
+{
+  while (wk->active > 0)
+    walk_wait (c);
+  unlock_or_die (&c->walk_lock);
+  (void) wb_stabilize (c);      /* a failure is kept in flush_failing */
+  lock_or_die (&c->walk_lock);
+  wk->sync_wanted = false;
+  pthread_cond_broadcast (&c->walk_cv);
+}
+
+/* Write batches of the pass c->walk until it is over (walk_lock held on
+ * entry and return).  A helper re-reads c->walk after every wait: the
+ * owner's pass may have ended meanwhile. */
+static void
+walk_work (struct cache *c, bool owner)
+{
+  struct wb_walk *wk;
+  struct window w;
+
+  while ((wk = c->walk) != NULL && !wk->over) {
+    if (!owner && !walk_wants_helpers (c, wk)) {
+      /* Looked at again soon: the throttle cannot wake us (it holds
+       * c->lock, which comes after walk_lock). */
+      cond_wait_ms (&c->walk_cv, &c->walk_lock, WALK_POLL_MS);
+      continue;
+    }
+    if (wk->sync_wanted) {
+      if (owner)
+        walk_sync (c, wk);
+      else
+        walk_wait (c);
+      continue;
+    }
+    if (!walk_next (c, wk, &w)) {
+      wk->over = true;
+      break;
+    }
+    wk->active++;
+    unlock_or_die (&c->walk_lock);
+    uint32_t bpf = c->blocks_per_folio;
+    int r = wb_window (c, &w, w.start * bpf, w.end * bpf, 0);
+    int err = r == -1 ? errno : 0;
+    window_end (c, &w);
+    lock_or_die (&c->walk_lock);
+    wk->active--;
+    wk->written += (int) (w.end - w.start);
+    if (err && wk->err == 0)
+      wk->err = err;
+    /* Retry the backing, not each run: a remote that is down has been
+     * waited for once (its retry window); the next pass tries again. */
+    if (backing_unreachable (err))
+      wk->over = true;
+    walk_progress (c, wk);
+    if (wk->active == 0)
+      pthread_cond_broadcast (&c->walk_cv);  /* an owner may wait */
+  }
+}
+
+int
+wb_pass (struct cache *c, bool all, int *err)
+{
+  struct wb_walk wk = { .start = all ? 0 : c->wb_cursor, .all = all,
+                        .wrapped = all };
+
+  wk.fi = wk.start;
+  lock_or_die (&c->walk_lock);
+  c->walk = &wk;
+  pthread_cond_broadcast (&c->walk_cv);   /* helpers join */
+  walk_work (c, true);
+  while (wk.active > 0)
+    walk_wait (c);
+  c->walk = NULL;
+  unlock_or_die (&c->walk_lock);
+  *err = wk.err;
+  return wk.written;
+}
+
+static void *
+wb_helper_main (void *arg)
+{
+  struct cache *c = arg;
+
+  lock_or_die (&c->walk_lock);
+  while (!c->walk_stop) {
+    if (c->walk != NULL && !c->walk->over)
+      walk_work (c, false);
+    else
+      walk_wait (c);
+  }
+  unlock_or_die (&c->walk_lock);
+  return NULL;
+}
+
+int
+wb_helpers_start (struct cache *c)
+{
+  c->walk_stop = false;
+  while (c->nr_helpers < WB_HELPERS) {
+    int r = pthread_create (&c->wb_helpers[c->nr_helpers], NULL,
+                            wb_helper_main, c);
+    if (r != 0) {
+      wb_helpers_stop (c);
+      errno = r;
+      return -1;
+    }
+    c->nr_helpers++;
+  }
+  return 0;
+}
+
+void
+wb_helpers_stop (struct cache *c)
+{
+  lock_or_die (&c->walk_lock);
+  c->walk_stop = true;
+  pthread_cond_broadcast (&c->walk_cv);
+  unlock_or_die (&c->walk_lock);
+  while (c->nr_helpers > 0)
+    pthread_join (c->wb_helpers[--c->nr_helpers], NULL);
+}
