@@ -169,6 +169,44 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   }
 }
 
+/* Take the stripes of folios [start, end) if all are free.  In folio
+ * order, not stripe order: a trylock never waits, so it cannot deadlock
+ * against range_lock. */
+static bool
+range_trylock (struct cache *c, uint64_t start, uint64_t end)
+{
+  for (uint64_t fi = start; fi < end; fi++)
+    if (!trylock_or_die (stripe_of (c, fi))) {
+      range_unlock (c, start, fi);
+      return false;
+    }
+  return true;
+}
+
+int
+window_try_begin (struct cache *c, struct window *w, uint64_t start,
+                  uint64_t end, bool alloc)
+{
+  int r;
+
+  assert (start < end && end - start <= WINDOW_MAX);
+  w->start = start;
+  w->end = end;
+  if (!range_trylock (c, start, end)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  lock_or_die (&c->lock);
+  r = window_lookup_locked (c, w, alloc);
+  unlock_or_die (&c->lock);
+  if (r == -1) {
+    int err = errno;
+    range_unlock (c, start, end);
+    errno = err;
+  }
+  return r;
+}
+
 void
 window_end (struct cache *c, struct window *w)
 {
