@@ -231,6 +231,7 @@ struct pool {
 struct server_counters {
   _Atomic uint64_t connections_now, connections_total, connections_refused;
   _Atomic uint64_t handshakes_failed, requests, request_errors;
+  _Atomic uint64_t requests_inline;
   _Atomic uint64_t bytes_read, bytes_written;
 };
 

@@ -110,6 +110,7 @@ req_submit (struct conn *c, struct req *r)
     c->inline_left -= r->count < c->inline_left ? r->count : c->inline_left;
     if (c->inline_left == 0)
       c->steps_left = 0; /* yield: other connections' turn */
+    STAT_ADD (c->srv, requests_inline, 1);
     conn_queue_reply (c, r);
     return;
   }
