@@ -29,6 +29,14 @@
 #define CACHE_DIRECT     (1u << 1) /* bypass the cache, stay coherent */
 #define CACHE_MAY_TRIM   (1u << 2) /* zero: a hole is fine */
 #define CACHE_FAST_ZERO  (1u << 3) /* zero: ENOTSUP unless fast */
+/* read/write: complete without waiting or fail at once with -1/EAGAIN
+ * (a miss or a partial block to read, a folio busy with I/O, no free
+ * room, the dirty limit, FUA, write-through, direct I/O, a write over
+ * more than one window).  A write that fails changed nothing; a read that
+ * fails may have filled part of buf.  Nothing is counted then: the caller
+ * repeats the call without the flag where it may block (the kernel's
+ * IOCB_NOWAIT). */
+#define CACHE_NOWAIT     (1u << 4)
 
 /* What a client FLUSH (and a FUA write) waits for. */
 enum cache_flush_mode {

@@ -254,6 +254,10 @@ pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
  * Returns 0 with the range locked, or -1/errno with nothing held. */
 int window_begin (struct cache *c, struct window *w, uint64_t start,
                   uint64_t end, bool alloc);
+/* The same without waiting: -1/EAGAIN at once, nothing held, when a
+ * stripe is taken (its holder may be doing backing I/O) or room is short. */
+int window_try_begin (struct cache *c, struct window *w, uint64_t start,
+                      uint64_t end, bool alloc);
 void window_end (struct cache *c, struct window *w);
 /* Put folio f, already holding folio fi's state (a recovered store slot),
  * into the index and the LRU, marked if dirty.  No locks needed: only
@@ -282,6 +286,8 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
  * must not return to the loop body. */
 #define CI_ALLOC    (1u << 0)   /* create the folios that are not cached */
 #define CI_THROTTLE (1u << 1)   /* throttle_dirty before the first step */
+#define CI_NOWAIT   (1u << 2)   /* CACHE_NOWAIT: fail with EAGAIN where the
+                                   iteration or a step would wait */
 
 struct cache_iter {
   struct cache *c;
@@ -309,6 +315,8 @@ int cache_iter_map (struct cache_iter *it, uint64_t off,
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
 int throttle_dirty (struct cache *c, uint64_t len);
+/* Would throttle_dirty (c, len) wait now? */
+bool throttle_would_wait (struct cache *c, uint64_t len);
 /* A window could not be looked up (errno err; c->lock held, no stripe):
  * when it lacked room (EAGAIN), wait up to 100 ms for writeback to make
  * some and return 0 (try again), else -1 with errno (also when writeback

@@ -38,13 +38,28 @@ iter_window (struct cache_iter *it)
 
   if (fend - fi > c->window)
     fend = fi + c->window;
-  if (window_begin (c, &it->w, fi, fend, it->flags & CI_ALLOC) == -1)
+  if (((it->flags & CI_NOWAIT) ? window_try_begin : window_begin)
+      (c, &it->w, fi, fend, it->flags & CI_ALLOC) == -1)
     return -1;
   it->held = true;
   it->step_end = folio_pos (c, fend) < it->end ? folio_pos (c, fend)
                                                 : it->end;
   it->done = 0;
   return 0;
+}
+
+/* The first call's wait for the dirty limit, or EAGAIN under CI_NOWAIT. */
+static int
+iter_throttle (struct cache_iter *it)
+{
+  uint64_t len = it->end - it->start;
+
+  if (!(it->flags & CI_NOWAIT))
+    return throttle_dirty (it->c, len);
+  if (!throttle_would_wait (it->c, len))
+    return 0;
+  errno = EAGAIN;
+  return -1;
 }
 
 int
@@ -65,7 +80,7 @@ cache_iter_next (struct cache_iter *it)
     assert (it->done > 0 && (uint64_t) it->done <= it->step_end - it->pos);
     it->pos += (uint64_t) it->done;
   } else if ((it->flags & CI_THROTTLE) &&     /* the first call */
-             throttle_dirty (c, it->end - it->start) == -1)
+             iter_throttle (it) == -1)
     return iter_over (it, -1);
   if (it->pos >= it->end)
     return iter_over (it, 0);

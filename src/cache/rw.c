@@ -13,6 +13,18 @@ window_folio (struct cache *c, struct window *w, uint64_t blk)
   return w->f[blk / c->blocks_per_folio - w->start];
 }
 
+/* Bring blocks [start, end) of the step uptodate from the backing, or
+ * under CACHE_NOWAIT give up before anything changed. */
+static int
+step_fill (struct cache_iter *it, uint64_t start, uint64_t end)
+{
+  if (it->flags & CI_NOWAIT) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return io_fill (it, start, end);
+}
+
 /* Bring every block of the step uptodate: one fill per contiguous run of
  * missing blocks.  *missed is set if any was missing. */
 static int
@@ -24,7 +36,7 @@ fill_range (struct cache_iter *it, bool *missed)
 
   while ((b = window_next (c, w, FP_UPTODATE, false, b, end)) < end) {
     uint64_t run_end = window_next (c, w, FP_UPTODATE, true, b, end);
-    if (io_fill (it, b, run_end) == -1)
+    if (step_fill (it, b, run_end) == -1)
       return -1;
     *missed = true;
     b = run_end;
@@ -78,22 +90,31 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
             unsigned flags)
 {
   struct cache_iter it;
-  bool missed = false;
+  bool missed = false, nowait = (flags & CACHE_NOWAIT) != 0;
   int r;
 
   if (range_check (c, len, off) == -1)
     return -1;
   if (len == 0)
     return 0;
-  if (buf != NULL) {
+  if (nowait && use_direct (c, len, flags)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  if (buf != NULL && !nowait) {
     STAT_ADD (c, read_ops, 1);
     STAT_ADD (c, client_read_bytes, len);
   }
   if (use_direct (c, len, flags))
     return buf ? direct_read (c, buf, len, off) : 0;
-  cache_iter_init (&it, c, off, len, CI_ALLOC);
+  /* A try allocates nothing: a folio not cached is a miss anyway. */
+  cache_iter_init (&it, c, off, len, nowait ? CI_NOWAIT : CI_ALLOC);
   while ((r = cache_iter_next (&it)) > 0)
     it.done = read_step (&it, buf, &missed);
+  if (buf != NULL && nowait && r == 0) {
+    STAT_ADD (c, read_ops, 1);
+    STAT_ADD (c, client_read_bytes, len);
+  }
   if (buf != NULL) {
     if (missed) STAT_ADD (c, read_misses, 1);
     else if (r == 0) STAT_ADD (c, read_hits, 1);
@@ -135,7 +156,7 @@ fill_edges (struct cache_iter *it)
     struct folio *f = window_folio (c, &it->w, edge[i]);
     if (block_partial (c, edge[i], off, end) &&
         !folio_block_uptodate (c, f, edge[i] % bpf) &&
-        io_fill (it, edge[i], edge[i] + 1) == -1)
+        step_fill (it, edge[i], edge[i] + 1) == -1)
       return -1;
   }
   return 0;
@@ -178,18 +199,36 @@ write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
   return (int64_t) len;
 }
 
+/* May a CACHE_NOWAIT write start?  Not if it must reach the backing
+ * before returning, nor over more than one window: a later window that
+ * could not be taken would leave it half done. */
+static bool
+write_may_try (const struct cache *c, uint64_t len, uint64_t off,
+               unsigned flags)
+{
+  return !(flags & CACHE_FUA) && c->cfg.mode == CACHE_WRITEBACK
+    && !use_direct (c, len, flags)
+    && folio_of (c, off + len - 1) - folio_of (c, off) < c->window;
+}
+
 int
 cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
              unsigned flags)
 {
   struct cache_iter it;
+  bool nowait = (flags & CACHE_NOWAIT) != 0;
   int r;
 
   if (range_check (c, len, off) == -1 || writable_check (c) == -1)
     return -1;
   if (len == 0)
     return 0;
-  STAT_ADD (c, client_write_bytes, len);
+  if (nowait && !write_may_try (c, len, off, flags)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  if (!nowait)
+    STAT_ADD (c, client_write_bytes, len);
   if (use_direct (c, len, flags))
     return direct_write (c, buf, len, off, flags);
   /* Writethrough, and FUA unless flush=store (then the store sync below
@@ -203,12 +242,15 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
   if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE));
+  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE)
+                   | (nowait ? CI_NOWAIT : 0));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
   if (r == 0 && grouped)
     r = cache_write_back (c);
   else if (r == 0 && (flags & CACHE_FUA))
     r = cache_store_sync (c);
+  if (nowait && r == 0)
+    STAT_ADD (c, client_write_bytes, len);
   return r;
 }

@@ -37,6 +37,14 @@ throttle_room_locked (struct cache *c, int err)
   return 0;
 }
 
+bool
+throttle_would_wait (struct cache *c, uint64_t len)
+{
+  uint64_t dirty = STAT_GET (c, dirty_bytes);
+
+  return dirty > 0 && dirty + len > c->dirty_limit;
+}
+
 int
 throttle_dirty (struct cache *c, uint64_t len)
 {

@@ -112,12 +112,13 @@ evict_one_locked (struct cache *c)
   return NULL;
 }
 
+/* A free slot, else an evicted one unless !may_evict. */
 static struct folio *
-slot_take_locked (struct cache *c)
+slot_take_locked (struct cache *c, bool may_evict)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return evict_one_locked (c);
+  return may_evict ? evict_one_locked (c) : NULL;
 }
 
 /* Put a new folio for number fi in the index (lock held). */
@@ -138,7 +139,8 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
 /* Look up (and with alloc, create) the window's folios.  Lock held.
  * Returns 0, or -1 with errno EAGAIN when memory must be cleaned first. */
 static int
-window_lookup_locked (struct cache *c, struct window *w, bool alloc)
+window_lookup_locked (struct cache *c, struct window *w, bool alloc,
+                      bool may_evict)
 {
   for (uint64_t fi = w->start; fi < w->end; fi++) {
     struct folio *f = fidx_get (&c->index, fi);
@@ -146,7 +148,7 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
       lru_unlink (c, f);
       lru_append (c, f);
     } else if (alloc) {
-      f = slot_take_locked (c);
+      f = slot_take_locked (c, may_evict);
       if (f == NULL) {
         errno = EAGAIN;
         return -1;
@@ -169,7 +171,7 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   for (;;) {
     range_lock (c, start, end);
     lock_or_die (&c->lock);
-    if (window_lookup_locked (c, w, alloc) == 0) {
+    if (window_lookup_locked (c, w, alloc, true) == 0) {
       unlock_or_die (&c->lock);
       return 0;
     }
@@ -181,6 +183,47 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
     if (r == -1)
       return -1;
   }
+}
+
+/* Take the stripes of folios [start, end) if all are free.  In folio
+ * order, not stripe order: a trylock never waits, so it cannot deadlock
+ * against range_lock. */
+static bool
+range_trylock (struct cache *c, uint64_t start, uint64_t end)
+{
+  for (uint64_t fi = start; fi < end; fi++)
+    if (!trylock_or_die (stripe_of (c, fi))) {
+      range_unlock (c, start, fi);
+      return false;
+    }
+  return true;
+}
+
+int
+window_try_begin (struct cache *c, struct window *w, uint64_t start,
+                  uint64_t end, bool alloc)
+{
+  int r;
+
+  assert (start < end && end - start <= WINDOW_MAX);
+  w->start = start;
+  w->end = end;
+  if (!range_trylock (c, start, end)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  /* A page store's slot reuse may wait for an msync (store-pmem.c,
+   * pmem_reuse_wait): a try, on the server's loop thread, takes free
+   * slots only. */
+  lock_or_die (&c->lock);
+  r = window_lookup_locked (c, w, alloc, !c->store_deferred);
+  unlock_or_die (&c->lock);
+  if (r == -1) {
+    int err = errno;
+    range_unlock (c, start, end);
+    errno = err;
+  }
+  return r;
 }
 
 void

@@ -232,6 +232,11 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
          "an error.\n# TYPE foliod_request_errors_total counter\n"
          "foliod_request_errors_total %llu\n",
          (unsigned long long) ss.request_errors);
+    out (&o, "# HELP foliod_requests_inline_total NBD requests the cache "
+         "answered without waiting, on the thread that read them.\n"
+         "# TYPE foliod_requests_inline_total counter\n"
+         "foliod_requests_inline_total %llu\n",
+         (unsigned long long) ss.requests_inline);
   }
   return o.len;
 }

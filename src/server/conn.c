@@ -407,6 +407,7 @@ conn_run_steps (struct conn *c)
 {
   c->steps_left = CONN_STEPS_PER_WAKE;
   c->recvs_left = CONN_STEPS_PER_WAKE / 4;
+  c->inline_left = CONN_INLINE_PER_WAKE;
   while (conn_wants_input (c)) {
     enum step r;
 

@@ -193,6 +193,15 @@ seg_extent_cb (void *opaque, uint64_t off, uint64_t len,
   return l->next >= l->end;
 }
 
+/* Does the read ask the cache's block status (and so maybe the backing's
+ * map) where the holes are? */
+static bool
+read_scans_holes (const struct req *r)
+{
+  return r->conn->structured && !(r->flags & NBD_CMD_FLAG_DF)
+    && r->count >= READ_HOLE_SCAN_MIN;
+}
+
 /* Split [offset, offset+count) into data and hole segments from the
  * cache's block status (dirty or cached blocks are always data). */
 static void
@@ -201,8 +210,7 @@ read_segments (struct req *r, struct seg_list *l)
   l->n = 0;
   l->next = r->offset;
   l->end = r->offset + r->count;
-  if (r->conn->structured && !(r->flags & NBD_CMD_FLAG_DF)
-      && r->count >= READ_HOLE_SCAN_MIN
+  if (read_scans_holes (r)
       && cache_block_status (r->conn->exp->cache, r->count, r->offset,
                              seg_extent_cb, l) < 0) {
     l->n = 0; /* no map: everything is data */
@@ -215,15 +223,17 @@ read_segments (struct req *r, struct seg_list *l)
   }
 }
 
-static void
-exec_read_structured (struct req *r)
+/* The read's reply, or under CACHE_NOWAIT (in flags) -1 if the cache
+ * would have waited: then nothing is built.  Errors are replies. */
+static int
+exec_read_structured (struct req *r, unsigned flags)
 {
   struct cache *cache = r->conn->exp->cache;
   struct seg_list l;
   uint8_t *last = NULL;
 
   if (r->count == 0)
-    return; /* req_build_reply sends a NONE chunk */
+    return 0; /* req_build_reply sends a NONE chunk */
   read_segments (r, &l);
   for (unsigned i = 0; i < l.n; i++) {
     const struct seg *s = &l.s[i];
@@ -236,13 +246,17 @@ exec_read_structured (struct req *r)
       req_iov (r, last, 32);
       continue;
     }
-    if (cache_read (cache, data, s->len, s->off, 0) < 0) {
+    if (cache_read (cache, data, s->len, s->off, flags) < 0) {
+      if (flags & CACHE_NOWAIT) {
+        r->niov = r->nhdr = 0;
+        return -1;
+      }
       r->error = wire_errno (errno);
       r->errmsg = NULL;
       /* Chunks already built stay valid; the error says where the
        * failure starts. */
       reply_error_chunk (r, true, s->off);
-      return;
+      return 0;
     }
     last = chunk_hdr (r, 0, NBD_REPLY_TYPE_OFFSET_DATA, 8 + s->len);
     put_be64 (last + 20, s->off);
@@ -251,19 +265,23 @@ exec_read_structured (struct req *r)
   }
   assert (last);                /* count > 0 gave at least one chunk */
   chunk_set_done (last);
+  return 0;
 }
 
-static void
-exec_read (struct req *r)
+/* As exec_read_structured, for either kind of reply. */
+static int
+exec_read (struct req *r, unsigned flags)
 {
-  if (r->conn->structured) {
-    exec_read_structured (r);
-    return;
-  }
+  if (r->conn->structured)
+    return exec_read_structured (r, flags);
   if (r->count && cache_read (r->conn->exp->cache, r->buf, r->count,
-                              r->offset, 0) < 0)
+                              r->offset, flags) < 0) {
+    if (flags & CACHE_NOWAIT)
+      return -1;
     r->error = wire_errno (errno);
+  }
   reply_simple (r);
+  return 0;
 }
 
 /* ---- BLOCK_STATUS ---------------------------------------------------------- */
@@ -364,7 +382,7 @@ req_execute (struct req *r)
 
   switch (r->type) {
   case NBD_CMD_READ:
-    exec_read (r);
+    exec_read (r, 0);
     break;
   case NBD_CMD_WRITE:
     if (r->count)
@@ -405,4 +423,34 @@ req_execute (struct req *r)
     r->niov = r->nhdr = 0;
   }
   req_build_reply (r);
+}
+
+/* Run-to-completion: may the parsing thread try r itself?  Reads and
+ * writes the cache can answer from memory, up to REQ_INLINE_MAX bytes (a
+ * larger copy would hold the loop from its other connections); not a
+ * read that looks for holes (the backing's map) nor a FUA write. */
+static bool
+req_may_try (const struct req *r)
+{
+  if (r->count == 0 || r->count > REQ_INLINE_MAX)
+    return false;
+  if (r->type == NBD_CMD_READ)
+    return !read_scans_holes (r);
+  return r->type == NBD_CMD_WRITE && !(r->flags & NBD_CMD_FLAG_FUA);
+}
+
+bool
+req_try_execute (struct req *r)
+{
+  if (!req_may_try (r))
+    return false;
+  if (r->type == NBD_CMD_READ) {
+    if (exec_read (r, CACHE_NOWAIT) < 0)
+      return false;
+  }
+  else if (cache_write (r->conn->exp->cache, r->buf, r->count, r->offset,
+                        CACHE_NOWAIT) < 0)
+    return false;
+  req_build_reply (r);
+  return true;
 }

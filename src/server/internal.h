@@ -1,16 +1,47 @@
 /* Server internals shared by the files of src/server/.
  *
- * Threads: one loop thread owns every struct server / conn field except
- * those noted "worker".  Worker threads only ever touch the struct req
- * they were handed (and read the connection fields that are fixed during
- * transmission: exp, structured).  A request travels:
+ * Threading model.
  *
- *   conn free list -> receiving (conn->cur) -> worker queue -> done list
+ *   loop thread (one, libev)   owns every socket and every struct server /
+ *                              conn field except those noted "worker":
+ *                              accept, handshake, TLS, request parsing,
+ *                              reply sending, timers, budgets, shutdown.
+ *   worker threads (--workers, 16 by default)
+ *                              run the cache calls that may block.
+ *   the cache's writeback thread (src/cache).
+ *
+ * Run-to-completion: once a request is parsed and checked, the loop tries
+ * it itself (req_try_execute: cache_read / cache_write with CACHE_NOWAIT,
+ * which completes from memory or gives up at once, having changed nothing,
+ * where it would wait: a miss, a partial block to read, a folio whose
+ * stripe is held by backing I/O or writeback, no free room, the dirty
+ * limit).  A request it answers is queued for sending at once: no thread
+ * hand-off.  Everything else goes to a worker: misses, FUA and
+ * write-through writes, direct I/O, FLUSH, TRIM, WRITE_ZEROES, CACHE,
+ * BLOCK_STATUS (the backing's map), reads that look for holes, requests
+ * over REQ_INLINE_MAX.  The workers are many because a worker on a remote
+ * miss holds its thread for a round trip; they run no CPU-bound hit, so
+ * their number no longer costs cached requests, and each queued request
+ * wakes at most one of them (no herd).  Inline work per callback is capped
+ * (CONN_INLINE_PER_WAKE, then the connection yields) on top of the step
+ * and send budgets.  Replies carry the client's cookie, so an inline reply
+ * may overtake an earlier request still on a worker, as two workers'
+ * replies may; a FLUSH sees every write answered before it arrived (those
+ * answered inline are in the cache, dirty, by then).
+ *
+ * Worker threads only ever touch the struct req they were handed (and
+ * read the connection fields that are fixed during transmission: exp,
+ * structured).  A request travels:
+ *
+ *   conn free list -> receiving (conn->cur) -> [worker queue -> done list]
  *   -> conn send queue -> conn free list
  *
- * and is linked into exactly one of those lists at a time by req->next.
+ * (the bracketed part only when it could not complete on the loop) and is
+ * linked into exactly one of those lists at a time by req->next.
  *
  * Lock order: pool.lock and server.done_lock are leaves, never nested.
+ * The loop takes cache locks only through CACHE_NOWAIT calls: stripes by
+ * trylock, then the cache's short index lock (never held across I/O).
  */
 #ifndef FOLIOD_SERVER_INTERNAL_H
 #define FOLIOD_SERVER_INTERNAL_H
@@ -44,6 +75,9 @@ struct export;
 #define REQ_HDR_SLOTS       (REQ_MAX_CHUNKS + 2)
 #define REQ_IOV_MAX         (2 * REQ_MAX_CHUNKS + 4)
 #define REQ_KEEP_BUF_MAX    (4u * 1024 * 1024)  /* larger buffers freed */
+#define REQ_INLINE_MAX      (1u * 1024 * 1024)  /* larger: always a worker */
+#define CONN_INLINE_PER_WAKE (4u * 1024 * 1024) /* bytes run on the loop per
+                                                  callback, then yield */
 #define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
 #define SERVER_KEEP_DIV     8   /* all retained <= max_buffer_total / this */
 /* Buffer a block status reply may need (execute.c allocates it). */
@@ -135,6 +169,7 @@ struct conn {
   size_t hdr_have;
   unsigned steps_left;           /* input steps left in this wake-up */
   unsigned recvs_left;           /* socket reads left in this wake-up */
+  size_t inline_left;            /* bytes to run inline this wake-up */
   bool eof;                      /* peer closed or reset the socket */
   bool send_blocked;             /* last send hit EAGAIN: wait for EV_WRITE */
   bool yielded;                  /* budget ran out with input pending */
@@ -183,6 +218,7 @@ struct pool {
   struct req *head, *tail;       /* queued requests */
   bool stop;
   unsigned nthreads;
+  unsigned nidle;                /* workers waiting on cond */
   pthread_t *threads;
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
@@ -195,6 +231,7 @@ struct pool {
 struct server_counters {
   _Atomic uint64_t connections_now, connections_total, connections_refused;
   _Atomic uint64_t handshakes_failed, requests, request_errors;
+  _Atomic uint64_t requests_inline;
   _Atomic uint64_t bytes_read, bytes_written;
 };
 
@@ -303,6 +340,9 @@ enum step tx_step_req_discard (struct conn *c);
 
 /* execute.c: run on a worker (or on the loop for refused requests) */
 void req_execute (struct req *r);
+/* On the loop: execute r if the cache can without waiting (true, reply
+ * built), else false with r untouched, for a worker. */
+bool req_try_execute (struct req *r);
 void req_build_reply (struct req *r);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */

@@ -56,9 +56,12 @@ pool_worker (void *arg)
   for (;;) {
     struct req *r;
 
-    while (!(r = pool_take_locked (p)) && !(p->stop && !p->head))
+    while (!(r = pool_take_locked (p)) && !(p->stop && !p->head)) {
+      p->nidle++;
       if (pthread_cond_wait (&p->cond, &p->lock) != 0)
         abort ();
+      p->nidle--;
+    }
     if (!r)
       break; /* stopping and nothing left */
     unlock_or_die (&p->lock);
@@ -90,6 +93,7 @@ pool_start (struct pool *p, unsigned nthreads,
   p->sub_n = 0;
   p->stop = false;
   p->nthreads = 0;
+  p->nidle = 0;
   p->threads = calloc (nthreads, sizeof *p->threads);
   if (!p->threads)
     return -1;
@@ -102,7 +106,10 @@ pool_start (struct pool *p, unsigned nthreads,
     err = pthread_create (&p->threads[i], NULL, pool_worker, p);
     if (err)
       break;
+    /* Under the lock: running workers read it (pool_share). */
+    pthread_mutex_lock (&p->lock);
     p->nthreads++;
+    pthread_mutex_unlock (&p->lock);
   }
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (err) {
@@ -139,9 +146,9 @@ pool_submit_flush (struct pool *p)
   else
     p->head = p->sub_head;
   p->tail = p->sub_tail;
-  if (p->sub_n > 1)
-    pthread_cond_broadcast (&p->cond);
-  else
+  /* One wake-up per request, never the herd: a worker that is awake
+   * takes the next request itself when it is done with its own. */
+  for (unsigned i = 0; i < p->sub_n && i < p->nidle; i++)
     pthread_cond_signal (&p->cond);
   unlock_or_die (&p->lock);
   p->sub_head = p->sub_tail = NULL;

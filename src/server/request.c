@@ -1,6 +1,7 @@
 /* Transmission phase, input side: read request headers and write
- * payloads, check them, hand good requests to the worker pool and answer
- * bad ones at once.
+ * payloads, check them, answer bad ones at once, run the ones the cache
+ * can answer from memory here (run-to-completion), and hand the rest to
+ * the worker pool.
  *
  * A request is checked completely before it reaches the cache, so the
  * cache only ever sees ranges inside the export.  A refused write still
@@ -94,12 +95,22 @@ req_check (struct conn *c, struct req *r)
   return 0;
 }
 
-/* A complete request: reply at once if refused, else run it on a worker. */
+/* A complete request: reply at once if refused or if the cache answers
+ * it without waiting (the work it did counts against this wake-up's
+ * budget), else run it on a worker. */
 static void
 req_submit (struct conn *c, struct req *r)
 {
   if (r->error) {
     req_build_reply (r);
+    conn_queue_reply (c, r);
+    return;
+  }
+  if (c->inline_left > 0 && req_try_execute (r)) {
+    c->inline_left -= r->count < c->inline_left ? r->count : c->inline_left;
+    if (c->inline_left == 0)
+      c->steps_left = 0; /* yield: other connections' turn */
+    STAT_ADD (c->srv, requests_inline, 1);
     conn_queue_reply (c, r);
     return;
   }

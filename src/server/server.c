@@ -309,6 +309,7 @@ server_get_stats (struct server *s, struct server_stats *st)
   st->handshakes_failed = STAT_GET (s, handshakes_failed);
   st->requests = STAT_GET (s, requests);
   st->request_errors = STAT_GET (s, request_errors);
+  st->requests_inline = STAT_GET (s, requests_inline);
   st->bytes_read = STAT_GET (s, bytes_read);
   st->bytes_written = STAT_GET (s, bytes_written);
 }

@@ -118,6 +118,8 @@ struct server_stats {
   uint64_t handshakes_failed;   /* timeouts, protocol errors */
   uint64_t requests;            /* transmission requests completed */
   uint64_t request_errors;      /* of which replied with an error */
+  uint64_t requests_inline;     /* of which completed on the loop thread
+                                   (run-to-completion), not a worker */
   uint64_t bytes_read;          /* NBD_CMD_READ payload sent */
   uint64_t bytes_written;       /* NBD_CMD_WRITE payload received */
 };

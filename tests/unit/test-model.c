@@ -19,6 +19,9 @@
  *   - after every successful flush the backing equals the reference, and
  *     every backing write since is durable (flushed or FUA);
  *   - a successful FUA (or write-through) write is in the backing;
+ *   - a read or write with CACHE_NOWAIT either completes or gives up with
+ *     EAGAIN having changed nothing (half the time it is not repeated, so
+ *     later reads see a half-applied write);
  *   - block status tiles the range and never calls non-zero data a hole;
  *   - the cache's backing counters match the requests the fake saw;
  *   - when errors stop, a flush succeeds, and at the end the backing and a
@@ -87,6 +90,7 @@ struct model {
   uint64_t phase_end;
   struct hist hist[HIST];
   uint64_t ok[OP_NKINDS], failed[OP_NKINDS];
+  uint64_t nowait_gave_up;  /* CACHE_NOWAIT calls that would have waited */
   uint64_t flush_checks, phases[3];
   uint64_t slow_ms;         /* MODEL_SLOW_MS: report ops slower than this */
   uint64_t adopted;         /* bytes in doubt resolved by a read/flush */
@@ -401,6 +405,24 @@ trim_span (struct model *m, uint64_t off, uint64_t len, uint64_t *s,
     *e = *s;
 }
 
+/* A CACHE_NOWAIT call returned r: true if it gave up and is to be
+ * repeated without the flag (as the server does), half of the time.  It
+ * may only give up with EAGAIN (it never reaches the backing, so no
+ * injected error can reach it). */
+static bool
+nowait_gave_up (struct model *m, int r, unsigned *flags)
+{
+  if (!(*flags & CACHE_NOWAIT) || r == 0)
+    return false;
+  if (errno != EAGAIN)
+    MFAIL (m, "a CACHE_NOWAIT call failed with %s", strerror (errno));
+  m->nowait_gave_up++;
+  if (chance (m, 50))
+    return false;
+  *flags &= ~CACHE_NOWAIT;
+  return true;
+}
+
 static void
 do_op (struct model *m, enum op_kind kind)
 {
@@ -419,8 +441,12 @@ do_op (struct model *m, enum op_kind kind)
   case OP_READ:
   case OP_DREAD:
     flags = kind == OP_DREAD ? CACHE_DIRECT : 0;
+    if (chance (m, 30))
+      flags |= CACHE_NOWAIT;
     memset (m->buf, 0xdb, len);
     r = cache_read (m->c, m->buf, len, off, flags);
+    if (nowait_gave_up (m, r, &flags))
+      r = cache_read (m->c, m->buf, len, off, flags);
     if (r == 0)
       ref_check (m, m->buf, len, off, op_names[kind]);
     break;
@@ -430,11 +456,17 @@ do_op (struct model *m, enum op_kind kind)
     flags = kind == OP_DWRITE ? CACHE_DIRECT : 0;
     if (chance (m, 10))
       flags |= CACHE_FUA;
+    if (chance (m, 30))
+      flags |= CACHE_NOWAIT;
     rand_fill (m, m->buf, len);
     r = cache_write (m->c, m->buf, len, off, flags);
+    /* A write that gave up changed nothing: the reference stays, and
+     * when it is not tried again the reads check that. */
+    if (nowait_gave_up (m, r, &flags))
+      r = cache_write (m->c, m->buf, len, off, flags);
     if (r == 0)
       ref_set (m, m->buf, len, off);
-    else
+    else if (!(flags & CACHE_NOWAIT))
       ref_maybe (m, m->buf, len, off);
     if (r == 0 && (flags & CACHE_FUA || m->cfg.mode != CACHE_WRITEBACK)) {
       /* FUA (and write-through, and no cache): in the backing now. */
@@ -781,9 +813,9 @@ test_model (void **state)
   printf ("\ndoubtful bytes resolved=%" PRIu64 " flush checks=%" PRIu64
           " phases clean/transient/persistent=%" PRIu64 "/%" PRIu64 "/%" PRIu64 " evictions=%" PRIu64
           " backing reads=%" PRIu64 " writes=%" PRIu64 " injected=%" PRIu64
-          " throttle_waits=%" PRIu64 "\n", m->adopted, m->flush_checks, m->phases[0], m->phases[1],
+          " throttle_waits=%" PRIu64 " nowait_gave_up=%" PRIu64 "\n", m->adopted, m->flush_checks, m->phases[0], m->phases[1],
           m->phases[2], st.evictions, tot.ops[FAKE_READ], tot.ops[FAKE_WRITE], tot.failed,
-          st.throttle_waits);
+          st.throttle_waits, m->nowait_gave_up);
   if (m->cfg.mode != CACHE_NONE && m->nops >= 10000)
     assert_true (st.evictions > 0);   /* the cache really was too small */
 

@@ -9,6 +9,10 @@
  * value some thread wrote to it.  A block mixing two values, or holding a
  * value that is no thread's last write, is a bug.
  *
+ * A third of the cached reads and writes are tried with CACHE_NOWAIT
+ * first; half of the tries that give up are dropped, and must have
+ * written nothing.
+ *
  * The second test adds transient backing errors: a failed client write
  * makes its range "maybe" (old or new) until a read or the final flush
  * tells.  When the errors stop, a flush must succeed.
@@ -163,6 +167,31 @@ own_flush (struct writer *wr)
   check_own (wr, wr->buf, REGION, 0, "backing after the writer's flush");
 }
 
+/* cache_write (write) or cache_read of wr->buf, tried with CACHE_NOWAIT
+ * first one time in three (as the server's loop does).  A try that gives
+ * up did nothing, so half of the time it is dropped (returns 1: nothing
+ * written, and the checks hold the cache to that); else the call is
+ * repeated without the flag.  0 or -1/errno as the call. */
+static int
+rw_maybe_try (struct writer *wr, bool write, uint64_t len, uint64_t off,
+              unsigned flags)
+{
+  struct world *w = wr->w;
+
+  if (flags == 0 && fake_rand_below (&wr->rng, 3) == 0) {
+    int r = write ? cache_write (w->c, wr->buf, len, off, CACHE_NOWAIT)
+                  : cache_read (w->c, wr->buf, len, off, CACHE_NOWAIT);
+    if (r == 0)
+      return 0;
+    if (errno != EAGAIN)
+      report (w, "writer %d: a try failed: %s", wr->id, strerror (errno));
+    if (fake_rand_below (&wr->rng, 2) == 0)
+      return 1;
+  }
+  return write ? cache_write (w->c, wr->buf, len, off, flags)
+               : cache_read (w->c, wr->buf, len, off, flags);
+}
+
 static void
 own_op (struct writer *wr)
 {
@@ -187,7 +216,10 @@ own_op (struct writer *wr)
     }
     for (uint64_t i = 0; i < len; i++)
       wr->buf[i] = (uint8_t) (fake_rand (r) >> 7);
-    if (cache_write (w->c, wr->buf, len, base + roff, flags) == 0) {
+    int rc = rw_maybe_try (wr, true, len, base + roff, flags);
+    if (rc == 1)
+      ;                                 /* gave up: nothing written */
+    else if (rc == 0) {
       memcpy (wr->exp + roff, wr->buf, len);
       memset (wr->unk + roff, 0, len);
     }
@@ -200,9 +232,10 @@ own_op (struct writer *wr)
   }
   else if (x < 8) {                     /* read back */
     unsigned flags = fake_rand_below (r, 10) == 0 ? CACHE_DIRECT : 0;
-    if (cache_read (w->c, wr->buf, len, base + roff, flags) == 0)
+    int rc = rw_maybe_try (wr, false, len, base + roff, flags);
+    if (rc == 0)
       check_own (wr, wr->buf, len, roff, "read");
-    else if (!w->errors)
+    else if (rc == -1 && !w->errors)
       report (w, "writer %d: read failed: %s", wr->id, strerror (errno));
   }
   else if (x < 9) {                     /* zero */
@@ -250,7 +283,10 @@ shared_op (struct writer *wr, uint64_t seq)
     case 2: flags = CACHE_FUA; break;
     }
     memset (wr->buf, v, len);
-    ok = cache_write (w->c, wr->buf, len, off, flags) == 0;
+    int rc = rw_maybe_try (wr, true, len, off, flags);
+    if (rc == 1)
+      return;                           /* gave up: nothing written */
+    ok = rc == 0;
     if (!ok && !w->errors)
       report (w, "writer %d: shared write failed: %s", wr->id,
               strerror (errno));
@@ -271,9 +307,10 @@ shared_op (struct writer *wr, uint64_t seq)
   }
   else {
     unsigned flags = fake_rand_below (r, 5) == 0 ? CACHE_DIRECT : 0;
-    if (cache_read (w->c, wr->buf, len, off, flags) == 0)
+    int rc = rw_maybe_try (wr, false, len, off, flags);
+    if (rc == 0)
       check_uniform (w, wr->buf, len, off, "shared read");
-    else if (!w->errors)
+    else if (rc == -1 && !w->errors)
       report (w, "writer %d: shared read failed: %s", wr->id, strerror (errno));
   }
 }
