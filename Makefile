@@ -6,6 +6,7 @@
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-tsan the unit tests under ThreadSanitizer (build-tsan)
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
+#   make check-crash  the kill -9 loop on a pmem store for ROUNDS (1000) rounds
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -98,7 +99,7 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm bench install uninstall clean \
+        check-valgrind check-model-long check-vm check-crash bench install uninstall clean \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
 
@@ -225,6 +226,16 @@ check-model-long: all
 check-vm: deps
 	$(MAKE) $(FOLIOD)
 	$(TEST_ENV) tests/run-tests tests/test-vm.sh
+
+# The kill -9 loop of make check (100 rounds there) for ROUNDS rounds:
+# foliod on a pmem store killed at random moments under writing clients,
+# every acknowledged write checked after each restart.  PMEM_KILL_SEED=N
+# replays a seed.  About 1.5 s per round.
+ROUNDS ?= 1000
+check-crash: deps
+	$(MAKE) $(FOLIOD)
+	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 4 + 300 )) \
+	  tests/run-tests tests/test-pmem-kill.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
