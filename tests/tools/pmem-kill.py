@@ -182,8 +182,9 @@ class Client(threading.Thread):
                 while self.inflight < self.qd and not stop.is_set():
                     self.issue_write()
                 self.h.poll(50)
-        except nbd.Error:
-            pass                       # the server died under us
+        except nbd.Error as e:
+            if not (self.h.aio_is_dead() or self.h.aio_is_closed()):
+                self.exc = e           # refused by libnbd: a driver bug
         except Exception as e:         # a bug in the driver
             self.exc = e
 
