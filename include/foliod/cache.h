@@ -30,6 +30,13 @@
 #define CACHE_MAY_TRIM   (1u << 2) /* zero: a hole is fine */
 #define CACHE_FAST_ZERO  (1u << 3) /* zero: ENOTSUP unless fast */
 
+/* What a client FLUSH (and a FUA write) waits for. */
+enum cache_flush_mode {
+  CACHE_FLUSH_DEFAULT = 0, /* store with a persistent store, else backing */
+  CACHE_FLUSH_STORE,       /* the data is persistent in the store */
+  CACHE_FLUSH_BACKING,     /* written back and flushed by the backing */
+};
+
 enum cache_mode {
   CACHE_WRITEBACK = 0,   /* writes land in the cache; flush writes back */
   CACHE_WRITETHROUGH,    /* writes reach the backing before returning */
@@ -48,6 +55,7 @@ struct cache_config {
   unsigned dirty_limit_pct;      /* writers throttled above this % */
   unsigned dirty_expire_ms;      /* dirty data older than this is written */
   unsigned writeback_interval_ms;/* how often the writeback thread wakes */
+  enum cache_flush_mode flush;   /* CACHE_FLUSH_STORE needs a pmem store */
 };
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
@@ -106,9 +114,15 @@ int cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   FOLIOD_NONNULL (1) FOLIOD_WUR;
 int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   FOLIOD_NONNULL (1) FOLIOD_WUR;
-/* Write back all dirty data and flush the backing.  A writeback error
- * leaves the data dirty (it is retried) and is returned here. */
+/* A client FLUSH.  flush=backing: write back all dirty data and flush the
+ * backing (and sync a pmem store).  flush=store: make what was written
+ * persistent in the store only (the backing gets it by background
+ * writeback).  A writeback error leaves the data dirty (it is retried)
+ * and is returned here. */
 int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
+/* Write back all dirty data, flush the backing, sync the store, whatever
+ * the flush mode: shutdown, foliod flush, foliod store writeback. */
+int cache_write_back (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Bring the range into the cache (NBD_CMD_CACHE). */
 int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
   FOLIOD_NONNULL (1) FOLIOD_WUR;
@@ -124,6 +138,21 @@ int cache_block_status (struct cache *c, uint64_t len, uint64_t off,
 
 void cache_get_stats (struct cache *c, struct cache_stats *st)
   FOLIOD_NONNULL (1, 2);
+
+/* The store and what cache_create recovered from it. */
+struct cache_store_info {
+  const char *kind;           /* "ram" or "pmem" */
+  const char *granularity;    /* pmem: "cache-line", "byte" or "page" */
+  int power_safe_per_write;   /* pmem: each write, else at FLUSH/FUA */
+  int formatted;              /* pmem: a new store, nothing recovered */
+  int was_clean;              /* pmem: the last shutdown was clean */
+  enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */
+  uint32_t recovered_folios;
+  uint64_t recovered_bytes, recovered_dirty_bytes;
+  uint64_t recover_ms;
+};
+void cache_get_store_info (const struct cache *c,
+                           struct cache_store_info *out) FOLIOD_NONNULL (1, 2);
 const struct cache_config *cache_get_config (const struct cache *c)
   FOLIOD_NONNULL (1);
 uint64_t cache_size_bytes (const struct cache *c) /* export size */

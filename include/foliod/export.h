@@ -38,7 +38,8 @@ void export_config_free (struct export_config *cfg) FOLIOD_NONNULL (1);
  * foliod.conf [export NAME] sections and the nbdkit plugin):
  *   backing, cache (writeback|writethrough|none), cache-size, folio-size,
  *   block-size, direct-threshold, max-io, dirty-background, dirty-limit,
- *   dirty-expire, read-only, description, store, connections, retry-timeout,
+ *   dirty-expire, read-only, description, store (ram|pmem:PATH), flush
+ *   (store|backing), connections, retry-timeout,
  *   tls-certificates, tls-psk-file, tls-username, tls.
  * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
  * a reason in err (unknown key, bad value). */
@@ -66,6 +67,10 @@ int export_config_check_each (const struct export_config *cfg,
  * not the first only. */
 void export_err_append (char *err, size_t errlen, const char *msg)
   FOLIOD_NONNULL (1, 3);
+
+/* The PATH of store=pmem:PATH, or NULL (the ram store). */
+const char *export_store_path (const struct export_config *cfg)
+  FOLIOD_NONNULL (1);
 
 /* The NBD protocol caps strings, export names included, at 4096 bytes: a
  * longer name could never be asked for.  "" is the default export. */

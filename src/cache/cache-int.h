@@ -64,6 +64,10 @@ struct folio {
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */
   uint64_t *bits;           /* state bitmap from the store */
+  /* Page stores: store_sync_started when a dirty or unstable bit was last
+   * cleared; the slot is reused only after a sync that started later
+   * (store_sync_done > clear_seq).  Stripe. */
+  uint64_t clear_seq;
 };
 
 /* Counters (relaxed atomics, any thread). */
@@ -123,8 +127,49 @@ struct cache {
   bool bounce_key_ok;
   unsigned char *zero_block;/* block_size zero bytes */
 
+  /* The store: persistent (pmem) stores need persist() in the order of
+   * store-pmem.c's contract; page stores also a sync before a slot that
+   * held dirty data is reused. */
+  bool persistent, store_deferred;
+  _Atomic uint64_t store_sync_started, store_sync_done;
+  _Atomic bool passthrough_unsynced; /* flush=store: a passthrough write
+                                      * since the last backing flush */
+  struct cache_store_info sinfo;
+
   struct cache_counters st;
 };
+
+/* --- the store's persistence (cache.c); no-ops on the ram store --- */
+/* Blocks [start, end) of f's data, then f's bits. */
+void folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
+                         uint32_t end);
+void folio_persist_bits_slow (struct cache *c, struct folio *f);
+static inline void
+folio_persist_bits (struct cache *c, struct folio *f)
+{
+  if (c->persistent)
+    folio_persist_bits_slow (c, f);
+}
+/* A dirty or unstable bit of f was cleared: persist the bits (page
+ * stores: and note it, see clear_seq). */
+static inline void
+folio_persist_cleared (struct cache *c, struct folio *f)
+{
+  folio_persist_bits (c, f);
+  if (c->store_deferred) {
+    atomic_thread_fence (memory_order_seq_cst);  /* the persist's record first */
+    f->clear_seq = atomic_load (&c->store_sync_started);
+  }
+}
+/* May f's slot take another folio (its cleared bits are persistent)? */
+static inline bool
+folio_reusable (struct cache *c, const struct folio *f)
+{
+  return !c->store_deferred ||
+         atomic_load (&c->store_sync_done) > f->clear_seq;
+}
+/* Page stores: msync what changed (FLUSH, FUA, writeback).  0 or -1. */
+int cache_store_sync (struct cache *c);
 
 /* A window: consecutive folios [start, end) under one range lock. */
 struct window {
@@ -194,6 +239,10 @@ pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
 int window_begin (struct cache *c, struct window *w, uint64_t start,
                   uint64_t end, bool alloc);
 void window_end (struct cache *c, struct window *w);
+/* Put folio f, already holding folio fi's state (a recovered store slot),
+ * into the index and the LRU, marked if dirty.  No locks needed: only
+ * cache_create calls it.  0 or -1/ENOMEM. */
+int folio_adopt (struct cache *c, struct folio *f, uint64_t fi);
 /* The first cached folio with a number in [*fi, end), *fi set to its
  * number; NULL if none.  The caller holds the stripes of [*fi, end), so
  * the folio stays cached. */

@@ -113,6 +113,113 @@ cache_init_slots (struct cache *c)
 
 static void cache_free (struct cache *c);
 
+/* --- the store's persistence (see the contract in store-pmem.c) --- */
+
+void
+folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
+                    uint32_t end)
+{
+  if (c->persistent && end > start)
+    (void) c->store->ops->persist (c->store,
+                                   f->data + block_pos (c, start),
+                                   (size_t) block_pos (c, end - start));
+}
+
+void
+folio_persist_bits_slow (struct cache *c, struct folio *f)
+{
+  (void) c->store->ops->persist (c->store, f->bits,
+                                 c->store->bitmap_words * sizeof *f->bits);
+}
+
+int
+cache_store_sync (struct cache *c)
+{
+  if (!c->store_deferred)
+    return 0;
+  uint64_t s = atomic_fetch_add (&c->store_sync_started, 1) + 1;
+  if (store_pmem_sync_pending (c->store) == -1)
+    return -1;
+  uint64_t d = atomic_load (&c->store_sync_done);
+  while (d < s && !atomic_compare_exchange_weak (&c->store_sync_done, &d, s))
+    ;
+  return 0;
+}
+
+/* A slot of the pmem store that holds folio fi with bits (store_pmem_recover
+ * trimmed them): the folio goes back into the index, its dirty blocks are
+ * written back in the background (dirtied long ago). */
+static int
+cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
+{
+  struct cache *c = arg;
+  struct folio *f = &c->folios[slot];
+  uint32_t bpf = c->blocks_per_folio;
+
+  if (fi >= c->nr_folios || bits != f->bits || f->cached) {
+    errno = EINVAL;
+    return -1;
+  }
+  for (uint32_t i = 0; i < bpf; i++) {
+    f->nr_uptodate += folio_test (c, f, FP_UPTODATE, i);
+    f->nr_dirty += folio_test (c, f, FP_DIRTY, i);
+    f->nr_unstable += folio_test (c, f, FP_UNSTABLE, i);
+  }
+  if (folio_adopt (c, f, fi) == -1)
+    return -1;
+  f->dirtied_ms = f->nr_dirty ? 1 : 0;
+  STAT_ADD (c, dirty_bytes, (uint64_t) f->nr_dirty << c->block_shift);
+  STAT_ADD (c, unstable_bytes, (uint64_t) f->nr_unstable << c->block_shift);
+  c->sinfo.recovered_folios++;
+  c->sinfo.recovered_bytes += (uint64_t) f->nr_uptodate << c->block_shift;
+  c->sinfo.recovered_dirty_bytes += (uint64_t) f->nr_dirty << c->block_shift;
+  return 0;
+}
+
+/* The store's kind; a pmem store is rebuilt into the index (before any
+ * set_index), and the free slots are those it left free. */
+static int
+cache_init_store (struct cache *c, char *err, size_t errlen)
+{
+  struct cache_store_info *si = &c->sinfo;
+  struct store_pmem_recovery rec;
+  struct store_pmem_info pi;
+  uint32_t n = c->store->nslots;
+  uint64_t t0 = now_ms ();
+
+  si->kind = c->store->ops->name;
+  c->persistent = strcmp (si->kind, "pmem") == 0;
+  si->flush = c->cfg.flush != CACHE_FLUSH_DEFAULT ? c->cfg.flush
+              : c->persistent ? CACHE_FLUSH_STORE : CACHE_FLUSH_BACKING;
+  atomic_store (&c->store_sync_started, 1);
+  atomic_store (&c->store_sync_done, 1);
+  if (!c->persistent) {
+    if (c->cfg.flush == CACHE_FLUSH_STORE) {
+      snprintf (err, errlen, "flush=store needs a persistent store "
+                "(store=pmem:PATH)");
+      errno = EINVAL;
+      return -1;
+    }
+    return 0;
+  }
+  store_pmem_get_info (c->store, &pi);
+  si->granularity = pi.granularity;
+  si->power_safe_per_write = pi.power_safe_per_write;
+  si->formatted = pi.formatted;
+  si->was_clean = pi.was_clean;
+  c->store_deferred = !pi.power_safe_per_write;
+  if (store_pmem_recover (c->store, cache_recover_one, c, &rec) != 0) {
+    snprintf (err, errlen, "recovering the store: %s", strerror (errno));
+    return -1;
+  }
+  c->nr_free = 0;
+  for (uint32_t i = n; i-- > 0;)   /* slot 0 is handed out first */
+    if (!c->folios[i].cached)
+      c->free_slots[c->nr_free++] = i;
+  si->recover_ms = now_ms () - t0;
+  return 0;
+}
+
 /* A store handed in by the caller must have the configured geometry. */
 static int
 store_check (const struct store *s, const struct cache_config *cfg,
@@ -171,6 +278,12 @@ cache_create (struct backing *b, struct store *store,
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
       cache_init_slots (c) == -1)
     goto nomem;
+  if (cache_init_store (c, err, errlen) == -1) {
+    int e = errno;
+    cache_free (c);
+    errno = e;
+    return NULL;
+  }
   if (cache_start_writeback (c) == -1) {
     snprintf (err, errlen, "cannot start the writeback thread: %s",
               strerror (errno));
@@ -241,7 +354,9 @@ cache_destroy (struct cache *c)
   if (c == NULL)
     return 0;
   cache_stop_writeback (c);
-  lost = STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0;
+  /* A persistent store keeps them for the next start. */
+  lost = !c->persistent &&
+         (STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0);
   cache_free (c);
   if (lost) {
     errno = EIO;
@@ -264,8 +379,8 @@ cache_destroy (struct cache *c)
  * error once, which is how a retried fsync came to claim lost data
  * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
  * until the next flush would make direct I/O cost cache memory. */
-int
-cache_flush (struct cache *c)
+static int
+cache_flush_backing (struct cache *c)
 {
   int err = 0, r;
 
@@ -298,6 +413,62 @@ cache_flush (struct cache *c)
     return -1;
   }
   return 0;
+}
+
+int
+cache_write_back (struct cache *c)
+{
+  int r = cache_flush_backing (c), err = errno;
+
+  if (cache_store_sync (c) == -1 && r == 0)
+    return -1;
+  errno = err;
+  return r;
+}
+
+/* flush=store: what was written is persistent once the store is synced.
+ * Passthrough writes (direct I/O, zero) are not in the store: they need
+ * the backing's flush, not a writeback (wb_stabilize).  Cached writes the
+ * backing lost are dirty again in the store: nothing to report. */
+static int
+cache_flush_store (struct cache *c)
+{
+  int r = 0, err = 0;
+
+  if (atomic_exchange (&c->passthrough_unsynced, false)) {
+    lock_or_die (&c->wb_mutex);
+    r = wb_stabilize (c);
+    err = errno;
+    if (r == 1)
+      r = 0;
+    if (c->passthrough_lost) {
+      r = -1;
+      err = EIO;
+    }
+    unlock_or_die (&c->wb_mutex);
+    if (r == -1)
+      atomic_store (&c->passthrough_unsynced, true);
+  }
+  if (cache_store_sync (c) == -1 && r == 0) {
+    r = -1;
+    err = errno;
+  }
+  errno = err;
+  return r;
+}
+
+int
+cache_flush (struct cache *c)
+{
+  if (c->sinfo.flush == CACHE_FLUSH_STORE)
+    return cache_flush_store (c);
+  return cache_write_back (c);
+}
+
+void
+cache_get_store_info (const struct cache *c, struct cache_store_info *out)
+{
+  *out = c->sinfo;
 }
 
 int

@@ -26,6 +26,16 @@ struct fix {
   unsigned char *dst;        /* FIX_OVERLAY: buffer at off */
 };
 
+/* The store's copy of [s, e) inside folio f changed. */
+static void
+fix_persist_bytes (struct cache *c, struct folio *f, uint64_t s, uint64_t e)
+{
+  uint64_t in = s - folio_pos (c, f->index);
+
+  if (c->persistent)
+    (void) c->store->ops->persist (c->store, f->data + in, e - s);
+}
+
 /* Apply the fix to block i of folio f, whose part [s, e) (export offsets)
  * the request covers. */
 static void
@@ -45,6 +55,7 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
       return;                   /* nothing cached to update */
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
+    fix_persist_bytes (c, f, s, e);
     if (whole) {
       folio_set_uptodate (c, f, i, i + 1);
       folio_clear_dirty (c, f, i, i + 1);
@@ -86,6 +97,8 @@ fix_folio (struct cache *c, struct folio *f, const struct fix *x)
     fix_block (c, f, i, s, be, x);
     s = be;
   }
+  if (x->kind != FIX_OVERLAY)
+    folio_persist_cleared (c, f);
 }
 
 /* The caller holds the range lock of the request's folios. */
@@ -189,6 +202,8 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
   int err = errno;
   if (r == 0 && !(flags & CACHE_FUA)) {
     atomic_store (&c->backing_unflushed, true);
+    if (op != PASS_TRIM)
+      atomic_store (&c->passthrough_unsynced, true);
     passthrough_done (c, op, flags);
   }
   if (r == -1)

@@ -256,9 +256,14 @@ void
 folio_written (struct cache *c, struct folio *f, uint32_t start,
                uint32_t end, bool unstable)
 {
-  if (unstable)      /* first, so that the folio stays marked throughout */
+  /* Unstable first, so that the folio stays marked throughout, and
+   * persisted first: a block must never be neither (store-pmem.c). */
+  if (unstable) {
     folio_assign_unstable (c, f, start, end, true);
+    folio_persist_bits (c, f);
+  }
   folio_clear_dirty (c, f, start, end);
+  folio_persist_cleared (c, f);
 }
 
 void
@@ -268,11 +273,14 @@ folio_settle (struct cache *c, struct folio *f, bool lost)
 
   while ((i = folio_next (c, f, FP_UNSTABLE, true, i, bpf)) < bpf) {
     uint32_t e = folio_next (c, f, FP_UNSTABLE, false, i, bpf);
-    if (lost)
+    if (lost) {
       folio_set_dirty (c, f, i, e);
+      folio_persist_bits (c, f);      /* dirty before unstable goes */
+    }
     folio_assign_unstable (c, f, i, e, false);
     i = e;
   }
+  folio_persist_cleared (c, f);
 }
 
 void
@@ -281,6 +289,7 @@ folio_drop (struct cache *c, struct folio *f, uint32_t start, uint32_t end)
   folio_clear_dirty (c, f, start, end);
   folio_assign_unstable (c, f, start, end, false);
   folio_clear_uptodate (c, f, start, end);
+  folio_persist_cleared (c, f);
 }
 
 /* Forget all state: the slot is about to hold another folio.  Only a

@@ -68,10 +68,12 @@ fill_data (struct cache *c, struct window *w, uint64_t start, uint64_t end)
   if (folio_of (c, off + len - 1) == fi) {
     struct folio *f = w->f[fi - w->start];
     uint64_t in = off - folio_pos (c, fi);
+    uint32_t i = (uint32_t) (start % bpf), e = (uint32_t) ((end - 1) % bpf) + 1;
     if (io_read (c, f->data + in, len, off) == -1)
       return -1;
-    folio_set_uptodate (c, f, (uint32_t) (start % bpf),
-                        (uint32_t) ((end - 1) % bpf) + 1);
+    folio_persist_data (c, f, i, e);
+    folio_set_uptodate (c, f, i, e);
+    folio_persist_bits (c, f);
     return 0;
   }
   unsigned char *bounce = io_bounce (c);
@@ -83,7 +85,9 @@ fill_data (struct cache *c, struct window *w, uint64_t start, uint64_t end)
     uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
     memcpy (f->data + block_pos (c, i), bounce + block_pos (c, b - start),
             block_pos (c, cnt));
+    folio_persist_data (c, f, i, i + cnt);
     folio_set_uptodate (c, f, i, i + cnt);
+    folio_persist_bits (c, f);
     b += cnt;
   }
   return 0;
@@ -99,7 +103,10 @@ fill_zero (struct cache *c, struct window *w, uint64_t start, uint64_t end)
     struct folio *f = w->f[b / bpf - w->start];
     uint32_t i = (uint32_t) (b % bpf);
     memset (f->data + block_pos (c, i), 0, (size_t) 1 << c->block_shift);
+    folio_persist_data (c, f, i, i + 1);
     folio_set_uptodate (c, f, i, i + 1);
+    if (i + 1 == bpf || b + 1 == end)
+      folio_persist_bits (c, f);
   }
 }
 

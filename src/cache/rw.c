@@ -46,7 +46,9 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     struct folio *f = w->f[fi - w->start];
     if (n > len)
       n = len;
-    if (to_folio)
+    if (to_folio && c->persistent)   /* persisted before the bits */
+      store_pmem_write (c->store, f->data + in, p, n);
+    else if (to_folio)
       memcpy (f->data + in, p, n);
     else
       memcpy (p, f->data + in, n);
@@ -152,12 +154,13 @@ dirty_blocks (struct cache *c, struct window *w, uint64_t start,
     uint32_t n = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
     folio_set_uptodate (c, f, i, i + n);
     folio_set_dirty (c, f, i, i + n);
+    folio_persist_bits (c, f);         /* after the data, before the reply */
     b += n;
   }
 }
 
 /* Copy the step's part of the buffer (at the request's start) into the
- * cache; with CACHE_FUA write it back before returning. */
+ * cache; with CACHE_WRITE_NOW write it back before returning. */
 static int64_t
 write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
 {
@@ -169,7 +172,7 @@ write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
     return -1;
   copy_range (c, &it->w, (void *) (buf + (off - it->start)), off, len, true);
   dirty_blocks (c, &it->w, start, end);
-  if ((flags & CACHE_FUA) &&
+  if ((flags & CACHE_WRITE_NOW) &&
       wb_window (c, &it->w, start, end, BACKING_FUA) == -1)
     return -1;
   return (int64_t) len;
@@ -189,11 +192,15 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   STAT_ADD (c, client_write_bytes, len);
   if (use_direct (c, len, flags))
     return direct_write (c, buf, len, off, flags);
-  if (c->cfg.mode == CACHE_WRITETHROUGH)
-    flags |= CACHE_FUA;
+  /* FUA with flush=store: durable once the store is synced below. */
+  if (c->cfg.mode == CACHE_WRITETHROUGH ||
+      ((flags & CACHE_FUA) && c->sinfo.flush != CACHE_FLUSH_STORE))
+    flags |= CACHE_WRITE_NOW;
   cache_iter_init (&it, c, off, len,
-                   CI_ALLOC | (flags & CACHE_FUA ? 0 : CI_THROTTLE));
+                   CI_ALLOC | (flags & CACHE_WRITE_NOW ? 0 : CI_THROTTLE));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
+  if (r == 0 && (flags & CACHE_FUA))
+    r = cache_store_sync (c);
   return r;
 }

@@ -66,9 +66,23 @@ lru_append (struct cache *c, struct folio *f)
   c->lru_tail = f;
 }
 
+int
+folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
+{
+  if (fidx_insert (&c->index, fi, f) == -1)
+    return -1;
+  f->index = fi;
+  f->cached = true;
+  if (f->nr_dirty || f->nr_unstable)
+    fidx_set_mark (&c->index, fi, true);
+  lru_append (c, f);
+  return 0;
+}
+
 /* Try to take one clean folio off the LRU (lock held).  Its stripe must be
  * free (trylock), which also keeps us from evicting our own window.  Dirty
- * folios met on the way get a second chance at the tail. */
+ * folios met on the way get a second chance at the tail, and so do those
+ * whose cleared bits a page store has not synced yet (folio_reusable). */
 static struct folio *
 evict_one_locked (struct cache *c)
 {
@@ -79,7 +93,7 @@ evict_one_locked (struct cache *c)
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
     if (trylock_or_die (m)) {
-      if (f->nr_dirty == 0 && f->nr_unstable == 0) {
+      if (f->nr_dirty == 0 && f->nr_unstable == 0 && folio_reusable (c, f)) {
         lru_unlink (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;

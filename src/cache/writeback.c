@@ -41,7 +41,10 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
     return -1;
   }
   atomic_store (&c->wb_failing, 0);
-  bool unstable = c->b->ops->loss_epoch != NULL && !(flags & BACKING_FUA);
+  /* A persistent store keeps the blocks until the backing has flushed
+   * them, whatever the backing (store-pmem.c). */
+  bool unstable = (c->b->ops->loss_epoch != NULL || c->persistent) &&
+                  !(flags & BACKING_FUA);
   for (uint64_t b = start; b < end;) {
     struct folio *g = w->f[b / bpf - w->start];
     uint32_t i = (uint32_t) (b % bpf);
@@ -270,6 +273,7 @@ forget_clean (struct cache *c, struct folio *f, bool unused)
   for (uint32_t i = 0; i < c->blocks_per_folio; i++)
     if (!folio_block_dirty (c, f, i) && !folio_test (c, f, FP_UNSTABLE, i))
       folio_clear_uptodate (c, f, i, i + 1);
+  folio_persist_bits (c, f);   /* a warm restart must not trust them */
 }
 
 void
@@ -305,8 +309,11 @@ wb_thread_main (void *arg)
     wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
     if (atomic_load (&c->wb_stop))
       break;
-    if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0)
+    if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0) {
+      if (c->space_waiters > 0)
+        (void) cache_store_sync (c);  /* page store: cleaned slots reusable */
       continue;
+    }
     int err;
     lock_or_die (&c->wb_mutex);
     wb_pass (c, false, &err);
@@ -318,6 +325,8 @@ wb_thread_main (void *arg)
         err == 0)
       err = errno;
     unlock_or_die (&c->wb_mutex);
+    if (cache_store_sync (c) == -1 && err == 0)  /* page store: slots reusable */
+      err = errno;
     lock_or_die (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
     unlock_or_die (&c->lock);

@@ -944,6 +944,8 @@ exports_check_memory (const struct daemon_config *c)
     const struct daemon_export *e = &c->exports[i];
     uint64_t v = e->cfg.cache.cache_size;
     size_t n = strlen (list);
+    if (export_store_path (&e->cfg))
+      continue;      /* a mapped file: its pages go back to it, not swap */
     sum = sum + v < sum ? UINT64_MAX : sum + v;
     snprintf (list + n, sizeof list - n, "%s%.64s %s", n ? ", " : "",
               e->cfg.name, size_text (v, s, sizeof s));

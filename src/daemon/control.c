@@ -75,7 +75,8 @@ enum metric_id {
   M_HITS, M_MISSES, M_CLIENT_READ, M_CLIENT_WRITE, M_WRITEBACK, M_WA,
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
-  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE, M_COUNT
+  M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_SIZE,
+  M_STORE_DIRTY, M_COUNT
 };
 
 static const struct {
@@ -126,6 +127,9 @@ static const struct {
   [M_FLUSHES] = { "foliod_backing_flushes_total", "counter",
                   "Flushes sent to the backing." },
   [M_SIZE] = { "foliod_export_size_bytes", "gauge", "Size of the export." },
+  [M_STORE_DIRTY] = { "foliod_store_dirty_bytes", "gauge",
+                      "Dirty bytes kept in a persistent store (pmem): they "
+                      "survive a crash (0 with the ram store)." },
 };
 
 struct export_values {
@@ -162,6 +166,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_SIZE] = ex->size;
+  v[M_STORE_DIRTY] = ex->store ? st.dirty_bytes + st.unstable_bytes : 0;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }
@@ -238,6 +243,20 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
     }
   }
   free (vals);
+  out (&o, "# HELP foliod_store_info Where folio memory lives: kind ram or "
+       "pmem, granularity cache-line, byte or page (pmem), flush store or "
+       "backing.\n# TYPE foliod_store_info gauge\n");
+  for (size_t i = 0; i < n; i++) {
+    struct cache_store_info si;
+    if (ex[i].ex == NULL)
+      continue;
+    cache_get_store_info (ex[i].ex->cache, &si);
+    label_escape (label, sizeof label, ex[i].cfg.name);
+    out (&o, "foliod_store_info{export=\"%s\",kind=\"%s\","
+         "granularity=\"%s\",flush=\"%s\"} 1\n", label, si.kind,
+         si.granularity ? si.granularity : "none",
+         si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
+  }
   if (server) {
     /* The server counts connections over all exports. */
     server_get_stats (server, &ss);
@@ -324,7 +343,7 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
     cache_get_stats (e->ex->cache, &st);
     log_info ("control: flush %s (%llu bytes dirty)", name,
               (unsigned long long) st.dirty_bytes);
-    if (cache_flush (e->ex->cache) == -1)
+    if (cache_write_back (e->ex->cache) == -1)
       snprintf (reply, len, "ERROR flush %.200s: %s\n", name,
                 strerror (errno));
     else
@@ -693,7 +712,7 @@ print_table (char *text)
     if (line[0] == '#' || brace == NULL || n_exports == 64)
       continue;
     brace += 9;
-    end = strstr (brace, "\"}");
+    end = strchr (brace, '"');   /* names are escaped: no bare quote */
     if (end == NULL)
       continue;
     *end = '\0';
@@ -722,11 +741,23 @@ print_table (char *text)
       if (i < n_exports) {
         if (brace == NULL)
           continue;
-        char want[300];
-        snprintf (want, sizeof want, "{export=\"%s\"}", exports[i]);
-        if (strncmp (brace, want, strlen (want)) != 0)
+        char want[300], labels[256] = "";
+        snprintf (want, sizeof want, "{export=\"%s\"", exports[i]);
+        size_t wl = strlen (want);
+        if (strncmp (brace, want, wl) != 0 ||
+            (brace[wl] != '}' && brace[wl] != ','))
           continue;
         pretty_name (name, sizeof name, line, (size_t) (brace - line));
+        if (brace[wl] == ',') {   /* more labels: they are the value */
+          size_t n = 0;
+          for (const char *q = brace + wl + 1; *q && *q != '}' &&
+               n + 1 < sizeof labels; q++)
+            if (*q != '"')
+              labels[n++] = *q == ',' ? ' ' : *q;
+          labels[n] = '\0';
+          printf ("  %-28s %s\n", name, labels);
+          continue;
+        }
       } else {
         if (brace != NULL)
           continue;

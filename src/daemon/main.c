@@ -233,7 +233,8 @@ struct closer {
   unsigned timeout_ms;
   pthread_t thread;
   int started, r, err;
-  uint64_t lost;
+  int kept;                  /* a pmem store keeps what is not written back */
+  uint64_t lost, dirty;
 };
 
 static void *
@@ -255,7 +256,9 @@ closer_start (struct closer *k, struct daemon_export *e, uint64_t deadline)
 
   k->e = e;
   k->timeout_ms = deadline > now ? (unsigned) (deadline - now) : 0;
+  k->kept = e->ex->store != NULL;
   cache_get_stats (e->ex->cache, &st);
+  k->dirty = st.dirty_bytes + st.unstable_bytes;
   if (st.dirty_bytes)
     log_info ("export %s: writing back %llu bytes", e->cfg.name,
               (unsigned long long) st.dirty_bytes);
@@ -272,6 +275,14 @@ closer_finish (struct closer *k)
     pthread_join (k->thread, NULL);
   if (k->r == 0)
     return 0;
+  if (k->kept && k->lost == 0) {
+    log_error ("export %s: writeback at shutdown failed (%s): dirty data "
+               "(up to %llu bytes) kept in store %s for the next start; the "
+               "store is not marked clean", k->e->cfg.name,
+               strerror (k->err), (unsigned long long) k->dirty,
+               k->e->cfg.store);
+    return -1;
+  }
   log_error ("export %s: DIRTY DATA LOST: dirty data could not be written "
              "back: %llu bytes lost (%s)", k->e->cfg.name,
              (unsigned long long) k->lost, strerror (k->err));
@@ -356,6 +367,37 @@ log_direct (const struct daemon_export *e)
               "requests use buffered I/O", e->cfg.name);
 }
 
+/* Say which persistence a pmem store got, and what it brought back. */
+static void
+log_store (const struct daemon_export *e)
+{
+  struct cache_store_info si;
+  struct cache_stats st;
+
+  cache_get_store_info (e->ex->cache, &si);
+  if (e->ex->store == NULL)
+    return;
+  cache_get_stats (e->ex->cache, &st);
+  log_info ("export %s: store %s granularity=%s (%s) power-safe %s; "
+            "flush=%s", e->cfg.name, e->cfg.store, si.granularity,
+            si.power_safe_per_write ? "MAP_SYNC" : "msync",
+            si.power_safe_per_write ? "at each write" : "at FLUSH/FUA",
+            si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
+  if (si.formatted)
+    log_info ("export %s: store %s: new, %llu bytes of data", e->cfg.name,
+              e->cfg.store, (unsigned long long) e->cfg.cache.cache_size);
+  else
+    log_info ("export %s: store %s: last shutdown %s; recovered %u folios, "
+              "%llu bytes, %llu dirty bytes in %llu ms%s", e->cfg.name,
+              e->cfg.store, si.was_clean ? "clean" : "NOT clean (crash)",
+              (unsigned) si.recovered_folios,
+              (unsigned long long) si.recovered_bytes,
+              (unsigned long long) si.recovered_dirty_bytes,
+              (unsigned long long) si.recover_ms,
+              si.was_clean ? " (warm: every block kept)"
+                           : " (only dirty blocks trusted)");
+}
+
 static int
 exports_open (struct daemon_config *cfg)
 {
@@ -371,6 +413,7 @@ exports_open (struct daemon_config *cfg)
     log_info ("export %s: %s, %llu bytes%s", e->cfg.name, e->cfg.backing,
               (unsigned long long) e->ex->size,
               e->ex->read_only ? ", read-only" : "");
+    log_store (e);
     log_direct (e);
   }
   return 0;

@@ -29,7 +29,10 @@ const struct export_key_help export_keys[] = {
                           "(default 1000)" },
   { "read-only", "serve the export read-only (default false)" },
   { "description", "text shown to clients (NBD_INFO_DESCRIPTION)" },
-  { "store", "folio memory: ram (default)" },
+  { "store", "folio memory: ram (default), or pmem:PATH, a file that "
+             "keeps dirty data across crashes (cache-size is its data)" },
+  { "flush", "what FLUSH and FUA wait for: store (default with a pmem "
+             "store) or backing (default with ram)" },
   { "connections", "nbd backing: connections to the remote (default 4)" },
   { "retry-timeout", "nbd backing: how long in ms a request waits for a "
                      "lost remote to come back (default 30000)" },
@@ -121,6 +124,15 @@ set_mode (enum cache_mode *dst, const char *value)
 }
 
 static int
+set_flush (enum cache_flush_mode *dst, const char *value)
+{
+  if (strcmp (value, "store") == 0) *dst = CACHE_FLUSH_STORE;
+  else if (strcmp (value, "backing") == 0) *dst = CACHE_FLUSH_BACKING;
+  else { errno = EINVAL; return -1; }
+  return 0;
+}
+
+static int
 set_tls (int *dst, const char *value)
 {
   if (strcmp (value, "require") == 0) *dst = 1;
@@ -155,6 +167,7 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "description"))
     return set_string (&cfg->description, value);
   if (!strcmp (key, "store")) return set_string (&cfg->store, value);
+  if (!strcmp (key, "flush")) return set_flush (&cc->flush, value);
   if (!strcmp (key, "connections"))
     return set_uint (&bo->connections, value, 64);
   if (!strcmp (key, "retry-timeout"))
@@ -248,10 +261,16 @@ export_config_check_each (const struct export_config *cfg,
     report (arg, NULL, "no backing given (backing=file:PATH or nbd://...)");
     n++;
   }
-  if (cfg->store && strcmp (cfg->store, "ram") != 0) {
-    snprintf (one, sizeof one, "unknown store '%s' (only ram is supported)",
+  if (cfg->store && strcmp (cfg->store, "ram") != 0 &&
+      export_store_path (cfg) == NULL) {
+    snprintf (one, sizeof one, "unknown store '%s' (ram or pmem:PATH)",
               cfg->store);
     report (arg, "store", one);
+    n++;
+  }
+  if (cfg->cache.flush == CACHE_FLUSH_STORE && export_store_path (cfg) == NULL) {
+    report (arg, "flush", "flush=store needs a persistent store "
+            "(store=pmem:PATH): the ram store loses its data with foliod");
     n++;
   }
   if (cache_config_check (&cfg->cache, one, sizeof one) == -1) {
@@ -259,6 +278,16 @@ export_config_check_each (const struct export_config *cfg,
     n++;
   }
   return n;
+}
+
+const char *
+export_store_path (const struct export_config *cfg)
+{
+  const char *s = cfg->store;
+
+  if (s == NULL || strncmp (s, "pmem:", 5) != 0 || s[5] == '\0')
+    return NULL;
+  return s + 5;
 }
 
 struct check_text {

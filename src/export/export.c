@@ -1,12 +1,79 @@
 /* An export: open its backing and cache; close it without losing data. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "foliod/export.h"
 #include "foliod/util.h"
+
+/* The file a file: backing spec names, or NULL (nbd). */
+static const char *
+spec_file_path (const char *spec)
+{
+  if (strncmp (spec, "file://", 7) == 0)
+    return spec + 7;
+  if (strncmp (spec, "file:", 5) == 0)
+    return spec + 5;
+  if (strstr (spec, "://"))
+    return NULL;
+  return spec;
+}
+
+/* The backing's identity, kept in the store's header: its spec (a file as
+ * file:REALPATH, so that a relative path or another spelling finds it
+ * again), its size, and for a regular file its device and inode (a block
+ * device: its device number; its inode in /dev changes across boots). */
+static int
+export_backing_id (const char *spec, const struct backing *b,
+                   struct store_pmem_config *sc, char *buf, size_t buflen,
+                   char *err, size_t errlen)
+{
+  const char *path = spec_file_path (spec);
+  char real[PATH_MAX];
+  struct stat st;
+
+  sc->backing_spec = spec;
+  sc->backing_size = b->size;
+  if (path == NULL)
+    return 0;
+  if (realpath (path, real) == NULL || stat (real, &st) == -1) {
+    snprintf (err, errlen, "backing %s: %s", path, strerror (errno));
+    return -1;
+  }
+  snprintf (buf, buflen, "file:%s", real);
+  sc->backing_spec = buf;
+  sc->backing_dev = S_ISBLK (st.st_mode) ? st.st_rdev : st.st_dev;
+  sc->backing_ino = S_ISBLK (st.st_mode) ? 0 : st.st_ino;
+  return 0;
+}
+
+/* store=pmem:PATH: open (or create) the store for this backing; NULL
+ * (no error) for the ram store. */
+static int
+export_open_store (struct export *e, const struct export_config *cfg,
+                   char *err, size_t errlen)
+{
+  const char *path = export_store_path (cfg);
+  struct store_pmem_config sc = { 0 };
+  char spec[PATH_MAX + 8];
+
+  if (path == NULL)
+    return 0;
+  sc.path = path;
+  sc.folio_size = cfg->cache.folio_size;
+  sc.block_size = cfg->cache.block_size;
+  sc.nslots = (uint32_t) (cfg->cache.cache_size / cfg->cache.folio_size);
+  sc.export_size = e->backing->size;
+  if (export_backing_id (cfg->backing, e->backing, &sc, spec, sizeof spec,
+                         err, errlen) == -1)
+    return -1;
+  e->store = store_pmem_open (&sc, err, errlen);
+  return e->store ? 0 : -1;
+}
 
 struct export *
 export_open (const struct export_config *cfg, char *err, size_t errlen)
@@ -38,13 +105,23 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   e->read_only = cfg->read_only || (e->backing->caps & BACKING_READ_ONLY);
   e->tls_require = cfg->tls_require;
   e->size = e->backing->size;
-  /* Last: once it exists, its writeback thread uses the backing. */
-  e->cache = cache_create (e->backing, NULL, &cfg->cache, err, errlen);
-  if (e->cache == NULL)
+  if (export_open_store (e, cfg, err, errlen) == -1)
     goto fail;
+  /* Last: once it exists, its writeback thread uses the backing. */
+  e->cache = cache_create (e->backing, e->store, &cfg->cache, err, errlen);
+  if (e->cache == NULL) {
+    if (e->store) {   /* name the store: the reason may be about it */
+      size_t n = strlen (err);
+      char why[256];
+      snprintf (why, sizeof why, "%.*s", (int) n, err);
+      snprintf (err, errlen, "store %s: %s", cfg->store, why);
+    }
+    goto fail;
+  }
   return e;
 
  fail:
+  store_destroy (e->store);   /* closing it unlocks it; nothing is lost */
   if (e->backing)
     backing_close (e->backing);
   free (e->name);
@@ -86,7 +163,7 @@ export_write_back (struct export *e, uint64_t deadline)
   backing_set_deadline (e->backing, deadline);
   cache_stop_writeback (e->cache);
   for (unsigned i = 1;; i++) {
-    if (cache_flush (e->cache) == 0)
+    if (cache_write_back (e->cache) == 0)
       return 0;
     int err = errno;
     if (backing_unreachable (err) || i == EXPORT_CLOSE_ATTEMPTS ||
@@ -111,8 +188,11 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
   if (export_write_back (e, now_ms () + timeout_ms) == -1) {
     err = errno;
     cache_get_stats (e->cache, &st);
-    if (lost)
+    if (lost && e->store == NULL)   /* a pmem store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
+    r = -1;
+  } else if (e->store && store_pmem_mark_clean (e->store) == -1) {
+    err = errno;    /* not clean: the next start recovers it all */
     r = -1;
   }
   /* After the deadline the backing fails at once: this does not wait. */
@@ -120,6 +200,7 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
     err = errno;
     r = -1;
   }
+  store_destroy (e->store);
   backing_close (e->backing);
   free (e->name);
   free (e->description);
