@@ -6,7 +6,9 @@
 # (tests/tools/pmem-kill.py says what "reads back" allows for writes still
 # in flight).  After the rounds, SIGTERM: the backing file equals the
 # model exactly.  The cache (4 MiB) is smaller than the export (16 MiB),
-# so eviction and writeback run between the kills.
+# so eviction and writeback run between the kills; about half of the
+# starts let dirty data fill 90% of it (more to recover, dirty folios
+# evicted under the writers), the others keep the default limits.
 #
 # PMEM_KILL_ROUNDS (100; make check-crash: 1000), PMEM_KILL_SEED=N replays
 # one seed (printed first), STORE=ram runs the same loop on the ram store
@@ -44,6 +46,7 @@ fi
 # back: 3 s each is far more than it takes.
 timeout --signal=KILL $(( (rounds * 3 + 60) * TSCALE )) \
   "${driver[@]}" --foliod "$FOLIOD" --export "disk0=file:$img,cache-size=4M$store" \
+  --vary ",dirty-background=50,dirty-limit=90" \
   --rounds "$rounds" --log "$FOLIOD_LOG" ||
   fail "kill -9 loop failed (seed $seed; see above)"
 check_sanitizer_log "$FOLIOD_LOG"

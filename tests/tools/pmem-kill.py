@@ -4,7 +4,7 @@
 usage: pmem-kill.py (--foliod PATH --export SPEC | --nbdkit-file)
                     --socket PATH --backing FILE
                     [--rounds N] [--seed N] [--log FILE] [--tscale N]
-                    [--min-ms N] [--max-ms N]
+                    [--min-ms N] [--max-ms N] [--vary ,KEY=VALUE...]
 
 Runs FOLIOD --foreground --unix SOCKET --export SPEC (export disk0 on
 BACKING FILE, its store given in SPEC) and, per round: 2-4 libnbd clients
@@ -70,6 +70,9 @@ def parse():
     p.add_argument("--socket", required=True)
     p.add_argument("--export", help="foliod's disk0=...,store=...")
     p.add_argument("--backing", required=True)
+    p.add_argument("--vary", default="",
+                   help="options appended to --export at about half of the "
+                        "starts (chosen by the seed), e.g. a dirty-limit")
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--log", default=None, help="foliod's output (appended)")
@@ -230,8 +233,11 @@ class Run:
         if a.nbdkit_file:
             cmd = ["nbdkit", "-f", "-U", a.socket, "file", a.backing]
         else:
+            spec = a.export
+            if a.vary and self.rng.random() < 0.5:
+                spec += a.vary
             cmd = [a.foliod, "--foreground", "--unix", a.socket,
-                   "--export", a.export]
+                   "--export", spec]
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
