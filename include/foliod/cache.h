@@ -144,6 +144,7 @@ struct cache_store_info {
   const char *kind;           /* "ram" or "pmem" */
   const char *granularity;    /* pmem: "cache-line", "byte" or "page" */
   int power_safe_per_write;   /* pmem: each write, else at FLUSH/FUA */
+  int devdax;                 /* pmem: a device-DAX character device */
   int formatted;              /* pmem: a new store, nothing recovered */
   int was_clean;              /* pmem: the last shutdown was clean */
   enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */

@@ -126,6 +126,17 @@ int store_pmem_mark_clean (struct store *s);
  * (offline: foliod store inspect PATH).  0, or -1 with err. */
 int store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen);
 
+/* What a store's header records: its geometry and its backing (offline:
+ * foliod store writeback PATH opens the export it belongs to). */
+struct store_pmem_header_info {
+  uint32_t nslots, folio_size, block_size;
+  uint64_t export_size, backing_size;
+  char backing_spec[1024];
+};
+int store_pmem_read_header (const char *path,
+                            struct store_pmem_header_info *out,
+                            char *err, size_t errlen);
+
 static inline void
 store_destroy (struct store *s)
 {

@@ -182,6 +182,27 @@ folio_dump_plugin (void)
   printf ("folio_max_request=%u\n", FOLIO_MAX_REQUEST);
 }
 
+/* Which persistence a pmem store got, and what it brought back. */
+static void
+folio_log_store (void)
+{
+  struct cache_store_info si;
+
+  if (folio_export->store == NULL)
+    return;
+  cache_get_store_info (folio_export->cache, &si);
+  nbdkit_debug ("folio: store %s granularity=%s power-safe %s; flush=%s",
+                folio_cfg.store, si.granularity,
+                si.power_safe_per_write ? "at each write" : "at FLUSH/FUA",
+                si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
+  if (!si.formatted)
+    nbdkit_debug ("folio: store %s: last shutdown %s; recovered %" PRIu32
+                  " folios, %" PRIu64 " dirty bytes in %" PRIu64 " ms",
+                  folio_cfg.store, si.was_clean ? "clean" : "NOT clean",
+                  si.recovered_folios, si.recovered_dirty_bytes,
+                  si.recover_ms);
+}
+
 static int
 folio_get_ready (void)
 {
@@ -195,6 +216,7 @@ folio_get_ready (void)
   }
   /* Threads do not survive fork; after_fork restarts writeback. */
   cache_stop_writeback (folio_export->cache);
+  folio_log_store ();
 
   cc = cache_get_config (folio_export->cache);
   nbdkit_debug ("folio: export size=%" PRIu64 " folio=%" PRIu32

@@ -167,7 +167,11 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   }
   if (folio_adopt (c, f, fi) == -1)
     return -1;
-  f->dirtied_ms = f->nr_dirty ? 1 : 0;
+  if (f->nr_dirty) {   /* expired: the next background pass takes it */
+    uint64_t now = now_ms ();
+    f->dirtied_ms = now > c->cfg.dirty_expire_ms + 1
+                    ? now - c->cfg.dirty_expire_ms : 1;
+  }
   STAT_ADD (c, dirty_bytes, (uint64_t) f->nr_dirty << c->block_shift);
   STAT_ADD (c, unstable_bytes, (uint64_t) f->nr_unstable << c->block_shift);
   c->sinfo.recovered_folios++;
@@ -205,6 +209,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   store_pmem_get_info (c->store, &pi);
   si->granularity = pi.granularity;
   si->power_safe_per_write = pi.power_safe_per_write;
+  si->devdax = pi.devdax;
   si->formatted = pi.formatted;
   si->was_clean = pi.was_clean;
   c->store_deferred = !pi.power_safe_per_write;

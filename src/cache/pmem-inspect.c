@@ -68,23 +68,57 @@ inspect_print (const struct pmem_meta *pm, const char *path, FILE *out)
   inspect_slots (pm, out);
 }
 
-int
-store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen)
+/* Map path read-only (a shared lock) and read its headers.  0, or -1
+ * with err (the map is closed then). */
+static int
+inspect_open (const char *path, struct pmem_map *m, struct pmem_meta *pm,
+              char *err, size_t errlen)
 {
-  struct pmem_map m;
-  struct pmem_meta pm;
   int r;
 
-  if (pmem_map_open (&m, path, 0, 0, PMEM_MAP_READONLY, err, errlen) == -1)
+  if (pmem_map_open (m, path, 0, 0, PMEM_MAP_READONLY, err, errlen) == -1)
     return -1;
-  r = pmem_layout_open (&pm, &m, NULL, NULL, path, err, errlen);
+  r = pmem_layout_open (pm, m, NULL, NULL, path, err, errlen);
   if (r == 1) {
     snprintf (err, errlen, "%s: not a foliod store (never formatted)", path);
     errno = EINVAL;
     r = -1;
   }
-  if (r == 0)
-    inspect_print (&pm, path, out);
-  pmem_map_close (&m);
+  if (r != 0)
+    pmem_map_close (m);
   return r;
+}
+
+int
+store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen)
+{
+  struct pmem_map m;
+  struct pmem_meta pm;
+
+  if (inspect_open (path, &m, &pm, err, errlen) == -1)
+    return -1;
+  inspect_print (&pm, path, out);
+  pmem_map_close (&m);
+  return 0;
+}
+
+int
+store_pmem_read_header (const char *path, struct store_pmem_header_info *out,
+                        char *err, size_t errlen)
+{
+  struct pmem_map m;
+  struct pmem_meta pm;
+
+  if (inspect_open (path, &m, &pm, err, errlen) == -1)
+    return -1;
+  const struct pmem_header *h = &pm.hdr;
+  out->nslots = h->nslots;
+  out->folio_size = h->folio_size;
+  out->block_size = h->block_size;
+  out->export_size = h->export_size;
+  out->backing_size = h->backing_size;
+  snprintf (out->backing_spec, sizeof out->backing_spec, "%.*s",
+            (int) sizeof h->backing_spec, h->backing_spec);
+  pmem_map_close (&m);
+  return 0;
 }

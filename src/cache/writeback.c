@@ -310,8 +310,11 @@ wb_thread_main (void *arg)
     if (atomic_load (&c->wb_stop))
       break;
     if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0) {
-      if (c->space_waiters > 0)
-        (void) cache_store_sync (c);  /* page store: cleaned slots reusable */
+      if (c->space_waiters > 0 && cache_store_sync (c) == 0) {
+        lock_or_die (&c->lock);   /* page store: cleaned slots reusable */
+        pthread_cond_broadcast (&c->space_cv);
+        unlock_or_die (&c->lock);
+      }
       continue;
     }
     int err;

@@ -123,6 +123,7 @@ usage (void)
           "       foliod stats [--control PATH] [--prometheus]\n"
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod store inspect PATH\n"
+          "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
           "Serve block devices over NBD through a folio cache: writes land\n"
           "in memory, writeback sends only the dirty blocks to the backing.\n"
@@ -349,14 +350,90 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
   return r;
 }
 
-/* foliod store inspect PATH: offline, no configuration, no daemon. */
+#define STORE_WRITEBACK_TIMEOUT_MS (10u * 60 * 1000)
+
+/* The export a store belongs to, from its header: backing, geometry;
+ * flush=backing; then the KEY=VALUE arguments (tls-*, connections ...). */
+static int
+store_export_config (struct export_config *cfg, const char *path,
+                     int argc, char **argv, char *err, size_t errlen)
+{
+  struct store_pmem_header_info h;
+  char store[4096];
+
+  if (store_pmem_read_header (path, &h, err, errlen) == -1)
+    return -1;
+  snprintf (store, sizeof store, "pmem:%s", path);
+  if (export_config_set (cfg, "backing", h.backing_spec, err, errlen) == -1 ||
+      export_config_set (cfg, "store", store, err, errlen) == -1 ||
+      export_config_set (cfg, "flush", "backing", err, errlen) == -1)
+    return -1;
+  cfg->cache.folio_size = h.folio_size;
+  cfg->cache.block_size = h.block_size;
+  cfg->cache.cache_size = (uint64_t) h.nslots * h.folio_size;
+  for (int i = 0; i < argc; i++) {
+    char *eq = strchr (argv[i], '=');
+    if (eq == NULL) {
+      snprintf (err, errlen, "expected KEY=VALUE, got '%s'", argv[i]);
+      return -1;
+    }
+    *eq = '\0';
+    int r = export_config_set (cfg, argv[i], eq + 1, err, errlen);
+    *eq = '=';
+    if (r == -1)
+      return -1;
+  }
+  return 0;
+}
+
+/* foliod store writeback PATH [KEY=VALUE...]: write the dirty data of a
+ * store that no foliod runs on back to the backing its header names,
+ * flush it, mark the store clean (export_open recovers, export_close
+ * writes back: the daemon's own paths). */
+static int
+store_writeback (const char *path, int argc, char **argv)
+{
+  struct export_config cfg;
+  struct export *e = NULL;
+  struct cache_stats st = { 0 };
+  char err[1024] = "";
+  uint64_t lost;
+  int r = -1;
+
+  export_config_init (&cfg);
+  if (store_export_config (&cfg, path, argc, argv, err, sizeof err) == 0)
+    e = export_open (&cfg, err, sizeof err);
+  if (e == NULL) {
+    fprintf (stderr, "foliod: store writeback %s: %s\n", path, err);
+    goto out;
+  }
+  cache_get_stats (e->cache, &st);
+  if (export_close (e, STORE_WRITEBACK_TIMEOUT_MS, &lost) == -1) {
+    fprintf (stderr, "foliod: store writeback %s: %s: the dirty data stays "
+             "in the store, which stays not clean\n", path, strerror (errno));
+    goto out;
+  }
+  printf ("store %s: %llu dirty bytes written back to %s, flushed; the "
+          "store is clean\n", path, (unsigned long long) st.dirty_bytes,
+          cfg.backing);
+  r = 0;
+ out:
+  export_config_free (&cfg);
+  return r;
+}
+
+/* foliod store inspect PATH, foliod store writeback PATH: offline, no
+ * configuration, no daemon. */
 int
 cli_store (int argc, char **argv)
 {
   char err[1024];
 
+  if (argc >= 3 && strcmp (argv[1], "writeback") == 0)
+    return store_writeback (argv[2], argc - 3, argv + 3);
   if (argc != 3 || strcmp (argv[1], "inspect") != 0) {
-    fprintf (stderr, "foliod: usage: foliod store inspect PATH\n");
+    fprintf (stderr, "foliod: usage: foliod store inspect PATH\n"
+             "       foliod store writeback PATH [KEY=VALUE...]\n");
     return -1;
   }
   if (store_pmem_inspect (argv[2], stdout, err, sizeof err) == -1) {

@@ -380,7 +380,8 @@ log_store (const struct daemon_export *e)
   cache_get_stats (e->ex->cache, &st);
   log_info ("export %s: store %s granularity=%s (%s) power-safe %s; "
             "flush=%s", e->cfg.name, e->cfg.store, si.granularity,
-            si.power_safe_per_write ? "MAP_SYNC" : "msync",
+            si.devdax ? "device-DAX"
+            : si.power_safe_per_write ? "MAP_SYNC" : "msync",
             si.power_safe_per_write ? "at each write" : "at FLUSH/FUA",
             si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
   if (si.formatted)

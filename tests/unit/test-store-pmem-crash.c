@@ -28,6 +28,7 @@
 
 #include "foliod/store.h"
 #include "cache/pmem-layout.h"
+#include "lib/pmem-sim.h"
 
 #define FOLIO 16384
 #define BLOCK 512
@@ -81,26 +82,6 @@ sim_commit (const void *p, size_t len)
   memcpy (media + w, live + w, (end - w) * 8);
 }
 
-static void sim_persist (const void *p, size_t len) { sim_commit (p, len); }
-static void sim_drain (void) { }
-static int sim_sync (void *p, size_t len) { sim_commit (p, len); return 0; }
-
-static void *
-sim_memcpy (void *d, const void *s, size_t n, unsigned flags)
-{
-  memcpy (d, s, n);
-  sim_commit (d, n);
-  return d;
-}
-
-static void *
-sim_memset (void *d, int c, size_t n, unsigned flags)
-{
-  memset (d, c, n);
-  sim_commit (d, n);
-  return d;
-}
-
 /* The power goes: each unpersisted word (page store: sector) is new or
  * old, at random. */
 static void
@@ -136,12 +117,11 @@ static const struct store_pmem_config cfg = {
 static struct store *
 sim_open (void)
 {
-  struct pmem_map m = {
-    .fd = -1, .base = (unsigned char *) live, .size = lay.total_size,
-    .gran = page_mode ? PMEM2_GRANULARITY_PAGE : PMEM2_GRANULARITY_CACHE_LINE,
-    .persist = sim_persist, .flush = sim_persist, .drain = sim_drain,
-    .memcpy = sim_memcpy, .memset = sim_memset, .sync = sim_sync,
-  };
+  struct pmem_map m;
+
+  pmem_sim_map (&m, live, lay.total_size,
+                page_mode ? PMEM2_GRANULARITY_PAGE
+                          : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
   struct store *s = store_pmem_open_map (&m, &cfg, err, sizeof err);
   if (s == NULL)
     fail_msg ("open: %s", err);

@@ -1,0 +1,281 @@
+/* The cache over the pmem store, under simulated crashes: the cache's
+ * side of the ordering contract of store-pmem.c (data persisted before
+ * the dirty bits, the bits before the reply, writeback's unstable bits,
+ * slot reuse after eviction).
+ *
+ * The store runs over simulated memory at cache-line granularity, as in
+ * test-store-pmem-crash.c: "live" is what the CPU sees, "media" what a
+ * persist made durable; the power goes at a random persist, and each word
+ * written but not persisted is then old or new at random.  A workload of
+ * unaligned writes (some FUA), zeroes, FLUSHes (flush=store or backing)
+ * and writebacks runs on a cache of 8 slots over 32 folios (eviction and
+ * slot reuse all the time) until the power goes; the cache is then thrown
+ * away unwritten, the store reopened and recovered into a new cache, and
+ * every byte of the export is checked: what was acknowledged before the
+ * crash reads back; the request in flight reads old or new; nothing else
+ * appears.  Then a writeback brings the backing to the same content.
+ * Every other round runs a page store, where only what a sync (FLUSH, FUA,
+ * writeback) covered must come back and each unsynced 512-byte sector is
+ * old or new: there a block not written since the last sync reads back
+ * exactly (slot reuse before a sync would break that); one written since
+ * may come back with other data (store-pmem.c: msync writes pages in any
+ * order, the bits may land before the data).
+ * The backing keeps what it was sent (the store's own test covers a
+ * backing that loses unflushed writes).  CACHE_PMEM_CRASHES=N (default
+ * 400). */
+#include <errno.h>
+#include <setjmp.h>   /* cmocka */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "foliod/cache.h"
+#include "foliod/store.h"
+#include "cache/pmem-layout.h"
+#include "lib/fake_backing.h"
+#include "lib/pmem-sim.h"
+
+#define FOLIO 16384
+#define BLOCK 4096
+#define SLOTS 8
+#define NF 32
+#define SIZE ((uint64_t) NF * FOLIO)
+
+static struct pmem_layout lay;
+static uint64_t *live, *media, *snap;
+static long persists_left;
+static bool power_off;
+static unsigned seed;
+static char err[512];
+static bool page_mode;    /* PAGE granularity: persistent at a sync only */
+
+static void
+sim_commit (const void *p, size_t len)
+{
+  if (persists_left == 0 && !power_off) {
+    power_off = true;
+    memcpy (snap, live, lay.total_size);
+  }
+  if (power_off)
+    return;
+  if (persists_left > 0)
+    persists_left--;
+  size_t off = (size_t) ((const unsigned char *) p - (unsigned char *) live);
+  size_t w = off / 8, end = (off + len + 7) / 8;
+  memcpy (media + w, live + w, (end - w) * 8);
+}
+
+/* Each word (page store: 512-byte sector) written since its last persist
+ * is old or new at random. */
+static void
+sim_crash (void)
+{
+  size_t n = page_mode ? 512 / 8 : 1;
+
+  for (size_t w = 0; w < lay.total_size / 8; w += n) {
+    if (memcmp (snap + w, media + w, n * 8) != 0 && (rand_r (&seed) & 1))
+      memcpy (media + w, snap + w, n * 8);
+    memcpy (live + w, media + w, n * 8);
+  }
+  persists_left = -1;
+  power_off = false;
+}
+
+static const struct store_pmem_config scfg = {
+  .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
+  .block_size = BLOCK, .export_size = SIZE,
+  .backing_spec = "fake", .backing_size = SIZE,
+};
+
+static struct store *
+sim_open (void)
+{
+  struct pmem_map m;
+
+  pmem_sim_map (&m, live, lay.total_size,
+                page_mode ? PMEM2_GRANULARITY_PAGE
+                          : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
+  struct store *s = store_pmem_open_map (&m, &scfg, err, sizeof err);
+  if (s == NULL)
+    fail_msg ("open: %s", err);
+  return s;
+}
+
+/* The cache, its writeback thread stopped: the test writes back itself,
+ * so that everything runs in one thread, in a replayable order.  A page
+ * store keeps it: a slot whose cleaned bits are not synced yet is reused
+ * after the thread's sync (it runs only while a writer waits for room). */
+static struct cache *
+cache_open (struct fake_backing *fb, struct store *s,
+            enum cache_flush_mode flush)
+{
+  struct cache_config cfg;
+  struct cache *c;
+
+  cache_config_default (&cfg);
+  cfg.cache_size = (uint64_t) SLOTS * FOLIO;
+  cfg.folio_size = FOLIO;
+  cfg.block_size = BLOCK;
+  cfg.dirty_background_pct = cfg.dirty_limit_pct = 100;
+  cfg.writeback_interval_ms = 3600000;
+  cfg.flush = flush;
+  c = cache_create (fake_backing_base (fb), s, &cfg, err, sizeof err);
+  if (c == NULL)
+    fail_msg ("cache_create: %s", err);
+  if (!page_mode)
+    cache_stop_writeback (c);
+  return c;
+}
+
+static unsigned char model[SIZE];    /* acknowledged content */
+static unsigned char inflight[SIZE]; /* the request the power cut */
+static uint64_t in_off, in_len;
+static unsigned char buf[SIZE];
+static bool loose[SIZE];  /* page store: written since the last sync */
+
+/* One request at random; 0 acknowledged, 1 when the power went during it
+ * (inflight holds what it would have written). */
+static int
+one_op (struct cache *c, unsigned *stamp)
+{
+  unsigned r = (unsigned) rand_r (&seed) % 100;
+  uint64_t len = 1 + (uint64_t) rand_r (&seed) % (2 * FOLIO);
+  uint64_t off = (uint64_t) rand_r (&seed) % (SIZE - len + 1);
+  struct cache_stats st;
+  bool data = false;
+  int rc;
+
+  cache_get_stats (c, &st);
+  bool sync = r < 16 || (r >= 24 && r < 40);  /* write back, FLUSH, FUA */
+  if (r < 8 || st.dirty_bytes > FOLIO) {  /* never wait for room: at most 4 dirty folios */
+    rc = cache_write_back (c);
+    sync = true;
+  } else if (r < 16)
+    rc = cache_flush (c);
+  else if (r < 24) {
+    in_off = off;
+    in_len = len;
+    memset (inflight + off, 0, len);
+    data = true;
+    rc = cache_zero (c, len, off, 0);
+  } else {
+    in_off = off;
+    in_len = len;
+    memset (inflight + off, (int) (++*stamp % 255) + 1, len);
+    data = true;
+    rc = cache_write (c, inflight + off, len, off, r < 40 ? CACHE_FUA : 0);
+  }
+  if (data) {   /* the store's unit: a block written since the last sync */
+    uint64_t b0 = off / BLOCK * BLOCK, b1 = (off + len + BLOCK - 1) / BLOCK * BLOCK;
+    memset (loose + b0, 1, b1 - b0);
+  }
+  if (rc != 0)
+    fail_msg ("request failed: %s", strerror (errno));
+  if (power_off)
+    return 1;
+  if (data)
+    memcpy (model + in_off, inflight + in_off, in_len);
+  if (sync)
+    memset (loose, 0, sizeof loose);
+  in_len = 0;
+  return 0;
+}
+
+/* Every byte is the acknowledged one, or the in-flight request's. */
+static void
+check_content (const unsigned char *got, const char *what, int round)
+{
+  for (uint64_t i = 0; i < SIZE; i++) {
+    bool flying = i >= in_off && i < in_off + in_len;
+    if (got[i] == model[i] || (flying && got[i] == inflight[i]) ||
+        (page_mode && loose[i]))
+      continue;
+    fail_msg ("round %d (seed %u): %s byte %llu is %u, acknowledged %u%s",
+              round, seed, what, (unsigned long long) i, got[i], model[i],
+              flying ? " (in flight)" : "");
+  }
+}
+
+static void
+one_round (int round)
+{
+  struct fake_backing *fb = fake_backing_new (SIZE);
+  enum cache_flush_mode fm = round % 3 == 2 ? CACHE_FLUSH_BACKING
+                                            : CACHE_FLUSH_STORE;
+  unsigned stamp = 0;
+
+  memset (live, 0, lay.total_size);
+  memset (media, 0, lay.total_size);
+  memset (model, 0, sizeof model);
+  memset (loose, 0, sizeof loose);
+  in_len = 0;
+  fake_set_log (fb, 0);
+  persists_left = -1;
+  struct store *s = sim_open ();
+  struct cache *c = cache_open (fb, s, fm);
+  persists_left = 1 + rand_r (&seed) % (page_mode ? 80 : 3000);
+  for (int op = 0; op < 400 && !power_off; op++)
+    if (one_op (c, &stamp))
+      break;
+  /* The process dies: nothing written back, nothing more persisted. */
+  power_off = true;
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+  sim_crash ();
+
+  s = sim_open ();
+  c = cache_open (fb, s, fm);
+  assert_int_equal (cache_read (c, buf, SIZE, 0, 0), 0);
+  check_content (buf, "recovered", round);
+  /* What was read is now the truth (the in-flight bytes settled). */
+  memcpy (model, buf, SIZE);
+  memset (loose, 0, sizeof loose);
+  in_len = 0;
+  assert_int_equal (cache_write_back (c), 0);
+  fake_peek (fb, buf, SIZE, 0);
+  check_content (buf, "backing after writeback", round);
+  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+  fake_free (fb);
+}
+
+static void
+test_cache_pmem_crashes (void **state)
+{
+  struct pmem_geometry g = { FOLIO, BLOCK, SLOTS, SIZE };
+  const char *n = getenv ("CACHE_PMEM_CRASHES");
+  int rounds = n ? atoi (n) : 400;
+  const char *sd = getenv ("SEED");
+
+  seed = sd ? (unsigned) atoi (sd) : (unsigned) time (NULL);
+  printf ("seed %u (SEED= replays), %d crashes\n", seed, rounds);
+  assert_int_equal (pmem_layout_compute (&lay, &g, err, sizeof err), 0);
+  live = aligned_alloc (4096, lay.total_size);
+  media = aligned_alloc (4096, lay.total_size);
+  snap = aligned_alloc (4096, lay.total_size);
+  assert_non_null (live);
+  assert_non_null (media);
+  assert_non_null (snap);
+  for (int r = 0; r < rounds; r++) {
+    page_mode = r % 2;
+    one_round (r);
+  }
+  free (live);
+  free (media);
+  free (snap);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_cache_pmem_crashes),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
