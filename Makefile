@@ -8,6 +8,7 @@
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
+#   make check-crash  the kill -9 loop on a pmem store for ROUNDS (1000) rounds
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -103,7 +104,7 @@ TARGETS += $(PLUGIN)
 endif
 
 .PHONY: FORCE all deps run check check-unit check-integration check-asan \
-        check-valgrind check-model-long check-vm check-vm-systemd bench install install-files \
+        check-valgrind check-model-long check-vm check-vm-systemd check-crash bench install install-files \
         uninstall clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
 .PHONY: check-tsan check-tsan-unit analyze analyze-cppcheck analyze-tidy analyze-gcc
@@ -247,6 +248,16 @@ check-vm-pmem: deps
 	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
 	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
 
+# The kill -9 loop of make check (100 rounds there) for ROUNDS rounds:
+# foliod on a pmem store killed at random moments under writing clients,
+# every acknowledged write checked after each restart.  PMEM_KILL_SEED=N
+# replays a seed.  About 1.5 s per round.
+ROUNDS ?= 1000
+check-crash: deps
+	$(MAKE) $(FOLIOD)
+	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 4 + 300 )) \
+	  tests/run-tests tests/test-pmem-kill.sh
+
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
 # make fuzz FUZZ_SECONDS=N runs it for N seconds on a copy of the seed
@@ -279,7 +290,7 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= core-bench nbd-bench write-amp seed-workload remote-read
+BENCHES ?= core-bench nbd-bench write-amp seed-workload remote-read pmem-bench
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \

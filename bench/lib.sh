@@ -162,9 +162,10 @@ warm_export() {
 
 # run_fio JOBFILE URI [VAR=VALUE...]: run a fio job on URI with the
 # BENCH_* variables in its environment; prints "ops iops bytes_per_s"
-# summed over its jobs.
+# summed over its jobs.  Its JSON report stays in $T/fio.json (for
+# fio_sync_lat_ms) until the next run.
 run_fio() {
-  local job=$1 u=$2 out=$T/fio.$$.json
+  local job=$1 u=$2 out=$T/fio.json
   shift 2
   if ! env NBD_URI="$u" BENCH_SECONDS="$BENCH_SECONDS" BENCH_SIZE="$BENCH_SIZE" "$@" \
       fio --output-format=json --output="$out" "$job" >"$T/fio.stdout" 2>&1; then
@@ -186,6 +187,40 @@ if err:
     sys.exit(1)
 print(ops, round(iops), bw)
 EOF
+}
+
+# fio_sync_lat_ms PCT: the PCT (50, 99) percentile of the flush (fsync)
+# latency of the last run_fio, in ms; n/a when it had none.
+fio_sync_lat_ms() {
+  python3 - "$T/fio.json" "$1" <<'EOF'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+    p = j["jobs"][0]["sync"]["lat_ns"]["percentile"]["%.6f" % float(sys.argv[2])]
+    print("%.3f" % (p / 1e6))
+except (OSError, ValueError, KeyError, IndexError):
+    print("n/a")
+EOF
+}
+
+# set_rate BITS LINK_URI: change the bandwidth of a link started with
+# rate-file=$T/rate (the rate filter rereads the file; give it a moment),
+# then empty its token bucket (2 s of burst at the new rate, which would
+# flatter short runs) by reading and writing 2.5 s worth of data straight
+# through the link (the filter keeps one bucket per direction; the data
+# written is random over random, and the server under test never reads it
+# back).  Sets DRAIN_WRITTEN (bytes written to empty the bucket).
+set_rate() {
+  local bits ops
+  echo "$1" >"$T/rate.new"
+  mv "$T/rate.new" "$T/rate"
+  sleep 2
+  bits=$(to_bytes "$1")
+  ops=$(( bits / 8 * 5 / 2 / 1048576 + 1 ))
+  "$LOADGEN" --mode seqread --bs 1M --qd 4 --ops "$ops" "$2" >/dev/null &&
+  "$LOADGEN" --mode seqwrite --bs 1M --qd 4 --ops "$ops" "$2" >/dev/null ||
+    note "emptying the link's buckets failed"
+  DRAIN_WRITTEN=$(( ops * 1048576 ))
 }
 
 # run_loadgen URI ARGS...: prints "ops iops bytes_per_s flushes".
