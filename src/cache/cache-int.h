@@ -173,8 +173,9 @@ folio_persist_cleared (struct cache *c, struct folio *f)
 {
   folio_persist_bits (c, f);
   if (c->store_deferred) {
-    atomic_thread_fence (memory_order_seq_cst);  /* the persist's record first */
-    f->clear_seq = atomic_load (&c->store_sync_started);
+    /* A read-modify-write, not a load: the persist's record (above) may
+     * not pass it (a fence would do too, but ThreadSanitizer refuses). */
+    f->clear_seq = atomic_fetch_add (&c->store_sync_started, 0);
   }
 }
 /* May f's slot take another folio (its cleared bits are persistent)? */
