@@ -91,6 +91,7 @@ flush_group_run (struct flush_group *g, int (*pass) (void *), void *arg)
   lock_or_die (&g->lock);
   me.gen = g->started + 1;      /* any pass running now started before me */
   me.next = g->queue;
+  // cppcheck-suppress autoVariables ; dequeued before me.done, which we wait for
   g->queue = &me;
   g->nr_queued++;
   while (!me.done) {
