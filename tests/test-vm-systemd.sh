@@ -1,7 +1,7 @@
 #!/bin/bash
 # foliod under a real systemd as PID 1 (a qemu guest booted from the
 # host's own root file system): the Debian package installed, upgraded
-# (reinstalled with the service running), removed and purged; socket
+# (to a newer version, with the service running), removed and purged; socket
 # activation, Type=notify, reload (TLS), stop (writeback), the journal,
 # systemd-analyze security, and a disk attached the Debian way.  See
 # tests/vm/run-systemd.  The packages come from make deb (build-deb/,
