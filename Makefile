@@ -367,8 +367,11 @@ clean:
 DEB_OUT ?= build-deb
 deb:
 	@scripts/install-deps
-	rm -rf $(DEB_OUT) && mkdir -p $(DEB_OUT)
+	rm -rf $(DEB_OUT) build-deb-obj && mkdir -p $(DEB_OUT)
+	@# The package builds as a fresh tree would: not with a caller's make
+	@# variables (make check-asan passes SAN=1 down to the tests).
 	v=$$(dpkg-parsechangelog -S Version) out=$(abspath $(DEB_OUT)); \
+	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u SAN -u BUILD \
 	  FOLIOD_DEB_OUT=$$out dpkg-buildpackage -us -uc -b \
 	    --buildinfo-option=-u$$out --changes-option=-u$$out \
 	    --buildinfo-file=$$out/foliod_$${v}_amd64.buildinfo \
