@@ -244,15 +244,48 @@ declare -A RES CPU OPS
 # measure WORKLOAD SERVER PID UNIT CMD...: run CMD (run_fio or run_loadgen),
 # store its IOPS (UNIT=iops) or MB/s (UNIT=mbps) and the server's CPU
 # microseconds per operation.
+# BENCH_PERF=1: record each measurement of a BENCH_PERF_SERVERS server
+# (foliod nbdkit_folio nbdkit_memory) with perf and print its top functions
+# (self time) on stderr once it ends.  perf costs the server CPU: the
+# figures of such a run are for the profiles only.
+PERF_PID=""
+perf_start() {
+  local wl=$1 srv=$2 pid=$3
+  [ "${BENCH_PERF:-0}" = 1 ] || return 0
+  case " ${BENCH_PERF_SERVERS:-foliod nbdkit_folio nbdkit_memory} " in
+  *" $srv "*) ;;
+  *) return 0 ;;
+  esac
+  PERF_TAG="$wl $srv"
+  PERF_DATA=$T/perf.$wl.$srv.data
+  perf record -q -g -p "$pid" -o "$PERF_DATA" 2>/dev/null &
+  PERF_PID=$!
+  sleep 0.2
+}
+perf_stop() {
+  [ -n "$PERF_PID" ] || return 0
+  kill -INT "$PERF_PID" 2>/dev/null || true
+  wait "$PERF_PID" 2>/dev/null || true
+  PERF_PID=""
+  echo "bench: perf top functions, $PERF_TAG (self %):" >&2
+  perf report -i "$PERF_DATA" --no-children --stdio --sort symbol \
+    --percent-limit 1.5 -g none 2>/dev/null |
+    awk '/^ *[0-9.]+%/ { printf "bench:   %8s %s %s\n", $1, $2, $3 }' | head -15 >&2
+  rm -f "$PERF_DATA"
+}
+
 measure() {
   local wl=$1 srv=$2 pid=$3 unit=$4 c0 c1 out ops iops bw
   shift 4
   c0=$(cpu_ticks "$pid")
+  perf_start "$wl" "$srv" "$pid"
   if ! out=$("$@"); then
+    perf_stop
     [ -n "${RES[$wl.$srv]:-}" ] || RES[$wl.$srv]=fail
     return 0
   fi
   c1=$(cpu_ticks "$pid")
+  perf_stop
   read -r ops iops bw _ <<<"$out"
   local val cpu old=${RES[$wl.$srv]:-}
   if [ "$unit" = iops ]; then
