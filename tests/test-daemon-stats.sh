@@ -89,7 +89,7 @@ grep -q "no export named 'nosuch'" "$tmp/err" || fail "flush nosuch: $(cat "$tmp
 # server's line.
 "$FOLIOD" stats --control "$ctl" > "$tmp/table" || fail "foliod stats (table)"
 cat "$tmp/table"
-head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATIO +WRITTEN +WRITTEN BACK +WRITE AMP +ERRORS$' ||
+head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATIO +WRITTEN +WRITTEN BACK +WRITE AMP +ERRORS +READAHEAD$' ||
   fail "table head: $(head -n 1 "$tmp/table")"
 row () { awk -v e="$1" '$1 == e { $1 = $1; print }' "$tmp/table"; }
 [ "$(row disk0)" = "disk0 64M 768K 0 3 66.7% 652K 652K 1.00 0" ] ||
