@@ -14,7 +14,9 @@
  *                      anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
- * is held while it is, and it is not held across a flush's pass.
+ * is held while it is, and it is not held across a flush's pass.  So is
+ * readahead's lock (readahead.c): a client read notes itself there, with
+ * no other lock held, and the readahead threads take stripes without it.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
  */
