@@ -59,7 +59,7 @@ config (uint64_t cache_size, uint32_t readahead)
 static void
 read_check (struct cache *c, uint64_t off, uint64_t len, uint64_t bs)
 {
-  static unsigned char buf[64 * 1024];
+  unsigned char buf[64 * 1024];        /* one per reader thread */
 
   assert_true (bs <= sizeof buf);
   for (uint64_t o = off; o < off + len; o += bs) {
@@ -164,7 +164,7 @@ static void *
 writer (void *arg)
 {
   struct run *r = arg;
-  static unsigned char buf[4096];
+  unsigned char buf[4096];
 
   for (uint64_t b = 0; b < 8 * M / 4096; b += 16) {
     memset (buf, (int) (b / 16 % 251) + 1, sizeof buf);
