@@ -6,6 +6,8 @@
  *   - readahead=auto is off on a backing that is not remote, and
  *     readahead=0 turns it off;
  *   - random reads fetch nothing beyond what they ask;
+ *   - a stream through a small cache does not evict another reader's
+ *     working set (read again between the stream's reads: no misses);
  *   - readahead never touches dirty data: streams read through a small
  *     cache while a thread writes, flushes at the end; every write reads
  *     back and reached the backing (also a run for ThreadSanitizer).
@@ -142,6 +144,36 @@ test_random (void **state)
   fake_free (fb);
 }
 
+static void
+test_working_set (void **state)
+{
+  struct fake_backing *fb = remote (true);
+  struct cache_config cfg = config (8 * M, CACHE_READAHEAD_AUTO);
+  struct cache *c = ct_cache (fb, &cfg);
+  uint64_t ws = 60 * M, misses = 0;
+
+  assert_non_null (c);
+  fake_set_delay_us (fb, 100);
+  read_check (c, ws, 2 * M, 64 * K);            /* 32 of the 128 folios */
+  for (uint64_t off = 0; off < 32 * M; off += M) {
+    read_check (c, off, M, 64 * K);             /* the stream */
+    uint64_t m0 = stats (c).read_misses;
+    read_check (c, ws, 2 * M, 64 * K);
+    misses += stats (c).read_misses - m0;
+  }
+  struct cache_stats st = stats (c);
+  printf ("32M stream through 8M beside a 2M working set: readahead %llu "
+          "bytes, %llu folios read, %llu wasted; working set misses %llu\n",
+          (unsigned long long) st.readahead_bytes,
+          (unsigned long long) st.readahead_hits,
+          (unsigned long long) st.readahead_wasted,
+          (unsigned long long) misses);
+  assert_true (st.readahead_hits >= 128);       /* of the stream's 512 */
+  assert_int_equal (misses, 0);
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
 /* --- streams and a writer through a small cache --- */
 
 struct run {
@@ -223,6 +255,7 @@ main (void)
     cmocka_unit_test (test_sequential),
     cmocka_unit_test (test_off),
     cmocka_unit_test (test_random),
+    cmocka_unit_test (test_working_set),
     cmocka_unit_test (test_dirty_survives),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
