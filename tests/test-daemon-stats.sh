@@ -86,15 +86,15 @@ grep -q "no export named 'nosuch'" "$tmp/err" || fail "flush nosuch: $(cat "$tmp
 # The table (the default form): one row per export with its hit ratio
 # (2 hits of 3 reads) and write amplification (652K written, 652K
 # written back, 12 folios cached); "-" for the export nobody used; the
-# server's line.
+# server's line; no readahead on a file backing (readahead=auto).
 "$FOLIOD" stats --control "$ctl" > "$tmp/table" || fail "foliod stats (table)"
 cat "$tmp/table"
-head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATIO +WRITTEN +WRITTEN BACK +WRITE AMP +ERRORS$' ||
+head -n 1 "$tmp/table" | grep -qE '^EXPORT +SIZE +CACHED +DIRTY +READS +HIT RATIO +WRITTEN +WRITTEN BACK +WRITE AMP +ERRORS +READAHEAD$' ||
   fail "table head: $(head -n 1 "$tmp/table")"
 row () { awk -v e="$1" '$1 == e { $1 = $1; print }' "$tmp/table"; }
-[ "$(row disk0)" = "disk0 64M 768K 0 3 66.7% 652K 652K 1.00 0" ] ||
+[ "$(row disk0)" = "disk0 64M 768K 0 3 66.7% 652K 652K 1.00 0 0" ] ||
   fail "disk0 row: '$(row disk0)'"
-[ "$(row "$idle")" = "$idle 1M 0 0 0 - 0 0 - 0" ] || fail "idle row: '$(row "$idle")'"
+[ "$(row "$idle")" = "$idle 1M 0 0 0 - 0 0 - 0 0" ] || fail "idle row: '$(row "$idle")'"
 grep -qx "connections: 0 open, $(( conns0 + 2 )) accepted, 0 refused; requests: [0-9]*, 0 with errors" \
   "$tmp/table" || fail "table: no connections line"
 grep -q '^#\|_total' "$tmp/table" && fail "Prometheus text in the table"

@@ -41,6 +41,9 @@
 #define BACKING_CAN_DIRECT     (1u << 7) /* honours backing_opts.direct;
                                           * struct backing.direct says
                                           * whether it got O_DIRECT */
+#define BACKING_REMOTE         (1u << 8) /* a read waits for a network
+                                          * round trip (the cache reads
+                                          * ahead: readahead=auto) */
 
 enum backing_extent_type {
   BACKING_DATA = 0, /* must be read */

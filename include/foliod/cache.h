@@ -64,7 +64,13 @@ struct cache_config {
   unsigned dirty_expire_ms;      /* dirty data older than this is written */
   unsigned writeback_interval_ms;/* how often the writeback thread wakes */
   enum cache_flush_mode flush;   /* CACHE_FLUSH_STORE needs a pmem store */
+  /* Readahead of sequential reads: the largest window in bytes, 0 off,
+   * CACHE_READAHEAD_AUTO (the default): 4 MiB on a remote backing
+   * (BACKING_REMOTE), off on a file (the kernel reads ahead there). */
+  uint32_t readahead_bytes;
 };
+#define CACHE_READAHEAD_AUTO UINT32_MAX
+#define CACHE_READAHEAD_MAX  (64u << 20)
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
  * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
@@ -94,6 +100,10 @@ struct cache_stats {
   uint64_t flush_ops;         /* cache_flush calls answered */
   uint64_t flush_passes;      /* passes run for them (several share one) */
   uint64_t flush_waiting;     /* now: flushes waiting for a pass to start */
+  uint64_t readahead_bytes;   /* brought into the cache by readahead */
+  uint64_t readahead_windows; /* windows issued */
+  uint64_t readahead_hits;    /* folios it brought that a client then read */
+  uint64_t readahead_wasted;  /* ... that were evicted unread */
 };
 
 struct cache;

@@ -253,6 +253,11 @@ folio_log_stats (void)
                 " throttle_waits=%" PRIu64,
                 st.read_ops, st.read_hits, st.read_misses, st.evictions,
                 st.throttle_waits);
+  nbdkit_debug ("folio: stats readahead_bytes=%" PRIu64
+                " readahead_windows=%" PRIu64 " readahead_hits=%" PRIu64
+                " readahead_wasted=%" PRIu64,
+                st.readahead_bytes, st.readahead_windows, st.readahead_hits,
+                st.readahead_wasted);
   nbdkit_debug ("folio: stats backing_read_ops=%" PRIu64
                 " backing_read_bytes=%" PRIu64
                 " backing_write_ops=%" PRIu64 " backing_write_bytes=%" PRIu64

@@ -521,6 +521,7 @@ read_caps (struct nbdb_backing *nb, struct nbd_handle *h,
   }
   nb->b.size = size;
   nb->b.io_align = 1;
+  nb->b.caps |= BACKING_REMOTE;
   nb->can_fua = nbd_can_fua (h) == 1;
   nb->can_flush = nbd_can_flush (h) == 1;
   nb->can_trim = nbd_can_trim (h) == 1;

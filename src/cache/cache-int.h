@@ -14,7 +14,9 @@
  *                      anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
- * is held while it is, and it is not held across a flush's pass.
+ * is held while it is, and it is not held across a flush's pass.  So is
+ * readahead's lock (readahead.c): a client read notes itself there, with
+ * no other lock held, and the readahead threads take stripes without it.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
  */
@@ -75,6 +77,10 @@ struct folio {
    * cleared; the slot is reused only after a sync that started later
    * (store_sync_done > clear_seq).  Stripe. */
   uint64_t clear_seq;
+  uint64_t used;            /* c->lru_clock when a request last looked
+                               it up; lock */
+  bool ra;                  /* filled by readahead, not read by a client
+                               since (counted in readahead.unread); stripe */
 };
 
 /* Counters (relaxed atomics, any thread). */
@@ -90,6 +96,8 @@ struct cache_counters {
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
   _Atomic uint64_t dirty_bytes, unstable_bytes;
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
+  _Atomic uint64_t readahead_bytes, readahead_windows;
+  _Atomic uint64_t readahead_hits, readahead_wasted;
 };
 
 struct cache {
@@ -113,6 +121,7 @@ struct cache {
   uint32_t *free_slots;     /* stack of free slot numbers */
   uint32_t nr_free;
   struct folio *lru_head, *lru_tail; /* cached folios, oldest first */
+  uint64_t lru_clock;       /* lookups of folios by requests; lock */
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
@@ -153,6 +162,7 @@ struct cache {
   struct cache_store_info sinfo;
 
   struct cache_counters st;
+  struct readahead *ra;     /* NULL: no readahead (readahead.c) */
 };
 
 /* --- the store's persistence (cache.c); no-ops on the ram store --- */
@@ -259,6 +269,13 @@ int window_begin (struct cache *c, struct window *w, uint64_t start,
  * stripe is taken (its holder may be doing backing I/O) or room is short. */
 int window_try_begin (struct cache *c, struct window *w, uint64_t start,
                       uint64_t end, bool alloc);
+/* Readahead's window: the folios of [start, end) that are cached or fit
+ * in free room or in a clean folio no request looked up among the last
+ * nslots / 2 lookups (another stream's working set stays); never waits
+ * for room.  The window ends before the first folio that does not fit:
+ * 0 with w->end <= end, or -1/EAGAIN with nothing held if none fits. */
+int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
+                     uint64_t end);
 void window_end (struct cache *c, struct window *w);
 /* Put folio f, already holding folio fi's state (a recovered store slot),
  * into the index and the LRU, marked if dirty.  No locks needed: only
@@ -289,6 +306,8 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
 #define CI_THROTTLE (1u << 1)   /* throttle_dirty before the first step */
 #define CI_NOWAIT   (1u << 2)   /* CACHE_NOWAIT: fail with EAGAIN where the
                                    iteration or a step would wait */
+#define CI_READAHEAD (1u << 3)  /* a readahead fetch: windows of what fits
+                                   (window_ra_begin), never waiting for room */
 
 struct cache_iter {
   struct cache *c;
@@ -369,5 +388,25 @@ int wb_error (struct cache *c);
 /* Forget every clean cached block (wb_mutex held). */
 void wb_invalidate_clean (struct cache *c);
 void *wb_thread_main (void *arg);
+
+/* --- readahead (readahead.c; the windows in ra-window.h) ---
+ * Its lock is a leaf: no other lock is taken while it is held. */
+/* Set c->ra up from the configuration (NULL when off).  0 or -1/ENOMEM. */
+int ra_create (struct cache *c);
+void ra_destroy (struct cache *c);
+/* Start/stop the readahead threads (with the writeback thread). */
+int ra_start (struct cache *c);
+void ra_stop (struct cache *c);
+/* A client read of [off, off + len) went through the cache: queue the
+ * window it calls for, if any.  Never waits (but for the leaf lock). */
+void ra_note (struct cache *c, uint64_t off, uint64_t len);
+/* Folio f (stripe held) was filled by readahead (ra_filled), read by a
+ * client (ra_read), or evicted with f->ra set (ra_dropped). */
+void ra_filled (struct cache *c, struct folio *f);
+void ra_read (struct cache *c, struct folio *f);
+void ra_dropped (struct cache *c, struct folio *f);
+/* Fetch [off, off + len) into the cache as far as room allows (a
+ * readahead thread, rw.c).  0 or -1/errno. */
+int cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off);
 
 #endif /* FOLIOD_CACHE_INT_H */

@@ -23,6 +23,7 @@ cache_config_default (struct cache_config *cfg)
   cfg->dirty_limit_pct = 20;
   cfg->dirty_expire_ms = 30000;
   cfg->writeback_interval_ms = 1000;
+  cfg->readahead_bytes = CACHE_READAHEAD_AUTO;
 }
 
 #define CHECK(cond, ...) \
@@ -56,6 +57,10 @@ cache_config_check (const struct cache_config *cfg, char *err, size_t errlen)
          "dirty limits must satisfy 1 <= dirty-background <= dirty-limit <= 100");
   CHECK (cfg->mode <= CACHE_NONE, "unknown cache mode");
   CHECK (cfg->writeback_interval_ms > 0, "writeback interval must be > 0");
+  CHECK (cfg->readahead_bytes == CACHE_READAHEAD_AUTO ||
+         cfg->readahead_bytes <= CACHE_READAHEAD_MAX,
+         "readahead must be auto or at most 64M (got %" PRIu32 ")",
+         cfg->readahead_bytes);
   return 0;
 }
 
@@ -288,6 +293,8 @@ cache_create (struct backing *b, struct store *store,
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
       cache_init_slots (c) == -1)
     goto nomem;
+  if (ra_create (c) == -1)
+    goto nomem;
   if (cache_init_store (c, err, errlen) == -1) {
     int e = errno;
     cache_free (c);
@@ -318,9 +325,14 @@ cache_start_writeback (struct cache *c)
     return 0;
   if (wb_helpers_start (c) == -1)
     return -1;
+  if (ra_start (c) == -1) {
+    wb_helpers_stop (c);
+    return -1;
+  }
   atomic_store (&c->wb_stop, false);
   r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
   if (r != 0) {
+    ra_stop (c);
     wb_helpers_stop (c);
     errno = r;
     return -1;
@@ -339,6 +351,7 @@ cache_stop_writeback (struct cache *c)
   pthread_cond_signal (&c->wb_cv);
   unlock_or_die (&c->lock);
   pthread_join (c->wb_thread, NULL);
+  ra_stop (c);
   wb_helpers_stop (c);
   c->wb_running = false;
 }
@@ -348,6 +361,7 @@ cache_free (struct cache *c)
 {
   if (c == NULL)
     return;
+  ra_destroy (c);
   fidx_destroy (&c->index);
   free (c->folios);
   free (c->free_slots);
@@ -534,6 +548,8 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (direct_write_ops); G (direct_write_bytes);
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
+  G (readahead_bytes); G (readahead_windows);
+  G (readahead_hits); G (readahead_wasted);
 #undef G
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);

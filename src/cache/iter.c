@@ -28,6 +28,19 @@ iter_over (struct cache_iter *it, int r)
   return r;
 }
 
+/* Lock and look up folios [fi, fend) as the flags say; readahead may
+ * get fewer (it->w.end). */
+static int
+iter_begin (struct cache_iter *it, uint64_t fi, uint64_t fend)
+{
+  struct cache *c = it->c;
+
+  if (it->flags & CI_READAHEAD)
+    return window_ra_begin (c, &it->w, fi, fend);
+  return ((it->flags & CI_NOWAIT) ? window_try_begin : window_begin)
+    (c, &it->w, fi, fend, it->flags & CI_ALLOC);
+}
+
 /* Take the window holding it->pos, as many folios of the rest of the
  * request as a window takes. */
 static int
@@ -38,9 +51,9 @@ iter_window (struct cache_iter *it)
 
   if (fend - fi > c->window)
     fend = fi + c->window;
-  if (((it->flags & CI_NOWAIT) ? window_try_begin : window_begin)
-      (c, &it->w, fi, fend, it->flags & CI_ALLOC) == -1)
+  if (iter_begin (it, fi, fend) == -1)
     return -1;
+  fend = it->w.end;
   it->held = true;
   it->step_end = folio_pos (c, fend) < it->end ? folio_pos (c, fend)
                                                 : it->end;

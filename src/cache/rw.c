@@ -70,6 +70,27 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
   }
 }
 
+/* The step's folios: w.f[*first .. *last]. */
+static void
+step_folios (const struct cache_iter *it, uint64_t *first, uint64_t *last)
+{
+  *first = folio_of (it->c, it->pos) - it->w.start;
+  *last = folio_of (it->c, it->step_end - 1) - it->w.start;
+}
+
+/* A client read the step's folios: those readahead brought are counted
+ * as its hits (the client read them before they were evicted). */
+static void
+read_seen (struct cache_iter *it)
+{
+  uint64_t first, last;
+
+  step_folios (it, &first, &last);
+  for (uint64_t i = first; i <= last; i++)
+    if (it->w.f[i]->ra)
+      ra_read (it->c, it->w.f[i]);
+}
+
 /* Copy the step's part of the buffer (at the request's start) out of the
  * cache, filling what is missing first.  buf NULL: prefetch. */
 static int64_t
@@ -79,10 +100,52 @@ read_step (struct cache_iter *it, unsigned char *buf, bool *missed)
 
   if (fill_range (it, missed) == -1)
     return -1;
-  if (buf)
+  if (buf) {
     copy_range (it->c, &it->w, buf + (it->pos - it->start), it->pos, len,
                 false);
+    if (it->c->ra)
+      read_seen (it);
+  }
   return (int64_t) len;
+}
+
+/* Readahead's step: fill what is missing, and mark the folios it filled
+ * (ra_filled) so that a client's read of them counts as a hit. */
+static int64_t
+readahead_step (struct cache_iter *it)
+{
+  struct cache *c = it->c;
+  uint32_t before[WINDOW_MAX];
+  uint64_t first, last;
+  bool missed = false;
+
+  step_folios (it, &first, &last);
+  for (uint64_t i = first; i <= last; i++)
+    before[i] = it->w.f[i]->nr_uptodate;
+  if (fill_range (it, &missed) == -1)
+    return -1;
+  for (uint64_t i = first; i <= last; i++) {
+    struct folio *f = it->w.f[i];
+    uint32_t got = f->nr_uptodate - before[i];
+    if (got == 0)
+      continue;
+    STAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
+    if (!f->ra)
+      ra_filled (c, f);
+  }
+  return (int64_t) (it->step_end - it->pos);
+}
+
+int
+cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off)
+{
+  struct cache_iter it;
+  int r;
+
+  cache_iter_init (&it, c, off, len, CI_ALLOC | CI_READAHEAD);
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = readahead_step (&it);
+  return r;
 }
 
 int
@@ -107,6 +170,10 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   }
   if (use_direct (c, len, flags))
     return buf ? direct_read (c, buf, len, off) : 0;
+  /* Before a miss waits for the backing: the window past it is fetched
+   * meanwhile.  A try is noted once it succeeded (else its retry is). */
+  if (buf != NULL && !nowait)
+    ra_note (c, off, len);
   /* A try allocates nothing: a folio not cached is a miss anyway. */
   cache_iter_init (&it, c, off, len, nowait ? CI_NOWAIT : CI_ALLOC);
   while ((r = cache_iter_next (&it)) > 0)
@@ -114,6 +181,7 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   if (buf != NULL && nowait && r == 0) {
     STAT_ADD (c, read_ops, 1);
     STAT_ADD (c, client_read_bytes, len);
+    ra_note (c, off, len);
   }
   if (buf != NULL) {
     if (missed) STAT_ADD (c, read_misses, 1);

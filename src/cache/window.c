@@ -84,7 +84,7 @@ folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
  * folios met on the way get a second chance at the tail, and so do those
  * whose cleared bits a page store has not synced yet (folio_reusable). */
 static struct folio *
-evict_one_locked (struct cache *c)
+evict_one_locked (struct cache *c, uint64_t min_age)
 {
   unsigned budget = 2 * c->window + 16;
   struct folio *f = c->lru_head;
@@ -92,8 +92,14 @@ evict_one_locked (struct cache *c)
   while (f != NULL && budget-- > 0) {
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
+    if (c->lru_clock - f->used < min_age) {
+      f = next;                    /* used lately: not for readahead */
+      continue;
+    }
     if (trylock_or_die (m)) {
       if (f->nr_dirty == 0 && f->nr_unstable == 0 && folio_reusable (c, f)) {
+        if (f->ra)
+          ra_dropped (c, f);
         lru_unlink (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;
@@ -118,7 +124,7 @@ slot_take_locked (struct cache *c, bool may_evict)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return may_evict ? evict_one_locked (c) : NULL;
+  return may_evict ? evict_one_locked (c, 0) : NULL;
 }
 
 /* Put a new folio for number fi in the index (lock held). */
@@ -131,6 +137,7 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
   }
   f->index = fi;
   f->cached = true;
+  f->used = c->lru_clock;          /* new: not old enough to evict */
   c->store->ops->set_index (c->store, f->slot, fi);
   lru_append (c, f);
   return 0;
@@ -156,6 +163,8 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc,
       if (folio_insert_locked (c, f, fi) == -1)
         return -1;
     }
+    if (f != NULL)
+      f->used = ++c->lru_clock;
     w->f[fi - w->start] = f;
   }
   return 0;
@@ -224,6 +233,48 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
     errno = err;
   }
   return r;
+}
+
+/* Readahead takes a free slot, else a clean folio that no request looked
+ * up lately; never one of a page store's slots waiting for an msync. */
+static struct folio *
+ra_slot_take_locked (struct cache *c)
+{
+  if (c->nr_free > 0)
+    return &c->folios[c->free_slots[--c->nr_free]];
+  if (c->store_deferred)
+    return NULL;
+  return evict_one_locked (c, c->store->nslots / 2 + 1);
+}
+
+int
+window_ra_begin (struct cache *c, struct window *w, uint64_t start,
+                 uint64_t end)
+{
+  uint64_t fi;
+
+  assert (start < end && end - start <= WINDOW_MAX);
+  range_lock (c, start, end);
+  lock_or_die (&c->lock);
+  for (fi = start; fi < end; fi++) {
+    struct folio *f = fidx_get (&c->index, fi);
+    if (f == NULL) {                /* a cached one keeps its LRU place */
+      f = ra_slot_take_locked (c);
+      if (f == NULL || folio_insert_locked (c, f, fi) == -1)
+        break;
+    }
+    w->f[fi - start] = f;
+  }
+  unlock_or_die (&c->lock);
+  if (fi < end)
+    range_unlock (c, fi, end);
+  if (fi == start) {
+    errno = EAGAIN;
+    return -1;
+  }
+  w->start = start;
+  w->end = fi;
+  return 0;
 }
 
 void

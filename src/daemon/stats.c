@@ -22,7 +22,8 @@ enum metric_id {
   M_DIRTY, M_CACHED, M_PASSTHROUGH, M_PT_READ_OPS, M_PT_READ_BYTES,
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
   M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_CLIENT_FLUSHES,
-  M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_COUNT
+  M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_RA_BYTES, M_RA_WINDOWS,
+  M_RA_HITS, M_RA_WASTED, M_COUNT
 };
 
 static const struct {
@@ -82,6 +83,15 @@ static const struct {
   [M_STORE_DIRTY] = { "foliod_store_dirty_bytes", "gauge",
                       "Dirty bytes kept in a persistent store (pmem): they "
                       "survive a crash (0 with the ram store)." },
+  [M_RA_BYTES] = { "foliod_readahead_bytes_total", "counter",
+                   "Bytes readahead brought into the cache ahead of "
+                   "sequential reads." },
+  [M_RA_WINDOWS] = { "foliod_readahead_windows_total", "counter",
+                     "Readahead windows issued." },
+  [M_RA_HITS] = { "foliod_readahead_hits_total", "counter",
+                  "Folios readahead brought that a client then read." },
+  [M_RA_WASTED] = { "foliod_readahead_wasted_total", "counter",
+                    "Folios readahead brought that were evicted unread." },
 };
 
 struct export_values {
@@ -121,6 +131,10 @@ export_values (struct export *ex, struct export_values *out)
   v[M_FLUSH_PASSES] = st.flush_passes;
   v[M_SIZE] = ex->size;
   v[M_STORE_DIRTY] = ex->store ? st.dirty_bytes + st.unstable_bytes : 0;
+  v[M_RA_BYTES] = st.readahead_bytes;
+  v[M_RA_WINDOWS] = st.readahead_windows;
+  v[M_RA_HITS] = st.readahead_hits;
+  v[M_RA_WASTED] = st.readahead_wasted;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }
@@ -309,7 +323,7 @@ hit_ratio (char *buf, size_t len, const struct export_values *v)
 
 static const char *const table_head[] = {
   "EXPORT", "SIZE", "CACHED", "DIRTY", "READS", "HIT RATIO", "WRITTEN",
-  "WRITTEN BACK", "WRITE AMP", "ERRORS",
+  "WRITTEN BACK", "WRITE AMP", "ERRORS", "READAHEAD",
 };
 #define TABLE_COLS (sizeof table_head / sizeof table_head[0])
 #define TABLE_CELL 32
@@ -322,7 +336,8 @@ struct table_row {
 
 /* One export's row: the cells as the head names them.  WRITTEN is what
  * clients wrote, WRITTEN BACK what reached the backing, WRITE AMP the
- * second over the first ("-" before any write). */
+ * second over the first ("-" before any write), READAHEAD what readahead
+ * brought in ahead of sequential readers. */
 static void
 table_row (struct table_row *row, const char *name,
            const struct export_values *v)
@@ -344,6 +359,7 @@ table_row (struct table_row *row, const char *name,
     snprintf (cell[8], TABLE_CELL, "-");
   snprintf (cell[9], TABLE_CELL, "%llu",
             (unsigned long long) v->v[M_BACKING_ERRORS]);
+  human_size (cell[10], TABLE_CELL, v->v[M_RA_BYTES]);
 }
 
 static const char *

@@ -20,6 +20,9 @@ const struct export_key_help export_keys[] = {
                   "512..folio-size (default 4K)" },
   { "direct-threshold", "requests this large bypass the cache (default 0: off)" },
   { "max-io", "largest backing request the cache sends (default 1M)" },
+  { "readahead", "largest readahead window of sequential reads, up to "
+                 "64M; 0: off; auto (default): 4M on an nbd backing, off "
+                 "on a file" },
   { "dirty-background", "start background writeback at this % of the "
                         "cache (default 10)" },
   { "dirty-limit", "throttle writers at this % of the cache (default 20)" },
@@ -110,6 +113,22 @@ set_uint (unsigned *dst, const char *value, unsigned max)
 }
 
 static int
+set_readahead (uint32_t *dst, const char *value)
+{
+  if (strcmp (value, "auto") == 0) {
+    *dst = CACHE_READAHEAD_AUTO;
+    return 0;
+  }
+  if (set_u32_size (dst, value) == -1)
+    return -1;
+  if (*dst == CACHE_READAHEAD_AUTO) {
+    errno = ERANGE;
+    return -1;
+  }
+  return 0;
+}
+
+static int
 set_mode (enum cache_mode *dst, const char *value)
 {
   static const char *names[] = { "writeback", "writethrough", "none" };
@@ -155,6 +174,8 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "direct-threshold"))
     return parse_size (value, &cc->direct_threshold);
   if (!strcmp (key, "max-io")) return set_u32_size (&cc->max_io_bytes, value);
+  if (!strcmp (key, "readahead"))
+    return set_readahead (&cc->readahead_bytes, value);
   if (!strcmp (key, "dirty-background"))
     return set_uint (&cc->dirty_background_pct, value, 100);
   if (!strcmp (key, "dirty-limit"))
@@ -220,6 +241,7 @@ static const struct {
   CACHE_FIELD ("block-size", block_size),
   CACHE_FIELD ("cache-size", cache_size),
   CACHE_FIELD ("max-io", max_io_bytes),
+  CACHE_FIELD ("readahead", readahead_bytes),
   CACHE_FIELD ("dirty-background", dirty_background_pct),
   CACHE_FIELD ("dirty-limit", dirty_limit_pct),
   CACHE_FIELD ("writeback-interval", writeback_interval_ms),

@@ -8,7 +8,11 @@
  *                              reply sending, timers, budgets, shutdown.
  *   worker threads (--workers, 16 by default)
  *                              run the cache calls that may block.
- *   the cache's writeback thread (src/cache).
+ *   the cache's writeback thread and its helpers, and its readahead
+ *                              threads (src/cache/readahead.c): a read
+ *                              the loop answers may queue a readahead
+ *                              window (a short leaf lock), never wait
+ *                              for it.
  *
  * Run-to-completion: once a request is parsed and checked, the loop tries
  * it itself (req_try_execute: cache_read / cache_write with CACHE_NOWAIT,
