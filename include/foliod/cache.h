@@ -145,7 +145,9 @@ int cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
  * writeback).  A writeback error leaves the data dirty (it is retried)
  * and is returned here.  Concurrent calls that write back share one pass:
  * each is answered by a pass that began after it was called, and gets
- * that pass's result. */
+ * that pass's result.  On a backing with native FUA, a pass with only a
+ * few dirty blocks and nothing else unflushed writes them with FUA and
+ * skips the backing's flush (one round trip to a remote, not two). */
 int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Write back all dirty data, flush the backing, sync the store, whatever
  * the flush mode: shutdown, foliod flush, foliod store writeback. */

@@ -373,9 +373,10 @@ bool wb_batch_begin (struct cache *c, struct window *w, uint64_t fi,
                      bool all);
 /* One pass over the dirty folios (caller holds wb_mutex), walked with the
  * helpers (wb-walk.c).  all: write everything (flush); else only what the
- * background policy wants, starting at the cursor.  Returns folios
- * written; *err gets the first error. */
-int wb_pass (struct cache *c, bool all, int *err);
+ * background policy wants, starting at the cursor.  flags go with every
+ * write (BACKING_FUA: see cache_flush_pass).  Returns folios written;
+ * *err gets the first error. */
+int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
 int wb_helpers_start (struct cache *c);
 void wb_helpers_stop (struct cache *c);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when

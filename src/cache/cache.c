@@ -409,6 +409,34 @@ cache_destroy (struct cache *c)
  * error once, which is how a retried fsync came to claim lost data
  * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
  * until the next flush would make direct I/O cost cache memory. */
+/* A flush pass with this few dirty blocks writes them with FUA instead of
+ * writing them and then flushing the backing: one round trip to a remote
+ * instead of two (the seed workload: 8 clients flushing after every 4 KiB
+ * write leave a few blocks per pass).  Only where FUA is native (else it
+ * is a flush per write), and only when nothing else waits for the
+ * backing's flush (then wb_stabilize flushes anyway, and plain writes
+ * plus that one flush cost less).  Twice the walk's threads: the FUA
+ * writes go out in at most two rounds, which costs no more than a round
+ * of plain writes and the flush after it; a remote whose FUA is an
+ * fdatasync pays a few of them side by side, which its journal batches,
+ * and more would cost it more than the one flush they save. */
+#define FLUSH_FUA_MAX_BLOCKS (2 * (WB_HELPERS + 1))
+
+static unsigned
+flush_pass_flags (struct cache *c)
+{
+  uint64_t epoch = c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
+
+  if (!(c->b->caps & BACKING_CAN_FUA) ||
+      STAT_GET (c, dirty_bytes) > block_pos (c, FLUSH_FUA_MAX_BLOCKS) ||
+      atomic_load (&c->backing_unflushed) ||
+      STAT_GET (c, unstable_bytes) > 0 ||
+      atomic_load (&c->passthrough_unflushed) > 0 ||
+      epoch != c->stable_epoch)
+    return 0;
+  return BACKING_FUA;
+}
+
 static int
 cache_flush_pass (void *arg)
 {
@@ -418,7 +446,9 @@ cache_flush_pass (void *arg)
   lock_or_die (&c->wb_mutex);
   for (unsigned attempt = 0;; attempt++) {
     int pass_err;
-    wb_pass (c, true, &pass_err);
+    /* A hint: wb_stabilize checks again what the FUA writes left to
+     * flush (a passthrough write meanwhile, a loss) and flushes then. */
+    wb_pass (c, true, flush_pass_flags (c), &pass_err);
     r = wb_stabilize (c);
     if (pass_err) {
       err = pass_err;

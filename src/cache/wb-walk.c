@@ -21,6 +21,7 @@ struct wb_walk {
   bool all, wrapped;
   bool over;                    /* nothing left, or the backing is down */
   bool sync_wanted;             /* the owner is to flush the backing */
+  unsigned flags;               /* for every write: BACKING_FUA or 0 */
   unsigned active;              /* threads inside a batch */
   int err;                      /* the first error */
   int written;                  /* folios */
@@ -138,7 +139,7 @@ walk_work (struct cache *c, bool owner)
     wk->active++;
     unlock_or_die (&c->walk_lock);
     uint32_t bpf = c->blocks_per_folio;
-    int r = wb_window (c, &w, w.start * bpf, w.end * bpf, 0);
+    int r = wb_window (c, &w, w.start * bpf, w.end * bpf, wk->flags);
     int err = r == -1 ? errno : 0;
     window_end (c, &w);
     lock_or_die (&c->walk_lock);
@@ -157,10 +158,10 @@ walk_work (struct cache *c, bool owner)
 }
 
 int
-wb_pass (struct cache *c, bool all, int *err)
+wb_pass (struct cache *c, bool all, unsigned flags, int *err)
 {
   struct wb_walk wk = { .start = all ? 0 : c->wb_cursor, .all = all,
-                        .wrapped = all };
+                        .wrapped = all, .flags = flags };
 
   wk.fi = wk.start;
   lock_or_die (&c->walk_lock);

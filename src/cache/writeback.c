@@ -300,7 +300,7 @@ wb_thread_main (void *arg)
     }
     int err;
     lock_or_die (&c->wb_mutex);
-    wb_pass (c, false, &err);
+    wb_pass (c, false, 0, &err);
     /* Unstable blocks pin memory until the backing flushes them: flush
      * after every pass that left some, even one with failed writes, so
      * that what did reach the backing can be evicted and writers waiting

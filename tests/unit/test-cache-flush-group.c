@@ -7,7 +7,10 @@
  * durable (what was written when the last good flush began).  Its flush
  * can be held at a gate (flush number n waits until the test has released
  * n flushes) and made to fail as a file's fdatasync does (EIO, and the loss
- * epoch moves: the writes since the last good flush may be gone). */
+ * epoch moves: the writes since the last good flush may be gone).  With
+ * native FUA (gate_new (true)) a FUA write is durable when it returns, as
+ * a remote's is: the cache's small flush passes write with FUA and need no
+ * backing flush (cache_flush_pass). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -42,6 +45,8 @@ struct gate_backing {
   unsigned fail_at;             /* this flush (1-based) fails; 0: none */
   unsigned delay_us;            /* each flush takes this long */
   uint64_t epoch;
+  bool native_fua;
+  unsigned fua_writes;
 };
 
 static struct gate_backing *
@@ -62,16 +67,22 @@ gate_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 
 static int gate_flush (struct backing *b);
 
-/* No native FUA (as a file): a FUA write is a write and a flush. */
+/* Without native FUA (as a file) a FUA write is a write and a flush. */
 static int
 gate_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
             unsigned flags)
 {
   struct gate_backing *g = to_gate (b);
+  bool fua = flags & BACKING_FUA;
   pthread_mutex_lock (&g->lock);
   memcpy (g->data + off, buf, len);
+  if (fua && g->native_fua) {
+    memcpy (g->durable + off, buf, len);
+    g->fua_writes++;
+  }
+  bool emulate = fua && !g->native_fua;
   pthread_mutex_unlock (&g->lock);
-  return flags & BACKING_FUA ? gate_flush (b) : 0;
+  return emulate ? gate_flush (b) : 0;
 }
 
 static int
@@ -144,10 +155,12 @@ static const struct backing_ops gate_ops = {
 };
 
 static struct gate_backing *
-gate_new (void)
+gate_new (bool native_fua)
 {
   struct gate_backing *g = calloc (1, sizeof *g);
   assert_non_null (g);
+  g->native_fua = native_fua;
+  g->b.caps = native_fua ? BACKING_CAN_FUA : 0;
   g->b.ops = &gate_ops;
   g->b.size = SIZE;
   g->b.io_align = 1;
@@ -294,7 +307,7 @@ static void
 test_flush_waits_for_next_pass (void **state)
 {
   (void) state;
-  struct gate_backing *g = gate_new ();
+  struct gate_backing *g = gate_new (false);
   struct cache *c = gate_cache (g);
   struct flusher a, b;
 
@@ -325,7 +338,7 @@ static void
 test_group_shares_pass_and_error (void **state)
 {
   (void) state;
-  struct gate_backing *g = gate_new ();
+  struct gate_backing *g = gate_new (false);
   struct cache *c = gate_cache (g);
   struct flusher a, q[NQ];
   struct cache_stats st;
@@ -389,9 +402,9 @@ client_main (void *arg)
 }
 
 static void
-concurrent_clients (bool fua)
+concurrent_clients (bool fua, bool native_fua)
 {
-  struct gate_backing *g = gate_new ();
+  struct gate_backing *g = gate_new (native_fua);
   struct cache *c = gate_cache (g);
   struct client k[NT];
   struct cache_stats st;
@@ -406,9 +419,12 @@ concurrent_clients (bool fua)
     assert_int_equal (atomic_load (&k[i].bad), 0);
   }
   cache_get_stats (c, &st);
-  printf ("%u %s, %u backing flushes, %" PRIu64 " passes\n",
-          NT * ROUNDS, fua ? "FUA writes" : "flushes", gate_entered (g),
-          st.flush_passes);
+  printf ("%u %s%s, %u backing flushes, %" PRIu64 " passes, %u native FUA"
+          " writes\n", NT * ROUNDS, fua ? "FUA writes" : "flushes",
+          native_fua ? " (native FUA)" : "", gate_entered (g),
+          st.flush_passes, g->fua_writes);
+  if (native_fua)
+    assert_true (g->fua_writes > 0);
   /* Serialised one by one, nearly every flush found new writes and paid
    * its own backing flush. */
   assert_true (gate_entered (g) <= NT * ROUNDS / 2);
@@ -420,14 +436,24 @@ static void
 test_concurrent_flushes_share (void **state)
 {
   (void) state;
-  concurrent_clients (false);
+  concurrent_clients (false, false);
+}
+
+/* On a backing with native FUA the small passes write with FUA instead of
+ * flushing the backing after their writes: each client's write must still
+ * be durable when its flush returns, whichever pass answers it. */
+static void
+test_concurrent_flushes_native_fua (void **state)
+{
+  (void) state;
+  concurrent_clients (false, true);
 }
 
 static void
 test_concurrent_fua_writes_share (void **state)
 {
   (void) state;
-  concurrent_clients (true);
+  concurrent_clients (true, false);
 }
 
 int
@@ -438,6 +464,7 @@ main (void)
     cmocka_unit_test (test_group_shares_pass_and_error),
     cmocka_unit_test (test_concurrent_flushes_share),
     cmocka_unit_test (test_concurrent_fua_writes_share),
+    cmocka_unit_test (test_concurrent_flushes_native_fua),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

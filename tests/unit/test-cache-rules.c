@@ -156,7 +156,9 @@ wait_for (struct t *t, int (*cond) (struct t *), unsigned ms)
 
 /* ---- rule 1: writes read only what they must ---- */
 
-/* 4 KiB into an uptodate 64 KiB folio: writeback sends exactly 4096. */
+/* 4 KiB into an uptodate 64 KiB folio: writeback sends exactly 4096.  On
+ * a backing without native FUA (a file): the flush writes it, then
+ * flushes the backing (with native FUA: test_small_flush_writes_fua). */
 static void
 test_write_4k_into_uptodate_folio (void **state)
 {
@@ -164,6 +166,7 @@ test_write_4k_into_uptodate_folio (void **state)
   uint8_t buf[4096], folio[65536];
 
   t_open (&t, 4 * MiB, NULL);
+  fake_set_caps (t.fb, FAKE_DEFAULT_CAPS & ~BACKING_CAN_FUA);
   fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
   assert_int_equal (cache_read (t.c, folio, 65536, 65536, 0), 0);
   fake_reset_log (t.fb);
@@ -548,7 +551,9 @@ test_flush_error_writes_the_rest (void **state)
   t_close (&t);
 }
 
-/* A transient error on the backing flush itself reaches cache_flush. */
+/* A transient error on the backing flush itself reaches cache_flush
+ * (without native FUA: with it, a flush this small needs no backing
+ * flush, see test_small_flush_fua_error_keeps_dirty). */
 static void
 test_backing_flush_error_reported (void **state)
 {
@@ -556,12 +561,113 @@ test_backing_flush_error_reported (void **state)
   uint8_t buf[4096];
 
   t_open (&t, 4 * MiB, NULL);
+  fake_set_caps (t.fb, FAKE_DEFAULT_CAPS & ~BACKING_CAN_FUA);
   fill (buf, sizeof buf, 4);
   assert_int_equal (cache_write (t.c, buf, 4096, 0, 0), 0);
   fake_fail_next (t.fb, FAKE_M (FAKE_FLUSH), 1, EIO);
   assert_int_equal (cache_flush (t.c), -1);
   assert_int_equal (errno, EIO);
   assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 4096, 0);
+  t_close (&t);
+}
+
+/* With native FUA and only a few dirty blocks, a flush writes them with
+ * FUA and does not flush the backing: one round trip to a remote instead
+ * of two (cache_flush_pass); every write is durable when it returns. */
+static void
+test_small_flush_writes_fua (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  for (unsigned i = 0; i < 3; i++) {
+    fill (buf, sizeof buf, (uint8_t) (20 + i));
+    assert_int_equal (cache_write (t.c, buf, 4096, (uint64_t) i * MiB, 0), 0);
+  }
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (fake_log_count (t.fb, FAKE_WRITE), 3);
+  for (size_t i = 0; i < 3; i++)
+    assert_true (nth (&t, FAKE_WRITE, i).flags & BACKING_FUA);
+  assert_int_equal (fake_log_count (t.fb, FAKE_FLUSH), 0);
+  assert_int_equal (fake_unflushed (t.fb), 0);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  assert_int_equal (stats (&t).unstable_bytes, 0);
+  for (unsigned i = 0; i < 3; i++) {
+    fill (buf, sizeof buf, (uint8_t) (20 + i));
+    expect_backing (&t, buf, 4096, (uint64_t) i * MiB);
+  }
+  t_close (&t);
+}
+
+/* Many dirty blocks: plain writes and one backing flush, not a FUA each. */
+static void
+test_big_flush_writes_then_flushes (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 5);
+  for (unsigned i = 0; i < 64; i++)
+    assert_int_equal (cache_write (t.c, buf, 4096, (uint64_t) i * 65536, 0),
+                      0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (fake_log_count (t.fb, FAKE_WRITE), 64);
+  assert_int_equal (totals (&t).fua_writes, 0);
+  assert_int_equal (fake_log_count (t.fb, FAKE_FLUSH), 1);
+  assert_int_equal (fake_unflushed (t.fb), 0);
+  t_close (&t);
+}
+
+/* Something the backing still has to flush (a direct write past the
+ * cache) makes the small flush flush the backing: FUA writes alone would
+ * leave that write volatile. */
+static void
+test_small_flush_after_plain_write_flushes (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t big[65536], buf[4096];
+
+  cfg_small (&cfg);
+  cfg.direct_threshold = 64 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  fill (big, sizeof big, 6);
+  assert_int_equal (cache_write (t.c, big, sizeof big, 0, 0), 0);
+  assert_int_equal (fake_unflushed (t.fb), 1);   /* passed straight through */
+  fill (buf, sizeof buf, 8);
+  assert_int_equal (cache_write (t.c, buf, 4096, MiB, 0), 0);
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (fake_log_count (t.fb, FAKE_FLUSH), 1);
+  assert_int_equal (fake_unflushed (t.fb), 0);
+  expect_backing (&t, big, sizeof big, 0);
+  expect_backing (&t, buf, 4096, MiB);
+  t_close (&t);
+}
+
+/* A FUA write of a small flush that fails reaches cache_flush and leaves
+ * the block dirty; the next flush writes it. */
+static void
+test_small_flush_fua_error_keeps_dirty (void **state)
+{
+  struct t t;
+  uint8_t buf[4096];
+
+  t_open (&t, 4 * MiB, NULL);
+  fill (buf, sizeof buf, 7);
+  assert_int_equal (cache_write (t.c, buf, 4096, 0, 0), 0);
+  fake_fail_next (t.fb, FAKE_M (FAKE_WRITE), 1, EIO);
+  assert_int_equal (cache_flush (t.c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (stats (&t).dirty_bytes, 4096);
+  assert_int_equal (cache_flush (t.c), 0);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+  assert_int_equal (fake_unflushed (t.fb), 0);
   expect_backing (&t, buf, 4096, 0);
   t_close (&t);
 }
@@ -1514,6 +1620,10 @@ main (void)
     cmocka_unit_test (test_flush_error_keeps_data_dirty),
     cmocka_unit_test (test_flush_error_writes_the_rest),
     cmocka_unit_test (test_backing_flush_error_reported),
+    cmocka_unit_test (test_small_flush_writes_fua),
+    cmocka_unit_test (test_big_flush_writes_then_flushes),
+    cmocka_unit_test (test_small_flush_after_plain_write_flushes),
+    cmocka_unit_test (test_small_flush_fua_error_keeps_dirty),
     cmocka_unit_test (test_background_error_reported_by_flush),
     cmocka_unit_test (test_fua_write_error_returned),
     cmocka_unit_test (test_read_error_then_success),
