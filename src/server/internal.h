@@ -170,6 +170,8 @@ struct conn {
   unsigned steps_left;           /* input steps left in this wake-up */
   unsigned recvs_left;           /* socket reads left in this wake-up */
   size_t inline_left;            /* bytes to run inline this wake-up */
+  bool rdrained;                 /* this wake-up's last recv was short:
+                                    the socket is empty (plain) */
   bool eof;                      /* peer closed or reset the socket */
   bool send_blocked;             /* last send hit EAGAIN: wait for EV_WRITE */
   bool yielded;                  /* budget ran out with input pending */
