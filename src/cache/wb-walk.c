@@ -109,6 +109,20 @@ walk_sync (struct cache *c, struct wb_walk *wk)
   pthread_cond_broadcast (&c->walk_cv);
 }
 
+/* After a batch: wake the threads on walk_cv?  Only the owner waits for
+ * the last batch in flight, so a helper ending it wakes them; the owner
+ * ending its own batch wakes them only when helpers are wanted (they poll
+ * otherwise).  Waking three helpers after every batch of a background
+ * pass, for them to find nothing to do, cost a futex call and a context
+ * switch per batch each (randwrite_512: more than the loop thread). */
+static bool
+walk_batch_wakes (struct cache *c, const struct wb_walk *wk, bool owner)
+{
+  if (wk->active > 0)
+    return false;
+  return !owner || walk_wants_helpers (c, wk);
+}
+
 /* Write batches of the pass c->walk until it is over (walk_lock held on
  * entry and return).  A helper re-reads c->walk after every wait: the
  * owner's pass may have ended meanwhile. */
@@ -152,8 +166,8 @@ walk_work (struct cache *c, bool owner)
     if (backing_unreachable (err))
       wk->over = true;
     walk_progress (c, wk);
-    if (wk->active == 0)
-      pthread_cond_broadcast (&c->walk_cv);  /* an owner may wait */
+    if (walk_batch_wakes (c, wk, owner))
+      pthread_cond_broadcast (&c->walk_cv);
   }
 }
 

@@ -256,6 +256,19 @@ conn_budget_hdr_ready (struct conn *c)
 
 /* ---- input ------------------------------------------------------------- */
 
+/* One recv into buf.  A short one from a transport where that means the
+ * socket is empty ends this wake-up's reading: the EAGAIN the next recv
+ * would return costs a system call per wake-up, and the level-triggered
+ * watcher reports anything that arrives meanwhile. */
+static ssize_t
+conn_recv (struct conn *c, void *buf, size_t len)
+{
+  ssize_t n = c->tops->recv (c, buf, len);
+
+  c->rdrained = c->tops->short_read_drains && n > 0 && (size_t) n < len;
+  return n;
+}
+
 /* Fill dst up to need bytes, *have counting what is there already (so a
  * state can resume after a partial read).  Serves buffered bytes first;
  * large remainders are read straight into dst.  Returns IO_DONE, IO_AGAIN
@@ -276,15 +289,17 @@ conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
       *have += n;
       continue;
     }
+    if (c->rdrained)
+      return IO_AGAIN;          /* the socket watcher wakes us for more */
     if (c->recvs_left == 0) {
       c->yielded = true;
       return IO_AGAIN;
     }
     c->recvs_left--;
     if (want >= CONN_RBUF_SIZE / 2)
-      n = c->tops->recv (c, d + *have, want);
+      n = conn_recv (c, d + *have, want);
     else {
-      n = c->tops->recv (c, c->rbuf, CONN_RBUF_SIZE);
+      n = conn_recv (c, c->rbuf, CONN_RBUF_SIZE);
       c->rpos = 0;
       c->rlen = n > 0 ? (size_t) n : 0;
     }
@@ -408,6 +423,7 @@ conn_run_steps (struct conn *c)
   c->steps_left = CONN_STEPS_PER_WAKE;
   c->recvs_left = CONN_STEPS_PER_WAKE / 4;
   c->inline_left = CONN_INLINE_PER_WAKE;
+  c->rdrained = false;
   while (conn_wants_input (c)) {
     enum step r;
 

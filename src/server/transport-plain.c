@@ -52,4 +52,5 @@ const struct transport_ops transport_plain = {
   .send = plain_send,
   .pending = plain_pending,
   .close = plain_close,
+  .short_read_drains = true,
 };

@@ -12,6 +12,10 @@
  *   pending  bytes already buffered inside the transport that recv can
  *          return although the socket is not readable (TLS records).
  *   close  release transport state and close c->fd.  Called once.
+ *   short_read_drains  a recv shorter than asked means the socket had no
+ *          more (a stream socket; not TLS, which returns one record at a
+ *          time): the reader then waits for the next readable event rather
+ *          than calling recv again only to get EAGAIN.
  *
  * c->tport_want: the socket events (EV_READ/EV_WRITE) the transport itself
  * needs to make progress on the last call that returned EAGAIN ("read
@@ -24,6 +28,7 @@
 #ifndef FOLIOD_TRANSPORT_H
 #define FOLIOD_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -36,6 +41,7 @@ struct transport_ops {
   ssize_t (*send) (struct conn *c, const struct iovec *iov, int iovcnt);
   size_t (*pending) (struct conn *c);
   void (*close) (struct conn *c);
+  bool short_read_drains;
 };
 
 /* Plain sockets: recv(2) / writev(2) on c->fd. */
