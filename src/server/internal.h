@@ -47,6 +47,7 @@
 #define FOLIOD_SERVER_INTERNAL_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -212,14 +213,22 @@ struct client_count {
 };
 
 /* The worker pool. */
+/* A worker's own wake-up: the loop hands it a request directly. */
+struct pool_worker {
+  struct pool *pool;
+  pthread_t thread;
+  sem_t wake;
+  struct req *handed;            /* set by whoever popped it off idle */
+  struct pool_worker *next_idle;
+};
+
 struct pool {
   pthread_mutex_t lock;
-  pthread_cond_t cond;
   struct req *head, *tail;       /* queued requests */
   bool stop;
   unsigned nthreads;
-  unsigned nidle;                /* workers waiting on cond */
-  pthread_t *threads;
+  struct pool_worker *idle;      /* waiting workers, the last idle first */
+  struct pool_worker *workers;
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
   struct req *sub_head, *sub_tail; /* loop: parsed this wake-up, not yet
