@@ -185,6 +185,56 @@ conn_wake_if_writing (struct nbdb_conn *c, struct nbd_handle *h)
     conn_wake (c);
 }
 
+struct nbdb_async {
+  void (*done) (void *opaque, int err);
+  void *opaque;
+  struct nbdb_conn *c;
+  uint64_t deadline;            /* now_ms() time */
+  struct nbdb_async *prev, *next;  /* c->async_head, under async_lock */
+};
+
+static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h);
+static void nbdb_note_down (struct nbdb_backing *nb, int hung);
+
+/* The earliest deadline of c's async commands (also the shutdown
+ * deadline while any is in flight); 0: none in flight. */
+static uint64_t
+async_first_deadline (struct nbdb_conn *c)
+{
+  uint64_t first = 0, d = atomic_load (&c->nb->deadline);
+  struct nbdb_async *a;
+
+  lock_or_die (&c->async_lock);
+  for (a = c->async_head; a; a = a->next)
+    if (!first || a->deadline < first)
+      first = a->deadline;
+  unlock_or_die (&c->async_lock);
+  return first && d && d < first ? d : first;
+}
+
+/* The poller's wait: -1 (for ever) or 100 ms as before, shortened to the
+ * first async deadline; past it, the connection is cut (libnbd then
+ * fails every command on it, which completes the async ones with an
+ * error) and the backing counts as down, as for a sync request that
+ * hung. */
+static int
+poller_timeout (struct nbdb_conn *c, struct nbd_handle *h, unsigned dir)
+{
+  int t = dir ? -1 : 100;
+  uint64_t first = async_first_deadline (c), now;
+
+  if (!first || atomic_load (&c->cut))
+    return t;
+  now = now_ms ();
+  if (now >= first) {
+    conn_cut (c, h);
+    nbdb_note_down (c->nb, 1);
+    return t;
+  }
+  return t >= 0 && (uint64_t) t < first - now ? t : (int) MIN (first - now,
+                                                                60000u);
+}
+
 static void *
 poller_main (void *arg)
 {
@@ -205,7 +255,7 @@ poller_main (void *arg)
       p[0].events |= POLLOUT;
     if (dir == 0)               /* nothing to wait for on the socket */
       p[0].fd = -1;
-    if (poll (p, 2, dir ? -1 : 100) == -1) {
+    if (poll (p, 2, poller_timeout (c, h, dir)) == -1) {
       if (errno == EINTR)
         continue;
       break;
@@ -647,6 +697,9 @@ nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms)
     atomic_store (&nb->next_probe, 0);
   }
   atomic_store (&nb->deadline, deadline_ms);
+  /* Pollers watching async commands take the deadline into account. */
+  for (unsigned i = 0; i < nb->nconns; i++)
+    conn_wake (&nb->conns[i]);
 }
 
 int
@@ -696,6 +749,101 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
   }
   atomic_fetch_add (&nb->errors, 1);
   errno = e;
+  return -1;
+}
+
+/* ---- commands that hold no thread ---- */
+
+static void
+async_unlink (struct nbdb_async *a)
+{
+  struct nbdb_conn *c = a->c;
+
+  lock_or_die (&c->async_lock);
+  if (a->prev)
+    a->prev->next = a->next;
+  else
+    c->async_head = a->next;
+  if (a->next)
+    a->next->prev = a->prev;
+  unlock_or_die (&c->async_lock);
+}
+
+/* libnbd's completion, on the poller (or the issuer, inside fn). */
+static int
+async_complete (void *user, int *error)
+{
+  struct nbdb_async *a = user;
+  struct nbdb_conn *c = a->c;
+  int e = *error;
+
+  async_unlink (a);
+  a->done (a->opaque, e);
+  free (a);
+  atomic_fetch_sub (&c->users, 1);      /* h may be closed after this */
+  return 1;
+}
+
+int
+nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
+                void (*done) (void *opaque, int err), void *opaque)
+{
+  struct nbdb_conn *c;
+  struct nbdb_async *a;
+  struct nbd_handle *h;
+  int64_t cookie;
+  bool first;
+
+  /* Down, reconnecting, shutting down: the sync path knows what to do. */
+  if (atomic_load (&nb->down_since) || atomic_load (&nb->deadline) ||
+      !(c = conn_pick (nb, NULL)) || !atomic_load (&c->up) ||
+      !(a = malloc (sizeof *a))) {
+    errno = EAGAIN;
+    return -1;
+  }
+  *a = (struct nbdb_async) { .done = done, .opaque = opaque, .c = c,
+                             .deadline = now_ms () + nb->request_timeout_ms };
+  pthread_rwlock_rdlock (&c->lock);
+  h = c->h;
+  if (!h || atomic_load (&c->cut))
+    goto fail;
+  switch (poller_ensure (c)) {
+  case -1:
+    goto fail;
+  case 1:
+    if (peer_gone (h))
+      goto fail;
+  }
+  lock_or_die (&c->async_lock);
+  a->next = c->async_head;
+  if (a->next)
+    a->next->prev = a;
+  c->async_head = a;
+  /* The first one in flight: the poller may be polling without a
+   * timeout; it must learn a deadline (later ones are never earlier
+   * than the first, and the poller looks again after every reply). */
+  first = a->next == NULL;
+  unlock_or_die (&c->async_lock);
+  atomic_fetch_add (&c->users, 1);
+  /* a belongs to the completion from here on: done may run inside fn. */
+  cookie = fn (h, arg, (nbd_completion_callback) { .callback = async_complete,
+                                                   .user_data = a });
+  if (cookie == -1) {
+    async_unlink (a);
+    atomic_fetch_sub (&c->users, 1);
+    goto fail;
+  }
+  if (first)
+    conn_wake (c);
+  else
+    conn_wake_if_writing (c, h);
+  pthread_rwlock_unlock (&c->lock);
+  return 0;
+
+ fail:
+  pthread_rwlock_unlock (&c->lock);
+  free (a);
+  errno = EAGAIN;
   return -1;
 }
 
@@ -792,6 +940,8 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     struct nbdb_conn *c = &nb->conns[i];
     pthread_rwlock_init (&c->lock, NULL);
     pthread_mutex_init (&c->poller_lock, NULL);
+    pthread_mutex_init (&c->async_lock, NULL);
+    c->nb = nb;
     c->efd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
     nb->nconns = i + 1;
     if (c->efd == -1) {
@@ -830,6 +980,7 @@ nbdb_conns_stop (struct nbdb_backing *nb)
       close (c->efd);
     pthread_rwlock_destroy (&c->lock);
     pthread_mutex_destroy (&c->poller_lock);
+    pthread_mutex_destroy (&c->async_lock);
   }
   free (nb->conns);
   nb->conns = NULL;
