@@ -31,12 +31,27 @@
  * replies may; a FLUSH sees every write answered before it arrived (those
  * answered inline are in the cache, dirty, by then).
  *
+ * Parked misses: a read that missed on a backing with asynchronous reads
+ * (the nbd backing) is not given to a worker: req_fetch_start has the
+ * backing read its range into the request's buffer, and the backing's
+ * poller thread puts it on the done list when the remote answered (or
+ * failed, or request-timeout passed: the poller cuts the connection).
+ * The loop then answers it from those bytes through the cache
+ * (cache_read_fetched with CACHE_NOWAIT), or hands it to a worker (a
+ * stripe busy, a failed fetch: read again with the backing's retries).
+ * So a remote miss holds no thread while it waits, and costs two wake-ups
+ * (poller, loop) instead of five.  It counts in conn->nworker like a
+ * request on a worker.
+ *
  * Worker threads only ever touch the struct req they were handed (and
  * read the connection fields that are fixed during transmission: exp,
  * structured).  A request travels:
  *
  *   conn free list -> receiving (conn->cur) -> [worker queue -> done list]
  *   -> conn send queue -> conn free list
+ *
+ * (a parked miss: receiving -> [backing -> done list (-> worker queue ->
+ * done list)] -> conn send queue)
  *
  * (the bracketed part only when it could not complete on the loop) and is
  * linked into exactly one of those lists at a time by req->next.
@@ -115,6 +130,14 @@ struct req {
   size_t iov_off;
   uint8_t hdr[REQ_HDR_SLOTS][32];
   unsigned nhdr;
+
+  /* A read miss parked on an asynchronous backing read (req_fetch_start):
+   * the backing's thread sets fetch_err and REQ_FETCHED and puts the
+   * request on the done list; the loop then answers it from the fetched
+   * data, or hands it to a worker. */
+  enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
+  int fetch_err;
+  uint64_t fetch_gen;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
@@ -242,7 +265,7 @@ struct pool {
 struct server_counters {
   _Atomic uint64_t connections_now, connections_total, connections_refused;
   _Atomic uint64_t handshakes_failed, requests, request_errors;
-  _Atomic uint64_t requests_inline;
+  _Atomic uint64_t requests_inline, requests_parked;
   _Atomic uint64_t bytes_read, bytes_written;
 };
 
@@ -354,6 +377,11 @@ void req_execute (struct req *r);
 /* On the loop: execute r if the cache can without waiting (true, reply
  * built), else false with r untouched, for a worker. */
 bool req_try_execute (struct req *r);
+/* Park a read that missed on an asynchronous backing read: true when
+ * issued (the request is then off the loop, as on a worker, until it
+ * comes back on the done list as REQ_FETCHED); false: run it on a
+ * worker. */
+bool req_fetch_start (struct req *r);
 void req_build_reply (struct req *r);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */
