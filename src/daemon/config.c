@@ -37,7 +37,7 @@ const struct server_key server_keys[] = {
   { "metrics-listen", "HOST:PORT", "serve Prometheus metrics over HTTP at /metrics (default: off; no HOST: 127.0.0.1)", 0 },
   { "state-dir", "DIR", "directory relative paths of the config resolve in", 0 },
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
-  { "workers", "N", "worker threads running requests (default 32)", 0 },
+  { "workers", "N", "worker threads running requests (default 16)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
   { "max-connections-per-client", "N", "connections per client address or uid (default 32)", 0 },
   { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },

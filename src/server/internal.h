@@ -6,7 +6,7 @@
  *                              conn field except those noted "worker":
  *                              accept, handshake, TLS, request parsing,
  *                              reply sending, timers, budgets, shutdown.
- *   worker threads (--workers, 32 by default)
+ *   worker threads (--workers, 16 by default)
  *                              run the cache calls that may block.
  *   the cache's writeback thread (src/cache).
  *
@@ -20,11 +20,9 @@
  * write-through writes, direct I/O, FLUSH, TRIM, WRITE_ZEROES, CACHE,
  * BLOCK_STATUS (the backing's map), reads that look for holes, requests
  * over REQ_INLINE_MAX.  The workers are many because a worker on a remote
- * miss holds its thread for a round trip, and one export may hold only
- * half of them (32: 16 misses in flight, the bench's queue depth); they
- * run no CPU-bound hit, so their number no longer costs cached requests,
- * and each queued request wakes exactly one of them, handed its request
- * (pool.c: no herd, no wake-up that finds nothing).  Inline work per callback is capped
+ * miss holds its thread for a round trip; they run no CPU-bound hit, so
+ * their number no longer costs cached requests, and each queued request
+ * wakes at most one of them (no herd).  Inline work per callback is capped
  * (CONN_INLINE_PER_WAKE, then the connection yields) on top of the step
  * and send budgets.  Replies carry the client's cookie, so an inline reply
  * may overtake an earlier request still on a worker, as two workers'

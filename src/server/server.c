@@ -19,8 +19,7 @@ void
 server_config_default (struct server_config *cfg)
 {
   memset (cfg, 0, sizeof *cfg);
-  cfg->workers = 32;   /* a miss on a remote holds its worker a round trip,
-                          and one export gets half: 16 misses in flight */
+  cfg->workers = 16;   /* a miss on a remote holds its worker a round trip */
   cfg->max_connections = 128;
   cfg->handshake_timeout_s = 10;
   cfg->max_inflight = 64;
