@@ -19,10 +19,12 @@
  * hand-off.  Everything else goes to a worker: misses, FUA and
  * write-through writes, direct I/O, FLUSH, TRIM, WRITE_ZEROES, CACHE,
  * BLOCK_STATUS (the backing's map), reads that look for holes, requests
- * over REQ_INLINE_MAX.  The workers are many because a worker on a remote
- * miss holds its thread for a round trip; they run no CPU-bound hit, so
- * their number no longer costs cached requests, and each queued request
- * wakes at most one of them (no herd).  Inline work per callback is capped
+ * over REQ_INLINE_MAX.  The workers are many because a request that
+ * waits for a remote (a write-through, a flush, a miss that could not be
+ * parked, see below) holds its worker for a round trip; they run no
+ * CPU-bound hit, so their number no longer costs cached requests, and
+ * each queued request wakes exactly one of them, handed its request
+ * (pool.c: no herd, no wake-up that finds nothing).  Inline work per callback is capped
  * (CONN_INLINE_PER_WAKE, then the connection yields) on top of the step
  * and send budgets.  Replies carry the client's cookie, so an inline reply
  * may overtake an earlier request still on a worker, as two workers'
