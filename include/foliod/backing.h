@@ -73,6 +73,18 @@ struct backing_ops {
   int (*read) (struct backing *b, void *buf, uint64_t len, uint64_t off)
     FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
 
+  /* The same without holding the caller: 0 when issued, and then done
+   * (0 or an errno value) is called exactly once, on a thread of the
+   * backing (maybe this one, before the return), within the backing's
+   * request timeout; buf must stay until then.  -1 (errno) when not
+   * issued, done never called: the caller uses read, which reconnects,
+   * retries and fails as the contract says (an async read is never
+   * retried: on an error the caller reads again with read).  NULL: no
+   * such reads (every read has a thread anyway). */
+  int (*read_async) (struct backing *b, void *buf, uint64_t len,
+                     uint64_t off, void (*done) (void *opaque, int err),
+                     void *opaque) FOLIOD_NONNULL (1, 2, 5) FOLIOD_WUR;
+
   /* Write len bytes at off.  flags: BACKING_FUA. */
   int (*write) (struct backing *b, const void *buf, uint64_t len,
                 uint64_t off, unsigned flags) FOLIOD_NONNULL (1, 2) FOLIOD_WUR;

@@ -41,6 +41,11 @@ struct nbdb_conn {
   int has_poller;
   pid_t poller_pid;             /* process the poller runs in */
   int restart;                  /* fork: restart the poller in the parent */
+  struct nbdb_backing *nb;      /* the backing this connection is of */
+  /* Asynchronous commands in flight on h (nbdb_run_async): the poller
+   * cuts the connection when the first of them is past its deadline. */
+  pthread_mutex_t async_lock;   /* a leaf */
+  struct nbdb_async *async_head;
 };
 
 struct ext_slot {
@@ -103,6 +108,14 @@ typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
  * when the remote stays away.  A request not answered within
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
+/* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
+ * poller (or this thread) when the remote answered, the connection
+ * failed, or request_timeout_ms passed (then the connection is cut, and
+ * the backing counts as down as for a hung sync request).  -1 (errno)
+ * when not issued: the backing is down or reconnecting, no connection
+ * is up; the caller then uses nbdb_run.  No retries. */
+int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
+                    void (*done) (void *opaque, int err), void *opaque);
 
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);

@@ -270,6 +270,23 @@ nbdb_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
   return nbdb_chunked (nb, call_pread, buf, len, off, 0, nb->max_io);
 }
 
+/* One request, no thread held (a cache miss waits for it parked). */
+static int
+nbdb_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
+                 void (*done) (void *opaque, int err), void *opaque)
+{
+  struct nbdb_backing *nb = to_nbd (b);
+  struct io_req r = { buf, len, off, 0 };
+
+  if (check_range (b, len, off, 0) == -1)
+    return -1;
+  if (len == 0 || len > nb->max_io) {
+    errno = EINVAL;
+    return -1;
+  }
+  return nbdb_run_async (nb, call_pread, &r, done, opaque);
+}
+
 static int
 nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
             unsigned flags)
@@ -484,6 +501,7 @@ nbdb_close (struct backing *b)
 static const struct backing_ops nbdb_ops = {
   .name = "nbd",
   .read = nbdb_read,
+  .read_async = nbdb_read_async,
   .write = nbdb_write,
   .zero = nbdb_zero,
   .trim = nbdb_trim,

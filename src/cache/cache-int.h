@@ -143,6 +143,9 @@ struct cache {
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
   _Atomic int flush_failing;/* errno of the last backing flush if it failed */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
+  _Atomic uint64_t backing_gen; /* bumped after every backing write, zero
+                                 * or trim (fetch.c: is a read that started
+                                 * before still the backing's content?) */
   uint64_t stable_epoch;    /* backing loss epoch at the last good flush; wb_mutex */
   _Atomic uint64_t passthrough_unflushed; /* direct writes and zeroes since */
   bool passthrough_lost;    /* some of those were lost: every flush from

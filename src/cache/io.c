@@ -53,7 +53,9 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   STAT_ADD (c, backing_write_bytes, len);
   if (!(flags & BACKING_FUA))
     atomic_store (&c->backing_unflushed, true);
-  return c->b->ops->write (c->b, buf, len, off, flags);
+  int r = c->b->ops->write (c->b, buf, len, off, flags);
+  atomic_fetch_add (&c->backing_gen, 1);     /* failed: maybe partly */
+  return r;
 }
 
 /* Read global blocks [start, end) (inside the window, all cached) with

@@ -251,6 +251,11 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
          "# TYPE foliod_requests_inline_total counter\n"
          "foliod_requests_inline_total %llu\n",
          (unsigned long long) ss.requests_inline);
+    out (&o, "# HELP foliod_requests_parked_total NBD read misses answered "
+         "from an asynchronous backing read, without a worker waiting.\n"
+         "# TYPE foliod_requests_parked_total counter\n"
+         "foliod_requests_parked_total %llu\n",
+         (unsigned long long) ss.requests_parked);
   }
   return o.len;
 }

@@ -223,12 +223,26 @@ read_segments (struct req *r, struct seg_list *l)
   }
 }
 
+/* Read one range of r into data: from what a parked miss fetched (the
+ * whole request is one range then: req_fetch_start takes no read that
+ * looks for holes), else from the cache. */
+static int
+read_range (struct req *r, uint8_t *data, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct cache *cache = r->conn->exp->cache;
+
+  if (r->fetch == REQ_FETCHED && r->fetch_err == 0 && data == r->buf &&
+      len == r->count)
+    return cache_read_fetched (cache, data, len, off, r->fetch_gen, flags);
+  return cache_read (cache, data, len, off, flags);
+}
+
 /* The read's reply, or under CACHE_NOWAIT (in flags) -1 if the cache
  * would have waited: then nothing is built.  Errors are replies. */
 static int
 exec_read_structured (struct req *r, unsigned flags)
 {
-  struct cache *cache = r->conn->exp->cache;
   struct seg_list l;
   uint8_t *last = NULL;
 
@@ -246,7 +260,7 @@ exec_read_structured (struct req *r, unsigned flags)
       req_iov (r, last, 32);
       continue;
     }
-    if (cache_read (cache, data, s->len, s->off, flags) < 0) {
+    if (read_range (r, data, s->len, s->off, flags) < 0) {
       if (flags & CACHE_NOWAIT) {
         r->niov = r->nhdr = 0;
         return -1;
@@ -274,8 +288,7 @@ exec_read (struct req *r, unsigned flags)
 {
   if (r->conn->structured)
     return exec_read_structured (r, flags);
-  if (r->count && cache_read (r->conn->exp->cache, r->buf, r->count,
-                              r->offset, flags) < 0) {
+  if (r->count && read_range (r, r->buf, r->count, r->offset, flags) < 0) {
     if (flags & CACHE_NOWAIT)
       return -1;
     r->error = wire_errno (errno);
@@ -422,6 +435,7 @@ req_execute (struct req *r)
     r->errmsg = NULL;
     r->niov = r->nhdr = 0;
   }
+  r->fetch = REQ_FETCH_NONE;    /* what it fetched is used */
   req_build_reply (r);
 }
 
@@ -453,4 +467,33 @@ req_try_execute (struct req *r)
     return false;
   req_build_reply (r);
   return true;
+}
+
+/* The backing's thread: the fetch is over; the loop takes it from here
+ * (server_done_cb). */
+static void
+req_fetch_done (void *opaque, int err)
+{
+  struct req *r = opaque;
+  struct pool *p = &r->conn->srv->pool;
+
+  r->fetch_err = err;
+  r->fetch = REQ_FETCHED;
+  p->done (p->done_opaque, r);
+}
+
+bool
+req_fetch_start (struct req *r)
+{
+  if (r->type != NBD_CMD_READ || !req_may_try (r))
+    return false;
+  r->fetch = REQ_FETCHING;
+  r->fetch_err = 0;
+  /* From here on r may be on the done list already (done runs inside
+   * when the remote was that quick): touch nothing after. */
+  if (cache_fetch (r->conn->exp->cache, r->buf, r->count, r->offset,
+                   &r->fetch_gen, req_fetch_done, r) == 0)
+    return true;
+  r->fetch = REQ_FETCH_NONE;
+  return false;
 }

@@ -23,10 +23,12 @@
  * hand-off.  Everything else goes to a worker: misses, FUA and
  * write-through writes, direct I/O, FLUSH, TRIM, WRITE_ZEROES, CACHE,
  * BLOCK_STATUS (the backing's map), reads that look for holes, requests
- * over REQ_INLINE_MAX.  The workers are many because a worker on a remote
- * miss holds its thread for a round trip; they run no CPU-bound hit, so
- * their number no longer costs cached requests, and each queued request
- * wakes at most one of them (no herd).  Inline work per callback is capped
+ * over REQ_INLINE_MAX.  The workers are many because a request that
+ * waits for a remote (a write-through, a flush, a miss that could not be
+ * parked, see below) holds its worker for a round trip; they run no
+ * CPU-bound hit, so their number no longer costs cached requests, and
+ * each queued request wakes exactly one of them, handed its request
+ * (pool.c: no herd, no wake-up that finds nothing).  Inline work per callback is capped
  * (CONN_INLINE_PER_WAKE, then the connection yields) on top of the step
  * and send budgets.  Replies carry the client's cookie, so an inline reply
  * may overtake an earlier request still on a worker, as two workers'
@@ -42,12 +44,27 @@
  * (conn_recv): the socket is empty and the level-triggered watcher
  * reports what comes next.
  *
+ * Parked misses: a read that missed on a backing with asynchronous reads
+ * (the nbd backing) is not given to a worker: req_fetch_start has the
+ * backing read its range into the request's buffer, and the backing's
+ * poller thread puts it on the done list when the remote answered (or
+ * failed, or request-timeout passed: the poller cuts the connection).
+ * The loop then answers it from those bytes through the cache
+ * (cache_read_fetched with CACHE_NOWAIT), or hands it to a worker (a
+ * stripe busy, a failed fetch: read again with the backing's retries).
+ * So a remote miss holds no thread while it waits, and costs two wake-ups
+ * (poller, loop) instead of five.  It counts in conn->nworker like a
+ * request on a worker.
+ *
  * Worker threads only ever touch the struct req they were handed (and
  * read the connection fields that are fixed during transmission: exp,
  * structured).  A request travels:
  *
  *   conn free list -> receiving (conn->cur) -> [worker queue -> done list]
  *   -> conn send queue -> conn free list
+ *
+ * (a parked miss: receiving -> [backing -> done list (-> worker queue ->
+ * done list)] -> conn send queue)
  *
  * (the bracketed part only when it could not complete on the loop) and is
  * linked into exactly one of those lists at a time by req->next.
@@ -60,6 +77,7 @@
 #define FOLIOD_SERVER_INTERNAL_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -125,6 +143,14 @@ struct req {
   size_t iov_off;
   uint8_t hdr[REQ_HDR_SLOTS][32];
   unsigned nhdr;
+
+  /* A read miss parked on an asynchronous backing read (req_fetch_start):
+   * the backing's thread sets fetch_err and REQ_FETCHED and puts the
+   * request on the done list; the loop then answers it from the fetched
+   * data, or hands it to a worker. */
+  enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
+  int fetch_err;
+  uint64_t fetch_gen;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
@@ -227,14 +253,22 @@ struct client_count {
 };
 
 /* The worker pool. */
+/* A worker's own wake-up: the loop hands it a request directly. */
+struct pool_worker {
+  struct pool *pool;
+  pthread_t thread;
+  sem_t wake;
+  struct req *handed;            /* set by whoever popped it off idle */
+  struct pool_worker *next_idle;
+};
+
 struct pool {
   pthread_mutex_t lock;
-  pthread_cond_t cond;
   struct req *head, *tail;       /* queued requests */
   bool stop;
   unsigned nthreads;
-  unsigned nidle;                /* workers waiting on cond */
-  pthread_t *threads;
+  struct pool_worker *idle;      /* waiting workers, the last idle first */
+  struct pool_worker *workers;
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
   struct req *sub_head, *sub_tail; /* loop: parsed this wake-up, not yet
@@ -246,7 +280,7 @@ struct pool {
 struct server_counters {
   _Atomic uint64_t connections_now, connections_total, connections_refused;
   _Atomic uint64_t handshakes_failed, requests, request_errors;
-  _Atomic uint64_t requests_inline;
+  _Atomic uint64_t requests_inline, requests_parked;
   _Atomic uint64_t bytes_read, bytes_written;
 };
 
@@ -358,6 +392,11 @@ void req_execute (struct req *r);
 /* On the loop: execute r if the cache can without waiting (true, reply
  * built), else false with r untouched, for a worker. */
 bool req_try_execute (struct req *r);
+/* Park a read that missed on an asynchronous backing read: true when
+ * issued (the request is then off the loop, as on a worker, until it
+ * comes back on the done list as REQ_FETCHED); false: run it on a
+ * worker. */
+bool req_fetch_start (struct req *r);
 void req_build_reply (struct req *r);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */

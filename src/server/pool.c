@@ -8,6 +8,15 @@
  * of its requests' workers until request-timeout; without the cap, 16
  * requests to it would stall every other export, local files included.
  * A request over the cap waits in the FIFO; the others pass it.
+ *
+ * Wake-ups: an idle worker sleeps on its own semaphore, on a stack (the
+ * one idle last is woken first: its cache lines are warm).  Whoever wakes
+ * it takes the request for it first and hands it over, so a woken worker
+ * always has work and no worker wakes for nothing.  Measured on remote
+ * misses with 16 workers and one condition variable: two context switches
+ * per request in the pool's wait (a signalled worker found the queue
+ * already emptied by a worker that came back from its request, or slept
+ * again on the pool's mutex held by the signaller), one now.
  */
 #include <errno.h>
 #include <signal.h>
@@ -47,23 +56,81 @@ pool_take_locked (struct pool *p)
   return r;
 }
 
+/* Pop idle workers and hand each a request that may run now, as long as
+ * both last (lock held).  Returns the list of those to wake (linked by
+ * next_idle), which the caller posts after unlocking: a worker woken
+ * while the lock is held would sleep again on it at once. */
+static struct pool_worker *
+pool_hand_locked (struct pool *p)
+{
+  struct pool_worker *wake = NULL;
+
+  while (p->idle && p->head) {
+    struct req *r = pool_take_locked (p);
+    struct pool_worker *w = p->idle;
+    if (!r)
+      break;
+    p->idle = w->next_idle;
+    w->handed = r;
+    w->next_idle = wake;
+    wake = w;
+  }
+  return wake;
+}
+
+static void
+pool_wake (struct pool_worker *list)
+{
+  while (list) {
+    struct pool_worker *w = list;
+    list = w->next_idle;        /* read before the post: w runs then */
+    sem_post (&w->wake);
+  }
+}
+
+/* Wait until popped off the idle stack (lock held on entry and exit).
+ * Returns the request handed over, NULL when woken to stop. */
+static struct req *
+pool_idle_wait (struct pool *p, struct pool_worker *w)
+{
+  w->handed = NULL;
+  w->next_idle = p->idle;
+  p->idle = w;
+  unlock_or_die (&p->lock);
+  while (sem_wait (&w->wake) == -1)
+    if (errno != EINTR)
+      abort ();
+  lock_or_die (&p->lock);
+  return w->handed;
+}
+
 static void *
 pool_worker (void *arg)
 {
-  struct pool *p = arg;
+  struct pool_worker *w = arg;
+  struct pool *p = w->pool;
+  struct req *r = NULL;
 
   lock_or_die (&p->lock);
   for (;;) {
-    struct req *r;
-
-    while (!(r = pool_take_locked (p)) && !(p->stop && !p->head)) {
-      p->nidle++;
-      if (pthread_cond_wait (&p->cond, &p->lock) != 0)
-        abort ();
-      p->nidle--;
-    }
     if (!r)
-      break; /* stopping and nothing left */
+      r = pool_take_locked (p);
+    if (!r && p->stop && !p->head) {
+      /* Stopping and nothing left.  Workers that went idle again after
+       * pool_stop's wake-up (over their export's share then) wait for
+       * nothing now: wake them to leave too. */
+      struct pool_worker *wake = p->idle;
+      for (struct pool_worker *i = wake; i; i = i->next_idle)
+        i->handed = NULL;
+      p->idle = NULL;
+      unlock_or_die (&p->lock);
+      pool_wake (wake);
+      return NULL;
+    }
+    if (!r) {
+      r = pool_idle_wait (p, w);
+      continue;
+    }
     unlock_or_die (&p->lock);
 
     struct export *e = r->conn->exp;
@@ -71,12 +138,21 @@ pool_worker (void *arg)
     p->done (p->done_opaque, r);
 
     lock_or_die (&p->lock);
-    /* A request of e may have waited for this worker's share. */
-    if (e && e->workers_busy-- == pool_share (p) && p->head)
-      pthread_cond_signal (&p->cond);
+    r = NULL;
+    /* A request of e may have waited for this worker's share: this
+     * worker takes the next one itself; an idle one gets what is left
+     * over once the share is free again. */
+    if (e && e->workers_busy-- == pool_share (p) && p->head) {
+      struct pool_worker *wake;
+      r = pool_take_locked (p);
+      wake = pool_hand_locked (p);
+      if (wake) {
+        unlock_or_die (&p->lock);
+        pool_wake (wake);
+        lock_or_die (&p->lock);
+      }
+    }
   }
-  unlock_or_die (&p->lock);
-  return NULL;
 }
 
 int
@@ -93,19 +169,23 @@ pool_start (struct pool *p, unsigned nthreads,
   p->sub_n = 0;
   p->stop = false;
   p->nthreads = 0;
-  p->nidle = 0;
-  p->threads = calloc (nthreads, sizeof *p->threads);
-  if (!p->threads)
+  p->idle = NULL;
+  p->workers = calloc (nthreads, sizeof *p->workers);
+  if (!p->workers)
     return -1;
   pthread_mutex_init (&p->lock, NULL);
-  pthread_cond_init (&p->cond, NULL);
   /* Workers inherit a full signal mask: signals belong to the loop. */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
   for (unsigned i = 0; i < nthreads; i++) {
-    err = pthread_create (&p->threads[i], NULL, pool_worker, p);
-    if (err)
+    struct pool_worker *w = &p->workers[i];
+    w->pool = p;
+    sem_init (&w->wake, 0, 0);
+    err = pthread_create (&w->thread, NULL, pool_worker, w);
+    if (err) {
+      sem_destroy (&w->wake);
       break;
+    }
     /* Under the lock: running workers read it (pool_share). */
     pthread_mutex_lock (&p->lock);
     p->nthreads++;
@@ -121,8 +201,8 @@ pool_start (struct pool *p, unsigned nthreads,
 }
 
 /* Requests parsed during one wake-up are handed over together (one lock
- * round trip, one wake-up call) by pool_submit_flush, which the loop
- * calls at the end of every input pass. */
+ * round trip) by pool_submit_flush, which the loop calls at the end of
+ * every input pass. */
 void
 pool_submit (struct pool *p, struct req *r)
 {
@@ -138,6 +218,8 @@ pool_submit (struct pool *p, struct req *r)
 void
 pool_submit_flush (struct pool *p)
 {
+  struct pool_worker *wake;
+
   if (!p->sub_head)
     return;
   lock_or_die (&p->lock);
@@ -146,11 +228,11 @@ pool_submit_flush (struct pool *p)
   else
     p->head = p->sub_head;
   p->tail = p->sub_tail;
-  /* One wake-up per request, never the herd: a worker that is awake
-   * takes the next request itself when it is done with its own. */
-  for (unsigned i = 0; i < p->sub_n && i < p->nidle; i++)
-    pthread_cond_signal (&p->cond);
+  /* One wake-up per request, never the herd: what no idle worker gets, a
+   * busy one takes itself when it is done with its own. */
+  wake = pool_hand_locked (p);
   unlock_or_die (&p->lock);
+  pool_wake (wake);
   p->sub_head = p->sub_tail = NULL;
   p->sub_n = 0;
 }
@@ -159,16 +241,23 @@ pool_submit_flush (struct pool *p)
 void
 pool_stop (struct pool *p)
 {
-  if (!p->threads)
+  struct pool_worker *wake;
+
+  if (!p->workers)
     return;
   lock_or_die (&p->lock);
   p->stop = true;
-  pthread_cond_broadcast (&p->cond);
+  wake = p->idle;               /* each wakes with nothing handed */
+  for (struct pool_worker *w = wake; w; w = w->next_idle)
+    w->handed = NULL;
+  p->idle = NULL;
   unlock_or_die (&p->lock);
-  for (unsigned i = 0; i < p->nthreads; i++)
-    pthread_join (p->threads[i], NULL);
-  free (p->threads);
-  p->threads = NULL;
-  pthread_cond_destroy (&p->cond);
+  pool_wake (wake);
+  for (unsigned i = 0; i < p->nthreads; i++) {
+    pthread_join (p->workers[i].thread, NULL);
+    sem_destroy (&p->workers[i].wake);
+  }
+  free (p->workers);
+  p->workers = NULL;
   pthread_mutex_destroy (&p->lock);
 }

@@ -101,6 +101,7 @@ req_check (struct conn *c, struct req *r)
 static void
 req_submit (struct conn *c, struct req *r)
 {
+  r->fetch = REQ_FETCH_NONE;
   if (r->error) {
     req_build_reply (r);
     conn_queue_reply (c, r);
@@ -115,6 +116,9 @@ req_submit (struct conn *c, struct req *r)
     return;
   }
   c->nworker++;
+  /* A read miss on a remote waits parked, without a worker. */
+  if (req_fetch_start (r))
+    return;
   pool_submit (&c->srv->pool, r);
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "foliod/export.h"
 #include "server/internal.h"
@@ -94,6 +95,22 @@ server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
     struct conn *c = r->conn;
 
     next = r->next;
+    /* A parked miss whose data came: answer it from them here if the
+     * cache lets us without waiting, else on a worker (which also reads
+     * again after a failed fetch, with the backing's retries). */
+    if (r->fetch == REQ_FETCHED && c->state != CONN_DEAD &&
+        !(r->fetch_err == 0 && req_try_execute (r))) {
+      if (s->pool.workers) {
+        pool_submit (&s->pool, r);
+        continue;
+      }
+      r->error = NBD_EIO;       /* server_free: no workers any more */
+      r->errmsg = NULL;
+      req_build_reply (r);
+    }
+    if (r->fetch == REQ_FETCHED && c->state != CONN_DEAD)
+      STAT_ADD (s, requests_parked, 1);
+    r->fetch = REQ_FETCH_NONE;
     assert (c->nworker > 0);
     c->nworker--;
     if (c->state == CONN_DEAD) {
@@ -103,6 +120,8 @@ server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
     else
       conn_queue_reply (c, r);
   }
+  if (s->pool.workers)
+    pool_submit_flush (&s->pool);
   conn_flush_pending (s);
 }
 
@@ -269,6 +288,36 @@ server_shutdown (struct server *s, void (*done) (void *), void *opaque)
   server_conn_gone (s); /* maybe nobody was connected */
 }
 
+/* Read misses parked on the backing (no worker holds them) end within
+ * the backing's request timeout; their completions come to the done
+ * list, which the loop no longer takes: wait for them here, bounded
+ * anyway. */
+#define SERVER_PARKED_WAIT_MS 120000u
+
+static bool
+server_any_parked (struct server *s)
+{
+  for (struct conn *c = s->conns; c; c = c->next)
+    if (c->nworker > 0)
+      return true;
+  return false;
+}
+
+static void
+server_wait_parked (struct server *s)
+{
+  struct timespec ms = { 0, 1000000 };
+
+  for (unsigned i = 0; server_any_parked (s); i++) {
+    if (i == SERVER_PARKED_WAIT_MS) {
+      log_warn ("shutdown: read misses still parked on a backing");
+      return;
+    }
+    nanosleep (&ms, NULL);
+    server_done_cb (s->loop, &s->done_async, 0);
+  }
+}
+
 void
 server_free (struct server *s)
 {
@@ -281,6 +330,7 @@ server_free (struct server *s)
    * by hand since the loop no longer runs. */
   pool_stop (&s->pool);
   server_done_cb (s->loop, &s->done_async, 0);
+  server_wait_parked (s);
   for (c = s->conns; c; c = next) {
     next = c->next;
     conn_begin_shutdown (c, true);
@@ -310,6 +360,7 @@ server_get_stats (struct server *s, struct server_stats *st)
   st->requests = STAT_GET (s, requests);
   st->request_errors = STAT_GET (s, request_errors);
   st->requests_inline = STAT_GET (s, requests_inline);
+  st->requests_parked = STAT_GET (s, requests_parked);
   st->bytes_read = STAT_GET (s, bytes_read);
   st->bytes_written = STAT_GET (s, bytes_written);
 }

@@ -120,6 +120,9 @@ struct server_stats {
   uint64_t request_errors;      /* of which replied with an error */
   uint64_t requests_inline;     /* of which completed on the loop thread
                                    (run-to-completion), not a worker */
+  uint64_t requests_parked;     /* read misses answered from an
+                                   asynchronous backing read, no worker
+                                   held while it ran */
   uint64_t bytes_read;          /* NBD_CMD_READ payload sent */
   uint64_t bytes_written;       /* NBD_CMD_WRITE payload received */
 };

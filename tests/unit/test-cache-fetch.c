@@ -1,0 +1,225 @@
+/* Read misses fetched asynchronously (src/cache/fetch.c): what the fetch
+ * brings is put into the cache only if the backing was not written since
+ * the fetch started, and blocks the cache has win over fetched bytes.
+ * The backing here serves an async read at once (copies the data when it
+ * is issued) and completes it when the test says: writes in between are
+ * the race of a remote that answered before a write reached it. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "foliod/cache.h"
+
+#define SIZE (4u << 20)
+
+struct mem {
+  struct backing b;
+  unsigned char data[SIZE];
+  void (*done) (void *opaque, int err);   /* the async read in flight */
+  void *opaque;
+};
+
+static int
+m_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
+{
+  memcpy (buf, ((struct mem *) b)->data + off, len);
+  return 0;
+}
+
+static int
+m_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
+              void (*done) (void *opaque, int err), void *opaque)
+{
+  struct mem *m = (struct mem *) b;
+
+  memcpy (buf, m->data + off, len);
+  m->done = done;
+  m->opaque = opaque;
+  return 0;
+}
+
+static int
+m_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
+         unsigned flags)
+{
+  memcpy (((struct mem *) b)->data + off, buf, len);
+  return 0;
+}
+
+static int
+m_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
+{
+  memset (((struct mem *) b)->data + off, 0, len);
+  return 0;
+}
+
+static int m_flush (struct backing *b) { (void) b; return 0; }
+static void m_close (struct backing *b) { (void) b; }
+
+static const struct backing_ops mem_ops = {
+  .name = "mem", .read = m_read, .read_async = m_read_async,
+  .write = m_write, .zero = m_zero, .flush = m_flush, .close = m_close,
+};
+
+static struct cache *
+open_cache (struct mem *m)
+{
+  struct cache_config cfg;
+  char err[256];
+
+  memset (m, 0, sizeof *m);
+  for (size_t i = 0; i < SIZE; i++)
+    m->data[i] = (unsigned char) (i * 7 + (i >> 12));
+  m->b.ops = &mem_ops;
+  m->b.size = SIZE;
+  m->b.caps = BACKING_CAN_ZERO;
+  cache_config_default (&cfg);
+  cfg.cache_size = 1u << 20;
+  cfg.dirty_expire_ms = 3600000;       /* only flushes write back */
+  struct cache *c = cache_create (&m->b, NULL, &cfg, err, sizeof err);
+  assert_non_null (c);
+  return c;
+}
+
+static int completed, completed_err;
+
+static void
+on_done (void *opaque, int err)
+{
+  (void) opaque;
+  completed++;
+  completed_err = err;
+}
+
+/* Fetch [off, off+len) into buf; the backing has served it already. */
+static uint64_t
+fetch (struct cache *c, struct mem *m, unsigned char *buf, uint64_t len,
+       uint64_t off)
+{
+  uint64_t gen;
+
+  completed = 0;
+  assert_int_equal (cache_fetch (c, buf, len, off, &gen, on_done, NULL), 0);
+  assert_int_equal (completed, 0);
+  return gen;
+}
+
+static void
+complete (struct mem *m)
+{
+  m->done (m->opaque, 0);
+  assert_int_equal (completed, 1);
+  assert_int_equal (completed_err, 0);
+}
+
+static void
+test_fetched_fills_cache (void **state)
+{
+  static struct mem m;
+  unsigned char buf[4096], want[4096], again[4096];
+  struct cache_stats st;
+  struct cache *c = open_cache (&m);
+  uint64_t gen = fetch (c, &m, buf, sizeof buf, 65536);
+
+  memcpy (want, m.data + 65536, sizeof want);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 65536, gen, 0), 0);
+  assert_memory_equal (buf, want, sizeof buf);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.read_misses, 1);
+  /* Cached now: the backing changed behind the cache's back is not read. */
+  memset (m.data + 65536, 0x99, 4096);
+  assert_int_equal (cache_read (c, again, sizeof again, 65536, 0), 0);
+  assert_memory_equal (again, want, sizeof again);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A write that reached the backing after the fetch was served (and is not
+ * cached: direct) makes the fetched bytes stale: neither the answer nor
+ * cached; the blocks are read again. */
+static void
+test_stale_fetch_not_cached (void **state)
+{
+  static struct mem m;
+  unsigned char buf[4096], newer[4096], got[4096];
+  struct cache *c = open_cache (&m);
+  uint64_t gen = fetch (c, &m, buf, sizeof buf, 131072);
+
+  memset (newer, 0x5c, sizeof newer);
+  assert_int_equal (cache_write (c, newer, sizeof newer, 131072, CACHE_DIRECT),
+                    0);
+  complete (&m);
+  /* Under NOWAIT it would have to read the backing: it does not wait. */
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, gen,
+                                        CACHE_NOWAIT), -1);
+  assert_int_equal (errno, EAGAIN);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, gen, 0),
+                    0);
+  assert_memory_equal (buf, newer, sizeof buf);     /* read again */
+  assert_int_equal (cache_read (c, got, sizeof got, 131072, 0), 0);
+  assert_memory_equal (got, newer, sizeof got);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* Blocks written into the cache while the fetch ran are the answer. */
+static void
+test_cache_wins_over_fetch (void **state)
+{
+  static struct mem m;
+  unsigned char buf[8192], want[8192], w[4096];
+  struct cache *c = open_cache (&m);
+  uint64_t gen = fetch (c, &m, buf, sizeof buf, 262144);
+
+  memset (w, 0x3d, sizeof w);
+  assert_int_equal (cache_write (c, w, sizeof w, 262144 + 4096, 0), 0);
+  memcpy (want, m.data + 262144, 4096);
+  memcpy (want + 4096, w, 4096);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 262144, gen,
+                                        CACHE_NOWAIT), 0);
+  assert_memory_equal (buf, want, sizeof buf);
+  memset (buf, 0, sizeof buf);
+  assert_int_equal (cache_read (c, buf, sizeof buf, 262144, CACHE_NOWAIT), 0);
+  assert_memory_equal (buf, want, sizeof buf);      /* both cached now */
+  assert_int_equal (cache_flush (c), 0);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A cache that bypasses itself fetches nothing: the caller reads. */
+static void
+test_direct_cache_does_not_fetch (void **state)
+{
+  static struct mem m;
+  struct cache_config cfg;
+  unsigned char buf[4096];
+  char err[256];
+  uint64_t gen;
+
+  open_cache (&m);              /* fills m; that cache is not used */
+  cache_config_default (&cfg);
+  cfg.cache_size = 1u << 20;
+  cfg.mode = CACHE_NONE;
+  struct cache *c = cache_create (&m.b, NULL, &cfg, err, sizeof err);
+  assert_non_null (c);
+  assert_int_equal (cache_fetch (c, buf, sizeof buf, 0, &gen, on_done, NULL),
+                    -1);
+  assert_int_equal (errno, ENOTSUP);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_fetched_fills_cache),
+    cmocka_unit_test (test_stale_fetch_not_cached),
+    cmocka_unit_test (test_cache_wins_over_fetch),
+    cmocka_unit_test (test_direct_cache_does_not_fetch),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
