@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "lib/cachetest.h"
@@ -1478,6 +1480,29 @@ test_external_store (void **state)
   fake_free (fb);
 }
 
+/* The ram store's memory is resident once the store exists: no request
+ * pays for a page's first touch (store-ram.c). */
+static void
+test_ram_store_populated (void **state)
+{
+  const uint32_t nslots = 64, folio = 64 * KiB;
+  struct store *s = store_ram_create (nslots, folio, 4 * KiB);
+  long page = sysconf (_SC_PAGESIZE);
+
+  assert_non_null (s);
+  size_t len = (size_t) nslots * folio, pages = len / (size_t) page;
+  unsigned char *base = s->ops->data (s, 0), *vec = malloc (pages);
+  assert_non_null (vec);
+  assert_ptr_equal (s->ops->data (s, nslots - 1), base + len - folio);
+  assert_int_equal (mincore (base, len, vec), 0);
+  size_t resident = 0;
+  for (size_t i = 0; i < pages; i++)
+    resident += vec[i] & 1;
+  assert_int_equal (resident, pages);
+  free (vec);
+  store_destroy (s);
+}
+
 /* Exports smaller than one folio, and an empty one. */
 static void
 test_tiny_exports (void **state)
@@ -1649,6 +1674,7 @@ main (void)
     cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
     cmocka_unit_test (test_hot_folio_stays_cached),
     cmocka_unit_test (test_external_store),
+    cmocka_unit_test (test_ram_store_populated),
     cmocka_unit_test (test_tiny_exports),
     cmocka_unit_test (test_largest_folio_smallest_block),
     cmocka_unit_test (test_config_check),
