@@ -17,6 +17,7 @@
 #ifndef FOLIOD_CACHE_H
 #define FOLIOD_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,13 +62,18 @@ struct cache_config {
                                  to block_size if smaller) */
   unsigned dirty_background_pct; /* background writeback above this % */
   unsigned dirty_limit_pct;      /* writers throttled above this % */
+  /* The two percentages are defaults, not the user's: when the cache
+   * holds every folio of the export, neither applies (see cache_create).
+   * Cleared by export_config_set when either is given. */
+  bool dirty_auto;
   unsigned dirty_expire_ms;      /* dirty data older than this is written */
   unsigned writeback_interval_ms;/* how often the writeback thread wakes */
   enum cache_flush_mode flush;   /* CACHE_FLUSH_STORE needs a pmem store */
 };
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
- * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
+ * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel (dirty_auto:
+ * no thresholds when the whole export fits in the cache). */
 void cache_config_default (struct cache_config *cfg) FOLIOD_NONNULL (1);
 
 /* Check a configuration against a backing size.  Returns 0, or -1 with a

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "foliod/export.h"
 #include "lib/cachetest.h"
 
 #define KiB 1024ull
@@ -1003,6 +1004,76 @@ test_dirty_limit_and_background_threshold (void **state)
   t_close (&t);
 }
 
+/* Write the whole of a 4 MiB export in 64 KiB pieces, give the writeback
+ * thread a few wake-ups, and return the bytes it wrote meanwhile. */
+static uint64_t
+write_all_then_idle (struct t *t, const uint8_t *buf)
+{
+  for (uint64_t off = 0; off < 4 * MiB; off += 64 * KiB)
+    assert_int_equal (cache_write (t->c, buf + off, 64 * KiB, off, 0), 0);
+  usleep (100000);
+  return totals (t).write_bytes;
+}
+
+/* With the default thresholds and a cache that holds the whole export,
+ * dirty data takes no room (nothing is ever evicted): no writer waits and
+ * nothing is written back before it expires or a flush asks; thresholds
+ * set by hand (dirty_auto off) still apply, and so do the defaults when
+ * the export is larger than the cache. */
+static void
+test_whole_export_cached_keeps_dirty (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *buf = malloc (4 * MiB);
+
+  fill (buf, 4 * MiB, 5);
+  cfg_small (&cfg);                    /* 8 MiB cache, 10% / 20% */
+  cfg.dirty_expire_ms = 600000;
+  cfg.writeback_interval_ms = 20;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (write_all_then_idle (&t, buf), 0);
+  assert_int_equal (stats (&t).dirty_bytes, 4 * MiB);
+  assert_int_equal (stats (&t).throttle_waits, 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 4 * MiB, 0);
+  t_close (&t);
+
+  cfg.dirty_auto = false;              /* as if dirty-limit = 20 was set */
+  t_open (&t, 4 * MiB, &cfg);
+  assert_true (write_all_then_idle (&t, buf) > 0);
+  assert_true (stats (&t).dirty_bytes <= cfg.cache_size * 20 / 100 + 64 * KiB);
+  t_close (&t);
+
+  cfg.dirty_auto = true;
+  cfg.cache_size = 2 * MiB;            /* half the export */
+  t_open (&t, 4 * MiB, &cfg);
+  assert_true (write_all_then_idle (&t, buf) > 0);
+  t_close (&t);
+  free (buf);
+}
+
+/* Either threshold given as an option makes both the user's. */
+static void
+test_dirty_options_clear_auto (void **state)
+{
+  static const char *const keys[] = { "dirty-background", "dirty-limit" };
+  struct export_config ec;
+  char err[256];
+
+  for (int i = 0; i < 2; i++) {
+    export_config_init (&ec);
+    assert_true (ec.cache.dirty_auto);
+    assert_int_equal (export_config_set (&ec, "dirty-expire", "100", err,
+                                         sizeof err), 0);
+    assert_true (ec.cache.dirty_auto);
+    assert_int_equal (export_config_set (&ec, keys[i], "20", err,
+                                         sizeof err), 0);
+    assert_false (ec.cache.dirty_auto);
+    export_config_free (&ec);
+  }
+}
+
 /* ---- modes ---- */
 
 static void
@@ -1528,6 +1599,8 @@ main (void)
     cmocka_unit_test (test_idle_flush_1tib),
     cmocka_unit_test (test_background_writeback_expiry),
     cmocka_unit_test (test_dirty_limit_and_background_threshold),
+    cmocka_unit_test (test_whole_export_cached_keeps_dirty),
+    cmocka_unit_test (test_dirty_options_clear_auto),
     cmocka_unit_test (test_writethrough_mode),
     cmocka_unit_test (test_direct_io_coherent),
     cmocka_unit_test (test_zero_length_and_out_of_range),
