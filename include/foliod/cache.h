@@ -124,6 +124,36 @@ int cache_destroy (struct cache *c) FOLIOD_WUR;
 int cache_start_writeback (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
 
+/* Writes received straight into folio memory (the kernel's write_begin /
+ * write_end, the copy being the caller's recv).  cache_write_prepare
+ * hands out free folios, not in the index, for the whole folios inside
+ * [off, off+len): [p->off, p->off+p->len), p->data[i] the i-th folio's
+ * memory (p->folio_size bytes).  The caller fills every byte, then
+ * cache_write_commit puts them in place of the cached folios, uptodate
+ * and dirty, or cache_write_abort gives them back.  Nothing is locked in
+ * between: a client that stops mid-payload holds no one up, and no reader
+ * sees the folios before the commit (nor ever, after an abort).  The
+ * bytes of the request outside p's range are the caller's to write with
+ * cache_write.  Only writeback mode, a ram store, no direct I/O, and only
+ * while free folios are plenty: else -1 (EAGAIN), nothing held. */
+#define CACHE_PREP_MAX 32
+struct cache_prep {
+  uint64_t off, len;
+  unsigned n;                 /* folios held; 0: none */
+  size_t folio_size;
+  void *data[CACHE_PREP_MAX];
+  uint32_t slot[CACHE_PREP_MAX];
+};
+int cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
+                         struct cache_prep *p) FOLIOD_NONNULL (1, 4);
+/* flags: CACHE_NOWAIT (then -1 EAGAIN, nothing changed, p still held, if
+ * it would wait).  0 or -1 with errno; p is released either way, except
+ * for that EAGAIN. */
+int cache_write_commit (struct cache *c, struct cache_prep *p,
+                        unsigned flags) FOLIOD_NONNULL (1, 2);
+void cache_write_abort (struct cache *c, struct cache_prep *p)
+  FOLIOD_NONNULL (1, 2);
+
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* With CACHE_FUA on a backing without native FUA (a file), the write is

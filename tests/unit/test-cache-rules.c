@@ -1074,6 +1074,108 @@ test_dirty_options_clear_auto (void **state)
   }
 }
 
+/* ---- writes received straight into folios (cache_write_prepare) ---- */
+
+static void
+prep_fill (struct cache_prep *p, const uint8_t *src)
+{
+  for (unsigned i = 0; i < p->n; i++)
+    memcpy (p->data[i], src + i * p->folio_size, p->folio_size);
+}
+
+/* The whole folios of a write are handed out, filled, then committed in
+ * place of the cached ones: until the commit a read sees the old data;
+ * after it the new, dirty, written back by a flush.  Dirty folios replaced
+ * do not count twice; an abort publishes nothing and keeps no slot (more
+ * aborts than the cache has slots); the edges are the caller's. */
+static void
+test_prepared_write_swaps_folios (void **state)
+{
+  struct t t;
+  struct cache_prep p;
+  uint8_t *a = malloc (1 * MiB), *b = malloc (1 * MiB), *want = malloc (1 * MiB);
+
+  fill (a, 1 * MiB, 1);
+  fill (b, 1 * MiB, 2);
+  t_open (&t, 4 * MiB, NULL);                  /* 8 MiB cache, 64 KiB folios */
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_write (t.c, a, 1 * MiB, 0, 0), 0);   /* dirty */
+
+  /* 1 MiB at 4 KiB: folios 1..15 are whole, the edges are not. */
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 4096, &p), 0);
+  assert_int_equal (p.n, 15);
+  assert_int_equal (p.off, 64 * KiB);
+  assert_int_equal (p.len, 15 * 64 * KiB);
+  prep_fill (&p, b + (64 * KiB - 4096));
+  expect_read (&t, a, 1 * MiB, 0);             /* not yet */
+  assert_int_equal (cache_write (t.c, b, 64 * KiB - 4096, 4096, 0), 0);
+  assert_int_equal (cache_write (t.c, b + 1 * MiB - 4096, 4096, 1 * MiB, 0), 0);
+  assert_int_equal (cache_write_commit (t.c, &p, CACHE_NOWAIT), 0);
+  assert_int_equal (p.n, 0);
+  memcpy (want, a, 4096);
+  memcpy (want + 4096, b, 1 * MiB - 4096);
+  expect_read (&t, want, 1 * MiB, 0);
+  expect_read (&t, b + 1 * MiB - 4096, 4096, 1 * MiB);
+  assert_int_equal (stats (&t).dirty_bytes, 1 * MiB + 4096);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, want, 1 * MiB, 0);
+  expect_backing (&t, b + 1 * MiB - 4096, 4096, 1 * MiB);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+
+  /* Aborted: never seen, and the slots come back every time. */
+  for (int i = 0; i < 200; i++) {
+    assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 2 * MiB, &p), 0);
+    memset (p.data[0], 0x5a, p.folio_size);
+    cache_write_abort (t.c, &p);
+    assert_int_equal (p.n, 0);
+  }
+  fake_peek (t.fb, want, 1 * MiB, 2 * MiB);
+  expect_read (&t, want, 1 * MiB, 2 * MiB);
+
+  /* Into folios not cached at all: nothing is read from the backing. */
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_write_prepare (t.c, 128 * KiB, 3 * MiB, &p), 0);
+  prep_fill (&p, b);
+  assert_int_equal (cache_write_commit (t.c, &p, 0), 0);
+  expect_read (&t, b, 128 * KiB, 3 * MiB);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+
+  /* Less than one whole folio: nothing to hand out. */
+  assert_int_equal (cache_write_prepare (t.c, 64 * KiB, 4096, &p), -1);
+  assert_int_equal (errno, EAGAIN);
+  assert_int_equal (p.n, 0);
+  t_close (&t);
+  free (a);
+  free (b);
+  free (want);
+}
+
+/* Where the fast path does not apply, prepare says so and holds nothing:
+ * write-through, direct I/O, a read-only backing. */
+static void
+test_prepared_write_refused (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  struct cache_prep p;
+
+  cfg_small (&cfg);
+  cfg.mode = CACHE_WRITETHROUGH;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 0, &p), -1);
+  assert_int_equal (p.n, 0);
+  t_close (&t);
+  cfg_small (&cfg);
+  cfg.direct_threshold = 512 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 0, &p), -1);
+  assert_int_equal (cache_write_prepare (t.c, 256 * KiB, 0, &p), 0);
+  cache_write_abort (t.c, &p);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 4 * MiB, &p), -1);
+  assert_int_equal (errno, EINVAL);            /* beyond the end */
+  t_close (&t);
+}
+
 /* ---- modes ---- */
 
 static void
@@ -1601,6 +1703,8 @@ main (void)
     cmocka_unit_test (test_dirty_limit_and_background_threshold),
     cmocka_unit_test (test_whole_export_cached_keeps_dirty),
     cmocka_unit_test (test_dirty_options_clear_auto),
+    cmocka_unit_test (test_prepared_write_swaps_folios),
+    cmocka_unit_test (test_prepared_write_refused),
     cmocka_unit_test (test_writethrough_mode),
     cmocka_unit_test (test_direct_io_coherent),
     cmocka_unit_test (test_zero_length_and_out_of_range),
