@@ -17,6 +17,7 @@
 #ifndef FOLIOD_CACHE_H
 #define FOLIOD_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,10 @@ struct cache_config {
                                  to block_size if smaller) */
   unsigned dirty_background_pct; /* background writeback above this % */
   unsigned dirty_limit_pct;      /* writers throttled above this % */
+  /* The two percentages are defaults, not the user's: when the cache
+   * holds every folio of the export, neither applies (see cache_create).
+   * Cleared by export_config_set when either is given. */
+  bool dirty_auto;
   unsigned dirty_expire_ms;      /* dirty data older than this is written */
   unsigned writeback_interval_ms;/* how often the writeback thread wakes */
   enum cache_flush_mode flush;   /* CACHE_FLUSH_STORE needs a pmem store */
@@ -73,7 +78,8 @@ struct cache_config {
 #define CACHE_READAHEAD_MAX  (64u << 20)
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
- * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel. */
+ * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel (dirty_auto:
+ * no thresholds when the whole export fits in the cache). */
 void cache_config_default (struct cache_config *cfg) FOLIOD_NONNULL (1);
 
 /* Check a configuration against a backing size.  Returns 0, or -1 with a
@@ -127,6 +133,36 @@ int cache_destroy (struct cache *c) FOLIOD_WUR;
  * adapter restarts them). */
 int cache_start_writeback (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
+
+/* Writes received straight into folio memory (the kernel's write_begin /
+ * write_end, the copy being the caller's recv).  cache_write_prepare
+ * hands out free folios, not in the index, for the whole folios inside
+ * [off, off+len): [p->off, p->off+p->len), p->data[i] the i-th folio's
+ * memory (p->folio_size bytes).  The caller fills every byte, then
+ * cache_write_commit puts them in place of the cached folios, uptodate
+ * and dirty, or cache_write_abort gives them back.  Nothing is locked in
+ * between: a client that stops mid-payload holds no one up, and no reader
+ * sees the folios before the commit (nor ever, after an abort).  The
+ * bytes of the request outside p's range are the caller's to write with
+ * cache_write.  Only writeback mode, a ram store, no direct I/O, and only
+ * while free folios are plenty: else -1 (EAGAIN), nothing held. */
+#define CACHE_PREP_MAX 32
+struct cache_prep {
+  uint64_t off, len;
+  unsigned n;                 /* folios held; 0: none */
+  size_t folio_size;
+  void *data[CACHE_PREP_MAX];
+  uint32_t slot[CACHE_PREP_MAX];
+};
+int cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
+                         struct cache_prep *p) FOLIOD_NONNULL (1, 4);
+/* flags: CACHE_NOWAIT (then -1 EAGAIN, nothing changed, p still held, if
+ * it would wait).  0 or -1 with errno; p is released either way, except
+ * for that EAGAIN. */
+int cache_write_commit (struct cache *c, struct cache_prep *p,
+                        unsigned flags) FOLIOD_NONNULL (1, 2);
+void cache_write_abort (struct cache *c, struct cache_prep *p)
+  FOLIOD_NONNULL (1, 2);
 
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;

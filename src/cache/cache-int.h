@@ -280,6 +280,15 @@ int window_try_begin (struct cache *c, struct window *w, uint64_t start,
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
                      uint64_t end);
 void window_end (struct cache *c, struct window *w);
+/* Take n free slots if more than reserve would stay free; true if so. */
+bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
+                      uint32_t *slots);
+void slots_give_back (struct cache *c, uint32_t n, const uint32_t *slots);
+/* Put nf (state set, not in the index) in the index as folio fi in place
+ * of old (NULL: none; else dropped: clean and stable, its stripe held),
+ * whose slot goes free.  0, or -1 (ENOMEM, only without old). */
+int folio_replace (struct cache *c, struct folio *old, struct folio *nf,
+                   uint64_t fi);
 /* Put folio f, already holding folio fi's state (a recovered store slot),
  * into the index and the LRU, marked if dirty.  No locks needed: only
  * cache_create calls it.  0 or -1/ENOMEM. */

@@ -21,6 +21,7 @@ cache_config_default (struct cache_config *cfg)
   cfg->max_io_bytes = 1u << 20;
   cfg->dirty_background_pct = 10;
   cfg->dirty_limit_pct = 20;
+  cfg->dirty_auto = true;
   cfg->dirty_expire_ms = 30000;
   cfg->writeback_interval_ms = 1000;
   cfg->readahead_bytes = CACHE_READAHEAD_AUTO;
@@ -251,6 +252,25 @@ store_check (const struct store *s, const struct cache_config *cfg,
   return 0;
 }
 
+/* The thresholds keep room for clean folios: a write or a miss that needs
+ * a new folio can only take a clean one.  When the cache holds every
+ * folio of the export, none is ever evicted, so dirty data takes no room
+ * from anyone: the default thresholds would only write back (and throttle
+ * a stream to the backing's speed) data that the client may well rewrite.
+ * Then, as the kernel's page cache with an export well under its
+ * thresholds, only age (dirty_expire_ms), FLUSH, FUA and shutdown write
+ * back.  Thresholds the user set always apply. */
+static void
+dirty_thresholds (struct cache *c, uint64_t bytes)
+{
+  if (c->cfg.dirty_auto && c->store->nslots >= c->nr_folios) {
+    c->dirty_limit = c->dirty_background = UINT64_MAX / 2;
+    return;
+  }
+  c->dirty_limit = bytes * c->cfg.dirty_limit_pct / 100;
+  c->dirty_background = bytes * c->cfg.dirty_background_pct / 100;
+}
+
 struct cache *
 cache_create (struct backing *b, struct store *store,
               const struct cache_config *cfg, char *err, size_t errlen)
@@ -285,8 +305,7 @@ cache_create (struct backing *b, struct store *store,
                                                 : WINDOW_MAX;
   if (c->window == 0)
     c->window = 1;
-  c->dirty_limit = bytes * cfg->dirty_limit_pct / 100;
-  c->dirty_background = bytes * cfg->dirty_background_pct / 100;
+  dirty_thresholds (c, bytes);
   fidx_init (&c->index, c->nr_folios ? c->nr_folios - 1 : 0);
   c->stable_epoch = b->ops->loss_epoch ? b->ops->loss_epoch (b) : 0;
   c->zero_block = calloc (1, cfg->block_size);

@@ -209,6 +209,20 @@ fidx_remove (struct fidx *x, uint64_t index)
   return item;
 }
 
+void *
+fidx_replace (struct fidx *x, uint64_t index, void *item)
+{
+  struct fidx_node *path[11];
+  bool present = fidx_path (x, index, path);
+
+  assert (present && item != NULL);
+  (void) present;
+  void **slot = &path[x->height - 1]->slots[slot_of (index, 0)];
+  void *old = *slot;
+  *slot = item;
+  return old;
+}
+
 static void *
 node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
            uint64_t start, uint64_t end, bool marked, uint64_t *found)

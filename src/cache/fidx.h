@@ -34,6 +34,9 @@ void *fidx_get (const struct fidx *x, uint64_t index);
 int fidx_insert (struct fidx *x, uint64_t index, void *item);
 /* Removes and returns the item (NULL if absent); also drops its mark. */
 void *fidx_remove (struct fidx *x, uint64_t index);
+/* Puts item where index's entry is (which must be there) and returns the
+ * old one; allocates nothing, keeps the mark. */
+void *fidx_replace (struct fidx *x, uint64_t index, void *item);
 void fidx_set_mark (struct fidx *x, uint64_t index, bool on);
 bool fidx_get_mark (const struct fidx *x, uint64_t index);
 

@@ -291,3 +291,58 @@ cached_folio_next (struct cache *c, uint64_t *fi, uint64_t end)
   unlock_or_die (&c->lock);
   return f;
 }
+
+/* ---- folios handed out before they are in the index (wprep.c) ---- */
+
+bool
+slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
+                 uint32_t *slots)
+{
+  bool ok;
+
+  lock_or_die (&c->lock);
+  ok = c->nr_free >= n + reserve;
+  for (uint32_t i = 0; ok && i < n; i++)
+    slots[i] = c->free_slots[--c->nr_free];
+  unlock_or_die (&c->lock);
+  return ok;
+}
+
+/* Last first: the next take gets them back in the order they were taken
+ * (a stream's folios stay side by side in memory for writeback). */
+void
+slots_give_back (struct cache *c, uint32_t n, const uint32_t *slots)
+{
+  lock_or_die (&c->lock);
+  while (n > 0)
+    c->free_slots[c->nr_free++] = slots[--n];
+  pthread_cond_broadcast (&c->space_cv);
+  unlock_or_die (&c->lock);
+}
+
+int
+folio_replace (struct cache *c, struct folio *old, struct folio *nf,
+               uint64_t fi)
+{
+  int r = 0;
+
+  lock_or_die (&c->lock);
+  if (old != NULL) {
+    lru_unlink (c, old);
+    fidx_replace (&c->index, fi, nf);
+    old->cached = false;
+    folio_reset (c, old);
+    c->store->ops->set_index (c->store, old->slot, STORE_NO_FOLIO);
+    c->free_slots[c->nr_free++] = old->slot;
+  } else if (fidx_insert (&c->index, fi, nf) == -1) {
+    r = -1;
+  }
+  if (r == 0) {
+    nf->index = fi;
+    nf->cached = true;
+    c->store->ops->set_index (c->store, nf->slot, fi);
+    lru_append (c, nf);
+  }
+  unlock_or_die (&c->lock);
+  return r;
+}

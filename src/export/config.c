@@ -24,8 +24,10 @@ const struct export_key_help export_keys[] = {
                  "64M; 0: off; auto (default): 4M on an nbd backing, off "
                  "on a file" },
   { "dirty-background", "start background writeback at this % of the "
-                        "cache (default 10)" },
-  { "dirty-limit", "throttle writers at this % of the cache (default 20)" },
+                        "cache (default 10; none when the cache holds "
+                        "the whole export)" },
+  { "dirty-limit", "throttle writers at this % of the cache (default 20; "
+                   "none when the cache holds the whole export)" },
   { "dirty-expire", "write back dirty data older than this many ms "
                     "(default 30000)" },
   { "writeback-interval", "writeback thread wake-up period in ms "
@@ -176,10 +178,14 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "max-io")) return set_u32_size (&cc->max_io_bytes, value);
   if (!strcmp (key, "readahead"))
     return set_readahead (&cc->readahead_bytes, value);
-  if (!strcmp (key, "dirty-background"))
+  if (!strcmp (key, "dirty-background")) {
+    cc->dirty_auto = false;
     return set_uint (&cc->dirty_background_pct, value, 100);
-  if (!strcmp (key, "dirty-limit"))
+  }
+  if (!strcmp (key, "dirty-limit")) {
+    cc->dirty_auto = false;
     return set_uint (&cc->dirty_limit_pct, value, 100);
+  }
   if (!strcmp (key, "dirty-expire"))
     return set_uint (&cc->dirty_expire_ms, value, 86400000);
   if (!strcmp (key, "writeback-interval"))

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "foliod/export.h"
 #include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/log.h"
@@ -115,6 +116,7 @@ conn_req_get (struct conn *c)
   r->error = 0;
   r->errmsg = NULL;
   r->payload_have = 0;
+  r->prep.n = 0;
   r->niov = r->iov_next = r->nhdr = 0;
   r->iov_off = 0;
   c->nactive++;
@@ -128,6 +130,8 @@ conn_req_put (struct conn *c, struct req *r)
   size_t released = r->charged;
 
   assert (c->nactive > 0);
+  if (r->prep.n > 0)            /* never committed: a refused or abandoned write */
+    cache_write_abort (c->exp->cache, &r->prep);
   c->nactive--;
   c->charged -= released;
   s->buf_charged -= released;
@@ -271,15 +275,16 @@ conn_recv (struct conn *c, void *buf, size_t len)
 
 /* Fill dst up to need bytes, *have counting what is there already (so a
  * state can resume after a partial read).  Serves buffered bytes first;
- * large remainders are read straight into dst.  Returns IO_DONE, IO_AGAIN
+ * remainders of at least direct_min bytes are read straight into dst, the
+ * others through rbuf (which reads ahead).  Returns IO_DONE, IO_AGAIN
  * (also when this wake-up's read budget is spent), IO_EOF or IO_ERR. */
-enum io_res
-conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
+static enum io_res
+conn_read_into (struct conn *c, uint8_t *d, size_t need, size_t *have,
+                size_t direct_min)
 {
-  uint8_t *d = dst;
-
   while (*have < need) {
     size_t want = need - *have;
+    bool direct = want >= direct_min;
     ssize_t n;
 
     if (c->rpos < c->rlen) {
@@ -296,7 +301,7 @@ conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
       return IO_AGAIN;
     }
     c->recvs_left--;
-    if (want >= CONN_RBUF_SIZE / 2)
+    if (direct)
       n = conn_recv (c, d + *have, want);
     else {
       n = conn_recv (c, c->rbuf, CONN_RBUF_SIZE);
@@ -315,10 +320,25 @@ conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
       return IO_ERR;
     }
     conn_touch (c);
-    if (want >= CONN_RBUF_SIZE / 2)
+    if (direct)
       *have += n;
   }
   return IO_DONE;
+}
+
+enum io_res
+conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
+{
+  return conn_read_into (c, dst, need, have, CONN_RBUF_SIZE / 2);
+}
+
+/* As conn_read_exact, but never reads ahead past dst: for folio memory,
+ * where read-ahead would put the next piece's bytes through rbuf and a
+ * copy (and, once out of step, nearly all of them). */
+enum io_res
+conn_read_direct (struct conn *c, void *dst, size_t need, size_t *have)
+{
+  return conn_read_into (c, dst, need, have, 1);
 }
 
 /* Discard *left bytes of input.  Same returns as conn_read_exact. */

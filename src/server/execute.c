@@ -384,6 +384,36 @@ exec_block_status (struct req *r)
   return 0;
 }
 
+/* ---- WRITE ---------------------------------------------------------------- */
+
+/* A write whose whole folios arrived in r->prep: the bytes around them
+ * (in buf) go in first, then the folios.  Under CACHE_NOWAIT a -1 with
+ * EAGAIN may have written the edges: the retry writes them again, the
+ * same bytes. */
+static int
+exec_write_prepared (struct req *r, unsigned flags)
+{
+  struct cache *cache = r->conn->exp->cache;
+  struct cache_prep *p = &r->prep;
+  uint64_t head = p->off - r->offset, tail_off = p->off + p->len;
+  uint64_t tail = r->offset + r->count - tail_off;
+
+  if ((head && cache_write (cache, r->buf, head, r->offset, flags) < 0) ||
+      (tail && cache_write (cache, r->buf + head, tail, tail_off,
+                            flags) < 0))
+    return -1;
+  return cache_write_commit (cache, p, flags);
+}
+
+static int
+exec_write (struct req *r, unsigned flags)
+{
+  if (r->prep.n > 0)
+    return exec_write_prepared (r, flags);
+  return cache_write (r->conn->exp->cache, r->buf, r->count, r->offset,
+                      flags);
+}
+
 /* ---- dispatch -------------------------------------------------------------- */
 
 void
@@ -399,7 +429,7 @@ req_execute (struct req *r)
     break;
   case NBD_CMD_WRITE:
     if (r->count)
-      rc = cache_write (cache, r->buf, r->count, r->offset, fua);
+      rc = exec_write (r, fua);
     else if (fua)
       rc = cache_flush (cache);
     break;
@@ -434,6 +464,7 @@ req_execute (struct req *r)
     r->error = wire_errno (errno);
     r->errmsg = NULL;
     r->niov = r->nhdr = 0;
+    cache_write_abort (cache, &r->prep); /* a failed edge: not committed */
   }
   r->fetch = REQ_FETCH_NONE;    /* what it fetched is used */
   req_build_reply (r);
@@ -462,8 +493,7 @@ req_try_execute (struct req *r)
     if (exec_read (r, CACHE_NOWAIT) < 0)
       return false;
   }
-  else if (cache_write (r->conn->exp->cache, r->buf, r->count, r->offset,
-                        CACHE_NOWAIT) < 0)
+  else if (exec_write (r, CACHE_NOWAIT) < 0)
     return false;
   req_build_reply (r);
   return true;

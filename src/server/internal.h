@@ -56,6 +56,14 @@
  * (poller, loop) instead of five.  It counts in conn->nworker like a
  * request on a worker.
  *
+ * A write's whole folios are received straight into folio memory: at its
+ * header the loop asks the cache for free folios outside the index
+ * (cache_write_prepare, no lock kept), reads the payload into them (and
+ * the edges into buf), and the commit (inline, or on a worker when it
+ * would wait) swaps them in.  No lock is held while the network is
+ * waited for, no reader sees a folio before its payload is complete, and
+ * a request that never completes gives them back (conn_req_put).
+ *
  * Worker threads only ever touch the struct req they were handed (and
  * read the connection fields that are fixed during transmission: exp,
  * structured).  A request travels:
@@ -85,6 +93,7 @@
 
 #include <ev.h>
 
+#include "foliod/cache.h"
 #include "foliod/stat.h"
 #include "foliod/lock.h"
 #include "server/server.h"
@@ -129,6 +138,10 @@ struct req {
   uint8_t *buf;              /* write payload, read data, block status */
   size_t buf_cap;
   size_t payload_have;       /* write payload bytes received so far */
+  /* A write's whole folios, received straight into folio memory that the
+   * cache handed out (cache_write_prepare); buf holds the bytes before
+   * and after them.  prep.n == 0: all of the payload is in buf. */
+  struct cache_prep prep;
   size_t charged;            /* buffer bytes counted in the budgets */
 
   int error;                 /* NBD error (NBD_E*) or 0; set by checks or
@@ -359,6 +372,8 @@ void conn_set_state (struct conn *c, enum conn_state st);
 const char *conn_state_name (enum conn_state st);
 enum io_res conn_read_exact (struct conn *c, void *dst, size_t need,
                              size_t *have);
+enum io_res conn_read_direct (struct conn *c, void *dst, size_t need,
+                              size_t *have);
 enum io_res conn_skip (struct conn *c, uint64_t *left);
 int conn_out_append (struct conn *c, const void *p, size_t n);
 void conn_queue_reply (struct conn *c, struct req *r);

@@ -163,6 +163,9 @@ tx_step_req_hdr (struct conn *c)
                       ? REQ_BS_BUF_MAX : 0);
   if (r->type == NBD_CMD_WRITE) {
     c->cur = r;
+    if (!r->error && !(r->flags & NBD_CMD_FLAG_FUA))
+      (void) cache_write_prepare (c->exp->cache, r->count, r->offset,
+                                  &r->prep);   /* else all into buf */
     if (r->error) {
       c->skip_left = r->count;
       conn_set_state (c, CONN_TX_REQ_DISCARD);
@@ -175,14 +178,50 @@ tx_step_req_hdr (struct conn *c)
   return STEP_NEXT;
 }
 
+/* Where payload byte pos goes: into buf before the prepared folios (all
+ * of it without them), into one of them, or into buf after them.  Sets
+ * the piece's first payload byte and its length. */
+static uint8_t *
+payload_piece (struct req *r, size_t pos, size_t *start, size_t *len)
+{
+  const struct cache_prep *p = &r->prep;
+  size_t head = p->n ? p->off - r->offset : r->count;
+  size_t body = p->n ? p->len : 0;
+
+  if (pos < head) {
+    *start = 0;
+    *len = head;
+    return r->buf;
+  }
+  if (pos < head + body) {
+    size_t i = (pos - head) / p->folio_size;
+    *start = head + i * p->folio_size;
+    *len = p->folio_size;
+    return p->data[i];
+  }
+  *start = head + body;
+  *len = r->count - *start;
+  return r->buf + head;
+}
+
 enum step
 tx_step_req_payload (struct conn *c)
 {
   struct req *r = c->cur;
-  enum io_res res = conn_read_exact (c, r->buf, r->count, &r->payload_have);
 
-  if (res != IO_DONE)
-    return io_step (res);
+  while (r->payload_have < r->count) {
+    size_t start, len, have;
+    uint8_t *dst = payload_piece (r, r->payload_have, &start, &len);
+    enum io_res res;
+
+    have = r->payload_have - start;
+    /* Into folios: no read-ahead, that would pass bytes through rbuf. */
+    res = r->prep.n > 0 ? conn_read_direct (c, dst, len, &have)
+                        : conn_read_exact (c, dst, len, &have);
+    r->payload_have = start + have;
+    if (res != IO_DONE)
+      return io_step (res);
+  }
   c->cur = NULL;
   conn_set_state (c, CONN_TX_REQ_HDR);
   req_submit (c, r);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "foliod/export.h"
 #include "lib/cachetest.h"
 
 #define KiB 1024ull
@@ -1111,6 +1112,178 @@ test_dirty_limit_and_background_threshold (void **state)
   t_close (&t);
 }
 
+/* Write the whole of a 4 MiB export in 64 KiB pieces, give the writeback
+ * thread a few wake-ups, and return the bytes it wrote meanwhile. */
+static uint64_t
+write_all_then_idle (struct t *t, const uint8_t *buf)
+{
+  for (uint64_t off = 0; off < 4 * MiB; off += 64 * KiB)
+    assert_int_equal (cache_write (t->c, buf + off, 64 * KiB, off, 0), 0);
+  usleep (100000);
+  return totals (t).write_bytes;
+}
+
+/* With the default thresholds and a cache that holds the whole export,
+ * dirty data takes no room (nothing is ever evicted): no writer waits and
+ * nothing is written back before it expires or a flush asks; thresholds
+ * set by hand (dirty_auto off) still apply, and so do the defaults when
+ * the export is larger than the cache. */
+static void
+test_whole_export_cached_keeps_dirty (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t *buf = malloc (4 * MiB);
+
+  fill (buf, 4 * MiB, 5);
+  cfg_small (&cfg);                    /* 8 MiB cache, 10% / 20% */
+  cfg.dirty_expire_ms = 600000;
+  cfg.writeback_interval_ms = 20;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (write_all_then_idle (&t, buf), 0);
+  assert_int_equal (stats (&t).dirty_bytes, 4 * MiB);
+  assert_int_equal (stats (&t).throttle_waits, 0);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, buf, 4 * MiB, 0);
+  t_close (&t);
+
+  cfg.dirty_auto = false;              /* as if dirty-limit = 20 was set */
+  t_open (&t, 4 * MiB, &cfg);
+  assert_true (write_all_then_idle (&t, buf) > 0);
+  assert_true (stats (&t).dirty_bytes <= cfg.cache_size * 20 / 100 + 64 * KiB);
+  t_close (&t);
+
+  cfg.dirty_auto = true;
+  cfg.cache_size = 2 * MiB;            /* half the export */
+  t_open (&t, 4 * MiB, &cfg);
+  assert_true (write_all_then_idle (&t, buf) > 0);
+  t_close (&t);
+  free (buf);
+}
+
+/* Either threshold given as an option makes both the user's. */
+static void
+test_dirty_options_clear_auto (void **state)
+{
+  static const char *const keys[] = { "dirty-background", "dirty-limit" };
+  struct export_config ec;
+  char err[256];
+
+  for (int i = 0; i < 2; i++) {
+    export_config_init (&ec);
+    assert_true (ec.cache.dirty_auto);
+    assert_int_equal (export_config_set (&ec, "dirty-expire", "100", err,
+                                         sizeof err), 0);
+    assert_true (ec.cache.dirty_auto);
+    assert_int_equal (export_config_set (&ec, keys[i], "20", err,
+                                         sizeof err), 0);
+    assert_false (ec.cache.dirty_auto);
+    export_config_free (&ec);
+  }
+}
+
+/* ---- writes received straight into folios (cache_write_prepare) ---- */
+
+static void
+prep_fill (struct cache_prep *p, const uint8_t *src)
+{
+  for (unsigned i = 0; i < p->n; i++)
+    memcpy (p->data[i], src + i * p->folio_size, p->folio_size);
+}
+
+/* The whole folios of a write are handed out, filled, then committed in
+ * place of the cached ones: until the commit a read sees the old data;
+ * after it the new, dirty, written back by a flush.  Dirty folios replaced
+ * do not count twice; an abort publishes nothing and keeps no slot (more
+ * aborts than the cache has slots); the edges are the caller's. */
+static void
+test_prepared_write_swaps_folios (void **state)
+{
+  struct t t;
+  struct cache_prep p;
+  uint8_t *a = malloc (1 * MiB), *b = malloc (1 * MiB), *want = malloc (1 * MiB);
+
+  fill (a, 1 * MiB, 1);
+  fill (b, 1 * MiB, 2);
+  t_open (&t, 4 * MiB, NULL);                  /* 8 MiB cache, 64 KiB folios */
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_write (t.c, a, 1 * MiB, 0, 0), 0);   /* dirty */
+
+  /* 1 MiB at 4 KiB: folios 1..15 are whole, the edges are not. */
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 4096, &p), 0);
+  assert_int_equal (p.n, 15);
+  assert_int_equal (p.off, 64 * KiB);
+  assert_int_equal (p.len, 15 * 64 * KiB);
+  prep_fill (&p, b + (64 * KiB - 4096));
+  expect_read (&t, a, 1 * MiB, 0);             /* not yet */
+  assert_int_equal (cache_write (t.c, b, 64 * KiB - 4096, 4096, 0), 0);
+  assert_int_equal (cache_write (t.c, b + 1 * MiB - 4096, 4096, 1 * MiB, 0), 0);
+  assert_int_equal (cache_write_commit (t.c, &p, CACHE_NOWAIT), 0);
+  assert_int_equal (p.n, 0);
+  memcpy (want, a, 4096);
+  memcpy (want + 4096, b, 1 * MiB - 4096);
+  expect_read (&t, want, 1 * MiB, 0);
+  expect_read (&t, b + 1 * MiB - 4096, 4096, 1 * MiB);
+  assert_int_equal (stats (&t).dirty_bytes, 1 * MiB + 4096);
+  assert_int_equal (cache_flush (t.c), 0);
+  expect_backing (&t, want, 1 * MiB, 0);
+  expect_backing (&t, b + 1 * MiB - 4096, 4096, 1 * MiB);
+  assert_int_equal (stats (&t).dirty_bytes, 0);
+
+  /* Aborted: never seen, and the slots come back every time. */
+  for (int i = 0; i < 200; i++) {
+    assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 2 * MiB, &p), 0);
+    memset (p.data[0], 0x5a, p.folio_size);
+    cache_write_abort (t.c, &p);
+    assert_int_equal (p.n, 0);
+  }
+  fake_peek (t.fb, want, 1 * MiB, 2 * MiB);
+  expect_read (&t, want, 1 * MiB, 2 * MiB);
+
+  /* Into folios not cached at all: nothing is read from the backing. */
+  fake_reset_log (t.fb);
+  assert_int_equal (cache_write_prepare (t.c, 128 * KiB, 3 * MiB, &p), 0);
+  prep_fill (&p, b);
+  assert_int_equal (cache_write_commit (t.c, &p, 0), 0);
+  expect_read (&t, b, 128 * KiB, 3 * MiB);
+  assert_int_equal (totals (&t).ops[FAKE_READ], 0);
+
+  /* Less than one whole folio: nothing to hand out. */
+  assert_int_equal (cache_write_prepare (t.c, 64 * KiB, 4096, &p), -1);
+  assert_int_equal (errno, EAGAIN);
+  assert_int_equal (p.n, 0);
+  t_close (&t);
+  free (a);
+  free (b);
+  free (want);
+}
+
+/* Where the fast path does not apply, prepare says so and holds nothing:
+ * write-through, direct I/O, a read-only backing. */
+static void
+test_prepared_write_refused (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  struct cache_prep p;
+
+  cfg_small (&cfg);
+  cfg.mode = CACHE_WRITETHROUGH;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 0, &p), -1);
+  assert_int_equal (p.n, 0);
+  t_close (&t);
+  cfg_small (&cfg);
+  cfg.direct_threshold = 512 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 0, &p), -1);
+  assert_int_equal (cache_write_prepare (t.c, 256 * KiB, 0, &p), 0);
+  cache_write_abort (t.c, &p);
+  assert_int_equal (cache_write_prepare (t.c, 1 * MiB, 4 * MiB, &p), -1);
+  assert_int_equal (errno, EINVAL);            /* beyond the end */
+  t_close (&t);
+}
+
 /* ---- modes ---- */
 
 static void
@@ -1663,6 +1836,10 @@ main (void)
     cmocka_unit_test (test_idle_flush_1tib),
     cmocka_unit_test (test_background_writeback_expiry),
     cmocka_unit_test (test_dirty_limit_and_background_threshold),
+    cmocka_unit_test (test_whole_export_cached_keeps_dirty),
+    cmocka_unit_test (test_dirty_options_clear_auto),
+    cmocka_unit_test (test_prepared_write_swaps_folios),
+    cmocka_unit_test (test_prepared_write_refused),
     cmocka_unit_test (test_writethrough_mode),
     cmocka_unit_test (test_direct_io_coherent),
     cmocka_unit_test (test_zero_length_and_out_of_range),

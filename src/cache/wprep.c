@@ -1,0 +1,114 @@
+/* Writes received straight into folio memory (foliod/cache.h,
+ * cache_write_prepare): the whole folios of a write are free slots that
+ * the caller fills outside any lock; the commit swaps them into the index
+ * under the window's stripes, in place of the folios cached there, whose
+ * data they overwrite entirely.  Until then no one can see them: they are
+ * in neither the index nor the LRU, and their bits are clear (a slot goes
+ * free reset, and an abort leaves it so). */
+#include <errno.h>
+
+#include "cache/cache-int.h"
+#include "cache/ops.h"
+
+/* A prepare takes slots only while more than this share of the cache
+ * stays free: prepared folios held by slow clients never take the room
+ * that other requests need (they would have to evict for it). */
+#define PREP_RESERVE_DIV 8u
+
+static bool
+prep_applies (const struct cache *c, uint64_t len)
+{
+  return c->cfg.mode == CACHE_WRITEBACK && !c->persistent &&
+         !c->store_deferred && !use_direct (c, len, 0);
+}
+
+int
+cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
+                     struct cache_prep *p)
+{
+  uint64_t fsize = (uint64_t) 1 << c->folio_shift;
+
+  p->n = 0;
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+    return -1;
+  uint64_t fa = folio_of (c, off + fsize - 1), fb = folio_of (c, off + len);
+  if (!prep_applies (c, len) || fb <= fa || fb - fa > CACHE_PREP_MAX ||
+      fb - fa > c->window || throttle_would_wait (c, len) ||
+      !slots_take_free (c, (uint32_t) (fb - fa),
+                        c->store->nslots / PREP_RESERVE_DIV, p->slot)) {
+    errno = EAGAIN;
+    return -1;
+  }
+  p->n = (unsigned) (fb - fa);
+  p->off = folio_pos (c, fa);
+  p->len = folio_pos (c, fb - fa);
+  p->folio_size = fsize;
+  for (unsigned i = 0; i < p->n; i++)
+    p->data[i] = c->folios[p->slot[i]].data;
+  return 0;
+}
+
+void
+cache_write_abort (struct cache *c, struct cache_prep *p)
+{
+  if (p->n == 0)
+    return;
+  slots_give_back (c, p->n, p->slot);
+  p->n = 0;
+}
+
+/* Folio i of p takes the place of whatever is cached at its number (the
+ * window's stripes held).  Last first, so that the slots set free go back
+ * in the order that gives the next prepare consecutive memory. */
+static int
+prep_swap (struct cache *c, struct cache_prep *p, struct window *w)
+{
+  uint32_t bpf = c->blocks_per_folio;
+  int r = 0;
+
+  for (unsigned i = p->n; i-- > 0;) {
+    struct folio *nf = &c->folios[p->slot[i]], *old = w->f[i];
+    if (old != NULL)
+      folio_drop (c, old, 0, bpf);   /* all of it is overwritten */
+    folio_set_uptodate (c, nf, 0, bpf);
+    if (folio_replace (c, old, nf, w->start + i) == -1) {
+      folio_reset (c, nf);
+      slots_give_back (c, 1, &p->slot[i]);
+      r = -1;                        /* ENOMEM: the others still go in */
+      continue;
+    }
+    folio_set_dirty (c, nf, 0, bpf);
+  }
+  p->n = 0;
+  return r;
+}
+
+int
+cache_write_commit (struct cache *c, struct cache_prep *p, unsigned flags)
+{
+  uint64_t fi = folio_of (c, p->off);
+  struct window w;
+  int r;
+
+  if (flags & CACHE_NOWAIT) {
+    if (throttle_would_wait (c, p->len) ||
+        window_try_begin (c, &w, fi, fi + p->n, false) == -1) {
+      errno = EAGAIN;
+      return -1;
+    }
+  } else if (throttle_dirty (c, p->len) == -1 ||
+             window_begin (c, &w, fi, fi + p->n, false) == -1) {
+    int err = errno;
+    cache_write_abort (c, p);
+    errno = err;
+    return -1;
+  }
+  r = prep_swap (c, p, &w);
+  window_end (c, &w);
+  if (r == -1) {
+    errno = ENOMEM;
+    return -1;
+  }
+  STAT_ADD (c, client_write_bytes, p->len);
+  return 0;
+}
