@@ -45,14 +45,14 @@ stream_find (struct ra_streams *rs, uint64_t off)
 static struct ra_stream *
 stream_take (struct ra_streams *rs)
 {
-  struct ra_stream *best = NULL;
-  int best_rank = 3;
+  struct ra_stream *best = &rs->s[0];
+  int best_rank = stream_rank (rs, best);
 
   for (unsigned i = 0; i < RA_STREAMS; i++) {
     struct ra_stream *s = &rs->s[i];
-    int rank = stream_rank (rs, s);
     if (s->stamp == 0)
       return s;
+    int rank = stream_rank (rs, s);
     if (rank < best_rank || (rank == best_rank && s->stamp < best->stamp)) {
       best = s;
       best_rank = rank;
