@@ -259,11 +259,14 @@ store_check (const struct store *s, const struct cache_config *cfg,
  * a stream to the backing's speed) data that the client may well rewrite.
  * Then, as the kernel's page cache with an export well under its
  * thresholds, only age (dirty_expire_ms), FLUSH, FUA and shutdown write
- * back.  Thresholds the user set always apply. */
+ * back.  Not on a remote: there the thresholds also bound what a FLUSH
+ * or the shutdown (shutdown-timeout) must write over a slow link.
+ * Thresholds the user set always apply. */
 static void
 dirty_thresholds (struct cache *c, uint64_t bytes)
 {
-  if (c->cfg.dirty_auto && c->store->nslots >= c->nr_folios) {
+  if (c->cfg.dirty_auto && c->store->nslots >= c->nr_folios &&
+      !(c->b->caps & BACKING_REMOTE)) {
     c->dirty_limit = c->dirty_background = UINT64_MAX / 2;
     return;
   }

@@ -25,9 +25,9 @@ const struct export_key_help export_keys[] = {
                  "on a file" },
   { "dirty-background", "start background writeback at this % of the "
                         "cache (default 10; none when the cache holds "
-                        "the whole export)" },
+                        "the whole export of a file)" },
   { "dirty-limit", "throttle writers at this % of the cache (default 20; "
-                   "none when the cache holds the whole export)" },
+                   "none when the cache holds the whole export of a file)" },
   { "dirty-expire", "write back dirty data older than this many ms "
                     "(default 30000)" },
   { "writeback-interval", "writeback thread wake-up period in ms "

@@ -1127,7 +1127,7 @@ write_all_then_idle (struct t *t, const uint8_t *buf)
  * dirty data takes no room (nothing is ever evicted): no writer waits and
  * nothing is written back before it expires or a flush asks; thresholds
  * set by hand (dirty_auto off) still apply, and so do the defaults when
- * the export is larger than the cache. */
+ * the export is larger than the cache or the backing is a remote. */
 static void
 test_whole_export_cached_keeps_dirty (void **state)
 {
@@ -1157,6 +1157,21 @@ test_whole_export_cached_keeps_dirty (void **state)
   cfg.cache_size = 2 * MiB;            /* half the export */
   t_open (&t, 4 * MiB, &cfg);
   assert_true (write_all_then_idle (&t, buf) > 0);
+  t_close (&t);
+
+  /* A remote keeps them: they bound what FLUSH and shutdown must write
+   * over the link. */
+  cfg.cache_size = 8 * MiB;
+  memset (&t, 0, sizeof t);
+  t.size = 4 * MiB;
+  t.fb = fake_backing_new (4 * MiB);
+  assert_non_null (t.fb);
+  fake_set_caps (t.fb, FAKE_DEFAULT_CAPS | BACKING_REMOTE);
+  t.cfg = cfg;
+  t.c = ct_cache (t.fb, &t.cfg);
+  assert_non_null (t.c);
+  assert_true (write_all_then_idle (&t, buf) > 0);
+  assert_true (stats (&t).dirty_bytes <= cfg.cache_size * 20 / 100 + 64 * KiB);
   t_close (&t);
   free (buf);
 }
