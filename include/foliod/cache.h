@@ -79,8 +79,8 @@ struct cache_config {
 
 /* Fill *cfg with the defaults: 256 MiB cache, 64 KiB folios, 4 KiB blocks,
  * writeback, 1 MiB I/O cap, 10% / 20% / 30 s like the kernel (dirty_auto:
- * no thresholds when the whole export of a local file fits in the
- * cache). */
+ * thresholds of at least 1 GiB / 2 GiB when the whole export of a local
+ * file fits in the cache). */
 void cache_config_default (struct cache_config *cfg) FOLIOD_NONNULL (1);
 
 /* Check a configuration against a backing size.  Returns 0, or -1 with a

@@ -8,6 +8,7 @@
 
 #include "cache/cache-int.h"
 #include "cache/ops.h"
+#include "foliod/minmax.h"
 #include "foliod/util.h"
 
 void
@@ -259,15 +260,23 @@ store_check (const struct store *s, const struct cache_config *cfg,
  * a stream to the backing's speed) data that the client may well rewrite.
  * Then, as the kernel's page cache with an export well under its
  * thresholds, only age (dirty_expire_ms), FLUSH, FUA and shutdown write
- * back.  Not on a remote: there the thresholds also bound what a FLUSH
- * or the shutdown (shutdown-timeout) must write over a slow link.
- * Thresholds the user set always apply. */
+ * back, up to DIRTY_AUTO_BACKGROUND (writeback) and DIRTY_AUTO_LIMIT
+ * (throttle) still: what a FLUSH or the shutdown (shutdown-timeout) must
+ * write stays bounded in a big cache.  Not on a remote, where the
+ * percentages bound that over a slow link.  Thresholds the user set
+ * always apply. */
+#define DIRTY_AUTO_BACKGROUND (1ull << 30)
+#define DIRTY_AUTO_LIMIT      (2ull << 30)
+
 static void
 dirty_thresholds (struct cache *c, uint64_t bytes)
 {
   if (c->cfg.dirty_auto && c->store->nslots >= c->nr_folios &&
       !(c->b->caps & BACKING_REMOTE)) {
-    c->dirty_limit = c->dirty_background = UINT64_MAX / 2;
+    c->dirty_background = MAX (DIRTY_AUTO_BACKGROUND,
+                               bytes * c->cfg.dirty_background_pct / 100);
+    c->dirty_limit = MAX (DIRTY_AUTO_LIMIT,
+                          bytes * c->cfg.dirty_limit_pct / 100);
     return;
   }
   c->dirty_limit = bytes * c->cfg.dirty_limit_pct / 100;

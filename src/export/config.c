@@ -24,10 +24,10 @@ const struct export_key_help export_keys[] = {
                  "64M; 0: off; auto (default): 4M on an nbd backing, off "
                  "on a file" },
   { "dirty-background", "start background writeback at this % of the "
-                        "cache (default 10; none when the cache holds "
-                        "the whole export of a file)" },
+                        "cache (default 10; at least 1G when the cache "
+                        "holds the whole export of a file)" },
   { "dirty-limit", "throttle writers at this % of the cache (default 20; "
-                   "none when the cache holds the whole export of a file)" },
+                   "at least 2G when the cache holds the whole export of a file)" },
   { "dirty-expire", "write back dirty data older than this many ms "
                     "(default 30000)" },
   { "writeback-interval", "writeback thread wake-up period in ms "
