@@ -13,6 +13,19 @@
  * first; half of the tries that give up are dropped, and must have
  * written nothing.
  *
+ * The server's paths are mixed in too: a quarter of the plain cached
+ * writes go through cache_write_prepare / cache_write_commit (the edges
+ * with cache_write; some are aborted: nothing written), a third of the
+ * writers' cached reads through cache_fetch and, after a pause in which
+ * writeback and eviction run, cache_read_fetched (it must never answer
+ * or cache bytes older than the writer's own acknowledged writes); on
+ * odd seeds the backing says it is remote and a streamer reads the
+ * device sequentially, so that readahead fills folios all along.
+ *
+ * A full cache has no free folios for a prepare (eviction reuses slots),
+ * so the third test gives the cache room for the device twice: prepares
+ * succeed there, racing with everything but eviction.
+ *
  * The second test adds transient backing errors: a failed client write
  * makes its range "maybe" (old or new) until a read or the final flush
  * tells.  When the errors stop, a flush must succeed.
@@ -55,11 +68,13 @@ struct world {
   uint64_t seed, ops;
   int errors;                    /* inject transient errors */
   uint64_t block_size;           /* the cache's: trim works in these */
+  uint64_t max_io;               /* the cache's: the most one fetch reads */
   atomic_int stop, failed;
   char msg[512];
   pthread_mutex_t msg_lock;
   struct cand cand[NW][NB];
   atomic_uint_fast64_t flushes, flush_failures, writes_failed;
+  atomic_uint_fast64_t preps, prep_aborts, fetches, streamed;
 };
 
 struct writer {
@@ -172,11 +187,80 @@ own_flush (struct writer *wr)
  * up did nothing, so half of the time it is dropped (returns 1: nothing
  * written, and the checks hold the cache to that); else the call is
  * repeated without the flag.  0 or -1/errno as the call. */
+/* wr->buf written as the server does when it receives whole folios into
+ * folio memory.  0 or -1 as cache_write; 1: nothing written (prepare
+ * refused: the caller writes; or aborted); 2: aborted. */
+static int
+prep_write (struct writer *wr, uint64_t len, uint64_t off)
+{
+  struct world *w = wr->w;
+  struct cache_prep p;
+  int r = 0;
+
+  if (cache_write_prepare (w->c, len, off, &p) == -1) {
+    if (errno != EAGAIN)
+      report (w, "writer %d: prepare failed: %s", wr->id, strerror (errno));
+    return 1;
+  }
+  for (unsigned i = 0; i < p.n; i++)
+    memcpy (p.data[i], wr->buf + (p.off - off) + i * p.folio_size,
+            p.folio_size);
+  atomic_fetch_add (&w->preps, 1);
+  if (fake_rand_below (&wr->rng, 8) == 0) {
+    cache_write_abort (w->c, &p);
+    atomic_fetch_add (&w->prep_aborts, 1);
+    return 2;
+  }
+  if (p.off > off)
+    r |= cache_write (w->c, wr->buf, p.off - off, off, 0);
+  if (off + len > p.off + p.len)
+    r |= cache_write (w->c, wr->buf + (p.off + p.len - off),
+                      off + len - p.off - p.len, p.off + p.len, 0);
+  r |= cache_write_commit (w->c, &p, 0);
+  return r ? -1 : 0;
+}
+
+static void
+fetch_done (void *opaque, int err)
+{
+  *(int *) opaque = err;
+}
+
+/* A read miss parked on the backing's async read; the pause lets
+ * writeback and eviction (and other threads' writes) run between the
+ * fetch and the answer.  0 or -1 as cache_read; 1: not fetched. */
+static int
+fetch_read (struct writer *wr, uint64_t len, uint64_t off)
+{
+  struct world *w = wr->w;
+  uint64_t gen;
+  int err = -1;
+
+  if (len > w->max_io ||
+      cache_fetch (w->c, wr->buf, len, off, &gen, fetch_done, &err) == -1)
+    return 1;
+  if (err == -1)
+    report (w, "writer %d: the fake's async read did not complete", wr->id);
+  atomic_fetch_add (&w->fetches, 1);
+  usleep ((unsigned) fake_rand_below (&wr->rng, 300));
+  if (err)
+    return cache_read (w->c, wr->buf, len, off, 0);
+  return cache_read_fetched (w->c, wr->buf, len, off, gen, 0);
+}
+
 static int
 rw_maybe_try (struct writer *wr, bool write, uint64_t len, uint64_t off,
               unsigned flags)
 {
   struct world *w = wr->w;
+
+  if (flags == 0 && fake_rand_below (&wr->rng, 4) == 0) {
+    int r = write ? prep_write (wr, len, off) : fetch_read (wr, len, off);
+    if (r == 2)
+      return 1;
+    if (r != 1)
+      return r;
+  }
 
   if (flags == 0 && fake_rand_below (&wr->rng, 3) == 0) {
     int r = write ? cache_write (w->c, wr->buf, len, off, CACHE_NOWAIT)
@@ -392,12 +476,41 @@ prober_main (void *arg)
   return NULL;
 }
 
+/* Sequential reads over the whole device (readahead follows on a
+ * remote); the shared range must read uniform. */
+static void *
+streamer_main (void *arg)
+{
+  struct world *w = arg;
+  const uint64_t chunk = 16384;
+  uint8_t *buf = malloc (chunk);
+  uint64_t pos = 0;
+
+  while (buf && !atomic_load (&w->stop)) {
+    uint64_t len = SIZE - pos < chunk ? SIZE - pos : chunk;
+    if (cache_read (w->c, buf, len, pos, 0) == 0) {
+      uint64_t s = pos > SHARED_OFF ? pos : SHARED_OFF;
+      uint64_t e = pos + len < SHARED_OFF + SHARED_LEN
+                   ? pos + len : SHARED_OFF + SHARED_LEN;
+      if (s < e)
+        check_uniform (w, buf + (s - pos), e - s, s, "streamed read");
+    }
+    else if (!w->errors)
+      report (w, "streamed read failed: %s", strerror (errno));
+    atomic_fetch_add (&w->streamed, len);
+    pos = pos + len >= SIZE ? 0 : pos + len;
+    usleep (100);
+  }
+  free (buf);
+  return NULL;
+}
+
 static void
-run (int errors)
+run (int errors, bool roomy)
 {
   struct world *w = calloc (1, sizeof *w);
   struct writer wr[NW];
-  pthread_t wt[NW], ft, pt;
+  pthread_t wt[NW], ft, pt, st_thread;
   struct cache_config cfg;
   char err[256];
 
@@ -415,7 +528,11 @@ run (int errors)
   w->fb = fake_backing_new (SIZE);
   assert_non_null (w->fb);
   fake_set_log (w->fb, 0);
+  fake_set_async (w->fb, 1);
   fake_fill_pattern (w->fb, SHARED_OFF, 0, 7);   /* old data to merge with */
+  bool ra = w->seed & 1;
+  if (ra)
+    fake_set_caps (w->fb, FAKE_DEFAULT_CAPS | BACKING_REMOTE);
 
   /* Geometry per seed; the shared 4 KiB units stay whole blocks. */
   static const uint32_t folios[] = { 4096, 16384, 16384, 65536 };
@@ -425,8 +542,11 @@ run (int errors)
   cfg.folio_size = folios[fake_rand_below (&g, 4)];
   cfg.block_size = blocks[fake_rand_below (&g, 4)];
   cfg.cache_size = 24 * (uint64_t) cfg.folio_size;  /* eviction all the time */
+  if (roomy)
+    cfg.cache_size = (2 * SIZE / cfg.folio_size) * (uint64_t) cfg.folio_size;
   cfg.max_io_bytes = cfg.folio_size * (1 + (uint32_t) fake_rand_below (&g, 4));
   w->block_size = cfg.block_size;
+  w->max_io = cfg.max_io_bytes;
   cfg.dirty_expire_ms = 20;
   cfg.writeback_interval_ms = 5;
   cfg.dirty_background_pct = 10;
@@ -451,11 +571,15 @@ run (int errors)
     assert_int_equal (pthread_create (&wt[t], NULL, writer_main, &wr[t]), 0);
   assert_int_equal (pthread_create (&ft, NULL, flusher_main, w), 0);
   assert_int_equal (pthread_create (&pt, NULL, prober_main, w), 0);
+  if (ra)
+    assert_int_equal (pthread_create (&st_thread, NULL, streamer_main, w), 0);
   for (int t = 0; t < NW; t++)
     pthread_join (wt[t], NULL);
   atomic_store (&w->stop, 1);
   pthread_join (ft, NULL);
   pthread_join (pt, NULL);
+  if (ra)
+    pthread_join (st_thread, NULL);
   uint64_t ms = ct_now_ms () - t0;
   if (atomic_load (&w->failed))
     fail_msg ("THREADS_SEED=%" PRIu64 ": %s", w->seed, w->msg);
@@ -500,7 +624,14 @@ run (int errors)
           ms, (uint64_t) w->flushes, (uint64_t) w->flush_failures,
           (uint64_t) w->writes_failed, st.evictions, st.backing_write_ops,
           st.throttle_waits, st.flush_passes, st.flush_ops);
-  assert_true (st.evictions > 0);
+  printf ("prepared=%" PRIu64 " (aborted %" PRIu64 ") fetched=%" PRIu64
+          " streamed=%" PRIu64 " readahead bytes=%" PRIu64 "\n",
+          (uint64_t) w->preps, (uint64_t) w->prep_aborts,
+          (uint64_t) w->fetches, (uint64_t) w->streamed, st.readahead_bytes);
+  if (!roomy)
+    assert_true (st.evictions > 0);
+  else if (cfg.folio_size < 3 * 16384)  /* writes of up to 48 KiB */
+    assert_true (w->preps > 0);
   assert_int_equal (st.dirty_bytes, 0);
   assert_int_equal (cache_destroy (w->c), 0);
   fake_free (w->fb);
@@ -518,13 +649,19 @@ run (int errors)
 static void
 test_threads (void **state)
 {
-  run (0);
+  run (0, false);
 }
 
 static void
 test_threads_with_errors (void **state)
 {
-  run (1);
+  run (1, false);
+}
+
+static void
+test_threads_roomy (void **state)
+{
+  run (0, true);
 }
 
 int
@@ -533,6 +670,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_threads),
     cmocka_unit_test (test_threads_with_errors),
+    cmocka_unit_test (test_threads_roomy),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

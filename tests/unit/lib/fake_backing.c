@@ -54,6 +54,7 @@ struct fake_backing {
   unsigned nranges;
   int torn;
   unsigned delay_us, map_delay_us;
+  int async;                   /* ops with read_async */
   uint64_t unflushed;   /* see fake_unflushed() */
   int holes_as_zero;
   uint64_t map_max;
@@ -444,6 +445,19 @@ fake_close (struct backing *b)
   fake_free ((struct fake_backing *) b);
 }
 
+/* An async read done at once: a plain read (counted, logged, failing as
+ * injected), then done on the caller's thread.  The data is the backing's
+ * at the call, so what the caller does before cache_read_fetched is the
+ * race of a remote that answered before a write reached it. */
+static int
+fake_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
+                 void (*done) (void *opaque, int err), void *opaque)
+{
+  int err = fake_read (b, buf, len, off) == -1 ? errno : 0;
+  done (opaque, err);
+  return 0;
+}
+
 static const struct backing_ops fake_ops_map = {
   .name = "fake", .read = fake_read, .write = fake_write, .zero = fake_zero,
   .trim = fake_trim, .flush = fake_flush, .map = fake_map,
@@ -455,6 +469,27 @@ static const struct backing_ops fake_ops_nomap = {
   .zero = fake_zero, .trim = fake_trim, .flush = fake_flush, .map = NULL,
   .stats = NULL, .close = fake_close,
 };
+
+static const struct backing_ops fake_ops_map_async = {
+  .name = "fake-async", .read = fake_read, .read_async = fake_read_async,
+  .write = fake_write, .zero = fake_zero, .trim = fake_trim,
+  .flush = fake_flush, .map = fake_map, .stats = NULL, .close = fake_close,
+};
+
+static const struct backing_ops fake_ops_nomap_async = {
+  .name = "fake-nomap-async", .read = fake_read,
+  .read_async = fake_read_async, .write = fake_write, .zero = fake_zero,
+  .trim = fake_trim, .flush = fake_flush, .map = NULL, .stats = NULL,
+  .close = fake_close,
+};
+
+static const struct backing_ops *
+fake_ops_for (unsigned caps, int async)
+{
+  if (caps & BACKING_CAN_MAP)
+    return async ? &fake_ops_map_async : &fake_ops_map;
+  return async ? &fake_ops_nomap_async : &fake_ops_nomap;
+}
 
 /* ---- public API ---- */
 
@@ -510,7 +545,16 @@ fake_set_caps (struct fake_backing *fb, unsigned caps)
 {
   lock (fb);
   fb->base.caps = caps;
-  fb->base.ops = (caps & BACKING_CAN_MAP) ? &fake_ops_map : &fake_ops_nomap;
+  fb->base.ops = fake_ops_for (caps, fb->async);
+  unlock (fb);
+}
+
+void
+fake_set_async (struct fake_backing *fb, int on)
+{
+  lock (fb);
+  fb->async = on;
+  fb->base.ops = fake_ops_for (fb->base.caps, on);
   unlock (fb);
 }
 

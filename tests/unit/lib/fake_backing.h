@@ -88,6 +88,10 @@ void fake_free (struct fake_backing *fb);
  * (everything DATA); without BACKING_CAN_TRIM trim() fails with EOPNOTSUPP. */
 void fake_set_caps (struct fake_backing *fb, unsigned caps);
 
+/* Offer read_async (default off): done is called before it returns,
+ * with the data of a plain read at the call (failing as injected). */
+void fake_set_async (struct fake_backing *fb, int on);
+
 /* --- log and totals --- */
 void fake_reset_log (struct fake_backing *fb);   /* log and totals */
 void fake_set_log (struct fake_backing *fb, int on); /* default on */
