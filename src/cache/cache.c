@@ -263,16 +263,26 @@ store_check (const struct store *s, const struct cache_config *cfg,
  * back, up to DIRTY_AUTO_BACKGROUND (writeback) and DIRTY_AUTO_LIMIT
  * (throttle) still: what a FLUSH or the shutdown (shutdown-timeout) must
  * write stays bounded in a big cache.  Not on a remote, where the
- * percentages bound that over a slow link.  Thresholds the user set
- * always apply. */
+ * percentages bound that over a slow link, unless FLUSH is answered by a
+ * persistent store (flush=store), which also keeps what a shutdown could
+ * not write back.  Thresholds the user set always apply. */
 #define DIRTY_AUTO_BACKGROUND (1ull << 30)
 #define DIRTY_AUTO_LIMIT      (2ull << 30)
+
+static bool
+flush_by_store (const struct cache *c)
+{
+  bool pmem = strcmp (c->store->ops->name, "pmem") == 0;
+
+  return c->cfg.flush == CACHE_FLUSH_STORE ||
+         (c->cfg.flush == CACHE_FLUSH_DEFAULT && pmem);
+}
 
 static void
 dirty_thresholds (struct cache *c, uint64_t bytes)
 {
   if (c->cfg.dirty_auto && c->store->nslots >= c->nr_folios &&
-      !(c->b->caps & BACKING_REMOTE)) {
+      (!(c->b->caps & BACKING_REMOTE) || flush_by_store (c))) {
     c->dirty_background = MAX (DIRTY_AUTO_BACKGROUND,
                                bytes * c->cfg.dirty_background_pct / 100);
     c->dirty_limit = MAX (DIRTY_AUTO_LIMIT,
