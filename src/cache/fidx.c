@@ -216,6 +216,7 @@ fidx_replace (struct fidx *x, uint64_t index, void *item)
   bool present = fidx_path (x, index, path);
 
   assert (present && item != NULL);
+  assert (x->height >= 1);      /* a tree has a root level */
   (void) present;
   void **slot = &path[x->height - 1]->slots[slot_of (index, 0)];
   void *old = *slot;
