@@ -1,4 +1,5 @@
 /* Opening, locking, sizing and mapping a store file with libpmem2. */
+#define _GNU_SOURCE   /* fallocate */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -60,6 +61,24 @@ map_lock (struct pmem_map *m, const char *path, unsigned flags,
   FAIL (errno, "%s: flock: %s", path, strerror (errno));
 }
 
+/* A store of full size may still have holes (made with truncate -s, or
+ * copied by cp or rsync): the first store into a hole on a full file
+ * system raises SIGBUS, which would kill every export.  Allocate every
+ * block now (a no-op where allocated) or refuse the store.  fallocate
+ * mode 0, not posix_fallocate: glibc's emulation writes into the file. */
+static int
+map_allocate (struct pmem_map *m, const char *path, uint64_t size,
+              char *err, size_t errlen)
+{
+  if (fallocate (m->fd, 0, 0, (off_t) size) == 0)
+    return 0;
+  if (errno == EOPNOTSUPP)
+    return 0;   /* nothing to allocate with (the file system has no holes
+                 * or no fallocate: the SIGBUS handler names the store) */
+  FAIL (errno, "%s: cannot allocate the store (%" PRIu64 " bytes): %s", path,
+        size, strerror (errno));
+}
+
 /* Check the file's kind, mode and size; give a new file its size. */
 static int
 map_size (struct pmem_map *m, const char *path, uint64_t create_size,
@@ -90,6 +109,8 @@ map_size (struct pmem_map *m, const char *path, uint64_t create_size,
   if ((uint64_t) st.st_size < min_size)
     FAIL (ENOSPC, "%s: store too small: %" PRIu64 " bytes, needs %" PRIu64,
           path, (uint64_t) st.st_size, min_size);
+  if (!(flags & PMEM_MAP_READONLY))
+    return map_allocate (m, path, (uint64_t) st.st_size, err, errlen);
   return 0;
 }
 
