@@ -227,6 +227,9 @@ struct cache_store_info {
   int devdax;                 /* pmem: a device-DAX character device */
   int formatted;              /* pmem: a new store, nothing recovered */
   int was_clean;              /* pmem: the last shutdown was clean */
+  const char *warm_dropped;   /* pmem: clean, but not trusted: why */
+  uint32_t bad_entries;       /* pmem: damaged slot entries (crc) over */
+  uint64_t lost_bytes;        /* these dirty bytes: written nowhere */
   enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */
   uint32_t recovered_folios;
   uint64_t recovered_bytes, recovered_dirty_bytes;

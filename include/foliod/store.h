@@ -69,6 +69,11 @@ struct store_pmem_config {
   const char *backing_spec;       /* the backing's identity: spec, size, */
   uint64_t backing_size;          /* and for a file st_dev / st_ino (else 0) */
   uint64_t backing_dev, backing_ino;
+  const char *backing_file;       /* a regular file: its path, else NULL;
+                                   * a clean store is warm only if its */
+  uint64_t backing_mtime_ns;      /* mtime and ctime, taken before the */
+  uint64_t backing_ctime_ns;      /* backing was opened, are the clean
+                                   * stop's (stat'ed then at this path) */
 };
 
 /* Open the store at cfg->path, creating and formatting it when it is
@@ -84,6 +89,7 @@ struct store_pmem_info {
   bool devdax;
   bool formatted;            /* new store: nothing to recover */
   bool was_clean;            /* shut down cleanly: every bit is trusted */
+  const char *warm_dropped;  /* shut down cleanly but not trusted: why */
 };
 void store_pmem_get_info (struct store *s, struct store_pmem_info *info);
 
@@ -96,12 +102,16 @@ struct store_pmem_recovery {
   uint32_t folios;                     /* slots handed to fn */
   uint32_t dropped;                    /* slots freed: not trustworthy */
   uint64_t dirty_blocks, unstable_blocks;   /* as found (unstable: now dirty) */
+  uint32_t bad_entries;                /* damaged slot entries (crc) over */
+  uint64_t lost_blocks;                /* these dirty blocks: written nowhere */
 };
 /* Walk the slots that hold a folio.  After an unclean shutdown only dirty
  * and unstable blocks are kept (uptodate = dirty | unstable, persisted);
  * unstable blocks come back dirty (the backing may have lost them);
  * slots with nothing trusted left, a stale bitmap, a folio index past the
- * export, or a folio held by a newer slot too, are freed.  Call once,
+ * export, a folio held by a newer slot too, or an entry whose crc fails
+ * (torn by a crash, or damaged: then its dirty blocks are counted in
+ * out->lost_blocks), are freed.  Call once,
  * before the first set_index. */
 int store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
                         struct store_pmem_recovery *out);

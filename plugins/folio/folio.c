@@ -201,6 +201,13 @@ folio_log_store (void)
                   folio_cfg.store, si.was_clean ? "clean" : "NOT clean",
                   si.recovered_folios, si.recovered_dirty_bytes,
                   si.recover_ms);
+  if (si.warm_dropped)
+    nbdkit_debug ("folio: store %s: warm cache dropped: %s", folio_cfg.store,
+                  si.warm_dropped);
+  if (si.bad_entries)
+    nbdkit_error ("folio: store %s: %" PRIu32 " damaged slot entries: %"
+                  PRIu64 " dirty bytes written nowhere (DATA LOST)",
+                  folio_cfg.store, si.bad_entries, si.lost_bytes);
 }
 
 static int

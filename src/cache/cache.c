@@ -224,11 +224,14 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   si->devdax = pi.devdax;
   si->formatted = pi.formatted;
   si->was_clean = pi.was_clean;
+  si->warm_dropped = pi.warm_dropped;
   c->store_deferred = !pi.power_safe_per_write;
   if (store_pmem_recover (c->store, cache_recover_one, c, &rec) != 0) {
     snprintf (err, errlen, "recovering the store: %s", strerror (errno));
     return -1;
   }
+  si->bad_entries = rec.bad_entries;
+  si->lost_bytes = rec.lost_blocks << c->block_shift;
   c->nr_free = 0;
   for (uint32_t i = n; i-- > 0;)   /* slot 0 is handed out first */
     if (!c->folios[i].cached)

@@ -20,9 +20,13 @@ static void
 inspect_slots (const struct pmem_meta *pm, FILE *out)
 {
   uint32_t blocks = pm->l.g.folio_size / pm->l.g.block_size, folios = 0;
-  uint64_t dirty = 0, unstable = 0;
+  uint32_t damaged = 0;
+  uint64_t dirty = 0, unstable = 0, lost = 0;
 
   for (uint32_t i = 0; i < pm->l.g.nslots; i++) {
+    uint32_t d = pmem_layout_slot_damaged (pm, i);
+    damaged += d > 0;
+    lost += d;
     if (!pmem_layout_slot_live (pm, i))
       continue;
     const uint64_t *bits = pmem_layout_bitmap (pm, i) + 1;
@@ -37,6 +41,10 @@ inspect_slots (const struct pmem_meta *pm, FILE *out)
   fprintf (out, "dirty: %" PRIu64 " bytes\n", dirty * pm->l.g.block_size);
   fprintf (out, "unstable: %" PRIu64 " bytes\n",
            unstable * pm->l.g.block_size);
+  if (damaged)   /* recovery reports them and writes their data nowhere */
+    fprintf (out, "damaged slot entries: %" PRIu32 " (checksum), over %"
+             PRIu64 " dirty bytes of unknown offset\n", damaged,
+             lost * pm->l.g.block_size);
 }
 
 static void
@@ -63,6 +71,13 @@ inspect_print (const struct pmem_meta *pm, const char *path, FILE *out)
              h->backing_ino);
   fprintf (out, "\nstate: %s\n", (h->flags & PMEM_FLAG_CLEAN) ? "clean"
            : "not clean (in use, or not shut down cleanly)");
+  if (h->flags & PMEM_FLAG_STAMPED)   /* what a warm start compares */
+    fprintf (out, "backing at clean shutdown: mtime %" PRIu64 ".%09" PRIu64
+             ", ctime %" PRIu64 ".%09" PRIu64 "\n",
+             h->backing_mtime_ns / 1000000000u,
+             h->backing_mtime_ns % 1000000000u,
+             h->backing_ctime_ns / 1000000000u,
+             h->backing_ctime_ns % 1000000000u);
   fprintf (out, "granularity: %s\n",
            pmem_map_granularity_name (pm->m->gran));
   inspect_slots (pm, out);

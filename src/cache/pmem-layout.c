@@ -13,7 +13,16 @@
 
 _Static_assert (sizeof (struct pmem_header) <= PMEM_HEADER_COPY,
                 "a header copy must fit its area");
-_Static_assert (sizeof (struct pmem_slot) == 16, "slot entry is on media");
+_Static_assert (sizeof (struct pmem_slot) == 32, "slot entry is on media");
+
+uint32_t
+pmem_slot_crc (uint32_t slot, uint64_t folio_index, uint64_t gen)
+{
+  /* The slot number too: an entry written to the wrong place fails. */
+  uint64_t v[3] = { slot, folio_index, gen };
+
+  return (uint32_t) crc32 (0, (const Bytef *) v, sizeof v);
+}
 
 #define FAIL(e, ...) \
   do { snprintf (err, errlen, __VA_ARGS__); errno = (e); return -1; } while (0)
@@ -66,11 +75,12 @@ header_check (const unsigned char *p, struct pmem_header *h)
     return PMEM_COPY_ZERO;
   if (memcmp (h->magic, PMEM_MAGIC, sizeof h->magic) != 0)
     return PMEM_COPY_BAD_MAGIC;
-  if (h->crc != header_crc (h))
-    return PMEM_COPY_BAD_CRC;
+  /* Before the crc: another version's crc covers another header size. */
   if (h->version != PMEM_LAYOUT_VERSION ||
       h->header_bytes != sizeof (struct pmem_header))
     return PMEM_COPY_BAD_VERSION;
+  if (h->crc != header_crc (h))
+    return PMEM_COPY_BAD_CRC;
   return PMEM_COPY_OK;
 }
 
@@ -159,7 +169,7 @@ pmem_layout_format (struct pmem_meta *pm, struct pmem_map *m,
   pm->hdr.uuid[8] = (pm->hdr.uuid[8] & 0x3f) | 0x80;
   /* Empty slots before any header says this is a store. */
   for (uint32_t i = 0; i < l->g.nslots; i++)
-    pmem_layout_slot (pm, i)->folio_index = STORE_NO_FOLIO;
+    pmem_layout_slot_set (pm, i, STORE_NO_FOLIO, 0);
   m->memset (m->base + l->bitmaps_off, 0, l->data_off - l->bitmaps_off,
              PMEM2_F_MEM_NODRAIN);
   m->persist (m->base + l->slots_off, l->bitmaps_off - l->slots_off);
@@ -196,8 +206,10 @@ layout_pick (struct pmem_meta *pm, const char *path, char *err, size_t errlen)
     const struct pmem_header *v =
       &h[pm->state[0] == PMEM_COPY_BAD_VERSION ? 0 : 1];
     FAIL (EPROTO, "%s: store layout version %" PRIu32 " (header %" PRIu32
-          " bytes); this foliod reads version %d", path, v->version,
-          v->header_bytes, PMEM_LAYOUT_VERSION);
+          " bytes); this foliod reads version %d: write its dirty data "
+          "back with the foliod that made it ('foliod store writeback'), "
+          "then remove the file (a new store is made at start)", path,
+          v->version, v->header_bytes, PMEM_LAYOUT_VERSION);
   }
   if (pm->state[0] == PMEM_COPY_BAD_CRC || pm->state[1] == PMEM_COPY_BAD_CRC)
     FAIL (EBADMSG, "%s: both store headers are corrupt (A: %s, B: %s)", path,

@@ -2,7 +2,7 @@
  *
  *   0        header copy A  (PMEM_HEADER_COPY bytes)
  *   4 KiB    header copy B
- *   8 KiB    slot table: per slot { folio index, generation }
+ *   8 KiB    slot table: per slot { folio index, generation, crc32 }
  *   ...      slot bitmaps: per slot { generation tag, the FP_* planes }
  *   2 MiB-aligned: folio data, nslots * folio_size
  *
@@ -11,8 +11,15 @@
  * write leaves the previous header valid.  A slot's bitmap carries the
  * generation of the slot entry it belongs to: bits whose tag differs from
  * the entry are not the folio's (a reuse whose writes reached the media in
- * another order) and are not trusted.  Integers are in host byte order.
- */
+ * another order) and are not trusted.  A slot entry carries a crc32 of
+ * its slot number, folio index and generation: an entry whose crc fails
+ * was torn by a crash inside set_index (then neither its old nor its new
+ * folio has dirty bits: nothing is lost by dropping it) or damaged on the
+ * media (if its bitmap holds dirty blocks, they are reported and written
+ * nowhere: their folio is unknown).  Integers are in host byte order.
+ *
+ * Version 2 (issue 23): the slot entry's crc; the backing's mtime and
+ * ctime recorded at a clean shutdown.  Version 1 stores are refused. */
 #ifndef FOLIOD_PMEM_LAYOUT_H
 #define FOLIOD_PMEM_LAYOUT_H
 
@@ -24,12 +31,14 @@
 #include "foliod/store.h"
 
 #define PMEM_MAGIC          "FOLIODPM"
-#define PMEM_LAYOUT_VERSION 1
+#define PMEM_LAYOUT_VERSION 2
 #define PMEM_HEADER_COPY    4096u
 #define PMEM_HEADERS_BYTES  (2 * PMEM_HEADER_COPY)
 #define PMEM_DATA_ALIGN     (2u << 20)   /* huge pages, device-DAX alignment */
 #define PMEM_SPEC_MAX       1024         /* backing spec, NUL included */
 #define PMEM_FLAG_CLEAN     1u           /* shut down cleanly: all trusted */
+#define PMEM_FLAG_STAMPED   2u           /* backing_mtime/ctime_ns recorded
+                                          * at the clean shutdown */
 
 struct pmem_geometry {
   uint32_t folio_size, block_size, nslots;
@@ -54,6 +63,9 @@ struct pmem_layout {
 struct pmem_slot {
   uint64_t folio_index;     /* STORE_NO_FOLIO when free */
   uint64_t gen;             /* store-wide, grows at each set_index */
+  uint32_t crc;             /* pmem_slot_crc of the slot, index and gen */
+  uint32_t pad;
+  uint64_t pad2;            /* 32 bytes: one per half cache line */
 };
 
 struct pmem_header {
@@ -68,6 +80,7 @@ struct pmem_header {
   uint32_t bitmap_words, bitmap_stride;
   uint64_t slots_off, bitmaps_off, data_off, total_size;
   uint64_t backing_size, backing_dev, backing_ino;
+  uint64_t backing_mtime_ns, backing_ctime_ns;   /* PMEM_FLAG_STAMPED */
   char backing_spec[PMEM_SPEC_MAX];
   uint32_t crc;             /* crc32 of every byte before it */
   uint32_t pad;
@@ -133,10 +146,32 @@ pmem_layout_data (const struct pmem_meta *pm, uint32_t slot)
   return pm->m->base + pm->l.data_off + (size_t) slot * pm->l.g.folio_size;
 }
 
+/* A slot entry's checksum; the entry is sound when its crc equals it. */
+uint32_t pmem_slot_crc (uint32_t slot, uint64_t folio_index, uint64_t gen);
+
+/* Fill slot's entry (not persisted: the caller does). */
+static inline void
+pmem_layout_slot_set (const struct pmem_meta *pm, uint32_t slot,
+                      uint64_t folio_index, uint64_t gen)
+{
+  struct pmem_slot *e = pmem_layout_slot (pm, slot);
+
+  e->folio_index = folio_index;
+  e->gen = gen;
+  e->crc = pmem_slot_crc (slot, folio_index, gen);
+}
+
+static inline bool
+pmem_layout_slot_sound (const struct pmem_meta *pm, uint32_t slot)
+{
+  const struct pmem_slot *e = pmem_layout_slot (pm, slot);
+  return e->crc == pmem_slot_crc (slot, e->folio_index, e->gen);
+}
+
 /* The planes of a slot bitmap, blocks bits each, are enum folio_plane's,
- * in its order: layout version 1 has them so on the media. */
+ * in its order: layout version 2 has them so on the media. */
 _Static_assert (FP_UPTODATE == 0 && FP_DIRTY == 1 && FP_UNSTABLE == 2 &&
-                FP_NPLANES == 3, "pmem layout 1: the plane order changed "
+                FP_NPLANES == 3, "pmem layout 2: the plane order changed "
                 "(bump PMEM_LAYOUT_VERSION)");
 
 static inline bool
@@ -169,13 +204,32 @@ pmem_bits_dirty_or_unstable (const uint64_t *bits, uint32_t blocks)
   return false;
 }
 
-/* Does the slot hold a folio whose bitmap is its own (stamp matches)? */
+/* Does the slot hold a folio whose bitmap is its own (a sound entry, and
+ * the bitmap's stamp matches it)? */
 static inline bool
 pmem_layout_slot_live (const struct pmem_meta *pm, uint32_t slot)
 {
   const struct pmem_slot *e = pmem_layout_slot (pm, slot);
-  return e->folio_index != UINT64_MAX &&
+  return e->folio_index != UINT64_MAX && pmem_layout_slot_sound (pm, slot) &&
          pmem_layout_bitmap (pm, slot)[0] == e->gen;
+}
+
+/* A damaged entry: its crc fails and its bitmap (whichever folio it was
+ * stamped for) holds dirty or unstable blocks, which a crash cannot leave
+ * (a slot takes a new folio only once its bits are clear on the media).
+ * Returns how many such blocks, 0 for a sound or merely torn entry. */
+static inline uint32_t
+pmem_layout_slot_damaged (const struct pmem_meta *pm, uint32_t slot)
+{
+  uint32_t blocks = pm->l.g.folio_size / pm->l.g.block_size, n = 0;
+  const uint64_t *bits = pmem_layout_bitmap (pm, slot) + 1;
+
+  if (pmem_layout_slot_sound (pm, slot))
+    return 0;
+  for (uint32_t b = 0; b < blocks; b++)
+    n += pmem_plane_test (bits, blocks, FP_DIRTY, b) ||
+         pmem_plane_test (bits, blocks, FP_UNSTABLE, b);
+  return n;
 }
 
 #endif /* FOLIOD_PMEM_LAYOUT_H */

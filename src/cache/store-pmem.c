@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "foliod/minmax.h"
 #include "foliod/store.h"
@@ -74,6 +75,9 @@ struct store_pmem {
   uint32_t blocks;               /* blocks per folio */
   uint64_t next_gen;             /* atomic: the next set_index's generation */
   bool formatted, was_clean;
+  const char *warm_dropped;      /* why a clean store was not trusted */
+  char *backing_file;            /* a regular file backing: stat'ed at open
+                                  * and at mark_clean (warm cache trust) */
   bool clean;                    /* atomic: header says clean right now */
   bool defer;                    /* page store: persist() records only */
   uint64_t *pending;             /* atomic bits: chunks to msync */
@@ -223,8 +227,7 @@ pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
     pmem_reuse_wait (p, slot);
   memset (rec + 1, 0, (size_t) s->bitmap_words * sizeof *rec);
   rec[0] = gen;
-  e->folio_index = folio_index;
-  e->gen = gen;
+  pmem_layout_slot_set (&p->meta, slot, folio_index, gen);
   if (p->defer) {
     pending_mark (p, rec, p->meta.l.bitmap_stride);
     pending_mark (p, e, sizeof *e);
@@ -316,6 +319,42 @@ store_pmem_sync_pending (struct store *s)
   return r;
 }
 
+/* A backing file's content state: mtime and ctime in ns (a write, a cp
+ * onto it, a truncate, a chmod all move the ctime; the mtime can be set
+ * back, the ctime cannot).  0, or -1 if it is not the file (dev, ino). */
+static int
+backing_stamp (const char *file, uint64_t dev, uint64_t ino, uint64_t t[2])
+{
+  struct stat st;
+
+  if (stat (file, &st) == -1 || (uint64_t) st.st_dev != dev ||
+      (uint64_t) st.st_ino != ino)
+    return -1;
+  t[0] = (uint64_t) st.st_mtim.tv_sec * 1000000000u +
+         (uint64_t) st.st_mtim.tv_nsec;
+  t[1] = (uint64_t) st.st_ctim.tv_sec * 1000000000u +
+         (uint64_t) st.st_ctim.tv_nsec;
+  return 0;
+}
+
+/* Clean shutdown, the backing written back and flushed: record its state
+ * in the header (the caller writes it), so that the next open can tell
+ * whether it changed meanwhile.  Under sync_lock. */
+static void
+pmem_stamp_backing (struct store_pmem *p)
+{
+  struct pmem_header *h = &p->meta.hdr;
+  uint64_t t[2];
+
+  h->flags &= ~PMEM_FLAG_STAMPED;
+  if (p->backing_file &&
+      backing_stamp (p->backing_file, h->backing_dev, h->backing_ino, t) == 0) {
+    h->backing_mtime_ns = t[0];
+    h->backing_ctime_ns = t[1];
+    h->flags |= PMEM_FLAG_STAMPED;
+  }
+}
+
 int
 store_pmem_mark_clean (struct store *s)
 {
@@ -324,6 +363,7 @@ store_pmem_mark_clean (struct store *s)
   if (store_pmem_sync_pending (s) == -1)
     return -1;
   pthread_mutex_lock (&p->sync_lock);
+  pmem_stamp_backing (p);
   pmem_layout_set_clean (&p->meta, true);
   __atomic_store_n (&p->clean, true, __ATOMIC_RELEASE);
   pthread_mutex_unlock (&p->sync_lock);
@@ -339,6 +379,7 @@ pmem_free (struct store_pmem *p)
   free (p->pending_top);
   free (p->reuse_sync);
   free (p->recover);
+  free (p->backing_file);
   free (p);
 }
 
@@ -368,6 +409,7 @@ store_pmem_get_info (struct store *s, struct store_pmem_info *info)
   info->devdax = p->map.devdax;
   info->formatted = p->formatted;
   info->was_clean = p->was_clean;
+  info->warm_dropped = p->warm_dropped;
 }
 
 /* The next generation: past every entry and every stamp on the media. */
@@ -377,12 +419,35 @@ pmem_init_gen (struct store_pmem *p)
   uint64_t max = 0;
 
   for (uint32_t i = 0; i < p->s.nslots; i++) {
-    uint64_t g = pmem_layout_slot (&p->meta, i)->gen;
+    uint64_t g = pmem_layout_slot_sound (&p->meta, i)
+                 ? pmem_layout_slot (&p->meta, i)->gen : 0;
     uint64_t t = pmem_layout_bitmap (&p->meta, i)[0];
     max = g > max ? g : max;
     max = t > max ? t : max;
   }
   p->next_gen = max + 1;
+}
+
+/* A clean store is warm (every block trusted) only if its backing did
+ * not change while foliod was down.  A regular file tells: its mtime and
+ * ctime (cfg's: taken before foliod opened it, which may touch them) must
+ * be those recorded at the clean shutdown.  A block device or
+ * a remote cannot tell (foliod(8) says so): trusted.  NULL (trusted), or
+ * why the warm cache is dropped. */
+static const char *
+pmem_warm_check (struct store_pmem *p, const struct store_pmem_config *cfg)
+{
+  const struct pmem_header *h = &p->meta.hdr;
+
+  if (cfg->backing_file == NULL)
+    return NULL;
+  if (!(h->flags & PMEM_FLAG_STAMPED))
+    return "the clean shutdown recorded no state of the backing file";
+  if (cfg->backing_mtime_ns != h->backing_mtime_ns ||
+      cfg->backing_ctime_ns != h->backing_ctime_ns)
+    return "the backing file changed while foliod was down (its mtime or "
+           "ctime is not the clean shutdown's)";
+  return NULL;
 }
 
 /* Format or validate the mapped store; it is then marked in use. */
@@ -410,6 +475,10 @@ pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
   if (r == -1)
     return -1;
   p->was_clean = p->meta.hdr.flags & PMEM_FLAG_CLEAN;
+  if (p->was_clean)
+    p->warm_dropped = pmem_warm_check (p, cfg);
+  p->was_clean = p->was_clean && p->warm_dropped == NULL;
+  p->meta.hdr.flags &= ~PMEM_FLAG_STAMPED;   /* the next clean stop's */
   pmem_layout_set_clean (&p->meta, false);
   return 0;
 }
@@ -445,6 +514,12 @@ store_pmem_open_map (struct pmem_map *m,
   }
   p->map = *m;
   pthread_mutex_init (&p->sync_lock, NULL);
+  if (cfg->backing_file && (p->backing_file = strdup (cfg->backing_file)) ==
+      NULL) {
+    snprintf (err, errlen, "%s: out of memory", cfg->path);
+    errno = ENOMEM;
+    goto fail;
+  }
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
   p->s.ops = &pmem_ops;
@@ -548,9 +623,12 @@ recover_redirty (struct store_pmem *p, uint64_t *bits)
 }
 
 /* The live slots whose folio is inside the export, sorted by folio, newest
- * generation first; the others are freed. */
+ * generation first; the others are freed.  A damaged entry (its crc fails
+ * over dirty bits) is counted in out: its folio is unknown, so its data
+ * goes nowhere (the alternative is to write it over another folio's). */
 static struct recover_ent *
-recover_collect (struct store_pmem *p, uint32_t *n, uint32_t *dropped)
+recover_collect (struct store_pmem *p, uint32_t *n,
+                 struct store_pmem_recovery *out)
 {
   uint64_t nfolios = (p->meta.l.g.export_size + p->s.folio_size - 1) /
                      p->s.folio_size;
@@ -559,11 +637,17 @@ recover_collect (struct store_pmem *p, uint32_t *n, uint32_t *dropped)
   *n = 0;
   for (uint32_t i = 0; v && i < p->s.nslots; i++) {
     const struct pmem_slot *e = pmem_layout_slot (&p->meta, i);
-    if (e->folio_index == STORE_NO_FOLIO)
+    uint32_t damaged = pmem_layout_slot_damaged (&p->meta, i);
+    if (damaged) {
+      out->bad_entries++;
+      out->lost_blocks += damaged;
+    }
+    if (e->folio_index == STORE_NO_FOLIO &&
+        pmem_layout_slot_sound (&p->meta, i))
       continue;
     if (!pmem_layout_slot_live (&p->meta, i) || e->folio_index >= nfolios) {
       pmem_set_index (&p->s, i, STORE_NO_FOLIO);
-      (*dropped)++;
+      out->dropped++;
       continue;
     }
     v[(*n)++] = (struct recover_ent) { e->folio_index, e->gen, i };
@@ -583,7 +667,7 @@ store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
   int r = 0;
 
   memset (out, 0, sizeof *out);
-  v = recover_collect (p, &n, &out->dropped);
+  v = recover_collect (p, &n, out);
   if (v == NULL)
     return -1;
   for (uint32_t k = 0; k < n && r == 0; k++) {

@@ -398,6 +398,15 @@ log_store (const struct daemon_export *e)
               (unsigned long long) si.recover_ms,
               si.was_clean ? " (warm: every block kept)"
                            : " (only dirty blocks trusted)");
+  if (si.warm_dropped)
+    log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
+              "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);
+  if (si.bad_entries)
+    log_error ("export %s: store %s: %u damaged slot entries (checksum): "
+               "their %llu dirty bytes belong to no known offset and are "
+               "written nowhere (DATA LOST)", e->cfg.name, e->cfg.store,
+               (unsigned) si.bad_entries,
+               (unsigned long long) si.lost_bytes);
 }
 
 static int

@@ -29,8 +29,8 @@ spec_file_path (const char *spec)
  * device: its device number; its inode in /dev changes across boots). */
 static int
 export_backing_id (const char *spec, const struct backing *b,
-                   struct store_pmem_config *sc, char *buf, size_t buflen,
-                   char *err, size_t errlen)
+                   const struct stat *pre, struct store_pmem_config *sc,
+                   char *buf, size_t buflen, char *err, size_t errlen)
 {
   const char *path = spec_file_path (spec);
   char real[PATH_MAX];
@@ -46,6 +46,16 @@ export_backing_id (const char *spec, const struct backing *b,
   }
   snprintf (buf, buflen, "file:%s", real);
   sc->backing_spec = buf;
+  /* A file's times tell whether it changed while foliod was down: those
+   * of before backing_open (opening it may touch them). */
+  sc->backing_file = S_ISREG (st.st_mode) ? buf + 5 : NULL;
+  if (sc->backing_file && pre->st_dev == st.st_dev &&
+      pre->st_ino == st.st_ino) {
+    sc->backing_mtime_ns = (uint64_t) pre->st_mtim.tv_sec * 1000000000u +
+                           (uint64_t) pre->st_mtim.tv_nsec;
+    sc->backing_ctime_ns = (uint64_t) pre->st_ctim.tv_sec * 1000000000u +
+                           (uint64_t) pre->st_ctim.tv_nsec;
+  }
   sc->backing_dev = S_ISBLK (st.st_mode) ? st.st_rdev : st.st_dev;
   sc->backing_ino = S_ISBLK (st.st_mode) ? 0 : st.st_ino;
   return 0;
@@ -55,7 +65,7 @@ export_backing_id (const char *spec, const struct backing *b,
  * (no error) for the ram store. */
 static int
 export_open_store (struct export *e, const struct export_config *cfg,
-                   char *err, size_t errlen)
+                   const struct stat *pre, char *err, size_t errlen)
 {
   const char *path = export_store_path (cfg);
   struct store_pmem_config sc = { 0 };
@@ -68,8 +78,8 @@ export_open_store (struct export *e, const struct export_config *cfg,
   sc.block_size = cfg->cache.block_size;
   sc.nslots = (uint32_t) (cfg->cache.cache_size / cfg->cache.folio_size);
   sc.export_size = e->backing->size;
-  if (export_backing_id (cfg->backing, e->backing, &sc, spec, sizeof spec,
-                         err, errlen) == -1)
+  if (export_backing_id (cfg->backing, e->backing, pre, &sc, spec,
+                         sizeof spec, err, errlen) == -1)
     return -1;
   e->store = store_pmem_open (&sc, err, errlen);
   return e->store ? 0 : -1;
@@ -80,6 +90,7 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
 {
   struct export *e;
   struct backing_opts bo = cfg->bopts;   /* the strings: views of cfg's */
+  struct stat pre = { 0 };   /* a file backing, before it is opened */
 
   if (export_config_check (cfg, err, errlen) == -1)
     return NULL;
@@ -99,13 +110,16 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   bo.tls_username = cfg->tls_username;
   bo.read_only = cfg->read_only;
   bo.direct = cfg->cache.mode == CACHE_NONE || cfg->cache.direct_threshold;
+  if (spec_file_path (cfg->backing) &&
+      stat (spec_file_path (cfg->backing), &pre) == -1)
+    memset (&pre, 0, sizeof pre);
   e->backing = backing_open (cfg->backing, &bo, err, errlen);
   if (e->backing == NULL)
     goto fail;
   e->read_only = cfg->read_only || (e->backing->caps & BACKING_READ_ONLY);
   e->tls_require = cfg->tls_require;
   e->size = e->backing->size;
-  if (export_open_store (e, cfg, err, errlen) == -1)
+  if (export_open_store (e, cfg, &pre, err, errlen) == -1)
     goto fail;
   /* Last: once it exists, its writeback thread uses the backing. */
   e->cache = cache_create (e->backing, e->store, &cfg->cache, err, errlen);

@@ -383,12 +383,21 @@ test_bad_version (void **state)
   store_destroy (open_ok (&cfg));
   for (int i = 0; i < 2; i++) {   /* a newer foliod wrote both copies */
     file_pread (&h, sizeof h, i * PMEM_HEADER_COPY);
-    h.version = 2;
+    h.version = PMEM_LAYOUT_VERSION + 1;
     h.crc = (uint32_t) crc32 (0, (const unsigned char *) &h,
                               offsetof (struct pmem_header, crc));
     file_pwrite (&h, sizeof h, i * PMEM_HEADER_COPY);
   }
-  open_refused (&cfg, EPROTO, "store layout version 2");
+  open_refused (&cfg, EPROTO, "store layout version 3");
+  /* A version 1 store (a smaller header: its crc is elsewhere) is named
+   * as such, not called corrupt. */
+  for (int i = 0; i < 2; i++) {
+    file_pread (&h, sizeof h, i * PMEM_HEADER_COPY);
+    h.version = 1;
+    h.header_bytes = sizeof h - 16;
+    file_pwrite (&h, sizeof h, i * PMEM_HEADER_COPY);
+  }
+  open_refused (&cfg, EPROTO, "store layout version 1");
 }
 
 static void
@@ -477,6 +486,153 @@ test_recover_stale_and_duplicate (void **state)
   assert_true (test_bit (&w.bits[0], FP_DIRTY, 1));
   assert_int_equal (rec.dropped, 2);
   store_destroy (s);
+}
+
+/* A bit flipped in a slot's folio index on the media (issue 23 item 3):
+ * the entry's crc fails over dirty bits, so recovery reports it and hands
+ * its data to no folio (before, folio 7 got folio 6's dirty block). */
+static void
+test_recover_damaged_entry (void **state)
+{
+  struct store_pmem_config cfg = config ();
+  struct store_pmem_recovery rec;
+  struct seen w = { 0 };
+  struct store *s = open_ok (&cfg);
+  struct pmem_layout l = layout ();
+  struct pmem_slot e;
+
+  fill_slot (s, 3, 6, 2, true, false);
+  fill_slot (s, 4, 9, 0, true, false);
+  store_destroy (s);
+  slot_entry (3, &e, NULL);
+  e.folio_index ^= 1;   /* folio 7: inside the export */
+  file_pwrite (&e, sizeof e, l.slots_off + 3 * sizeof e);
+
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream (&buf, &len);
+  assert_int_equal (store_pmem_inspect (path, out, err, sizeof err), 0);
+  fclose (out);
+  assert_non_null (strstr (buf, "damaged slot entries: 1 (checksum), over "
+                           "4096 dirty bytes of unknown offset\n"));
+  free (buf);
+
+  s = open_ok (&cfg);
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 1);   /* only folio 9: nothing for 6 or 7 */
+  assert_int_equal (w.folio[0], 9);
+  assert_int_equal (rec.bad_entries, 1);
+  assert_int_equal (rec.lost_blocks, 1);
+  assert_int_equal (rec.dirty_blocks, 1);
+  store_destroy (s);
+  /* Reported once: the entry is freed, the next open finds it sound. */
+  memset (&w, 0, sizeof w);
+  s = open_ok (&cfg);
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 1);
+  assert_int_equal (rec.bad_entries, 0);
+  store_destroy (s);
+}
+
+/* An entry torn by a crash inside set_index (new folio index, old
+ * generation and crc) over a bitmap with no dirty bits: nothing is lost,
+ * so it is dropped like a stale stamp, not reported as damage.  Its
+ * generation flipped instead: the same. */
+static void
+test_recover_torn_entry (void **state)
+{
+  struct store_pmem_config cfg = config ();
+  struct store_pmem_recovery rec;
+  struct seen w = { 0 };
+  struct store *s = open_ok (&cfg);
+  struct pmem_layout l = layout ();
+  struct pmem_slot e;
+
+  fill_slot (s, 2, 5, 0, false, false);   /* clean: no dirty bits */
+  fill_slot (s, 5, 8, 1, false, false);
+  assert_int_equal (store_pmem_mark_clean (s), 0);
+  store_destroy (s);
+  slot_entry (2, &e, NULL);
+  e.folio_index = 11;
+  file_pwrite (&e, sizeof e, l.slots_off + 2 * sizeof e);
+  slot_entry (5, &e, NULL);
+  e.gen += 1;
+  file_pwrite (&e, sizeof e, l.slots_off + 5 * sizeof e);
+
+  s = open_ok (&cfg);
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 0);
+  assert_int_equal (rec.dropped, 2);
+  assert_int_equal (rec.bad_entries, 0);
+  assert_int_equal (rec.lost_blocks, 0);
+  store_destroy (s);
+}
+
+/* A clean store is warm only while its backing file is as the clean
+ * shutdown left it (issue 23 item 4): written, or its times changed
+ * (cp onto it, dd conv=notrunc), the warm cache is dropped, with why. */
+static void
+test_warm_needs_unchanged_backing (void **state)
+{
+  struct store_pmem_config cfg = config ();
+  struct store_pmem_recovery rec;
+  struct store_pmem_info info;
+  struct seen w = { 0 };
+  char img[128];
+  struct stat st;
+  struct store *s;
+#define STAT_TIMES() do { \
+    assert_int_equal (fstat (fd, &st), 0); \
+    cfg.backing_mtime_ns = (uint64_t) st.st_mtim.tv_sec * 1000000000u + \
+                           (uint64_t) st.st_mtim.tv_nsec; \
+    cfg.backing_ctime_ns = (uint64_t) st.st_ctim.tv_sec * 1000000000u + \
+                           (uint64_t) st.st_ctim.tv_nsec; \
+  } while (0)
+
+  snprintf (img, sizeof img, "%s/img", dir);
+  int fd = open (img, O_RDWR | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  assert_int_equal (fstat (fd, &st), 0);
+  cfg.backing_file = img;
+  cfg.backing_dev = st.st_dev;
+  cfg.backing_ino = st.st_ino;
+
+  STAT_TIMES ();
+  s = open_ok (&cfg);
+  fill_slot (s, 1, 3, 0, false, false);
+  assert_int_equal (store_pmem_mark_clean (s), 0);
+  store_destroy (s);
+  STAT_TIMES ();
+  s = open_ok (&cfg);   /* unchanged: warm */
+  store_pmem_get_info (s, &info);
+  assert_true (info.was_clean);
+  assert_null (info.warm_dropped);
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 1);
+  assert_int_equal (store_pmem_mark_clean (s), 0);
+  store_destroy (s);
+
+  usleep (20000);   /* past the file system's clock tick */
+  assert_int_equal (pwrite (fd, "new", 3, 0), 3);
+  memset (&w, 0, sizeof w);
+  STAT_TIMES ();
+  s = open_ok (&cfg);
+  store_pmem_get_info (s, &info);
+  print_message ("warm cache dropped: %s\n", info.warm_dropped);
+  assert_false (info.was_clean);
+  assert_non_null (info.warm_dropped);
+  assert_non_null (strstr (info.warm_dropped, "changed"));
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 0);
+  store_destroy (s);   /* not marked clean: the next open is a crash's */
+  s = open_ok (&cfg);
+  store_pmem_get_info (s, &info);
+  assert_false (info.was_clean);
+  assert_null (info.warm_dropped);
+  store_destroy (s);
+  close (fd);
+  unlink (img);
+#undef STAT_TIMES
 }
 
 /* kB of dirty pages in the mapping that holds addr (/proc/self/smaps). */
@@ -646,6 +802,9 @@ main (void)
     T (test_read_only),
     T (test_generation_and_stamp),
     T (test_recover_stale_and_duplicate),
+    T (test_recover_damaged_entry),
+    T (test_recover_torn_entry),
+    T (test_warm_needs_unchanged_backing),
     T (test_page_sync_pending),
     T (test_sync_large_store),
     T (test_concurrent_sync),
