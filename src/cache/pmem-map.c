@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cache/pmem-map.h"
+#include "cache/pmem-sigbus.h"
 
 #define FAIL(e, ...) \
   do { snprintf (err, errlen, __VA_ARGS__); errno = (e); return -1; } while (0)
@@ -173,8 +174,10 @@ pmem_map_open (struct pmem_map *m, const char *path, uint64_t create_size,
     return -1;
   if (map_lock (m, path, flags, err, errlen) == 0 &&
       map_size (m, path, create_size, min_size, flags, err, errlen) == 0 &&
-      map_map (m, path, flags, err, errlen) == 0)
+      map_map (m, path, flags, err, errlen) == 0) {
+    m->sigbus = pmem_sigbus_watch (m->base, m->size, path);
     return 0;
+  }
   int saved = errno;
   if (made)
     unlink (path);      /* do not leave a store we made half-way */
@@ -187,6 +190,8 @@ pmem_map_open (struct pmem_map *m, const char *path, uint64_t create_size,
 void
 pmem_map_close (struct pmem_map *m)
 {
+  pmem_sigbus_forget (m->sigbus);
+  m->sigbus = 0;
   if (m->map)
     pmem2_map_delete (&m->map);
   if (m->fd != -1)

@@ -18,6 +18,7 @@ struct pmem_map {
   enum pmem2_granularity gran;  /* what libpmem2 found */
   bool devdax;                  /* a device-DAX character device */
   bool created;                 /* made (or grown from 0 bytes) by this open */
+  int sigbus;                   /* pmem_sigbus_watch's handle, 0: none */
   pmem2_persist_fn persist;     /* flush + drain (msync on PAGE) */
   pmem2_flush_fn flush;         /* no drain: batch several, then drain */
   pmem2_drain_fn drain;
