@@ -419,8 +419,7 @@ pmem_init_gen (struct store_pmem *p)
   uint64_t max = 0;
 
   for (uint32_t i = 0; i < p->s.nslots; i++) {
-    uint64_t g = pmem_layout_slot_sound (&p->meta, i)
-                 ? pmem_layout_slot (&p->meta, i)->gen : 0;
+    uint64_t g = pmem_layout_slot (&p->meta, i)->gen;   /* sound or not */
     uint64_t t = pmem_layout_bitmap (&p->meta, i)[0];
     max = g > max ? g : max;
     max = t > max ? t : max;
