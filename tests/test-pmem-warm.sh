@@ -28,7 +28,6 @@ stop_foliod
 
 # Edited while foliod was down: the new data, not the cached.
 : > "$FOLIOD_LOG"
-sleep 0.05   # past the file system's timestamp tick
 pattern B 65536 | dd of="$img" bs=64k conv=notrunc status=none
 pattern C 4096 | dd of="$img" bs=4k seek=$((1 << 20 >> 12)) conv=notrunc \
   status=none
@@ -37,6 +36,8 @@ timeout 30 nbdsh -u "$(uri d)" -c '
 assert h.pread(65536, 0) == b"B" * 65536, "stale block 0: %r" % h.pread(8, 0)
 assert h.pread(4096, 1 << 20) == b"C" * 4096, "stale block at 1 MiB"
 ' || fail "the warm cache hid the edited backing"
+grep -q "last shutdown clean, but the backing changed; recovered 0 folios" \
+  "$FOLIOD_LOG" || fail "the warm cache was not dropped"
 grep -q "warm cache is dropped: the backing file changed while foliod was down" \
   "$FOLIOD_LOG" || fail "no log line saying why the warm cache was dropped"
 stop_foliod

@@ -391,7 +391,9 @@ log_store (const struct daemon_export *e)
   else
     log_info ("export %s: store %s: last shutdown %s; recovered %u folios, "
               "%llu bytes, %llu dirty bytes in %llu ms%s", e->cfg.name,
-              e->cfg.store, si.was_clean ? "clean" : "NOT clean (crash)",
+              e->cfg.store, si.was_clean ? "clean"
+              : si.warm_dropped ? "clean, but the backing changed"
+              : "NOT clean (crash)",
               (unsigned) si.recovered_folios,
               (unsigned long long) si.recovered_bytes,
               (unsigned long long) si.recovered_dirty_bytes,

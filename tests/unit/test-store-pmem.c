@@ -624,11 +624,20 @@ test_warm_needs_unchanged_backing (void **state)
   assert_non_null (strstr (info.warm_dropped, "changed"));
   assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 0);
+  fill_slot (s, 2, 4, 1, true, false);
   store_destroy (s);   /* not marked clean: the next open is a crash's */
-  s = open_ok (&cfg);
+  usleep (20000);   /* past the clock tick again */
+  assert_int_equal (pwrite (fd, "newer", 5, 0), 5);
+  memset (&w, 0, sizeof w);
+  STAT_TIMES ();
+  s = open_ok (&cfg);   /* dirty data is kept, whatever the backing did */
   store_pmem_get_info (s, &info);
   assert_false (info.was_clean);
   assert_null (info.warm_dropped);
+  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (w.n, 1);
+  assert_int_equal (w.folio[0], 4);
+  assert_int_equal (rec.dirty_blocks, 1);
   store_destroy (s);
   close (fd);
   unlink (img);
