@@ -28,6 +28,19 @@ static bool installed;                /* under watch_lock */
 static const char tail[] = " of the store (the file was truncated, or a "
                            "media error): foliod cannot use it, exiting\n";
 
+/* The bytes of s into buf, no NUL; their count. */
+static size_t
+put_str (char *buf, const char *s)
+{
+  size_t n = 0;
+
+  while (s[n]) {
+    buf[n] = s[n];
+    n++;
+  }
+  return n;
+}
+
 /* Decimal digits of v into buf (at least 21 bytes); their count. */
 static size_t
 put_u64 (char *buf, uint64_t v)
@@ -55,11 +68,9 @@ on_sigbus (int sig, siginfo_t *si, void *uc)
                                               __ATOMIC_ACQUIRE);
     if (b == NULL || a < b || a >= b + watches[i].size)
       continue;
-    size_t n = strlen (watches[i].head);
-    memcpy (line, watches[i].head, n);
+    size_t n = put_str (line, watches[i].head);
     n += put_u64 (line + n, (uint64_t) (a - b));
-    memcpy (line + n, tail, sizeof tail - 1);
-    n += sizeof tail - 1;
+    n += put_str (line + n, tail);
     ssize_t r = write (STDERR_FILENO, line, n);
     (void) r;
     break;
