@@ -855,6 +855,13 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   fb->fd = fb->fd_buf;
   if (open_sizes (fb, path, err, errlen) == -1)
     goto fail;
+  /* Lock before probing: what is probed must not change meanwhile. */
+  if (!o->no_locking &&
+      file_lock_image (fb->fd_buf, path, !o->read_only, err, errlen) == -1)
+    goto fail;
+  if (!o->format_raw &&
+      file_probe_format (fb->fd_buf, fb->b.size, path, err, errlen) == -1)
+    goto fail;
   /* A writable, buffered regular file: large writes the cache writes back
    * may still skip the page cache (BACKING_DIRECT), the copy costing more
    * than the device write (measured on files; block devices stay as they
