@@ -8,32 +8,17 @@
 lib_init file-format
 requires qemu-img nbdinfo
 
-out=$tmp/out
-
-# refused WHAT TEXT ARGS...: foliod ARGS exits non-zero within 10 s and its
-# stderr holds TEXT.
-refused () {
-  local what=$1 text=$2 rc=0
-  shift 2
-  timeout $(( 10 * TSCALE )) "$FOLIOD" --foreground --unix "$tmp/sock" \
-    "$@" >"$out" 2>&1 || rc=$?
-  [ $rc -ne 0 ] || fail "$what: accepted: foliod $*"
-  [ $rc -ne 124 ] || fail "$what: not refused: still running after 10 s: foliod $*"
-  check_sanitizer_log "$out"
-  grep -qF -- "$text" "$out" || fail "$what: no '$text' in: $(cat "$out")"
-}
-
 for fmt in qcow2 vmdk vdi vhdx vpc qed; do
   img=$tmp/disk.$fmt
   qemu-img create -q -f "$fmt" "$img" 64M || fail "qemu-img create -f $fmt"
-  refused "$fmt" "$img: a $fmt image, not a raw disk" \
+  start_refused "$fmt" "$img: a $fmt image, not a raw disk" \
     --export "disk0=file:$img"
-  grep -qF "qemu-img convert -f $fmt -O raw" "$out" ||
-    fail "$fmt: the message does not say how to convert: $(cat "$out")"
-  grep -qF "format=raw" "$out" ||
-    fail "$fmt: the message does not name format=raw: $(cat "$out")"
-  echo "$fmt: $(grep -F "a $fmt image" "$out")"
-  refused "$fmt, read-only" "a $fmt image" \
+  grep -qF "qemu-img convert -f $fmt -O raw" "$tmp/refused.out" ||
+    fail "$fmt: the message does not say how to convert: $(cat "$tmp/refused.out")"
+  grep -qF "format=raw" "$tmp/refused.out" ||
+    fail "$fmt: the message does not name format=raw: $(cat "$tmp/refused.out")"
+  echo "$fmt: $(grep -F "a $fmt image" "$tmp/refused.out")"
+  start_refused "$fmt, read-only" "a $fmt image" \
     --export "disk0=file:$img,read-only=true"
   # format=raw: the bytes as they are, the file's size.
   start_foliod --export "disk0=file:$img,format=raw"
@@ -46,7 +31,7 @@ done
 # A fixed VHD: raw data, then a footer in the last sector.
 img=$tmp/fixed.vpc
 qemu-img create -q -f vpc -o subformat=fixed "$img" 16M || fail "qemu-img create fixed vpc"
-refused "fixed vpc" "a vpc image" --export "disk0=file:$img"
+start_refused "fixed vpc" "a vpc image" --export "disk0=file:$img"
 
 # Raw images are served: all zeroes, and a boot sector's signature.
 truncate -s 16M "$tmp/zero.img"
@@ -60,8 +45,8 @@ stop_foliod
 # The plugin shares the probe.
 if [ -n "${PLUGIN:-}" ] && [ -f "$PLUGIN" ] && command -v nbdkit >/dev/null; then
   if timeout $((30 * TSCALE)) nbdkit -U "$tmp/p.sock" --exit-with-parent -f \
-       "$PLUGIN" backing="file:$tmp/disk.qcow2" >"$out" 2>&1; then
+       "$PLUGIN" backing="file:$tmp/disk.qcow2" >"$tmp/plugin.out" 2>&1; then
     fail "the plugin served a qcow2 image"
   fi
-  grep -qF "a qcow2 image" "$out" || fail "plugin: $(cat "$out")"
+  grep -qF "a qcow2 image" "$tmp/plugin.out" || fail "plugin: $(cat "$tmp/plugin.out")"
 fi

@@ -16,39 +16,25 @@ requires qemu-img qemu-io qemu-nbd nbdinfo
 
 img=$tmp/disk.img
 truncate -s 64M "$img"
-out=$tmp/out
-
-# refused WHAT TEXT ARGS...: foliod ARGS exits non-zero within 10 s and its
-# stderr holds TEXT.
-refused () {
-  local what=$1 text=$2 rc=0
-  shift 2
-  timeout $(( 10 * TSCALE )) "$FOLIOD" --foreground --unix "$tmp/sock2" \
-    "$@" >"$out" 2>&1 || rc=$?
-  [ $rc -ne 0 ] || fail "$what: accepted: foliod $*"
-  [ $rc -ne 124 ] || fail "$what: not refused: still running after 10 s: foliod $*"
-  check_sanitizer_log "$out"
-  grep -qF -- "$text" "$out" || fail "$what: no '$text' in: $(cat "$out")"
-  echo "$what: $(grep -F -- "$text" "$out" | head -1)"
-}
 
 # qemu_says WHAT TEXT CMD...: CMD fails and says TEXT.
 qemu_says () {
   local what=$1 text=$2
   shift 2
-  if timeout $(( 60 * TSCALE )) "$@" >"$out" 2>&1; then
+  if timeout $(( 60 * TSCALE )) "$@" >"$tmp/qemu.out" 2>&1; then
     fail "$what: $1 succeeded on an image foliod holds"
   fi
-  grep -qF -- "$text" "$out" || fail "$what: no '$text' in: $(cat "$out")"
+  grep -qF -- "$text" "$tmp/qemu.out" || fail "$what: no '$text' in: $(cat "$tmp/qemu.out")"
 }
 
 # A second foliod, and qemu's tools, against a writable export.
 start_foliod --export "disk0=file:$img,cache-size=16M"
 first=$FOLIOD_PID
-refused "second foliod" "$img: in use" --export "disk0=file:$img"
-grep -qE "pid [0-9]+ \(foliod\)" "$out" ||
-  fail "the holder is not named: $(cat "$out")"
-refused "second foliod, read-only" "$img: in use" \
+start_refused "second foliod" "$img: in use" --export "disk0=file:$img"
+cat "$tmp/refused.out"
+grep -qE "pid [0-9]+ \(foliod\)" "$tmp/refused.out" ||
+  fail "the holder is not named: $(cat "$tmp/refused.out")"
+start_refused "second foliod, read-only" "$img: in use" \
   --export "disk0=file:$img,read-only=true"
 qemu_says "qemu-io write" 'Failed to get "write" lock' \
   qemu-io -f raw -c "write 0 512" "$img"
@@ -66,6 +52,8 @@ nbdinfo "$(uri disk0)" >/dev/null || fail "the locking=off foliod does not serve
 stop_foliod
 FOLIOD_PID=$first SOCK=$tmp/sock
 stop_foliod
+qemu-io -f raw -c "write 0 512" "$img" >/dev/null ||
+  fail "foliod's locks outlived it"
 
 # A read-only export: readers welcome, writers not.
 start_foliod --export "disk0=file:$img,read-only=true"
@@ -75,7 +63,7 @@ stop_foliod
 FOLIOD_PID=$first SOCK=$tmp/sock
 qemu-img convert -f raw -O raw "$img" "$tmp/copy.img" ||
   fail "qemu-img convert refused an image foliod serves read-only"
-refused "writable foliod next to a read-only one" "$img: in use" \
+start_refused "writable foliod next to a read-only one" "$img: in use" \
   --export "disk0=file:$img"
 qemu_says "qemu-io write, read-only export" 'Failed to get "write" lock' \
   qemu-io -f raw -c "write 0 512" "$img"
@@ -86,8 +74,10 @@ qemu-nbd -k "$tmp/q.sock" -f raw --pid-file "$tmp/q.pid" --fork "$img" ||
   fail "qemu-nbd did not start"
 qpid=$(cat "$tmp/q.pid")
 track "$qpid"
-refused "foliod on qemu-nbd's image" "$img: in use" --export "disk0=file:$img"
-grep -qF "(qemu-nbd)" "$out" || fail "qemu-nbd is not named: $(cat "$out")"
+start_refused "foliod on qemu-nbd's image" "$img: in use" --export "disk0=file:$img"
+cat "$tmp/refused.out"
+grep -qF "(qemu-nbd)" "$tmp/refused.out" ||
+  fail "qemu-nbd is not named: $(cat "$tmp/refused.out")"
 SOCK_PATH=$tmp/sock2 start_foliod --export "disk0=file:$img,locking=off"
 stop_foliod
 kill "$qpid"

@@ -163,40 +163,41 @@ file_lock_image (int fd, const char *path, int writable, char *err,
 {
   const unsigned perm = PERM_CONSISTENT_READ | (writable ? PERM_WRITE : 0);
   const unsigned unshared = PERM_WRITE | PERM_RESIZE;
-  int i, r;
+  /* Take our bytes: one per permission held, one per permission not
+   * shared.  Then the conflicts: a permission we want that someone does
+   * not share, a permission we do not share that someone holds. */
+  const struct { unsigned mask; int take, test, holds; } rules[] = {
+    { perm, LOCK_PERM_BASE, LOCK_SHARED_BASE, 0 },
+    { unshared, LOCK_SHARED_BASE, LOCK_PERM_BASE, 1 },
+  };
+  int i, k, r;
 
-  for (i = 0; i < PERM_NBITS; i++) {
-    int byte = (perm & (1u << i)) ? LOCK_PERM_BASE + i : -1;
-    int sbyte = (unshared & (1u << i)) ? LOCK_SHARED_BASE + i : -1;
-    if ((byte >= 0 && lock_byte (fd, byte) == -1) ||
-        (sbyte >= 0 && lock_byte (fd, sbyte) == -1)) {
-      if (errno == EAGAIN || errno == EACCES)
-        lock_refused (fd, path, i, 1, err, errlen);
-      else
-        snprintf (err, errlen, "%s: cannot lock the image (%s); set "
-                  "locking=off if nothing else uses it", path,
-                  strerror (errno));
-      return -1;
-    }
-  }
-  for (i = 0; i < PERM_NBITS; i++) {
-    const unsigned p = 1u << i;
-    if ((perm & p) && (r = byte_taken (fd, LOCK_SHARED_BASE + i)) != 0) {
+  for (k = 0; k < 2; k++)
+    for (i = 0; i < PERM_NBITS; i++)
+      if ((rules[k].mask & (1u << i)) &&
+          lock_byte (fd, rules[k].take + i) == -1) {
+        if (errno == EAGAIN || errno == EACCES)   /* not qemu's way */
+          snprintf (err, errlen, "%s: in use: another process holds an "
+                    "exclusive lock on byte %d of it; stop it first, or "
+                    "set locking=off", path, rules[k].take + i);
+        else                                      /* e.g. ENOLCK on NFS */
+          snprintf (err, errlen, "%s: cannot lock the image (%s); set "
+                    "locking=off if nothing else uses it", path,
+                    strerror (errno));
+        return -1;
+      }
+  for (k = 0; k < 2; k++)
+    for (i = 0; i < PERM_NBITS; i++) {
+      if (!(rules[k].mask & (1u << i)))
+        continue;
+      r = byte_taken (fd, rules[k].test + i);
       if (r == 1)
-        lock_refused (fd, path, i, 0, err, errlen);
-      else
+        lock_refused (fd, path, i, rules[k].holds, err, errlen);
+      else if (r == -1)
         snprintf (err, errlen, "%s: testing the image's locks: %s", path,
                   strerror (errno));
-      return -1;
+      if (r != 0)
+        return -1;
     }
-    if ((unshared & p) && (r = byte_taken (fd, LOCK_PERM_BASE + i)) != 0) {
-      if (r == 1)
-        lock_refused (fd, path, i, 1, err, errlen);
-      else
-        snprintf (err, errlen, "%s: testing the image's locks: %s", path,
-                  strerror (errno));
-      return -1;
-    }
-  }
   return 0;
 }
