@@ -3,7 +3,7 @@
 # qemu knows is refused with the format and the ways out named (qemu-img
 # convert, format=raw); format=raw serves its bytes as they are; raw
 # images (zeroes, or data that starts like a boot sector) are served.
-# The nbdkit plugin refuses as the daemon does.
+# The nbdkit plugin's refusal: tests/test-plugin-config.sh.
 . "$(dirname "$0")/lib.sh"
 lib_init file-format
 requires qemu-img nbdinfo
@@ -42,11 +42,3 @@ printf '\x55\xaa' | dd of="$tmp/zero.img" bs=1 seek=510 conv=notrunc status=none
 start_foliod --export "disk0=file:$tmp/zero.img,format=auto"
 stop_foliod
 
-# The plugin shares the probe.
-if [ -n "${PLUGIN:-}" ] && [ -f "$PLUGIN" ] && command -v nbdkit >/dev/null; then
-  if timeout $((30 * TSCALE)) nbdkit -U "$tmp/p.sock" --exit-with-parent -f \
-       "$PLUGIN" backing="file:$tmp/disk.qcow2" >"$tmp/plugin.out" 2>&1; then
-    fail "the plugin served a qcow2 image"
-  fi
-  grep -qF "a qcow2 image" "$tmp/plugin.out" || fail "plugin: $(cat "$tmp/plugin.out")"
-fi

@@ -96,11 +96,10 @@ file_probe_format (int fd, uint64_t size, const char *path, char *err,
   }
   if (!fmt)
     return 0;
-  snprintf (err, errlen, "%s: a %s image, not a raw disk: foliod serves a "
-            "backing's bytes as they are, so clients would see the %s "
-            "file, not the disk in it; convert it (qemu-img convert -f %s "
-            "-O raw %s NEW.raw), or set format=raw to serve its bytes "
-            "anyway", path, fmt, fmt, fmt, path);
+  snprintf (err, errlen, "%s: a %s image, not a raw disk: clients would "
+            "see the %s file, not the disk in it; convert it (qemu-img "
+            "convert -f %s -O raw %s NEW.raw), or set format=raw to serve "
+            "its bytes anyway", path, fmt, fmt, fmt, path);
   errno = EMEDIUMTYPE;
   return -1;
 }
