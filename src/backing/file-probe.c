@@ -28,7 +28,7 @@ struct signature {
   uint32_t len;
 };
 
-#define SIG(fmt, off, m) { fmt, off, m, sizeof m - 1 }
+#define SIG(fmt, off, m) { fmt, off, m, sizeof (m) - 1 }
 static const struct signature head_sigs[] = {
   SIG ("qcow", 0, "QFI\xfb\0\0\0\x01"),   /* version 1 */
   SIG ("qcow2", 0, "QFI\xfb"),             /* versions 2 and 3 */

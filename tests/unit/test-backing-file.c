@@ -687,7 +687,7 @@ test_probe_formats (void **state)
 {
   static const struct { const char *fmt; uint64_t off; const char *m;
                         size_t n; } cases[] = {
-#define C(fmt, off, m) { fmt, off, m, sizeof m - 1 }
+#define C(fmt, off, m) { fmt, off, m, sizeof (m) - 1 }
     C ("qcow2", 0, "QFI\xfb\0\0\0\x03"),
     C ("qcow2", 0, "QFI\xfb\0\0\0\x02"),
     C ("qcow", 0, "QFI\xfb\0\0\0\x01"),
