@@ -206,3 +206,20 @@ plugin_init () {
                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
   fi
 }
+
+# ---- foliod that must refuse to start (tests/test-file-*.sh) ----
+
+# start_refused WHAT TEXT ARGS...: foliod --foreground --unix $tmp/sock.refused
+# ARGS must exit non-zero within 10 s (scaled) with TEXT (a fixed string)
+# in its output, which stays in $tmp/refused.out.
+start_refused () {
+  local what=$1 text=$2 rc=0 out=$tmp/refused.out
+  shift 2
+  timeout $(( 10 * TSCALE )) "$FOLIOD" --foreground \
+    --unix "$tmp/sock.refused" "$@" >"$out" 2>&1 || rc=$?
+  [ $rc -ne 0 ] || fail "$what: accepted: foliod $*"
+  [ $rc -ne 124 ] ||
+    fail "$what: not refused: still running after 10 s: foliod $*"
+  check_sanitizer_log "$out"
+  grep -qF -- "$text" "$out" || fail "$what: no '$text' in: $(cat "$out")"
+}

@@ -130,8 +130,9 @@ read-only = yes
 description = "  spaced  "
 
 [export ""]
-backing = file:$tmp/img
+backing = file:$tmp/img3
 CONF
+truncate -s 16M "$tmp/img3"   # its own image: two exports on one are refused
 "$FOLIOD" --check-config "$conf" >/dev/null || fail "good file refused"
 
 # Command line over file: --unix replaces the file's unix list, --export

@@ -13,7 +13,7 @@
 # otherwise this runs make deb (build-deb/, about 20 s).
 . "$(dirname "$0")/lib.sh"
 lib_init deb
-requires dpkg dpkg-deb nbdkit systemd-sysusers deb-systemd-helper
+requires dpkg dpkg-deb nbdkit systemd-sysusers deb-systemd-helper python3
 [ "$(id -u)" = 0 ] || skip "dpkg --root needs root (file owners)"
 
 if [ -z "${DEB_OUT:-}" ]; then
@@ -120,14 +120,29 @@ dpkg_r -r foliod nbdkit-plugin-folio
 [ -f "$root/etc/foliod/foliod.conf" ] || fail "remove deleted the conffile"
 [ -f "$root/var/lib/foliod/disk0.img" ] || fail "remove deleted the state directory"
 
-# Purge: conffile, state directory and unit symlinks go; the user stays.
+# Purge: conffile and unit symlinks go; the user stays; the disk images
+# in the state directory stay, and purge says so (issue 26).  A socket
+# foliod left there goes.
+python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' \
+  "$root/var/lib/foliod/control.sock"
+: >"$tmp/dpkg.out"
 dpkg_r -P foliod nbdkit-plugin-folio
 [ -z "$(status foliod)" ] || [ "$(status foliod)" = "pn " ] ||
   fail "after purge: '$(status foliod)'"
-left=$(cd "$root" && find . -path ./var/lib/dpkg -prune -o \( -type f -o -type l \) -print |
-       grep -v -e '^\./etc/\(passwd\|group\|shadow\|gshadow\|\.pwd\.lock\)$' || true)
+[ "$(cat "$root/var/lib/foliod/disk0.img")" = data ] ||
+  fail "purge deleted the disk image"
+grep -qF "purge kept /var/lib/foliod" "$tmp/dpkg.out" ||
+  fail "purge did not say where the images are: $(cat "$tmp/dpkg.out")"
+left=$(cd "$root" && find . -path ./var/lib/dpkg -prune -o \( -type f -o -type l -o -type s \) -print |
+       grep -v -e '^\./etc/\(passwd\|group\|shadow\|gshadow\|\.pwd\.lock\)$' \
+               -e '^\./var/lib/foliod/disk0\.img$' || true)
 [ -z "$left" ] || fail "purge left: $left"
 grep -q '^foliod:' "$root/etc/passwd" || fail "purge removed the foliod user"
+# Install and purge again without images: the empty directory goes.
+rm "$root/var/lib/foliod/disk0.img"
+dpkg_r -i "$deb"
+dpkg_r -P foliod
+[ -e "$root/var/lib/foliod" ] && fail "purge left the empty /var/lib/foliod"
 
 host_state >"$tmp/host.after"
 cmp -s "$tmp/host.before" "$tmp/host.after" ||

@@ -65,6 +65,32 @@ expect_error 'cache-size|size'    "$img" cache-size=lots
 expect_error 'cache'              "$img" cache=sometimes
 expect_error 'folio-size|folio.size|range|large|small' "$img" folio-size=64M
 expect_error 'no-such|No such'    backing=file:"$tmp/no-such.img"
+expect_error 'bad value for format' "$img" format=qcow2
+expect_error 'bad value for locking' "$img" locking=sometimes
+
+# Backings are raw: a qcow2 file is refused, unless format=raw (issue 26).
+if command -v qemu-img >/dev/null; then
+  qemu-img create -q -f qcow2 "$tmp/disk.qcow2" 16M || bad "qemu-img create"
+  expect_error 'a qcow2 image.*format=raw' backing=file:"$tmp/disk.qcow2"
+  nbdkit_folio -U - "$PLUGIN" backing=file:"$tmp/disk.qcow2" format=raw \
+    --run 'exit 0' > "$tmp/out" 2>&1 || bad "format=raw refused: $(cat "$tmp/out")"
+else
+  bad "qemu-img is not installed"
+fi
+
+# An image another nbdkit-folio-plugin (or foliod, or qemu) serves is in
+# use (issue 23 item 5); locking=off opens it anyway.
+env "${NBDKIT_ENV[@]}" nbdkit -f -U "$tmp/hold.sock" "$PLUGIN" "$img" \
+  2>"$tmp/hold.log" &
+hold=$!
+track $hold
+for _ in $(seq $((300 * TSCALE))); do [ -S "$tmp/hold.sock" ] && break; sleep 0.1; done
+[ -S "$tmp/hold.sock" ] || bad "the holding nbdkit did not start: $(cat "$tmp/hold.log")"
+expect_error 'in use.*locking=off' "$img"
+nbdkit_folio -U - "$PLUGIN" "$img" locking=off --run 'exit 0' > "$tmp/out" 2>&1 ||
+  bad "locking=off refused: $(cat "$tmp/out")"
+kill $hold
+wait $hold
 
 # Read-only: advertised and enforced, by key and by nbdkit -r; the backing
 # file stays untouched.

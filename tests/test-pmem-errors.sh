@@ -70,10 +70,13 @@ refused "a directory" "$tmp/dir: " "d=file:$tmp/img,store=pmem:$tmp/dir,$keys"
 [ "$(dirty_of "$st")" = "$dirty" ] || fail "a refusal changed the store"
 
 # The right export recovers it; a second foliod on the same store is
-# refused while the first holds it.
+# refused while the first holds it (by the image's lock, and with
+# locking=off by the store's own).
 start_foliod --export "d=file:$tmp/img,store=pmem:$st,$keys"
-refused "in use" "$st: store is in use by another foliod \(locked\)" \
+refused "image in use" "$tmp/img: in use" \
   "d=file:$tmp/img,store=pmem:$st,$keys"
+refused "in use" "$st: store is in use by another foliod \(locked\)" \
+  "d=file:$tmp/img,locking=off,store=pmem:$st,$keys"
 timeout 30 nbdsh -u "$(uri d)" -c 'assert h.pread(20000, 3000) == b"x" * 20000' ||
   fail "dirty data lost after the refusals"
 stop_foliod

@@ -169,6 +169,9 @@ struct backing_opts {
                                  * answered this long fails with ETIMEDOUT
                                  * and its connection is dropped
                                  * (0: 30000) */
+  int no_locking;         /* file: take no image locks (locking=off) */
+  int format_raw;         /* file: serve the bytes without probing for an
+                           * image format (format=raw) */
 };
 
 /* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",

@@ -213,7 +213,7 @@ folio_log_store (void)
 static int
 folio_get_ready (void)
 {
-  char err[256] = "";
+  char err[1024] = "";  /* room for two paths (an image format's refusal) */
   const struct cache_config *cc;
 
   folio_export = export_open (&folio_cfg, err, sizeof err);

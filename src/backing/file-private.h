@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "foliod/backing.h"
@@ -83,5 +84,18 @@ struct backing *backing_file_open_flags (const char *path,
  * 0 when it does not know (old kernel or file system), -1 when it says
  * the file does not support direct I/O. */
 int file_statx_dioalign (int fd, uint32_t *offset_align, uint32_t *mem_align);
+
+/* Lock the image on fd (open for reading at least) as qemu does, so that
+ * neither another foliod nor qemu's tools write it while foliod serves it
+ * (see file-lock.c).  Returns 0, or -1 with a one-line reason in err that
+ * names the file and the permission in conflict. */
+int file_lock_image (int fd, const char *path, int writable, char *err,
+                     size_t errlen);
+
+/* Refuse a file holding an image format qemu knows (qcow2, vmdk, ...):
+ * foliod serves raw bytes (see file-probe.c).  Returns 0 when none is
+ * recognised, -1 with the format and the way out in err. */
+int file_probe_format (int fd, uint64_t size, const char *path, char *err,
+                       size_t errlen);
 
 #endif /* FOLIOD_BACKING_FILE_PRIVATE_H */

@@ -38,7 +38,8 @@ to_file (struct backing *b)
 static int
 is_unsupported (int e)
 {
-  return e == EOPNOTSUPP || e == ENOSYS || e == ENOTTY;
+  /* ENODEV: fallocate on a block device before Linux 4.9. */
+  return e == EOPNOTSUPP || e == ENOSYS || e == ENOTTY || e == ENODEV;
 }
 
 /* Read until len bytes or end of file.  Returns bytes read (short only at
@@ -468,21 +469,25 @@ blk_zero (struct file_backing *fb, uint64_t len, uint64_t off, unsigned flags)
   return 0;
 }
 
+/* The ladder of nbdkit's file plugin: where holes are allowed (no
+ * NBD_CMD_FLAG_NO_HOLE) punch them, so zeroing keeps a sparse file sparse;
+ * otherwise allocate zeroes (ZERO_RANGE), then punch and re-allocate, then
+ * write them. */
 static int
 reg_zero (struct file_backing *fb, uint64_t len, uint64_t off, unsigned flags)
 {
   int r;
 
-  r = try_fallocate (fb, &fb->can_zero_range,
-                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, len, off);
-  if (r <= 0)
-    return r;
   if (flags & BACKING_MAY_TRIM) {
     r = try_fallocate (fb, &fb->can_punch,
                        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
     if (r <= 0)
       return r;
   }
+  r = try_fallocate (fb, &fb->can_zero_range,
+                     FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, len, off);
+  if (r <= 0)
+    return r;
   /* No ZERO_RANGE (tmpfs, old kernels): punch, then allocate again so the
    * caller still gets allocated zeroes it did not allow us to trim. */
   if (atomic_load (&fb->can_punch) && atomic_load (&fb->can_alloc)) {
@@ -849,6 +854,13 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   }
   fb->fd = fb->fd_buf;
   if (open_sizes (fb, path, err, errlen) == -1)
+    goto fail;
+  /* Lock before probing: what is probed must not change meanwhile. */
+  if (!o->no_locking &&
+      file_lock_image (fb->fd_buf, path, !o->read_only, err, errlen) == -1)
+    goto fail;
+  if (!o->format_raw &&
+      file_probe_format (fb->fd_buf, fb->b.size, path, err, errlen) == -1)
     goto fail;
   /* A writable, buffered regular file: large writes the cache writes back
    * may still skip the page cache (BACKING_DIRECT), the copy costing more

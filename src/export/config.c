@@ -13,6 +13,10 @@
 const struct export_key_help export_keys[] = {
   { "backing", "where the data lives: file:PATH, nbd://HOST[:PORT]/NAME, "
                "nbds://..., nbd+unix:///NAME?socket=PATH (required)" },
+  { "format", "file backing: raw serves the bytes as they are; auto "
+              "(default) refuses a file that holds a qcow2, vmdk, ... image" },
+  { "locking", "file backing: on (default) locks the image as qemu does, "
+               "so no other foliod or qemu writes it; off: no locks" },
   { "cache", "writeback (default), writethrough, or none (direct I/O)" },
   { "cache-size", "folio memory, e.g. 1G (default 256M)" },
   { "folio-size", "cache unit, power of two 4K..2M (default 64K)" },
@@ -163,12 +167,34 @@ set_tls (int *dst, const char *value)
 }
 
 static int
+set_format (int *raw, const char *value)
+{
+  if (strcmp (value, "raw") == 0) *raw = 1;
+  else if (strcmp (value, "auto") == 0) *raw = 0;
+  else { errno = EINVAL; return -1; }
+  return 0;
+}
+
+static int
+set_locking (int *off, const char *value)
+{
+  int on;
+
+  if (parse_bool (value, &on) == -1)
+    return -1;
+  *off = !on;
+  return 0;
+}
+
+static int
 set_key (struct export_config *cfg, const char *key, const char *value)
 {
   struct cache_config *cc = &cfg->cache;
   struct backing_opts *bo = &cfg->bopts;
 
   if (!strcmp (key, "backing")) return set_string (&cfg->backing, value);
+  if (!strcmp (key, "format")) return set_format (&bo->format_raw, value);
+  if (!strcmp (key, "locking")) return set_locking (&bo->no_locking, value);
   if (!strcmp (key, "cache")) return set_mode (&cc->mode, value);
   if (!strcmp (key, "cache-size")) return parse_size (value, &cc->cache_size);
   if (!strcmp (key, "folio-size")) return set_u32_size (&cc->folio_size, value);

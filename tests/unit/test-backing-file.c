@@ -295,6 +295,10 @@ test_zero_methods (void **state)
   zero_with (f, b, 0, 1, 1, BACKING_MAY_TRIM, 1 * MiB, 1 * MiB);
   if (!on_tmpfs (f->path))
     assert_map (b, 1 * MiB, 1 * MiB, BACKING_HOLE, 1 * MiB);
+  /* Every method, MAY_TRIM: a hole too (ZERO_RANGE would allocate). */
+  zero_with (f, b, 1, 1, 1, BACKING_MAY_TRIM, 3 * MiB + 4096, 256 * KiB);
+  if (!on_tmpfs (f->path))
+    assert_map (b, 3 * MiB + 4096, 256 * KiB, BACKING_HOLE, 256 * KiB);
   /* No ZERO_RANGE, no MAY_TRIM: punch then allocate again. */
   blocks = blocks_of (f);
   zero_with (f, b, 0, 1, 1, 0, 2 * MiB + 3, 512 * KiB);
@@ -487,26 +491,37 @@ test_direct_threads_rmw (void **state)
  * size from BLKGETSIZE64, alignment from BLKSSZGET, zero and trim by
  * ioctl/fallocate on the device, data through both buffered and direct
  * I/O.  Skipped without root or loop devices. */
+static const char *
+attach_loop (struct fx *f)
+{
+  char cmd[256], dev[64] = "";
+  FILE *p;
+
+  if (geteuid () != 0)
+    return NULL;
+  snprintf (cmd, sizeof cmd, "losetup -f --show %s 2>/dev/null", f->path);
+  p = popen (cmd, "r");
+  if (!p)
+    return NULL;
+  if (!fgets (dev, sizeof dev, p))
+    dev[0] = '\0';
+  if (pclose (p) != 0 || strncmp (dev, "/dev/loop", 9) != 0)
+    return NULL;
+  dev[strcspn (dev, "\n")] = '\0';
+  strcpy (f->loopdev, dev);
+  return f->loopdev;
+}
+
 static void
 test_block_device (void **state)
 {
   struct fx *f = *state;
-  char cmd[256], dev[64] = "", err[256];
+  const char *dev = attach_loop (f);
+  char err[256];
   struct backing *b;
-  FILE *p;
 
-  if (geteuid () != 0)
+  if (!dev)
     skip ();
-  snprintf (cmd, sizeof cmd, "losetup -f --show %s 2>/dev/null", f->path);
-  p = popen (cmd, "r");
-  if (!p)
-    skip ();
-  if (!fgets (dev, sizeof dev, p))
-    dev[0] = '\0';
-  if (pclose (p) != 0 || strncmp (dev, "/dev/loop", 9) != 0)
-    skip ();
-  dev[strcspn (dev, "\n")] = '\0';
-  strcpy (f->loopdev, dev);
 
   for (int direct = 0; direct < 2; direct++) {
     struct backing_opts o = { .direct = direct };
@@ -584,6 +599,138 @@ test_open_dispatch (void **state)
   assert_null (strchr (err, '\n'));
 }
 
+/* Open path with the given options; NULL with the reason in err. */
+static struct backing *
+try_open (const char *path, int ro, int no_locking, int raw, char *err,
+          size_t errlen)
+{
+  struct backing_opts o = { .read_only = ro, .no_locking = no_locking,
+                            .format_raw = raw };
+
+  err[0] = '\0';
+  return backing_file_open (path, &o, err, errlen);
+}
+
+static void
+assert_in_use (const char *path, int ro)
+{
+  char err[512];
+  struct backing *b = try_open (path, ro, 0, 0, err, sizeof err);
+
+  if (b)
+    fail_msg ("%s opened twice (read-only %d)", path, ro);
+  assert_non_null (strstr (err, path));
+  assert_non_null (strstr (err, "in use"));
+  assert_non_null (strstr (err, "\"write\""));
+  assert_non_null (strstr (err, "locking=off"));
+  assert_null (strchr (err, '\n'));
+}
+
+/* Locks on one path: a writer excludes everyone; readers share with
+ * readers; locking=off opens regardless; the locks go with the backing. */
+static void
+check_locks (const char *path)
+{
+  char err[512];
+  struct backing *b1, *b2;
+
+  b1 = try_open (path, 0, 0, 0, err, sizeof err);
+  if (!b1)
+    fail_msg ("open %s: %s", path, err);
+  assert_in_use (path, 0);
+  assert_in_use (path, 1);
+  b2 = try_open (path, 0, 1, 0, err, sizeof err);
+  assert_non_null (b2);         /* locking=off */
+  backing_close (b2);
+  backing_close (b1);
+
+  b1 = try_open (path, 1, 0, 0, err, sizeof err);
+  assert_non_null (b1);         /* the writer's locks are gone */
+  b2 = try_open (path, 1, 0, 0, err, sizeof err);
+  assert_non_null (b2);         /* two readers */
+  assert_in_use (path, 0);
+  backing_close (b2);
+  backing_close (b1);
+}
+
+static void
+test_lock (void **state)
+{
+  check_locks (((struct fx *) *state)->path);
+}
+
+static void
+test_lock_block_device (void **state)
+{
+  const char *dev = attach_loop (*state);
+
+  if (!dev)
+    skip ();
+  check_locks (dev);
+}
+
+/* Put bytes at off of the file (the rest stays zero). */
+static void
+put (struct fx *f, uint64_t off, const void *p, size_t n)
+{
+  int fd = open (f->path, O_RDWR);
+
+  assert_true (fd >= 0);
+  assert_int_equal (pwrite (fd, p, n, off), (ssize_t) n);
+  close (fd);
+}
+
+/* An image format in the file is refused, naming the format and the ways
+ * out; format=raw serves it. */
+static void
+test_probe_formats (void **state)
+{
+  static const struct { const char *fmt; uint64_t off; const char *m;
+                        size_t n; } cases[] = {
+#define C(fmt, off, m) { fmt, off, m, sizeof (m) - 1 }
+    C ("qcow2", 0, "QFI\xfb\0\0\0\x03"),
+    C ("qcow2", 0, "QFI\xfb\0\0\0\x02"),
+    C ("qcow", 0, "QFI\xfb\0\0\0\x01"),
+    C ("qed", 0, "QED\0"),
+    C ("vmdk", 0, "KDMV"),
+    C ("vmdk", 0, "# Disk DescriptorFile\n"),
+    C ("vhdx", 0, "vhdxfile"),
+    C ("vdi", 0x40, "\x7f\x10\xda\xbe"),
+    C ("vpc", 0, "conectix"),
+    C ("vpc", FSIZE - 512, "conectix"),
+    C ("dmg", FSIZE - 512, "koly"),
+    C ("luks", 0, "LUKS\xba\xbe"),
+    C ("parallels", 0, "WithoutFreeSpace"),
+    C ("bochs", 0, "Bochs Virtual HD Image"),
+    C ("cloop", 0, "#!/bin/sh\n#V2.0 Format\n"),
+#undef C
+  };
+  struct fx *f = *state;
+  char err[512], want[64];
+  struct backing *b;
+  static const char zeroes[64];
+
+  b = try_open (f->path, 0, 0, 0, err, sizeof err);
+  assert_non_null (b);          /* zeroes: raw */
+  backing_close (b);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    put (f, cases[i].off, cases[i].m, cases[i].n);
+    for (int ro = 0; ro < 2; ro++) {
+      b = try_open (f->path, ro, 0, 0, err, sizeof err);
+      if (b)
+        fail_msg ("a %s image was opened", cases[i].fmt);
+      snprintf (want, sizeof want, "a %s image", cases[i].fmt);
+      if (!strstr (err, want) || !strstr (err, f->path) ||
+          !strstr (err, "format=raw") || !strstr (err, "qemu-img convert"))
+        fail_msg ("%s: %s", cases[i].fmt, err);
+    }
+    b = try_open (f->path, 0, 0, 1, err, sizeof err);
+    assert_non_null (b);        /* format=raw */
+    backing_close (b);
+    put (f, cases[i].off, zeroes, cases[i].n);
+  }
+}
+
 int
 main (void)
 {
@@ -603,6 +750,9 @@ main (void)
     T (test_direct_threads_rmw),
     T (test_block_device),
     T (test_open_dispatch),
+    T (test_lock),
+    T (test_lock_block_device),
+    T (test_probe_formats),
 #undef T
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
