@@ -191,7 +191,7 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
     if (lost && e->store == NULL)   /* a pmem store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
     r = -1;
-  } else if (e->store && store_pmem_mark_clean (e->store) == -1) {
+  } else if (e->store && store_mark_clean (e->store) == -1) {
     err = errno;    /* not clean: the next start recovers it all */
     r = -1;
   }

@@ -62,7 +62,7 @@ main (int argc, char **argv)
   if (strcmp (argv[1], "make") == 0) {
     tool_dirty (s, (unsigned) atoi (argv[3]));
     if (strcmp (argv[4], "clean") == 0)
-      r = store_pmem_mark_clean (s);
+      r = store_mark_clean (s);
   } else {
     printf ("held\n");
     fflush (stdout);

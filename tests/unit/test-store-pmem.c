@@ -93,6 +93,8 @@ fill_slot (struct store *s, uint32_t slot, uint64_t fi, uint32_t blk,
   unsigned char *d = s->ops->data (s, slot);
   uint64_t *bits = s->ops->bitmap (s, slot);
 
+  if (!store_may_reuse (s, slot))   /* as the cache's writeback thread */
+    assert_int_equal (store_sync (s), 0);
   s->ops->set_index (s, slot, fi);
   memset (d + blk * BLOCK, (int) (fi + blk + 1), BLOCK);
   assert_int_equal (s->ops->persist (s, d + blk * BLOCK, BLOCK), 0);
@@ -143,28 +145,28 @@ static void
 test_format_reopen_clean (void **state)
 {
   struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
-  struct store_pmem_recovery rec;
+  struct store_info info;
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
 
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   print_message ("granularity on %s: %s (persist per write: %s)\n", dir,
-                 info.granularity, info.power_safe_per_write ? "yes" : "no");
+                 info.granularity, (s->caps & STORE_DEFERRED) ? "no" : "yes");
   assert_true (info.formatted);
   assert_string_equal (s->ops->name, "pmem");
   assert_int_equal (s->nslots, SLOTS);
   fill_slot (s, 3, 5, 2, false, false);
   fill_slot (s, 6, 9, 0, true, false);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_sync (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
 
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.formatted);
   assert_true (info.was_clean);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 2);   /* folio order: 5 then 9 */
   assert_int_equal (w.slot[0], 3);
   assert_int_equal (w.folio[0], 5);
@@ -183,8 +185,8 @@ static void
 test_unclean_trusts_dirty_only (void **state)
 {
   struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
-  struct store_pmem_recovery rec;
+  struct store_info info;
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
 
@@ -200,9 +202,9 @@ test_unclean_trusts_dirty_only (void **state)
   store_destroy (s);
 
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.was_clean);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
   assert_true (test_bit (&w.bits[0], FP_UPTODATE, 4));
@@ -216,7 +218,7 @@ test_unclean_trusts_dirty_only (void **state)
   /* What recovery dropped stays dropped. */
   memset (&w, 0, sizeof w);
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   store_destroy (s);
 }
@@ -226,14 +228,14 @@ static void
 test_write_after_clean_is_unclean (void **state)
 {
   struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
+  struct store_info info;
   struct store *s = open_ok (&cfg);
 
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   fill_slot (s, 0, 1, 0, true, false);
   store_destroy (s);
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.was_clean);
   store_destroy (s);
 }
@@ -287,9 +289,9 @@ test_header_copies (void **state)
   flip_byte (offsetof (struct pmem_header, backing_spec) + 3);
 
   struct seen w = { 0 };
-  struct store_pmem_recovery rec;
+  struct store_recovery rec;
   s = open_ok (&cfg);   /* B wins, and the update rewrites A */
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   store_destroy (s);
   /* B was seq 2, so the open wrote A again as seq 3: B may now break. */
@@ -430,7 +432,7 @@ test_generation_and_stamp (void **state)
   struct store *s = open_ok (&cfg);
 
   s->ops->set_index (s, 5, 11);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   slot_entry (5, &e1, &stamp);
   assert_int_equal (e1.folio_index, 11);
   assert_int_equal (stamp, e1.gen);
@@ -454,7 +456,7 @@ static void
 test_recover_stale_and_duplicate (void **state)
 {
   struct store_pmem_config cfg = config ();
-  struct store_pmem_recovery rec;
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
   struct pmem_slot e;
@@ -470,7 +472,7 @@ test_recover_stale_and_duplicate (void **state)
   file_pwrite (&stamp, 8, l.bitmaps_off + 3 * l.bitmap_stride);
 
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
   assert_int_equal (w.folio[0], 4);
@@ -508,22 +510,22 @@ test_page_sync_pending (void **state)
 {
   struct store_pmem_config cfg = config ();
   struct store *s = open_ok (&cfg);
-  struct store_pmem_info info;
+  struct store_info info;
   static char buf[3 * BLOCK];
 
-  store_pmem_get_info (s, &info);
-  if (info.power_safe_per_write)
+  store_get_info (s, &info);
+  if (!(s->caps & STORE_DEFERRED))
     skip ();   /* a DAX /tmp: nothing is deferred */
   memset (buf, 'q', sizeof buf);
   fill_slot (s, 7, 1, 0, true, false);
-  store_pmem_write (s, (char *) s->ops->data (s, 2) + 100, buf, sizeof buf);
+  store_write (s, (char *) s->ops->data (s, 2) + 100, buf, sizeof buf);
   long before = mapping_dirty_kb (s->ops->data (s, 0));
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   long after = mapping_dirty_kb (s->ops->data (s, 0));
   print_message ("dirty in the mapping: %ld kB before sync, %ld after\n",
                  before, after);
   assert_int_equal (after, 0);
-  assert_int_equal (store_pmem_sync_pending (s), 0);   /* nothing left */
+  assert_int_equal (store_sync (s), 0);   /* nothing left */
   store_destroy (s);
   char back[sizeof buf];
   struct pmem_layout l = layout ();
@@ -546,9 +548,9 @@ test_sync_large_store (void **state)
   s = open_ok (&cfg);
   memset (buf, 'z', sizeof buf);
   for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
-    store_pmem_write (s, s->ops->data (s, at[i]), buf,
+    store_write (s, s->ops->data (s, at[i]), buf,
                       at[i] == 63 ? 2 * FOLIO : FOLIO);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   assert_int_equal (mapping_dirty_kb (s->ops->data (s, 0)), 0);
   store_destroy (s);
 }
@@ -566,7 +568,7 @@ hammer_run (void *arg)
 
   for (int i = 0; i < 2000; i++) {
     if (h->syncer) {
-      assert_int_equal (store_pmem_sync_pending (h->s), 0);
+      assert_int_equal (store_sync (h->s), 0);
       continue;
     }
     uint32_t slot = rand_r (&h->seed) % SLOTS;
@@ -593,7 +595,7 @@ test_concurrent_sync (void **state)
   }
   for (int i = 0; i < 4; i++)
     pthread_join (t[i], NULL);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   assert_int_equal (mapping_dirty_kb (s->ops->data (s, 0)), 0);
   store_destroy (s);
 }
@@ -613,7 +615,7 @@ test_inspect (void **state)
   FILE *out = open_memstream (&buf, &len);
   assert_int_equal (store_pmem_inspect (path, out, err, sizeof err), -1);
   assert_non_null (strstr (err, "in use"));
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
   assert_int_equal (store_pmem_inspect (path, out, err, sizeof err), 0);
   fclose (out);
