@@ -175,10 +175,10 @@ store_get_info (struct store *s, struct store_info *out)
 struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
                                 uint32_t block_size);
 
-/* The pmem store (store = pmem:PATH): folio data, bitmaps and the slot
- * table in a file mapped with libpmem2.  The ordering contract the cache
- * keeps is at the top of src/cache/store-pmem.c. */
-struct store_pmem_config {
+/* Persistent stores live in a file (or a device) named by
+ * store=KIND:PATH, and are opened for one export: its geometry, and its
+ * backing's identity, which the store records and checks at every open. */
+struct store_config {
   const char *path;
   uint32_t nslots, folio_size, block_size;
   uint64_t export_size;
@@ -187,34 +187,55 @@ struct store_pmem_config {
   uint64_t backing_dev, backing_ino;
 };
 
-/* Open the store at cfg->path, creating and formatting it when it is
- * missing or all zeros; an existing store must match cfg (geometry,
- * backing).  Marks it in use (not clean).  NULL with errno and one line in
- * err naming the file and the reason. */
-struct store *store_pmem_open (const struct store_pmem_config *cfg,
-                               char *err, size_t errlen);
-
-/* The pmem store's operations (store-pmem.c) are reached through its
- * store_ops: sync msyncs what persist() recorded (page store; cache-line
- * stores persist at once), may_reuse holds a slot back until the sync
- * after its last clear, recover keeps dirty and unstable blocks after an
- * unclean shutdown (and frees slots with a stale bitmap, a folio past the
- * export, or a folio a newer slot holds too), mark_clean is the warm
- * restart.  The ordering contract is at the top of store-pmem.c. */
-
-/* Print a store's headers, geometry, backing and dirty bytes to out
- * (offline: foliod store inspect PATH).  0, or -1 with err. */
-int store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen);
-
 /* What a store's header records: its geometry and its backing (offline:
  * foliod store writeback PATH opens the export it belongs to). */
-struct store_pmem_header_info {
+struct store_header_info {
   uint32_t nslots, folio_size, block_size;
   uint64_t export_size, backing_size;
   char backing_spec[1024];
 };
-int store_pmem_read_header (const char *path,
-                            struct store_pmem_header_info *out,
+
+/* A kind of persistent store (store-kinds.c holds the table): how the
+ * export opens one, and the offline tools (foliod store inspect,
+ * foliod store writeback) read one. */
+struct store_kind {
+  const char *name;               /* KIND of store=KIND:PATH */
+  /* Open the store at cfg->path, creating and formatting it when it is
+   * missing or all zeros; an existing store must match cfg (geometry,
+   * backing).  Marks it in use (not clean).  NULL with errno and one line
+   * in err naming the file and the reason. */
+  struct store *(*open) (const struct store_config *cfg,
+                         char *err, size_t errlen);
+  /* Print a store's headers, geometry, backing and dirty bytes to out.
+   * 0, or -1 with err. */
+  int (*inspect) (const char *path, FILE *out, char *err, size_t errlen);
+  int (*read_header) (const char *path, struct store_header_info *out,
+                      char *err, size_t errlen);
+};
+
+/* The kind spec (KIND:PATH) names, *path set to its PATH (not empty);
+ * NULL if none does (the ram store, or a typo). */
+const struct store_kind *store_kind_parse (const char *spec,
+                                           const char **path);
+/* The kind whose header the file at path has, with the header in *h;
+ * NULL with err (the first kind's reason) if none. */
+const struct store_kind *store_kind_probe (const char *path,
+                                           struct store_header_info *h,
+                                           char *err, size_t errlen);
+
+/* The pmem store (store=pmem:PATH): folio data, bitmaps and the slot
+ * table in a file mapped with libpmem2.  Its store_ops: sync msyncs what
+ * persist() recorded (page store; cache-line stores persist at once),
+ * may_reuse holds a slot back until the sync after its last clear,
+ * recover keeps dirty and unstable blocks after an unclean shutdown (and
+ * frees slots with a stale bitmap, a folio past the export, or a folio a
+ * newer slot holds too), mark_clean is the warm restart.  The ordering
+ * contract is at the top of src/cache/store-pmem.c.  Its store_kind
+ * functions: */
+struct store *store_pmem_open (const struct store_config *cfg,
+                               char *err, size_t errlen);
+int store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen);
+int store_pmem_read_header (const char *path, struct store_header_info *out,
                             char *err, size_t errlen);
 
 static inline void

@@ -412,7 +412,7 @@ pmem_init_gen (struct store_pmem *p)
 
 /* Format or validate the mapped store; it is then marked in use. */
 static int
-pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
+pmem_open_meta (struct store_pmem *p, const struct store_config *cfg,
                 char *err, size_t errlen)
 {
   struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
@@ -459,7 +459,7 @@ pmem_init_pending (struct store_pmem *p)
 
 struct store *
 store_pmem_open_map (struct pmem_map *m,
-                     const struct store_pmem_config *cfg,
+                     const struct store_config *cfg,
                      char *err, size_t errlen)
 {
   struct store_pmem *p = calloc (1, sizeof *p);
@@ -498,7 +498,7 @@ fail:;
 }
 
 struct store *
-store_pmem_open (const struct store_pmem_config *cfg, char *err, size_t errlen)
+store_pmem_open (const struct store_config *cfg, char *err, size_t errlen)
 {
   struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
                              cfg->export_size };

@@ -14,7 +14,7 @@
 static struct store *
 tool_open (const char *path)
 {
-  struct store_pmem_config cfg = {
+  struct store_config cfg = {
     .path = path, .nslots = 8, .folio_size = 65536, .block_size = 4096,
     .export_size = 1 << 20, .backing_spec = "file:/backing",
     .backing_size = 1 << 20,

@@ -86,7 +86,7 @@ sim_crash (void)
   power_off = false;
 }
 
-static const struct store_pmem_config scfg = {
+static const struct store_config scfg = {
   .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = SIZE,
   .backing_spec = "fake", .backing_size = SIZE,

@@ -45,7 +45,7 @@ static char err[512];
 
 static void sim_commit (const void *p, size_t len) { }
 
-static const struct store_pmem_config scfg = {
+static const struct store_config scfg = {
   .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = SIZE,
   .backing_spec = "fake", .backing_size = SIZE,

@@ -125,7 +125,7 @@ sim_crash (bool kill)
       sim_crash_region (r[i][0], r[i][1]);
 }
 
-static const struct store_pmem_config cfg = {
+static const struct store_config cfg = {
   .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = (uint64_t) NF * FOLIO,
   .backing_spec = "sim", .backing_size = (uint64_t) NF * FOLIO,

@@ -27,10 +27,10 @@
 static char dir[64], path[96];
 static char err[512];
 
-static struct store_pmem_config
+static struct store_config
 config (void)
 {
-  return (struct store_pmem_config) {
+  return (struct store_config) {
     .path = path, .nslots = SLOTS, .folio_size = FOLIO, .block_size = BLOCK,
     .export_size = 1 << 20, .backing_spec = "file:/srv/disk.img",
     .backing_size = 1 << 20, .backing_dev = 2049, .backing_ino = 1234,
@@ -49,7 +49,7 @@ layout (void)
 }
 
 static struct store *
-open_ok (const struct store_pmem_config *cfg)
+open_ok (const struct store_config *cfg)
 {
   struct store *s = store_pmem_open (cfg, err, sizeof err);
   if (s == NULL)
@@ -60,7 +60,7 @@ open_ok (const struct store_pmem_config *cfg)
 /* Opening must fail, with errno e and an error naming the file and
  * containing what. */
 static void
-open_refused (const struct store_pmem_config *cfg, int e, const char *what)
+open_refused (const struct store_config *cfg, int e, const char *what)
 {
   err[0] = 0;
   errno = 0;
@@ -144,7 +144,7 @@ teardown (void **state)
 static void
 test_format_reopen_clean (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store_info info;
   struct store_recovery rec;
   struct seen w = { 0 };
@@ -184,7 +184,7 @@ test_format_reopen_clean (void **state)
 static void
 test_unclean_trusts_dirty_only (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store_info info;
   struct store_recovery rec;
   struct seen w = { 0 };
@@ -227,7 +227,7 @@ test_unclean_trusts_dirty_only (void **state)
 static void
 test_write_after_clean_is_unclean (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store_info info;
   struct store *s = open_ok (&cfg);
 
@@ -279,7 +279,7 @@ header_seq (int copy)
 static void
 test_header_copies (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   fill_slot (s, 4, 7, 0, true, false);
   store_destroy (s);
@@ -303,7 +303,7 @@ test_header_copies (void **state)
 static void
 test_both_headers_corrupt (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   flip_byte (offsetof (struct pmem_header, uuid));
   flip_byte (PMEM_HEADER_COPY + offsetof (struct pmem_header, nslots));
@@ -313,7 +313,7 @@ test_both_headers_corrupt (void **state)
 static void
 test_geometry_mismatch (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   cfg.nslots = 2 * SLOTS;
   open_refused (&cfg, EINVAL, "another geometry");
@@ -328,7 +328,7 @@ test_geometry_mismatch (void **state)
 static void
 test_backing_mismatch (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   cfg.backing_spec = "file:/srv/other.img";
   open_refused (&cfg, EINVAL, "another backing: 'file:/srv/disk.img'");
@@ -343,7 +343,7 @@ test_backing_mismatch (void **state)
 static void
 test_truncated (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_layout l = layout ();
 
   store_destroy (open_ok (&cfg));
@@ -357,7 +357,7 @@ test_truncated (void **state)
 static void
 test_foreign_file (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_layout l = layout ();
   static char junk[PMEM_HEADERS_BYTES];
 
@@ -379,7 +379,7 @@ test_foreign_file (void **state)
 static void
 test_bad_version (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_header h;
 
   store_destroy (open_ok (&cfg));
@@ -396,7 +396,7 @@ test_bad_version (void **state)
 static void
 test_second_open_locked (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   open_refused (&cfg, EBUSY, "in use by another foliod");
   store_destroy (s);
@@ -406,7 +406,7 @@ test_second_open_locked (void **state)
 static void
 test_read_only (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   assert_int_equal (chmod (path, 0444), 0);
   open_refused (&cfg, EACCES, "read-only");
@@ -426,7 +426,7 @@ slot_entry (uint32_t slot, struct pmem_slot *e, uint64_t *stamp)
 static void
 test_generation_and_stamp (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_slot e1, e2;
   uint64_t stamp;
   struct store *s = open_ok (&cfg);
@@ -455,7 +455,7 @@ test_generation_and_stamp (void **state)
 static void
 test_recover_stale_and_duplicate (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
@@ -508,7 +508,7 @@ mapping_dirty_kb (const void *addr)
 static void
 test_page_sync_pending (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   struct store_info info;
   static char buf[3 * BLOCK];
@@ -538,7 +538,7 @@ test_page_sync_pending (void **state)
 static void
 test_sync_large_store (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s;
   static char buf[2 * FOLIO];
   uint32_t at[] = { 0, 63, 4095, 4096, 5000 };
@@ -584,7 +584,7 @@ hammer_run (void *arg)
 static void
 test_concurrent_sync (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   struct hammer h[4];
   pthread_t t[4];
@@ -603,7 +603,7 @@ test_concurrent_sync (void **state)
 static void
 test_inspect (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   char *buf = NULL;
   size_t len = 0;
