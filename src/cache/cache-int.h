@@ -19,6 +19,9 @@
  * no other lock held, and the readahead threads take stripes without it.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
+ * Nor across a store sync (an msync): store_sync runs with no cache lock
+ * held, and set_index and store_may_reuse, called under the index lock,
+ * never wait for one (store.h).
  */
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H

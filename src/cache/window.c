@@ -120,16 +120,15 @@ evict_one_locked (struct cache *c, uint64_t min_age)
   return NULL;
 }
 
-/* A free slot, else an evicted one unless !may_evict.  A free slot may
- * always be reused: slots go free at start (after recovery's sync), by a
- * failed insert (taken free or evictable) and by folio_replace (the ram
- * store only). */
+/* A free slot, else an evicted one.  A free slot may always be reused:
+ * slots go free at start (after recovery's sync), by a failed insert
+ * (taken free or evictable) and by folio_replace (the ram store only). */
 static struct folio *
-slot_take_locked (struct cache *c, bool may_evict)
+slot_take_locked (struct cache *c)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return may_evict ? evict_one_locked (c, 0) : NULL;
+  return evict_one_locked (c, 0);
 }
 
 /* Put a new folio for number fi in the index (lock held). */
@@ -151,8 +150,7 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
 /* Look up (and with alloc, create) the window's folios.  Lock held.
  * Returns 0, or -1 with errno EAGAIN when memory must be cleaned first. */
 static int
-window_lookup_locked (struct cache *c, struct window *w, bool alloc,
-                      bool may_evict)
+window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 {
   for (uint64_t fi = w->start; fi < w->end; fi++) {
     struct folio *f = fidx_get (&c->index, fi);
@@ -160,7 +158,7 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc,
       lru_unlink (c, f);
       lru_append (c, f);
     } else if (alloc) {
-      f = slot_take_locked (c, may_evict);
+      f = slot_take_locked (c);
       if (f == NULL) {
         errno = EAGAIN;
         return -1;
@@ -185,7 +183,7 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   for (;;) {
     range_lock (c, start, end);
     lock_or_die (&c->lock);
-    if (window_lookup_locked (c, w, alloc, true) == 0) {
+    if (window_lookup_locked (c, w, alloc) == 0) {
       unlock_or_die (&c->lock);
       return 0;
     }
@@ -227,7 +225,7 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
     return -1;
   }
   lock_or_die (&c->lock);
-  r = window_lookup_locked (c, w, alloc, true);
+  r = window_lookup_locked (c, w, alloc);
   unlock_or_die (&c->lock);
   if (r == -1) {
     int err = errno;
