@@ -161,8 +161,8 @@ cache_store_sync (struct cache *c)
 }
 
 /* A slot of a persistent store that holds folio fi with bits (the store's
- * recover trimmed them): the folio goes back into the index, its dirty blocks are
- * written back in the background (dirtied long ago). */
+ * recover trimmed them): the folio goes back into the index, its dirty
+ * blocks are written back in the background (dirtied long ago). */
 static int
 cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
 {

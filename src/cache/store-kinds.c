@@ -29,7 +29,7 @@ const struct store_kind *
 store_kind_probe (const char *path, struct store_header_info *h,
                   char *err, size_t errlen)
 {
-  char other[256];
+  char other[256] = "";
 
   for (size_t i = 0; i < NKINDS; i++)
     if (kinds[i].read_header (path, h, i == 0 ? err : other,
