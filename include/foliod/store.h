@@ -10,8 +10,11 @@
  *
  *  - write: the data into data(slot) (write(), which may copy in a way
  *    the media prefers), persist(data); then the bits, persist(bits);
- *    then the reply.  persist() orders: what it names is made durable
- *    no later than anything persisted after it.
+ *    then the reply.  What persist() names is durable when it returns,
+ *    or with STORE_DEFERRED from the next completed sync() on; before
+ *    that a deferred store promises no order (the pmem page store: safe
+ *    against the death of the process at once, after a power cut any
+ *    version its sectors held).
  *  - FLUSH, FUA: sync().  It makes durable everything persisted before
  *    it began; FLUSHes that arrive while one runs share the next (group
  *    commit).  A store whose persist() is durable on return (no
