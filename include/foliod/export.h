@@ -68,7 +68,7 @@ int export_config_check_each (const struct export_config *cfg,
 void export_err_append (char *err, size_t errlen, const char *msg)
   FOLIOD_NONNULL (1, 3);
 
-/* The PATH of store=pmem:PATH, or NULL (the ram store). */
+/* The PATH of store=KIND:PATH (pmem:PATH), or NULL (the ram store). */
 const char *export_store_path (const struct export_config *cfg)
   FOLIOD_NONNULL (1);
 

@@ -2,10 +2,41 @@
  *
  * The cache has nslots slots of folio_size bytes.  A store hands out, per
  * slot, the data and the state bitmap (enum folio_plane), and records
- * which folio a slot holds.  The ram store keeps all of it in
- * anonymous memory; a persistent store maps a file so that dirty data and
- * its bitmap survive a crash, and needs persist() called after data and
- * again after the bitmap changes (data first, then the dirty bit).
+ * which folio a slot holds.  The ram store keeps all of it in anonymous
+ * memory.  A persistent store (STORE_PERSISTENT) keeps dirty data and its
+ * bitmap across a crash; the cache then follows one protocol, the same
+ * for every persistent store (the pmem store maps a file; a log store on
+ * an SSD would append records of what persist() names):
+ *
+ *  - write: the data into data(slot) (write(), which may copy in a way
+ *    the media prefers), persist(data); then the bits, persist(bits);
+ *    then the reply.  What persist() names is durable when it returns,
+ *    or with STORE_DEFERRED from the next completed sync() on; before
+ *    that a deferred store promises no order (the pmem page store: safe
+ *    against the death of the process at once, after a power cut any
+ *    version its sectors held).
+ *  - FLUSH, FUA: sync().  It makes durable everything persisted before
+ *    it began; FLUSHes that arrive while one runs share the next (group
+ *    commit).  A store whose persist() is durable on return (no
+ *    STORE_DEFERRED) answers at once.  A failed sync is sticky: every
+ *    later one fails too (the media may have dropped what it was given).
+ *  - slots: set_index(slot, folio) before any bit of the slot says
+ *    uptodate or dirty; set_index(slot, STORE_NO_FOLIO) when the cache
+ *    evicts it (its dirty and unstable bits clear and persisted).  A slot
+ *    takes a new folio only when may_reuse(slot) says so: the store's one
+ *    answer to "is the slot's last clear of dirty bits durable?" (the pmem
+ *    page store: the sync after it has completed).  may_reuse never
+ *    waits; when no slot may be reused, the cache's writeback thread
+ *    calls sync() and tries again.
+ *  - writeback: backing write; unstable bits set, persist(bits); dirty
+ *    bits cleared, persist(bits); backing flush; unstable bits cleared,
+ *    persist(bits).
+ *  - recover(): once, before the first set_index: hands back each slot
+ *    whose folio has blocks to keep (after an unclean stop: dirty ones;
+ *    unstable ones come back dirty), frees the others.
+ *  - mark_clean(): at shutdown, after everything was written back and the
+ *    backing flushed: the next open trusts every uptodate block.
+ * Optional operations may be NULL: the wrappers below answer for them.
  */
 #ifndef FOLIOD_STORE_H
 #define FOLIOD_STORE_H
@@ -14,6 +45,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <string.h>
 
 #define STORE_NO_FOLIO UINT64_MAX
 
@@ -35,34 +67,124 @@ store_bitmap_words (uint32_t blocks_per_folio)
 
 struct store;
 
+/* struct store.caps */
+#define STORE_PERSISTENT (1u << 0)  /* dirty data survives a crash */
+#define STORE_DEFERRED   (1u << 1)  /* persist() is durable at sync() only */
+
+/* What a persistent store tells about itself (stats, the log line). */
+struct store_info {
+  const char *granularity;   /* pmem: "cache-line", "byte" or "page" */
+  bool devdax;               /* pmem: a device-DAX character device */
+  bool formatted;            /* new store: nothing to recover */
+  bool was_clean;            /* shut down cleanly: every bit is trusted */
+  const char *warm_dropped;  /* shut down cleanly but not trusted: why */
+};
+
+/* Called by recover for each slot that holds a folio, in folio order,
+ * with the slot's bitmap (in the store).  Non-zero stops the walk and is
+ * returned. */
+typedef int (*store_recover_fn) (void *arg, uint32_t slot,
+                                 uint64_t folio_index, uint64_t *bits);
+struct store_recovery {
+  uint32_t folios;                     /* slots handed to fn */
+  uint32_t dropped;                    /* slots freed: not trustworthy */
+  uint64_t dirty_blocks, unstable_blocks;   /* as found (unstable: now dirty) */
+  uint32_t bad_entries;                /* damaged slot entries (crc) over */
+  uint64_t lost_blocks;                /* these dirty blocks: written nowhere */
+};
+
 struct store_ops {
   const char *name;
   /* Folio memory of a slot: folio_size bytes. */
   void *(*data) (struct store *s, uint32_t slot);
   /* State bitmap of a slot: bitmap_words words, FP_NPLANES planes. */
   uint64_t *(*bitmap) (struct store *s, uint32_t slot);
-  /* Record that slot holds folio index (STORE_NO_FOLIO: free). */
+  /* Record that slot holds folio index (STORE_NO_FOLIO: free).  Never
+   * waits: a new folio only in a slot that may_reuse allows. */
   void (*set_index) (struct store *s, uint32_t slot, uint64_t folio_index);
-  /* Make [p, p+len) inside the store durable.  0 or -1/errno. */
+  /* [p, p+len) inside the store changed: make it durable, in order (at
+   * once, or at the next sync with STORE_DEFERRED).  0 or -1/errno. */
   int (*persist) (struct store *s, const void *p, size_t len);
+  /* Copy len bytes from src to dst inside the store and persist them.
+   * NULL: memcpy, then persist. */
+  void (*write) (struct store *s, void *dst, const void *src, size_t len);
+  /* Make everything persisted before the call durable (group commit).
+   * NULL: nothing to do.  0, or -1/errno, sticky. */
+  int (*sync) (struct store *s);
+  /* May slot take a new folio now (its last clear is durable)?  Never
+   * waits.  NULL: always. */
+  bool (*may_reuse) (struct store *s, uint32_t slot);
+  /* See the protocol above.  NULL: nothing to recover. */
+  int (*recover) (struct store *s, store_recover_fn fn, void *arg,
+                  struct store_recovery *out);
+  /* Sync, then mark the store clean (warm restart); the next persist or
+   * set_index marks it in use again.  NULL: 0. */
+  int (*mark_clean) (struct store *s);
+  void (*info) (struct store *s, struct store_info *out);   /* NULL: zeros */
   void (*destroy) (struct store *s);
 };
 
 struct store {
   const struct store_ops *ops;
+  unsigned caps;         /* STORE_PERSISTENT, STORE_DEFERRED */
   uint32_t nslots;
   uint32_t folio_size;
   uint32_t bitmap_words; /* uint64_t words per slot bitmap */
 };
 
+static inline void
+store_write (struct store *s, void *dst, const void *src, size_t len)
+{
+  if (s->ops->write)
+    s->ops->write (s, dst, src, len);
+  else {
+    memcpy (dst, src, len);
+    (void) s->ops->persist (s, dst, len);
+  }
+}
+
+static inline int
+store_sync (struct store *s)
+{
+  return s->ops->sync ? s->ops->sync (s) : 0;
+}
+
+static inline bool
+store_may_reuse (struct store *s, uint32_t slot)
+{
+  return s->ops->may_reuse == NULL || s->ops->may_reuse (s, slot);
+}
+
+static inline int
+store_recover (struct store *s, store_recover_fn fn, void *arg,
+               struct store_recovery *out)
+{
+  memset (out, 0, sizeof *out);
+  return s->ops->recover ? s->ops->recover (s, fn, arg, out) : 0;
+}
+
+static inline int
+store_mark_clean (struct store *s)
+{
+  return s->ops->mark_clean ? s->ops->mark_clean (s) : 0;
+}
+
+static inline void
+store_get_info (struct store *s, struct store_info *out)
+{
+  memset (out, 0, sizeof *out);
+  if (s->ops->info)
+    s->ops->info (s, out);
+}
+
 /* Anonymous memory for nslots folios of folio_size with block_size blocks. */
 struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
                                 uint32_t block_size);
 
-/* The pmem store (store = pmem:PATH): folio data, bitmaps and the slot
- * table in a file mapped with libpmem2.  The ordering contract the cache
- * keeps is at the top of src/cache/store-pmem.c. */
-struct store_pmem_config {
+/* Persistent stores live in a file (or a device) named by
+ * store=KIND:PATH, and are opened for one export: its geometry, and its
+ * backing's identity, which the store records and checks at every open. */
+struct store_config {
   const char *path;
   uint32_t nslots, folio_size, block_size;
   uint64_t export_size;
@@ -76,76 +198,55 @@ struct store_pmem_config {
                                    * stop's (stat'ed then at this path) */
 };
 
-/* Open the store at cfg->path, creating and formatting it when it is
- * missing or all zeros; an existing store must match cfg (geometry,
- * backing).  Marks it in use (not clean).  NULL with errno and one line in
- * err naming the file and the reason. */
-struct store *store_pmem_open (const struct store_pmem_config *cfg,
-                               char *err, size_t errlen);
-
-struct store_pmem_info {
-  const char *granularity;   /* "cache-line", "byte" or "page" */
-  bool power_safe_per_write; /* persist() is a CPU flush, not deferred */
-  bool devdax;
-  bool formatted;            /* new store: nothing to recover */
-  bool was_clean;            /* shut down cleanly: every bit is trusted */
-  const char *warm_dropped;  /* shut down cleanly but not trusted: why */
-};
-void store_pmem_get_info (struct store *s, struct store_pmem_info *info);
-
-/* Called by store_pmem_recover for each slot that holds a folio, in folio
- * order, with the slot's bitmap (in the store).  Non-zero stops the walk
- * and is returned. */
-typedef int (*store_pmem_recover_fn) (void *arg, uint32_t slot,
-                                      uint64_t folio_index, uint64_t *bits);
-struct store_pmem_recovery {
-  uint32_t folios;                     /* slots handed to fn */
-  uint32_t dropped;                    /* slots freed: not trustworthy */
-  uint64_t dirty_blocks, unstable_blocks;   /* as found (unstable: now dirty) */
-  uint32_t bad_entries;                /* damaged slot entries (crc) over */
-  uint64_t lost_blocks;                /* these dirty blocks: written nowhere */
-};
-/* Walk the slots that hold a folio.  After an unclean shutdown only dirty
- * and unstable blocks are kept (uptodate = dirty | unstable, persisted);
- * unstable blocks come back dirty (the backing may have lost them);
- * slots with nothing trusted left, a stale bitmap, a folio index past the
- * export, a folio held by a newer slot too, or an entry whose crc fails
- * (torn by a crash, or damaged: then its dirty blocks are counted in
- * out->lost_blocks), are freed.  Call once,
- * before the first set_index. */
-int store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
-                        struct store_pmem_recovery *out);
-
-/* Page-granular stores: msync what persist() recorded since the last call
- * (FLUSH, FUA; set_index calls it itself when a slot whose bits may still
- * say dirty on the media takes a new folio).  Cache-line stores: 0 at
- * once.  0 or -1/errno (the ranges stay pending). */
-int store_pmem_sync_pending (struct store *s);
-
-/* Copy len bytes from src into the store at dst and persist them: the
- * write path's copy (cache-line stores: non-temporal stores, no separate
- * flush; page stores: memcpy, recorded for the next sync_pending). */
-void store_pmem_write (struct store *s, void *dst, const void *src,
-                       size_t len);
-
-/* Everything written back and flushed, no write in flight: sync and mark
- * the store clean, so that the next open trusts every block (warm
- * restart).  The next persist() or set_index marks it in use again. */
-int store_pmem_mark_clean (struct store *s);
-
-/* Print a store's headers, geometry, backing and dirty bytes to out
- * (offline: foliod store inspect PATH).  0, or -1 with err. */
-int store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen);
-
 /* What a store's header records: its geometry and its backing (offline:
  * foliod store writeback PATH opens the export it belongs to). */
-struct store_pmem_header_info {
+struct store_header_info {
   uint32_t nslots, folio_size, block_size;
   uint64_t export_size, backing_size;
   char backing_spec[1024];
 };
-int store_pmem_read_header (const char *path,
-                            struct store_pmem_header_info *out,
+
+/* A kind of persistent store (store-kinds.c holds the table): how the
+ * export opens one, and the offline tools (foliod store inspect,
+ * foliod store writeback) read one. */
+struct store_kind {
+  const char *name;               /* KIND of store=KIND:PATH */
+  /* Open the store at cfg->path, creating and formatting it when it is
+   * missing or all zeros; an existing store must match cfg (geometry,
+   * backing).  Marks it in use (not clean).  NULL with errno and one line
+   * in err naming the file and the reason. */
+  struct store *(*open) (const struct store_config *cfg,
+                         char *err, size_t errlen);
+  /* Print a store's headers, geometry, backing and dirty bytes to out.
+   * 0, or -1 with err. */
+  int (*inspect) (const char *path, FILE *out, char *err, size_t errlen);
+  int (*read_header) (const char *path, struct store_header_info *out,
+                      char *err, size_t errlen);
+};
+
+/* The kind spec (KIND:PATH) names, *path set to its PATH (not empty);
+ * NULL if none does (the ram store, or a typo). */
+const struct store_kind *store_kind_parse (const char *spec,
+                                           const char **path);
+/* The kind whose header the file at path has, with the header in *h;
+ * NULL with err (the first kind's reason) if none. */
+const struct store_kind *store_kind_probe (const char *path,
+                                           struct store_header_info *h,
+                                           char *err, size_t errlen);
+
+/* The pmem store (store=pmem:PATH): folio data, bitmaps and the slot
+ * table in a file mapped with libpmem2.  Its store_ops: sync msyncs what
+ * persist() recorded (page store; cache-line stores persist at once),
+ * may_reuse holds a slot back until the sync after its last clear,
+ * recover keeps dirty and unstable blocks after an unclean shutdown (and
+ * frees slots with a stale bitmap, a folio past the export, or a folio a
+ * newer slot holds too), mark_clean is the warm restart.  The ordering
+ * contract is at the top of src/cache/store-pmem.c.  Its store_kind
+ * functions: */
+struct store *store_pmem_open (const struct store_config *cfg,
+                               char *err, size_t errlen);
+int store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen);
+int store_pmem_read_header (const char *path, struct store_header_info *out,
                             char *err, size_t errlen);
 
 static inline void

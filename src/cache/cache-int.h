@@ -19,6 +19,9 @@
  * no other lock held, and the readahead threads take stripes without it.
  * A stripe lock is held across backing I/O (like the kernel's folio lock
  * during read and its stable pages during writeback); the index lock never is.
+ * Nor across a store sync (an msync): store_sync runs with no cache lock
+ * held, and set_index and store_may_reuse, called under the index lock,
+ * never wait for one (store.h).
  */
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H
@@ -73,10 +76,6 @@ struct folio {
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */
   uint64_t *bits;           /* state bitmap from the store */
-  /* Page stores: store_sync_started when a dirty or unstable bit was last
-   * cleared; the slot is reused only after a sync that started later
-   * (store_sync_done > clear_seq).  Stripe. */
-  uint64_t clear_seq;
   uint64_t used;            /* c->lru_clock when a request last looked
                                it up; lock */
   bool ra;                  /* filled by readahead, not read by a client
@@ -155,11 +154,12 @@ struct cache {
   bool bounce_key_ok;
   unsigned char *zero_block;/* block_size zero bytes */
 
-  /* The store: persistent (pmem) stores need persist() in the order of
-   * store-pmem.c's contract; page stores also a sync before a slot that
-   * held dirty data is reused. */
-  bool persistent, store_deferred;
-  _Atomic uint64_t store_sync_started, store_sync_done;
+  /* The store: a persistent one (STORE_PERSISTENT) gets persist() and
+   * sync() in the order of the protocol in store.h, and a slot takes a
+   * new folio only when store_may_reuse says so. */
+  bool persistent;
+  _Atomic int store_failing; /* errno of a failed store sync, or 0; sticky
+                              * as the store's (wb_error reports it) */
   _Atomic bool passthrough_unsynced; /* flush=store: a passthrough write
                                       * since the last backing flush */
   struct cache_store_info sinfo;
@@ -179,26 +179,9 @@ folio_persist_bits (struct cache *c, struct folio *f)
   if (c->persistent)
     folio_persist_bits_slow (c, f);
 }
-/* A dirty or unstable bit of f was cleared: persist the bits (page
- * stores: and note it, see clear_seq). */
-static inline void
-folio_persist_cleared (struct cache *c, struct folio *f)
-{
-  folio_persist_bits (c, f);
-  if (c->store_deferred) {
-    /* A read-modify-write, not a load: the persist's record (above) may
-     * not pass it (a fence would do too, but ThreadSanitizer refuses). */
-    f->clear_seq = atomic_fetch_add (&c->store_sync_started, 0);
-  }
-}
-/* May f's slot take another folio (its cleared bits are persistent)? */
-static inline bool
-folio_reusable (struct cache *c, const struct folio *f)
-{
-  return !c->store_deferred ||
-         atomic_load (&c->store_sync_done) > f->clear_seq;
-}
-/* Page stores: msync what changed (FLUSH, FUA, writeback).  0 or -1. */
+/* Make what was persisted durable (FLUSH, FUA; after writeback, so that
+ * cleaned slots may be reused).  0, or -1/errno, which sticks
+ * (store_failing). */
 int cache_store_sync (struct cache *c);
 
 /* A window: consecutive folios [start, end) under one range lock. */
@@ -395,8 +378,8 @@ void wb_helpers_stop (struct cache *c);
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */
 int wb_stabilize (struct cache *c);
-/* Why writeback cannot make room now (a write or the backing flush is
- * failing: waiting would not help), or 0. */
+/* Why writeback cannot make room now (a write, the backing flush or the
+ * store's sync is failing: waiting would not help), or 0. */
 int wb_error (struct cache *c);
 /* Forget every clean cached block (wb_mutex held). */
 void wb_invalidate_clean (struct cache *c);

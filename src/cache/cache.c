@@ -147,20 +147,22 @@ folio_persist_bits_slow (struct cache *c, struct folio *f)
 int
 cache_store_sync (struct cache *c)
 {
-  if (!c->store_deferred)
+  if (!c->persistent)
     return 0;
-  uint64_t s = atomic_fetch_add (&c->store_sync_started, 1) + 1;
-  if (store_pmem_sync_pending (c->store) == -1)
-    return -1;
-  uint64_t d = atomic_load (&c->store_sync_done);
-  while (d < s && !atomic_compare_exchange_weak (&c->store_sync_done, &d, s))
-    ;
-  return 0;
+  if (store_sync (c->store) == 0)
+    return 0;
+  int err = errno, none = 0;
+  /* The store's error sticks: from now on allocations that find no
+   * reusable slot fail (wb_error) instead of waiting for a sync that
+   * will never succeed. */
+  atomic_compare_exchange_strong (&c->store_failing, &none, err);
+  errno = err;
+  return -1;
 }
 
-/* A slot of the pmem store that holds folio fi with bits (store_pmem_recover
- * trimmed them): the folio goes back into the index, its dirty blocks are
- * written back in the background (dirtied long ago). */
+/* A slot of a persistent store that holds folio fi with bits (the store's
+ * recover trimmed them): the folio goes back into the index, its dirty
+ * blocks are written back in the background (dirtied long ago). */
 static int
 cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
 {
@@ -192,23 +194,21 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
-/* The store's kind; a pmem store is rebuilt into the index (before any
- * set_index), and the free slots are those it left free. */
+/* The store's kind; a persistent store is rebuilt into the index (before
+ * any set_index), and the free slots are those it left free. */
 static int
 cache_init_store (struct cache *c, char *err, size_t errlen)
 {
   struct cache_store_info *si = &c->sinfo;
-  struct store_pmem_recovery rec;
-  struct store_pmem_info pi;
+  struct store_recovery rec;
+  struct store_info info;
   uint32_t n = c->store->nslots;
   uint64_t t0 = now_ms ();
 
   si->kind = c->store->ops->name;
-  c->persistent = strcmp (si->kind, "pmem") == 0;
+  c->persistent = c->store->caps & STORE_PERSISTENT;
   si->flush = c->cfg.flush != CACHE_FLUSH_DEFAULT ? c->cfg.flush
               : c->persistent ? CACHE_FLUSH_STORE : CACHE_FLUSH_BACKING;
-  atomic_store (&c->store_sync_started, 1);
-  atomic_store (&c->store_sync_done, 1);
   if (!c->persistent) {
     if (c->cfg.flush == CACHE_FLUSH_STORE) {
       snprintf (err, errlen, "flush=store needs a persistent store "
@@ -218,15 +218,14 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
     }
     return 0;
   }
-  store_pmem_get_info (c->store, &pi);
-  si->granularity = pi.granularity;
-  si->power_safe_per_write = pi.power_safe_per_write;
-  si->devdax = pi.devdax;
-  si->formatted = pi.formatted;
-  si->was_clean = pi.was_clean;
-  si->warm_dropped = pi.warm_dropped;
-  c->store_deferred = !pi.power_safe_per_write;
-  if (store_pmem_recover (c->store, cache_recover_one, c, &rec) != 0) {
+  store_get_info (c->store, &info);
+  si->granularity = info.granularity;
+  si->power_safe_per_write = !(c->store->caps & STORE_DEFERRED);
+  si->devdax = info.devdax;
+  si->formatted = info.formatted;
+  si->was_clean = info.was_clean;
+  si->warm_dropped = info.warm_dropped;
+  if (store_recover (c->store, cache_recover_one, c, &rec) != 0) {
     snprintf (err, errlen, "recovering the store: %s", strerror (errno));
     return -1;
   }
@@ -275,10 +274,9 @@ store_check (const struct store *s, const struct cache_config *cfg,
 static bool
 flush_by_store (const struct cache *c)
 {
-  bool pmem = strcmp (c->store->ops->name, "pmem") == 0;
-
   return c->cfg.flush == CACHE_FLUSH_STORE ||
-         (c->cfg.flush == CACHE_FLUSH_DEFAULT && pmem);
+         (c->cfg.flush == CACHE_FLUSH_DEFAULT &&
+          (c->store->caps & STORE_PERSISTENT));
 }
 
 static void

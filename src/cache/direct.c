@@ -98,7 +98,7 @@ fix_folio (struct cache *c, struct folio *f, const struct fix *x)
     s = be;
   }
   if (x->kind != FIX_OVERLAY)
-    folio_persist_cleared (c, f);
+    folio_persist_bits (c, f);
 }
 
 /* The caller holds the range lock of the request's folios. */

@@ -263,7 +263,7 @@ folio_written (struct cache *c, struct folio *f, uint32_t start,
     folio_persist_bits (c, f);
   }
   folio_clear_dirty (c, f, start, end);
-  folio_persist_cleared (c, f);
+  folio_persist_bits (c, f);
 }
 
 void
@@ -280,7 +280,7 @@ folio_settle (struct cache *c, struct folio *f, bool lost)
     folio_assign_unstable (c, f, i, e, false);
     i = e;
   }
-  folio_persist_cleared (c, f);
+  folio_persist_bits (c, f);
 }
 
 void
@@ -289,7 +289,7 @@ folio_drop (struct cache *c, struct folio *f, uint32_t start, uint32_t end)
   folio_clear_dirty (c, f, start, end);
   folio_assign_unstable (c, f, start, end, false);
   folio_clear_uptodate (c, f, start, end);
-  folio_persist_cleared (c, f);
+  folio_persist_bits (c, f);
 }
 
 /* Forget all state: the slot is about to hold another folio.  Only a

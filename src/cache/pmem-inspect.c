@@ -118,7 +118,7 @@ store_pmem_inspect (const char *path, FILE *out, char *err, size_t errlen)
 }
 
 int
-store_pmem_read_header (const char *path, struct store_pmem_header_info *out,
+store_pmem_read_header (const char *path, struct store_header_info *out,
                         char *err, size_t errlen)
 {
   struct pmem_map m;

@@ -44,9 +44,9 @@ void pmem_map_close (struct pmem_map *m);
  * half, and how tests run the store over simulated memory (m->map NULL,
  * m->fd -1; the functions, base and size theirs).  Takes m over. */
 struct store;
-struct store_pmem_config;
+struct store_config;
 struct store *store_pmem_open_map (struct pmem_map *m,
-                                   const struct store_pmem_config *cfg,
+                                   const struct store_config *cfg,
                                    char *err, size_t errlen);
 
 /* "byte", "cache-line" or "page". */

@@ -59,7 +59,7 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     if (n > len)
       n = len;
     if (to_folio && c->persistent)   /* persisted before the bits */
-      store_pmem_write (c->store, f->data + in, p, n);
+      store_write (c->store, f->data + in, p, n);
     else if (to_folio)
       memcpy (f->data + in, p, n);
     else

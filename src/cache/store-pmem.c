@@ -6,7 +6,7 @@
  *
  *  - write: data into data(slot), persist(data); then the dirty bits,
  *    persist(bits); then the reply.  A FLUSH, or a FUA write, calls
- *    store_pmem_sync_pending() before its reply.
+ *    sync() before its reply.
  *  - a slot takes a folio with set_index(slot, folio) before any of its
  *    bits says uptodate or dirty.  set_index clears the slot's bits, stamps
  *    its bitmap with a new store-wide generation and writes the slot entry
@@ -21,12 +21,12 @@
  *    backing flush; then clear the unstable bits, persist(bits): a
  *    written-back block stays recoverable until the backing has flushed
  *    it.  A slot is reused (set_index) only after its dirty and unstable
- *    bits are clear and persisted; no data of the new folio goes into the
- *    slot before its set_index.
+ *    bits are clear and persisted, and when may_reuse allows; no data of
+ *    the new folio goes into the slot before its set_index.
  *  - shutdown: everything written back and flushed, then
- *    store_pmem_mark_clean(); the next open trusts every uptodate block.
+ *    mark_clean(); the next open trusts every uptodate block.
  *    Open marks the store in use (not clean); after an unclean shutdown
- *    store_pmem_recover() keeps only dirty and unstable blocks; unstable
+ *    recover() keeps only dirty and unstable blocks; unstable
  *    ones come back dirty (the backing may have lost its unflushed writes).
  *    Recovery ends with a sync of the whole store (page store: after a
  *    kill the mapping may hold more than the media).
@@ -34,10 +34,10 @@
  * What "persistent" means:
  *  - cache-line store (a DAX file mapped MAP_SYNC, device-DAX): persist()
  *    is libpmem2's CPU flush + fence, power-safe when it returns; no
- *    system call on the write path.  sync_pending() has nothing to do.
+ *    system call on the write path.  sync() has nothing to do.
  *  - page store (any other file): the mapping is shared, so a store is
  *    safe against the death of the process as soon as it is made; persist()
- *    only records the range, and sync_pending() msyncs what was recorded
+ *    only records the range, and sync() msyncs what was recorded
  *    since its last call.  Power-safe from that call on: between two calls
  *    the kernel writes pages in any order and at any time, so after a power
  *    cut (not a process crash) a block written since the last FLUSH may
@@ -46,10 +46,17 @@
  *    bitmap's page reached the media, the data's did not); every other
  *    block comes back exact.  That includes the slot's earlier folios:
  *    until a sync, the media may still hold bits a writeback cleared, so
- *    set_index gives a slot a new folio only after the sync that carries
- *    its last bitmap change since it was dirty (else the new folio's data
- *    would land under the old folio's trusted bits); the store does that
- *    itself (reuse_note, pmem_reuse_wait), the cache need not.
+ *    a slot takes a new folio only after the sync that carries the clear
+ *    of its dirty and unstable bits (else the new folio's data would land
+ *    under the old folio's trusted bits).  reuse_note names that sync,
+ *    may_reuse tells the cache whether it is done; the cache never waits
+ *    for it (it evicts another slot, or has its writeback thread sync).
+ *    A persist of bits that were clean already (a read fill) names none:
+ *    the media's bits are clean since that sync, and a reuse whose stores
+ *    land out of order is dropped by the generation stamp.  After a
+ *    failed sync no cleared slot is reused again: the cache fails what
+ *    needs one (EIO) instead of reusing a slot whose media bits may
+ *    still say dirty.
  */
 #include <assert.h>
 #include <errno.h>
@@ -84,14 +91,19 @@ struct store_pmem {
   uint64_t *pending_top;         /* atomic bits: words of pending not 0, so
                                   * a FLUSH scans 1/4096 of the chunks */
   size_t pending_words, top_words;
-  uint64_t syncs_started;        /* atomic: sync_pending calls begun */
+  /* The one sequence of the persistence protocol (dm-writecache's
+   * seq_count): what is durable, and which slot may be reused. */
+  uint64_t syncs_started;        /* atomic: pmem_sync calls begun */
   uint64_t syncs_done;           /* atomic: the last one that succeeded */
   uint64_t *reuse_sync;          /* atomic, per slot: the sync that must be
                                   * done before the slot takes a new folio
                                   * (its media bits may say dirty); 0: none */
+  bool *bits_dirty;              /* per slot: the bits last persisted had
+                                  * dirty or unstable blocks (the slot's
+                                  * stripe in the cache orders them) */
   pthread_mutex_t sync_lock;     /* one sync at a time; guards the header */
   int sync_errno;                /* under sync_lock: an msync failed */
-  struct recover_ent *recover;   /* store_pmem_recover's, until it returns */
+  struct recover_ent *recover;   /* pmem_recover's, until it returns */
 };
 
 #define SP(s) ((struct store_pmem *) (s))
@@ -109,7 +121,7 @@ pmem_bitmap (struct store *s, uint32_t slot)
 }
 
 /* Record [addr, addr+len) for the next sync: the chunk bits, then the
- * summary bit of their word, which sync_pending takes first. */
+ * summary bit of their word, which pmem_sync takes first. */
 static void
 pending_mark (struct store_pmem *p, const void *addr, size_t len)
 {
@@ -144,8 +156,10 @@ pmem_unclean (struct store_pmem *p)
  * so until the next sync the media may still hold a slot's dirty bits of
  * before a writeback.  Such a slot must not take a new folio (whose data
  * would land under the old folio's trusted bits) before that sync: note
- * which one.  Called after pending_mark; a sync that began before it may
- * have missed its chunks, so the next one is named. */
+ * which one, while the bits are dirty or unstable and at the persist that
+ * clears them; not later (bits clean on the media stay clean).  Called
+ * after pending_mark; a sync that began before it may have missed its
+ * chunks, so the next one is named. */
 static void
 reuse_note (struct store_pmem *p, const void *addr, size_t len)
 {
@@ -162,10 +176,10 @@ reuse_note (struct store_pmem *p, const void *addr, size_t len)
 
   for (size_t i = first; i <= last; i++) {
     const uint64_t *bits = pmem_layout_bitmap (&p->meta, (uint32_t) i) + 1;
-    /* Once dirty, every later change of the bits must reach the media. */
-    if (pmem_bits_dirty_or_unstable (bits, p->blocks) ||
-        __atomic_load_n (&p->reuse_sync[i], __ATOMIC_RELAXED))
+    bool dirty = pmem_bits_dirty_or_unstable (bits, p->blocks);
+    if (dirty || p->bits_dirty[i])
       __atomic_store_n (&p->reuse_sync[i], next, __ATOMIC_RELAXED);
+    p->bits_dirty[i] = dirty;
   }
 }
 
@@ -187,8 +201,8 @@ pmem_persist (struct store *s, const void *addr, size_t len)
   return 0;
 }
 
-void
-store_pmem_write (struct store *s, void *dst, const void *src, size_t len)
+static void
+pmem_write (struct store *s, void *dst, const void *src, size_t len)
 {
   struct store_pmem *p = SP (s);
 
@@ -201,17 +215,17 @@ store_pmem_write (struct store *s, void *dst, const void *src, size_t len)
   p->map.memcpy (dst, src, len, 0);   /* non-temporal, then a fence */
 }
 
-/* Before slot takes a new folio: the sync reuse_note named, if it is not
- * done.  A failed sync leaves the slot to be reused anyway (set_index has
- * no error): the error sticks, so no FLUSH claims power safety again. */
-static void
-pmem_reuse_wait (struct store_pmem *p, uint32_t slot)
+/* May slot take a new folio: is the sync reuse_note named done?  After a
+ * failed sync, syncs_done stays where it was: a slot cleared since is
+ * never reused (the error is sticky, see pmem_sync). */
+static bool
+pmem_may_reuse (struct store *s, uint32_t slot)
 {
-  uint64_t need = __atomic_load_n (&p->reuse_sync[slot], __ATOMIC_RELAXED);
+  struct store_pmem *p = SP (s);
 
-  if (need > __atomic_load_n (&p->syncs_done, __ATOMIC_ACQUIRE))
-    store_pmem_sync_pending (&p->s);
-  __atomic_store_n (&p->reuse_sync[slot], 0, __ATOMIC_RELAXED);
+  return !p->defer ||
+         __atomic_load_n (&p->reuse_sync[slot], __ATOMIC_RELAXED) <=
+         __atomic_load_n (&p->syncs_done, __ATOMIC_ACQUIRE);
 }
 
 static void
@@ -222,9 +236,8 @@ pmem_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
   uint64_t *rec = pmem_layout_bitmap (&p->meta, slot);
   struct pmem_slot *e = pmem_layout_slot (&p->meta, slot);
 
+  assert (folio_index == STORE_NO_FOLIO || pmem_may_reuse (s, slot));
   pmem_unclean (p);
-  if (p->defer && folio_index != STORE_NO_FOLIO)
-    pmem_reuse_wait (p, slot);
   memset (rec + 1, 0, (size_t) s->bitmap_words * sizeof *rec);
   rec[0] = gen;
   pmem_layout_slot_set (&p->meta, slot, folio_index, gen);
@@ -283,8 +296,11 @@ pmem_sync_runs (struct store_pmem *p)
   return 0;
 }
 
-int
-store_pmem_sync_pending (struct store *s)
+/* Page stores: msync what persist() recorded since the last call.
+ * Cache-line stores: 0 at once.  0 or -1/errno (the ranges stay
+ * pending; the error sticks). */
+static int
+pmem_sync (struct store *s)
 {
   struct store_pmem *p = SP (s);
   int r = 0;
@@ -355,12 +371,12 @@ pmem_stamp_backing (struct store_pmem *p)
   }
 }
 
-int
-store_pmem_mark_clean (struct store *s)
+static int
+pmem_mark_clean (struct store *s)
 {
   struct store_pmem *p = SP (s);
 
-  if (store_pmem_sync_pending (s) == -1)
+  if (pmem_sync (s) == -1)
     return -1;
   pthread_mutex_lock (&p->sync_lock);
   pmem_stamp_backing (p);
@@ -378,6 +394,7 @@ pmem_free (struct store_pmem *p)
   free (p->pending);
   free (p->pending_top);
   free (p->reuse_sync);
+  free (p->bits_dirty);
   free (p->recover);
   free (p->backing_file);
   free (p);
@@ -386,9 +403,24 @@ pmem_free (struct store_pmem *p)
 static void
 pmem_destroy (struct store *s)
 {
-  store_pmem_sync_pending (s);   /* best effort: nothing is lost by a miss */
+  pmem_sync (s);   /* best effort: nothing is lost by a miss */
   pmem_free (SP (s));
 }
+
+static void
+pmem_info (struct store *s, struct store_info *info)
+{
+  struct store_pmem *p = SP (s);
+
+  info->granularity = pmem_map_granularity_name (p->map.gran);
+  info->devdax = p->map.devdax;
+  info->formatted = p->formatted;
+  info->was_clean = p->was_clean;
+  info->warm_dropped = p->warm_dropped;
+}
+
+static int pmem_recover (struct store *s, store_recover_fn fn, void *arg,
+                         struct store_recovery *out);
 
 static const struct store_ops pmem_ops = {
   .name = "pmem",
@@ -396,21 +428,14 @@ static const struct store_ops pmem_ops = {
   .bitmap = pmem_bitmap,
   .set_index = pmem_set_index,
   .persist = pmem_persist,
+  .write = pmem_write,
+  .sync = pmem_sync,
+  .may_reuse = pmem_may_reuse,
+  .recover = pmem_recover,
+  .mark_clean = pmem_mark_clean,
+  .info = pmem_info,
   .destroy = pmem_destroy,
 };
-
-void
-store_pmem_get_info (struct store *s, struct store_pmem_info *info)
-{
-  struct store_pmem *p = SP (s);
-
-  info->granularity = pmem_map_granularity_name (p->map.gran);
-  info->power_safe_per_write = !p->defer;
-  info->devdax = p->map.devdax;
-  info->formatted = p->formatted;
-  info->was_clean = p->was_clean;
-  info->warm_dropped = p->warm_dropped;
-}
 
 /* The next generation: past every entry and every stamp on the media. */
 static void
@@ -434,7 +459,7 @@ pmem_init_gen (struct store_pmem *p)
  * a remote cannot tell (foliod(8) says so): trusted.  NULL (trusted), or
  * why the warm cache is dropped. */
 static const char *
-pmem_warm_check (struct store_pmem *p, const struct store_pmem_config *cfg)
+pmem_warm_check (struct store_pmem *p, const struct store_config *cfg)
 {
   const struct pmem_header *h = &p->meta.hdr;
 
@@ -451,7 +476,7 @@ pmem_warm_check (struct store_pmem *p, const struct store_pmem_config *cfg)
 
 /* Format or validate the mapped store; it is then marked in use. */
 static int
-pmem_open_meta (struct store_pmem *p, const struct store_pmem_config *cfg,
+pmem_open_meta (struct store_pmem *p, const struct store_config *cfg,
                 char *err, size_t errlen)
 {
   struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
@@ -495,12 +520,14 @@ pmem_init_pending (struct store_pmem *p)
   p->pending = calloc (p->pending_words, sizeof *p->pending);
   p->pending_top = calloc (p->top_words, sizeof *p->pending_top);
   p->reuse_sync = calloc (p->s.nslots, sizeof *p->reuse_sync);
-  return p->pending && p->pending_top && p->reuse_sync ? 0 : -1;
+  p->bits_dirty = calloc (p->s.nslots, sizeof *p->bits_dirty);
+  return p->pending && p->pending_top && p->reuse_sync && p->bits_dirty
+         ? 0 : -1;
 }
 
 struct store *
 store_pmem_open_map (struct pmem_map *m,
-                     const struct store_pmem_config *cfg,
+                     const struct store_config *cfg,
                      char *err, size_t errlen)
 {
   struct store_pmem *p = calloc (1, sizeof *p);
@@ -522,6 +549,7 @@ store_pmem_open_map (struct pmem_map *m,
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
   p->s.ops = &pmem_ops;
+  p->s.caps = STORE_PERSISTENT;
   p->s.nslots = cfg->nslots;
   p->s.folio_size = cfg->folio_size;
   p->s.bitmap_words = p->meta.l.bitmap_words;
@@ -531,6 +559,8 @@ store_pmem_open_map (struct pmem_map *m,
     errno = ENOMEM;
     goto fail;
   }
+  if (p->defer)
+    p->s.caps |= STORE_DEFERRED;
   pmem_init_gen (p);
   return &p->s;
 
@@ -542,7 +572,7 @@ fail:;
 }
 
 struct store *
-store_pmem_open (const struct store_pmem_config *cfg, char *err, size_t errlen)
+store_pmem_open (const struct store_config *cfg, char *err, size_t errlen)
 {
   struct pmem_geometry g = { cfg->folio_size, cfg->block_size, cfg->nslots,
                              cfg->export_size };
@@ -578,7 +608,7 @@ recover_cmp (const void *a, const void *b)
  * the dirty and unstable ones to out. */
 static uint32_t
 recover_trim (struct store_pmem *p, uint64_t *bits, bool clean,
-              struct store_pmem_recovery *out)
+              struct store_recovery *out)
 {
   uint32_t kept = 0, dirty = 0, unstable = 0;
 
@@ -627,7 +657,7 @@ recover_redirty (struct store_pmem *p, uint64_t *bits)
  * goes nowhere (the alternative is to write it over another folio's). */
 static struct recover_ent *
 recover_collect (struct store_pmem *p, uint32_t *n,
-                 struct store_pmem_recovery *out)
+                 struct store_recovery *out)
 {
   uint64_t nfolios = (p->meta.l.g.export_size + p->s.folio_size - 1) /
                      p->s.folio_size;
@@ -656,16 +686,15 @@ recover_collect (struct store_pmem *p, uint32_t *n,
   return v;
 }
 
-int
-store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
-                    struct store_pmem_recovery *out)
+static int
+pmem_recover (struct store *s, store_recover_fn fn, void *arg,
+              struct store_recovery *out)
 {
   struct store_pmem *p = SP (s);
   struct recover_ent *v;
   uint32_t n;
   int r = 0;
 
-  memset (out, 0, sizeof *out);
   v = recover_collect (p, &n, out);
   if (v == NULL)
     return -1;
@@ -690,7 +719,7 @@ store_pmem_recover (struct store *s, store_pmem_recover_fn fn, void *arg,
    * later could bring back bits and data older than what was recovered. */
   if (p->defer)
     pending_mark (p, p->map.base, p->map.size);
-  if (r == 0 && store_pmem_sync_pending (s) == -1)
+  if (r == 0 && pmem_sync (s) == -1)
     r = -1;
   return r;
 }

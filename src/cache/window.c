@@ -82,7 +82,8 @@ folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
 /* Try to take one clean folio off the LRU (lock held).  Its stripe must be
  * free (trylock), which also keeps us from evicting our own window.  Dirty
  * folios met on the way get a second chance at the tail, and so do those
- * whose cleared bits a page store has not synced yet (folio_reusable). */
+ * whose slot the store may not reuse yet (a page store: the sync after
+ * its last clear has not completed).  Never waits for the store. */
 static struct folio *
 evict_one_locked (struct cache *c, uint64_t min_age)
 {
@@ -97,7 +98,8 @@ evict_one_locked (struct cache *c, uint64_t min_age)
       continue;
     }
     if (trylock_or_die (m)) {
-      if (f->nr_dirty == 0 && f->nr_unstable == 0 && folio_reusable (c, f)) {
+      if (f->nr_dirty == 0 && f->nr_unstable == 0 &&
+          store_may_reuse (c->store, f->slot)) {
         if (f->ra)
           ra_dropped (c, f);
         lru_unlink (c, f);
@@ -118,13 +120,15 @@ evict_one_locked (struct cache *c, uint64_t min_age)
   return NULL;
 }
 
-/* A free slot, else an evicted one unless !may_evict. */
+/* A free slot, else an evicted one.  A free slot may always be reused:
+ * slots go free at start (after recovery's sync), by a failed insert
+ * (taken free or evictable) and by folio_replace (the ram store only). */
 static struct folio *
-slot_take_locked (struct cache *c, bool may_evict)
+slot_take_locked (struct cache *c)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return may_evict ? evict_one_locked (c, 0) : NULL;
+  return evict_one_locked (c, 0);
 }
 
 /* Put a new folio for number fi in the index (lock held). */
@@ -146,8 +150,7 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
 /* Look up (and with alloc, create) the window's folios.  Lock held.
  * Returns 0, or -1 with errno EAGAIN when memory must be cleaned first. */
 static int
-window_lookup_locked (struct cache *c, struct window *w, bool alloc,
-                      bool may_evict)
+window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 {
   for (uint64_t fi = w->start; fi < w->end; fi++) {
     struct folio *f = fidx_get (&c->index, fi);
@@ -155,7 +158,7 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc,
       lru_unlink (c, f);
       lru_append (c, f);
     } else if (alloc) {
-      f = slot_take_locked (c, may_evict);
+      f = slot_take_locked (c);
       if (f == NULL) {
         errno = EAGAIN;
         return -1;
@@ -180,7 +183,7 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   for (;;) {
     range_lock (c, start, end);
     lock_or_die (&c->lock);
-    if (window_lookup_locked (c, w, alloc, true) == 0) {
+    if (window_lookup_locked (c, w, alloc) == 0) {
       unlock_or_die (&c->lock);
       return 0;
     }
@@ -221,11 +224,8 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
     errno = EAGAIN;
     return -1;
   }
-  /* A page store's slot reuse may wait for an msync (store-pmem.c,
-   * pmem_reuse_wait): a try, on the server's loop thread, takes free
-   * slots only. */
   lock_or_die (&c->lock);
-  r = window_lookup_locked (c, w, alloc, !c->store_deferred);
+  r = window_lookup_locked (c, w, alloc);
   unlock_or_die (&c->lock);
   if (r == -1) {
     int err = errno;
@@ -236,14 +236,12 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
 }
 
 /* Readahead takes a free slot, else a clean folio that no request looked
- * up lately; never one of a page store's slots waiting for an msync. */
+ * up lately. */
 static struct folio *
 ra_slot_take_locked (struct cache *c)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  if (c->store_deferred)
-    return NULL;
   return evict_one_locked (c, c->store->nslots / 2 + 1);
 }
 
@@ -326,6 +324,9 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
 {
   int r = 0;
 
+  /* old's slot goes free without store_may_reuse: write preparation
+   * (wprep.c) is for stores without a persistence protocol only. */
+  assert (old == NULL || !c->persistent);
   lock_or_die (&c->lock);
   if (old != NULL) {
     lru_unlink (c, old);

@@ -19,7 +19,7 @@ static bool
 prep_applies (const struct cache *c, uint64_t len)
 {
   return c->cfg.mode == CACHE_WRITEBACK && !c->persistent &&
-         !c->store_deferred && !use_direct (c, len, 0);
+         !use_direct (c, len, 0);
 }
 
 int

@@ -243,7 +243,9 @@ wb_error (struct cache *c)
 {
   int err = atomic_load (&c->wb_failing);
 
-  return err ? err : atomic_load (&c->flush_failing);
+  if (err == 0)
+    err = atomic_load (&c->flush_failing);
+  return err ? err : atomic_load (&c->store_failing);
 }
 
 /* Dirty and unstable blocks stay: the cache answers for them. */

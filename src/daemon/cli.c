@@ -359,12 +359,13 @@ static int
 store_export_config (struct export_config *cfg, const char *path,
                      int argc, char **argv, char *err, size_t errlen)
 {
-  struct store_pmem_header_info h;
+  struct store_header_info h;
+  const struct store_kind *kind = store_kind_probe (path, &h, err, errlen);
   char store[4096];
 
-  if (store_pmem_read_header (path, &h, err, errlen) == -1)
+  if (kind == NULL)
     return -1;
-  snprintf (store, sizeof store, "pmem:%s", path);
+  snprintf (store, sizeof store, "%s:%s", kind->name, path);
   if (export_config_set (cfg, "backing", h.backing_spec, err, errlen) == -1 ||
       export_config_set (cfg, "store", store, err, errlen) == -1 ||
       export_config_set (cfg, "flush", "backing", err, errlen) == -1)
@@ -437,7 +438,10 @@ cli_store (int argc, char **argv)
              "       foliod store writeback PATH [KEY=VALUE...]\n");
     return -1;
   }
-  if (store_pmem_inspect (argv[2], stdout, err, sizeof err) == -1) {
+  struct store_header_info h;
+  const struct store_kind *kind = store_kind_probe (argv[2], &h, err,
+                                                    sizeof err);
+  if (kind == NULL || kind->inspect (argv[2], stdout, err, sizeof err) == -1) {
     fprintf (stderr, "foliod: %s\n", err);
     return -1;
   }

@@ -337,11 +337,9 @@ export_config_check_each (const struct export_config *cfg,
 const char *
 export_store_path (const struct export_config *cfg)
 {
-  const char *s = cfg->store;
+  const char *path;
 
-  if (s == NULL || strncmp (s, "pmem:", 5) != 0 || s[5] == '\0')
-    return NULL;
-  return s + 5;
+  return store_kind_parse (cfg->store, &path) ? path : NULL;
 }
 
 struct check_text {

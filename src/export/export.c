@@ -29,7 +29,7 @@ spec_file_path (const char *spec)
  * device: its device number; its inode in /dev changes across boots). */
 static int
 export_backing_id (const char *spec, const struct backing *b,
-                   const struct stat *pre, struct store_pmem_config *sc,
+                   const struct stat *pre, struct store_config *sc,
                    char *buf, size_t buflen, char *err, size_t errlen)
 {
   const char *path = spec_file_path (spec);
@@ -61,17 +61,18 @@ export_backing_id (const char *spec, const struct backing *b,
   return 0;
 }
 
-/* store=pmem:PATH: open (or create) the store for this backing; NULL
+/* store=KIND:PATH: open (or create) the store for this backing; NULL
  * (no error) for the ram store. */
 static int
 export_open_store (struct export *e, const struct export_config *cfg,
                    const struct stat *pre, char *err, size_t errlen)
 {
-  const char *path = export_store_path (cfg);
-  struct store_pmem_config sc = { 0 };
+  const char *path;
+  const struct store_kind *kind = store_kind_parse (cfg->store, &path);
+  struct store_config sc = { 0 };
   char spec[PATH_MAX + 8];
 
-  if (path == NULL)
+  if (kind == NULL)
     return 0;
   sc.path = path;
   sc.folio_size = cfg->cache.folio_size;
@@ -81,7 +82,7 @@ export_open_store (struct export *e, const struct export_config *cfg,
   if (export_backing_id (cfg->backing, e->backing, pre, &sc, spec,
                          sizeof spec, err, errlen) == -1)
     return -1;
-  e->store = store_pmem_open (&sc, err, errlen);
+  e->store = kind->open (&sc, err, errlen);
   return e->store ? 0 : -1;
 }
 
@@ -202,10 +203,10 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
   if (export_write_back (e, now_ms () + timeout_ms) == -1) {
     err = errno;
     cache_get_stats (e->cache, &st);
-    if (lost && e->store == NULL)   /* a pmem store keeps them */
+    if (lost && e->store == NULL)   /* a persistent store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
     r = -1;
-  } else if (e->store && store_pmem_mark_clean (e->store) == -1) {
+  } else if (e->store && store_mark_clean (e->store) == -1) {
     err = errno;    /* not clean: the next start recovers it all */
     r = -1;
   }

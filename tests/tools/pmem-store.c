@@ -14,7 +14,7 @@
 static struct store *
 tool_open (const char *path)
 {
-  struct store_pmem_config cfg = {
+  struct store_config cfg = {
     .path = path, .nslots = 8, .folio_size = 65536, .block_size = 4096,
     .export_size = 1 << 20, .backing_spec = "file:/backing",
     .backing_size = 1 << 20,
@@ -62,7 +62,7 @@ main (int argc, char **argv)
   if (strcmp (argv[1], "make") == 0) {
     tool_dirty (s, (unsigned) atoi (argv[3]));
     if (strcmp (argv[4], "clean") == 0)
-      r = store_pmem_mark_clean (s);
+      r = store_mark_clean (s);
   } else {
     printf ("held\n");
     fflush (stdout);

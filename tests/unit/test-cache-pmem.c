@@ -86,7 +86,7 @@ sim_crash (void)
   power_off = false;
 }
 
-static const struct store_pmem_config scfg = {
+static const struct store_config scfg = {
   .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = SIZE,
   .backing_spec = "fake", .backing_size = SIZE,
@@ -239,7 +239,7 @@ one_round (int round)
   assert_int_equal (cache_write_back (c), 0);
   fake_peek (fb, buf, SIZE, 0);
   check_content (buf, "backing after writeback", round);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   assert_int_equal (cache_destroy (c), 0);
   store_destroy (s);
   fake_free (fb);

@@ -13,8 +13,9 @@
  * not flushed), then reopens and recovers, and checks every block of every
  * folio: an acknowledged write is there, exactly; the write in flight at
  * the crash is there or not, per word; nothing else appears.
- * A page store persists only at sync_pending (a FLUSH, or set_index of a
- * slot whose bits may still say dirty on the media), and a crash keeps
+ * A page store persists only at sync (a FLUSH, or before a slot whose
+ * bits may still say dirty on the media takes a new folio: may_reuse),
+ * and a crash keeps
  * each unsynced 512-byte sector old or new at random: there every block
  * not written since the last FLUSH must read back exactly, and one written
  * since must read back as one whole version of that block offset of some
@@ -124,7 +125,7 @@ sim_crash (bool kill)
       sim_crash_region (r[i][0], r[i][1]);
 }
 
-static const struct store_pmem_config cfg = {
+static const struct store_config cfg = {
   .path = "(simulated)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = (uint64_t) NF * FOLIO,
   .backing_spec = "sim", .backing_size = (uint64_t) NF * FOLIO,
@@ -279,6 +280,11 @@ slot_get (int f)
     return -1;
   }
   if (folio_of[slot] < 0) {
+    /* A slot whose clear is not synced yet: the cache would take another
+     * or have its writeback thread sync; here, sync. */
+    if (!store_may_reuse (st, (uint32_t) slot))
+      assert_int_equal (store_sync (st), 0);
+    assert_true (store_may_reuse (st, (uint32_t) slot));
     st->ops->set_index (st, (uint32_t) slot, (uint64_t) f);
     folio_of[slot] = f;
     slot_of[f] = slot;
@@ -302,7 +308,7 @@ op_write (int f, int b)
   inflight.b = b;
   inflight.v = v;
   since_sync[f][b] = page_mode;
-  store_pmem_write (st, block_of (slot, b), buf, BLOCK);
+  store_write (st, block_of (slot, b), buf, BLOCK);
   bit_set (slot, FP_UPTODATE, b, true);
   bit_set (slot, FP_DIRTY, b, true);
   bits_persist (slot);
@@ -316,7 +322,7 @@ op_write (int f, int b)
 static void
 op_flush (void)
 {
-  assert_int_equal (store_pmem_sync_pending (st), 0);
+  assert_int_equal (store_sync (st), 0);
   if (!power_off)       /* the reply */
     memset (since_sync, 0, sizeof since_sync);
 }
@@ -369,7 +375,7 @@ count_torn (void)
 static void
 reopen (long round)
 {
-  struct store_pmem_recovery rec;
+  struct store_recovery rec;
 
   for (;;) {
     for (int f = 0; f < NF; f++)
@@ -379,7 +385,7 @@ reopen (long round)
     count_torn ();
     persists_left = rand_r (&seed) % 4 == 0 ? rand_r (&seed) % 6 : -1;
     st = sim_open ();
-    assert_int_equal (store_pmem_recover (st, recovered, NULL, &rec), 0);
+    assert_int_equal (store_recover (st, recovered, NULL, &rec), 0);
     if (rec.bad_entries)
       fail_msg ("STORE_SEED=%u crash %ld: recovery found %u damaged slot "
                 "entries (%llu dirty blocks lost) after a crash", store_seed,

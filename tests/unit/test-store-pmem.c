@@ -27,10 +27,10 @@
 static char dir[64], path[96];
 static char err[512];
 
-static struct store_pmem_config
+static struct store_config
 config (void)
 {
-  return (struct store_pmem_config) {
+  return (struct store_config) {
     .path = path, .nslots = SLOTS, .folio_size = FOLIO, .block_size = BLOCK,
     .export_size = 1 << 20, .backing_spec = "file:/srv/disk.img",
     .backing_size = 1 << 20, .backing_dev = 2049, .backing_ino = 1234,
@@ -49,7 +49,7 @@ layout (void)
 }
 
 static struct store *
-open_ok (const struct store_pmem_config *cfg)
+open_ok (const struct store_config *cfg)
 {
   struct store *s = store_pmem_open (cfg, err, sizeof err);
   if (s == NULL)
@@ -60,7 +60,7 @@ open_ok (const struct store_pmem_config *cfg)
 /* Opening must fail, with errno e and an error naming the file and
  * containing what. */
 static void
-open_refused (const struct store_pmem_config *cfg, int e, const char *what)
+open_refused (const struct store_config *cfg, int e, const char *what)
 {
   err[0] = 0;
   errno = 0;
@@ -93,6 +93,8 @@ fill_slot (struct store *s, uint32_t slot, uint64_t fi, uint32_t blk,
   unsigned char *d = s->ops->data (s, slot);
   uint64_t *bits = s->ops->bitmap (s, slot);
 
+  if (!store_may_reuse (s, slot))   /* as the cache's writeback thread */
+    assert_int_equal (store_sync (s), 0);
   s->ops->set_index (s, slot, fi);
   memset (d + blk * BLOCK, (int) (fi + blk + 1), BLOCK);
   assert_int_equal (s->ops->persist (s, d + blk * BLOCK, BLOCK), 0);
@@ -142,29 +144,29 @@ teardown (void **state)
 static void
 test_format_reopen_clean (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
-  struct store_pmem_recovery rec;
+  struct store_config cfg = config ();
+  struct store_info info;
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
 
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   print_message ("granularity on %s: %s (persist per write: %s)\n", dir,
-                 info.granularity, info.power_safe_per_write ? "yes" : "no");
+                 info.granularity, (s->caps & STORE_DEFERRED) ? "no" : "yes");
   assert_true (info.formatted);
   assert_string_equal (s->ops->name, "pmem");
   assert_int_equal (s->nslots, SLOTS);
   fill_slot (s, 3, 5, 2, false, false);
   fill_slot (s, 6, 9, 0, true, false);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_sync (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
 
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.formatted);
   assert_true (info.was_clean);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 2);   /* folio order: 5 then 9 */
   assert_int_equal (w.slot[0], 3);
   assert_int_equal (w.folio[0], 5);
@@ -182,9 +184,9 @@ test_format_reopen_clean (void **state)
 static void
 test_unclean_trusts_dirty_only (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
-  struct store_pmem_recovery rec;
+  struct store_config cfg = config ();
+  struct store_info info;
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
 
@@ -200,9 +202,9 @@ test_unclean_trusts_dirty_only (void **state)
   store_destroy (s);
 
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.was_clean);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
   assert_true (test_bit (&w.bits[0], FP_UPTODATE, 4));
@@ -216,7 +218,7 @@ test_unclean_trusts_dirty_only (void **state)
   /* What recovery dropped stays dropped. */
   memset (&w, 0, sizeof w);
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   store_destroy (s);
 }
@@ -225,15 +227,15 @@ test_unclean_trusts_dirty_only (void **state)
 static void
 test_write_after_clean_is_unclean (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_info info;
+  struct store_config cfg = config ();
+  struct store_info info;
   struct store *s = open_ok (&cfg);
 
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   fill_slot (s, 0, 1, 0, true, false);
   store_destroy (s);
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.was_clean);
   store_destroy (s);
 }
@@ -277,7 +279,7 @@ header_seq (int copy)
 static void
 test_header_copies (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   fill_slot (s, 4, 7, 0, true, false);
   store_destroy (s);
@@ -287,9 +289,9 @@ test_header_copies (void **state)
   flip_byte (offsetof (struct pmem_header, backing_spec) + 3);
 
   struct seen w = { 0 };
-  struct store_pmem_recovery rec;
+  struct store_recovery rec;
   s = open_ok (&cfg);   /* B wins, and the update rewrites A */
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   store_destroy (s);
   /* B was seq 2, so the open wrote A again as seq 3: B may now break. */
@@ -301,7 +303,7 @@ test_header_copies (void **state)
 static void
 test_both_headers_corrupt (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   flip_byte (offsetof (struct pmem_header, uuid));
   flip_byte (PMEM_HEADER_COPY + offsetof (struct pmem_header, nslots));
@@ -311,7 +313,7 @@ test_both_headers_corrupt (void **state)
 static void
 test_geometry_mismatch (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   cfg.nslots = 2 * SLOTS;
   open_refused (&cfg, EINVAL, "another geometry");
@@ -326,7 +328,7 @@ test_geometry_mismatch (void **state)
 static void
 test_backing_mismatch (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   cfg.backing_spec = "file:/srv/other.img";
   open_refused (&cfg, EINVAL, "another backing: 'file:/srv/disk.img'");
@@ -341,7 +343,7 @@ test_backing_mismatch (void **state)
 static void
 test_truncated (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_layout l = layout ();
 
   store_destroy (open_ok (&cfg));
@@ -355,7 +357,7 @@ test_truncated (void **state)
 static void
 test_foreign_file (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_layout l = layout ();
   static char junk[PMEM_HEADERS_BYTES];
 
@@ -377,7 +379,7 @@ test_foreign_file (void **state)
 static void
 test_bad_version (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_header h;
 
   store_destroy (open_ok (&cfg));
@@ -403,7 +405,7 @@ test_bad_version (void **state)
 static void
 test_second_open_locked (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   open_refused (&cfg, EBUSY, "in use by another foliod");
   store_destroy (s);
@@ -413,7 +415,7 @@ test_second_open_locked (void **state)
 static void
 test_read_only (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   store_destroy (open_ok (&cfg));
   assert_int_equal (chmod (path, 0444), 0);
   open_refused (&cfg, EACCES, "read-only");
@@ -433,13 +435,13 @@ slot_entry (uint32_t slot, struct pmem_slot *e, uint64_t *stamp)
 static void
 test_generation_and_stamp (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct pmem_slot e1, e2;
   uint64_t stamp;
   struct store *s = open_ok (&cfg);
 
   s->ops->set_index (s, 5, 11);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   slot_entry (5, &e1, &stamp);
   assert_int_equal (e1.folio_index, 11);
   assert_int_equal (stamp, e1.gen);
@@ -462,8 +464,8 @@ test_generation_and_stamp (void **state)
 static void
 test_recover_stale_and_duplicate (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_recovery rec;
+  struct store_config cfg = config ();
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
   struct pmem_slot e;
@@ -479,7 +481,7 @@ test_recover_stale_and_duplicate (void **state)
   file_pwrite (&stamp, 8, l.bitmaps_off + 3 * l.bitmap_stride);
 
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.slot[0], 2);
   assert_int_equal (w.folio[0], 4);
@@ -494,8 +496,8 @@ test_recover_stale_and_duplicate (void **state)
 static void
 test_recover_damaged_entry (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_recovery rec;
+  struct store_config cfg = config ();
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
   struct pmem_layout l = layout ();
@@ -518,7 +520,7 @@ test_recover_damaged_entry (void **state)
   free (buf);
 
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);   /* only folio 9: nothing for 6 or 7 */
   assert_int_equal (w.folio[0], 9);
   assert_int_equal (rec.bad_entries, 1);
@@ -528,7 +530,7 @@ test_recover_damaged_entry (void **state)
   /* Reported once: the entry is freed, the next open finds it sound. */
   memset (&w, 0, sizeof w);
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (rec.bad_entries, 0);
   store_destroy (s);
@@ -541,8 +543,8 @@ test_recover_damaged_entry (void **state)
 static void
 test_recover_torn_entry (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_recovery rec;
+  struct store_config cfg = config ();
+  struct store_recovery rec;
   struct seen w = { 0 };
   struct store *s = open_ok (&cfg);
   struct pmem_layout l = layout ();
@@ -550,7 +552,7 @@ test_recover_torn_entry (void **state)
 
   fill_slot (s, 2, 5, 0, false, false);   /* clean: no dirty bits */
   fill_slot (s, 5, 8, 1, false, false);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
   slot_entry (2, &e, NULL);
   e.folio_index = 11;
@@ -560,7 +562,7 @@ test_recover_torn_entry (void **state)
   file_pwrite (&e, sizeof e, l.slots_off + 5 * sizeof e);
 
   s = open_ok (&cfg);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 0);
   assert_int_equal (rec.dropped, 2);
   assert_int_equal (rec.bad_entries, 0);
@@ -574,9 +576,9 @@ test_recover_torn_entry (void **state)
 static void
 test_warm_needs_unchanged_backing (void **state)
 {
-  struct store_pmem_config cfg = config ();
-  struct store_pmem_recovery rec;
-  struct store_pmem_info info;
+  struct store_config cfg = config ();
+  struct store_recovery rec;
+  struct store_info info;
   struct seen w = { 0 };
   char img[128];
   struct stat st;
@@ -600,16 +602,16 @@ test_warm_needs_unchanged_backing (void **state)
   STAT_TIMES ();
   s = open_ok (&cfg);
   fill_slot (s, 1, 3, 0, false, false);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
   STAT_TIMES ();
   s = open_ok (&cfg);   /* unchanged: warm */
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_true (info.was_clean);
   assert_null (info.warm_dropped);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
 
   usleep (20000);   /* past the file system's clock tick */
@@ -617,12 +619,12 @@ test_warm_needs_unchanged_backing (void **state)
   memset (&w, 0, sizeof w);
   STAT_TIMES ();
   s = open_ok (&cfg);
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   print_message ("warm cache dropped: %s\n", info.warm_dropped);
   assert_false (info.was_clean);
   assert_non_null (info.warm_dropped);
   assert_non_null (strstr (info.warm_dropped, "changed"));
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 0);
   fill_slot (s, 2, 4, 1, true, false);
   store_destroy (s);   /* not marked clean: the next open is a crash's */
@@ -631,10 +633,10 @@ test_warm_needs_unchanged_backing (void **state)
   memset (&w, 0, sizeof w);
   STAT_TIMES ();
   s = open_ok (&cfg);   /* dirty data is kept, whatever the backing did */
-  store_pmem_get_info (s, &info);
+  store_get_info (s, &info);
   assert_false (info.was_clean);
   assert_null (info.warm_dropped);
-  assert_int_equal (store_pmem_recover (s, record, &w, &rec), 0);
+  assert_int_equal (store_recover (s, record, &w, &rec), 0);
   assert_int_equal (w.n, 1);
   assert_int_equal (w.folio[0], 4);
   assert_int_equal (rec.dirty_blocks, 1);
@@ -671,24 +673,24 @@ mapping_dirty_kb (const void *addr)
 static void
 test_page_sync_pending (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
-  struct store_pmem_info info;
+  struct store_info info;
   static char buf[3 * BLOCK];
 
-  store_pmem_get_info (s, &info);
-  if (info.power_safe_per_write)
+  store_get_info (s, &info);
+  if (!(s->caps & STORE_DEFERRED))
     skip ();   /* a DAX /tmp: nothing is deferred */
   memset (buf, 'q', sizeof buf);
   fill_slot (s, 7, 1, 0, true, false);
-  store_pmem_write (s, (char *) s->ops->data (s, 2) + 100, buf, sizeof buf);
+  store_write (s, (char *) s->ops->data (s, 2) + 100, buf, sizeof buf);
   long before = mapping_dirty_kb (s->ops->data (s, 0));
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   long after = mapping_dirty_kb (s->ops->data (s, 0));
   print_message ("dirty in the mapping: %ld kB before sync, %ld after\n",
                  before, after);
   assert_int_equal (after, 0);
-  assert_int_equal (store_pmem_sync_pending (s), 0);   /* nothing left */
+  assert_int_equal (store_sync (s), 0);   /* nothing left */
   store_destroy (s);
   char back[sizeof buf];
   struct pmem_layout l = layout ();
@@ -701,7 +703,7 @@ test_page_sync_pending (void **state)
 static void
 test_sync_large_store (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s;
   static char buf[2 * FOLIO];
   uint32_t at[] = { 0, 63, 4095, 4096, 5000 };
@@ -711,9 +713,9 @@ test_sync_large_store (void **state)
   s = open_ok (&cfg);
   memset (buf, 'z', sizeof buf);
   for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
-    store_pmem_write (s, s->ops->data (s, at[i]), buf,
+    store_write (s, s->ops->data (s, at[i]), buf,
                       at[i] == 63 ? 2 * FOLIO : FOLIO);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   assert_int_equal (mapping_dirty_kb (s->ops->data (s, 0)), 0);
   store_destroy (s);
 }
@@ -731,7 +733,7 @@ hammer_run (void *arg)
 
   for (int i = 0; i < 2000; i++) {
     if (h->syncer) {
-      assert_int_equal (store_pmem_sync_pending (h->s), 0);
+      assert_int_equal (store_sync (h->s), 0);
       continue;
     }
     uint32_t slot = rand_r (&h->seed) % SLOTS;
@@ -747,7 +749,7 @@ hammer_run (void *arg)
 static void
 test_concurrent_sync (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   struct hammer h[4];
   pthread_t t[4];
@@ -758,7 +760,7 @@ test_concurrent_sync (void **state)
   }
   for (int i = 0; i < 4; i++)
     pthread_join (t[i], NULL);
-  assert_int_equal (store_pmem_sync_pending (s), 0);
+  assert_int_equal (store_sync (s), 0);
   assert_int_equal (mapping_dirty_kb (s->ops->data (s, 0)), 0);
   store_destroy (s);
 }
@@ -766,7 +768,7 @@ test_concurrent_sync (void **state)
 static void
 test_inspect (void **state)
 {
-  struct store_pmem_config cfg = config ();
+  struct store_config cfg = config ();
   struct store *s = open_ok (&cfg);
   char *buf = NULL;
   size_t len = 0;
@@ -778,7 +780,7 @@ test_inspect (void **state)
   FILE *out = open_memstream (&buf, &len);
   assert_int_equal (store_pmem_inspect (path, out, err, sizeof err), -1);
   assert_non_null (strstr (err, "in use"));
-  assert_int_equal (store_pmem_mark_clean (s), 0);
+  assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
   assert_int_equal (store_pmem_inspect (path, out, err, sizeof err), 0);
   fclose (out);

@@ -16,4 +16,10 @@ typedef void pmem_sim_commit_fn (const void *p, size_t len);
 void pmem_sim_map (struct pmem_map *m, void *base, size_t size,
                    enum pmem2_granularity gran, pmem_sim_commit_fn *commit);
 
+/* Called at each msync (page granularity) before it commits: returns 0,
+ * or -1 with errno to fail it (nothing committed).  NULL (the default,
+ * and after every pmem_sim_map): every msync succeeds. */
+typedef int pmem_sim_sync_fn (const void *p, size_t len);
+void pmem_sim_on_sync (pmem_sim_sync_fn *fn);
+
 #endif /* FOLIOD_TEST_PMEM_SIM_H */
