@@ -232,6 +232,12 @@ struct cache_store_info {
   uint64_t recovered_bytes, recovered_dirty_bytes;
   uint64_t recover_ms;
 };
+/* Populate the memory of a cache's ram store in the background (see
+ * store_ram_populate; done is called from that thread).  0 when started,
+ * 1 when there is nothing to populate (a persistent store: its file is
+ * the memory), -1 with errno. */
+int cache_populate (struct cache *c, store_populated_fn *done, void *arg)
+  FOLIOD_NONNULL (1);
 void cache_get_store_info (const struct cache *c,
                            struct cache_store_info *out) FOLIOD_NONNULL (1, 2);
 const struct cache_config *cache_get_config (const struct cache *c)

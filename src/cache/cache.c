@@ -571,6 +571,14 @@ cache_flush (struct cache *c)
   return cache_write_back (c);
 }
 
+int
+cache_populate (struct cache *c, store_populated_fn *done, void *arg)
+{
+  if (c->own_store == NULL)
+    return 1;
+  return store_ram_populate (c->own_store, done, arg);
+}
+
 void
 cache_get_store_info (const struct cache *c, struct cache_store_info *out)
 {

@@ -245,6 +245,7 @@ is_path_key (const char *key)
 {
   return strcmp (key, "unix") == 0 || strcmp (key, "control") == 0 ||
          strcmp (key, "state-dir") == 0 || strcmp (key, "pidfile") == 0 ||
+         strcmp (key, "log-file") == 0 ||
          strcmp (key, "tls-certificates") == 0 || strcmp (key, "tls-psk") == 0;
 }
 

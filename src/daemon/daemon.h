@@ -42,6 +42,7 @@ struct daemon_config {
   char *metrics_listen;     /* HTTP /metrics address, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
+  char *log_file;           /* log lines once ready; NULL: stderr/syslog */
   enum server_tls_mode tls;
   char *tls_certificates;
   char *tls_psk;            /* PSK file; replaces tls_certificates */
@@ -118,6 +119,10 @@ int parse_listen (const char *s, char *host, size_t hostlen,
 const char *log_level_name (int level);
 int log_level_parse (const char *s, int *level);
 void log_set_level (int level);
+/* From now on, lines go to the file at path (appended; 0 or -1/errno), or
+ * to syslog, instead of stderr. */
+int log_to_file (const char *path);
+void log_to_syslog (void);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];
