@@ -746,7 +746,9 @@ main (int argc, char **argv)
                asprintf (&path, "%s/%s", cfg.state_dir, cfg.control) < 0) {
       r = -1;
     }
-    if (r == 0) {
+    if (r == 0 && cli.watch > 0) {
+      r = stats_watch (path ? path : cfg.control, cli.watch, cli.count);
+    } else if (r == 0) {
       const char *arg = cli.sub_arg;
       if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
         arg = "table";

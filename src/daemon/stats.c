@@ -294,8 +294,8 @@ stats_log (struct daemon_export *ex, size_t n, void *server)
 
 /* 1536 -> "1.5K", 16777216 -> "16M", 100 -> "100" (powers of 1024, as
  * the configuration's sizes). */
-static void
-human_size (char *buf, size_t len, uint64_t v)
+void
+stats_human_size (char *buf, size_t len, uint64_t v)
 {
   static const char units[] = "KMGTPE";
   double d = (double) v;
@@ -351,20 +351,20 @@ table_row (struct table_row *row, const char *name,
   uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
 
   row->name = name;
-  human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
-  human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
-  human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
+  stats_human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
+  stats_human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
+  stats_human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
   snprintf (cell[4], TABLE_CELL, "%llu", (unsigned long long) reads);
   hit_ratio (cell[5], TABLE_CELL, v);
-  human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
-  human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
+  stats_human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
+  stats_human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
   if (v->v[M_CLIENT_WRITE])
     snprintf (cell[8], TABLE_CELL, "%.2f", v->wa);
   else
     snprintf (cell[8], TABLE_CELL, "-");
   snprintf (cell[9], TABLE_CELL, "%llu",
             (unsigned long long) v->v[M_BACKING_ERRORS]);
-  human_size (cell[10], TABLE_CELL, v->v[M_RA_BYTES]);
+  stats_human_size (cell[10], TABLE_CELL, v->v[M_RA_BYTES]);
 }
 
 static const char *
