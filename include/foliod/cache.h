@@ -216,6 +216,22 @@ int cache_block_status (struct cache *c, uint64_t len, uint64_t off,
                         cache_extent_fn fn, void *opaque)
   FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 
+/* The cache's state of a range (the foliod:cache metadata context): fn
+ * once per extent of like blocks, in order, covering [off, off+len) or
+ * stopping early when fn returns non-zero; state is a set of these: */
+enum {
+  CACHE_STATE_CACHED = 1,   /* the data is in the cache */
+  CACHE_STATE_DIRTY = 2,    /* newer than the backing: a FLUSH or a shutdown
+                               writes it (also while writeback does) */
+  CACHE_STATE_UNSTABLE = 4, /* written back, but not yet flushed by the
+                               backing: a FLUSH makes it keep it */
+};
+typedef int (*cache_state_fn) (void *opaque, uint64_t off, uint64_t len,
+                               uint32_t state);
+int cache_state_status (struct cache *c, uint64_t len, uint64_t off,
+                        cache_state_fn fn, void *opaque)
+  FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
+
 void cache_get_stats (struct cache *c, struct cache_stats *st)
   FOLIOD_NONNULL (1, 2);
 
