@@ -111,6 +111,13 @@ struct cache_stats {
   uint64_t readahead_windows; /* windows issued */
   uint64_t readahead_hits;    /* folios it brought that a client then read */
   uint64_t readahead_wasted;  /* ... that were evicted unread */
+  /* Time spent (ns), over backing_write_ops, backing_flush_ops and
+   * flush_ops: their mean latencies.  flush_ns is each flush's own wait,
+   * a pass shared with other flushes included. */
+  uint64_t backing_write_ns, backing_flush_ns, flush_ns;
+  /* The dirty thresholds in force (bytes): writeback starts above the
+   * first, writers wait above the second. */
+  uint64_t dirty_background_bytes, dirty_limit_bytes;
 };
 
 struct cache;
