@@ -105,17 +105,17 @@ mono_s (void)
   return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
-/* Sleep until the monotonic time t. */
+/* Sleep until the monotonic time t (seconds). */
 static void
 sleep_until (double t)
 {
-  for (double left = t - mono_s (); left > 0; left = t - mono_s ()) {
-    struct timespec ts = { .tv_sec = (time_t) left,
-                           .tv_nsec = (long) ((left - (double) (time_t) left)
-                                              * 1e9) };
-    if (nanosleep (&ts, NULL) == 0)
-      break;
-  }
+  struct timespec ts = {
+    .tv_sec = (time_t) t,
+    .tv_nsec = (long) ((t - (double) (time_t) t) * 1e9),
+  };
+
+  while (clock_nanosleep (CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+    ;
 }
 
 /* Per second over secs: the counter's growth (0 if it went back, as
