@@ -103,7 +103,7 @@ ifneq ($(PLUGIN_SRCS),)
 TARGETS += $(PLUGIN)
 endif
 
-.PHONY: FORCE all deps run check check-unit check-integration check-asan \
+.PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-integration check-asan \
         check-valgrind check-model-long check-vm check-vm-systemd check-crash bench install install-files \
         uninstall clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
@@ -160,8 +160,14 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
+# The packages each entry point needs (scripts/install-deps SET): make run
+# only what builds and runs foliod, make check the test toolchain too.
 deps:
-	@scripts/install-deps
+	@scripts/install-deps check
+deps-run:
+	@scripts/install-deps run
+deps-analyze:
+	@scripts/install-deps analyze
 
 # Tests: unit tests (cmocka) then integration scripts, all through one runner
 # that prints "N passed, N failed, N skipped" and fails if anything failed.
@@ -204,7 +210,7 @@ ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(DAEMON_SRCS) $(PLUGIN_SRCS)
 ANALYZE_DEFS = -DFOLIOD_VERSION='"$(VERSION)"'
 ANALYZE_CFLAGS = -std=gnu11 -D_GNU_SOURCE $(ANALYZE_DEFS) -Iinclude -Isrc \
   $(shell pkg-config --cflags libnbd nbdkit 2>/dev/null)
-analyze: deps
+analyze: deps-analyze
 	$(MAKE) analyze-cppcheck analyze-tidy analyze-gcc
 
 analyze-cppcheck:
@@ -297,7 +303,9 @@ bench: deps
 	  if [ $$b = core-bench ]; then $(BUILD)/bench/core-bench || rc=1; continue; fi; \
 	  $(TEST_ENV) bench/$$b || { echo "bench/$$b failed"; rc=1; }; done; exit $$rc
 
-run: deps all
+# Only the daemon: no tests, benches or plugin (nor their packages).
+run: deps-run
+	$(MAKE) $(FOLIOD)
 	FOLIOD=$(abspath $(FOLIOD)) scripts/run-default
 
 # Install layout.  PREFIX=/usr gives a Debian-like system layout (/etc,
@@ -366,7 +374,7 @@ clean:
 # objects in build-deb-obj/.
 DEB_OUT ?= build-deb
 deb:
-	@scripts/install-deps
+	@scripts/install-deps deb
 	rm -rf $(DEB_OUT) build-deb-obj && mkdir -p $(DEB_OUT)
 	@# The package builds as a fresh tree would: not with a caller's make
 	@# variables (make check-asan passes SAN=1 down to the tests).

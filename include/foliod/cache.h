@@ -111,6 +111,13 @@ struct cache_stats {
   uint64_t readahead_windows; /* windows issued */
   uint64_t readahead_hits;    /* folios it brought that a client then read */
   uint64_t readahead_wasted;  /* ... that were evicted unread */
+  /* Time spent (ns), over backing_write_ops, backing_flush_ops and
+   * flush_ops: their mean latencies.  flush_ns is each flush's own wait,
+   * a pass shared with other flushes included. */
+  uint64_t backing_write_ns, backing_flush_ns, flush_ns;
+  /* The dirty thresholds in force (bytes): writeback starts above the
+   * first, writers wait above the second. */
+  uint64_t dirty_background_bytes, dirty_limit_bytes;
 };
 
 struct cache;
@@ -216,6 +223,22 @@ int cache_block_status (struct cache *c, uint64_t len, uint64_t off,
                         cache_extent_fn fn, void *opaque)
   FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 
+/* The cache's state of a range (the foliod:cache metadata context): fn
+ * once per extent of like blocks, in order, covering [off, off+len) or
+ * stopping early when fn returns non-zero; state is a set of these: */
+enum {
+  CACHE_STATE_CACHED = 1,   /* the data is in the cache */
+  CACHE_STATE_DIRTY = 2,    /* newer than the backing: a FLUSH or a shutdown
+                               writes it (also while writeback does) */
+  CACHE_STATE_UNSTABLE = 4, /* written back, but not yet flushed by the
+                               backing: a FLUSH makes it keep it */
+};
+typedef int (*cache_state_fn) (void *opaque, uint64_t off, uint64_t len,
+                               uint32_t state);
+int cache_state_status (struct cache *c, uint64_t len, uint64_t off,
+                        cache_state_fn fn, void *opaque)
+  FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
+
 void cache_get_stats (struct cache *c, struct cache_stats *st)
   FOLIOD_NONNULL (1, 2);
 
@@ -235,6 +258,12 @@ struct cache_store_info {
   uint64_t recovered_bytes, recovered_dirty_bytes;
   uint64_t recover_ms;
 };
+/* Populate the memory of a cache's ram store in the background (see
+ * store_ram_populate; done is called from that thread).  0 when started,
+ * 1 when there is nothing to populate (a persistent store: its file is
+ * the memory), -1 with errno. */
+int cache_populate (struct cache *c, store_populated_fn *done, void *arg)
+  FOLIOD_NONNULL (1);
 void cache_get_store_info (const struct cache *c,
                            struct cache_store_info *out) FOLIOD_NONNULL (1, 2);
 const struct cache_config *cache_get_config (const struct cache *c)

@@ -177,9 +177,23 @@ store_get_info (struct store *s, struct store_info *out)
     s->ops->info (s, out);
 }
 
-/* Anonymous memory for nslots folios of folio_size with block_size blocks. */
+/* Anonymous memory for nslots folios of folio_size with block_size blocks,
+ * not populated yet: each page is faulted in when first touched. */
 struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
                                 uint32_t block_size);
+
+/* Called once from the populating thread when it is done: err 0, or the
+ * errno that stopped it (EINVAL: a kernel before 5.14; ENOMEM) after
+ * bytes; ms it took.  Not called when destroy stopped it first. */
+typedef void store_populated_fn (void *arg, int err, uint64_t bytes,
+                                 uint64_t ms);
+
+/* Fault a ram store's memory in, in a background thread at SCHED_IDLE,
+ * so that no request pays for a page's first touch later; requests
+ * meanwhile fault in what they touch.  Once per store; destroy stops it.
+ * 0, or -1 with errno (EINVAL: not a ram store, or already started). */
+int store_ram_populate (struct store *s, store_populated_fn *done,
+                        void *arg);
 
 /* Persistent stores live in a file (or a device) named by
  * store=KIND:PATH, and are opened for one export: its geometry, and its

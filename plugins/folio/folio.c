@@ -241,6 +241,10 @@ folio_after_fork (void)
     nbdkit_error ("folio: cannot start the writeback thread: %m");
     return -1;
   }
+  /* Fault the ram cache's memory in behind the serving (as foliod does
+   * once it listens); without it, requests fault pages in themselves. */
+  if (cache_populate (folio_export->cache, NULL, NULL) == -1)
+    nbdkit_debug ("folio: cannot populate the cache in the background: %m");
   return 0;
 }
 

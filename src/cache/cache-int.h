@@ -97,6 +97,7 @@ struct cache_counters {
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
   _Atomic uint64_t readahead_bytes, readahead_windows;
   _Atomic uint64_t readahead_hits, readahead_wasted;
+  _Atomic uint64_t backing_write_ns, backing_flush_ns, flush_ns;
 };
 
 struct cache {

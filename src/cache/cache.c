@@ -519,7 +519,13 @@ cache_flush_pass (void *arg)
 static int
 cache_flush_backing (struct cache *c)
 {
-  return flush_group_run (&c->flush_group, cache_flush_pass, c);
+  uint64_t t0 = now_ns ();
+  int r = flush_group_run (&c->flush_group, cache_flush_pass, c);
+  int err = errno;
+
+  STAT_ADD (c, flush_ns, now_ns () - t0);
+  errno = err;
+  return r;
 }
 
 int
@@ -572,6 +578,14 @@ cache_flush (struct cache *c)
   return cache_write_back (c);
 }
 
+int
+cache_populate (struct cache *c, store_populated_fn *done, void *arg)
+{
+  if (c->own_store == NULL)
+    return 1;
+  return store_ram_populate (c->own_store, done, arg);
+}
+
 void
 cache_get_store_info (const struct cache *c, struct cache_store_info *out)
 {
@@ -622,12 +636,15 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (throttle_waits);
   G (readahead_bytes); G (readahead_windows);
   G (readahead_hits); G (readahead_wasted);
+  G (backing_write_ns); G (backing_flush_ns); G (flush_ns);
 #undef G
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);
   lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;
+  s->dirty_background_bytes = c->dirty_background;
+  s->dirty_limit_bytes = c->dirty_limit;
   unlock_or_die (&c->lock);
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cache/cache-int.h"
+#include "foliod/util.h"
 
 unsigned char *
 io_bounce (struct cache *c)
@@ -53,8 +54,12 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   STAT_ADD (c, backing_write_bytes, len);
   if (!(flags & BACKING_FUA))
     atomic_store (&c->backing_unflushed, true);
+  uint64_t t0 = now_ns ();
   int r = c->b->ops->write (c->b, buf, len, off, flags);
+  int err = errno;
+  STAT_ADD (c, backing_write_ns, now_ns () - t0);
   atomic_fetch_add (&c->backing_gen, 1);     /* failed: maybe partly */
+  errno = err;
   return r;
 }
 

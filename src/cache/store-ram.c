@@ -1,17 +1,35 @@
-/* The ram store: folio memory in one anonymous mapping, populated when
- * the store is made, bitmaps in one array. */
+/* The ram store: folio memory in one anonymous mapping, bitmaps in one
+ * array.  The memory is populated in the background once the server
+ * listens (store_ram_populate), not when the store is made. */
+#define _GNU_SOURCE               /* SCHED_IDLE */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "foliod/store.h"
+#include "foliod/util.h"
+
+/* One madvise per chunk: destroy waits at most one chunk's population
+ * (about 0.1 s on a slow machine) for the thread to stop. */
+#define POPULATE_CHUNK (32u << 20)
+
+static const struct store_ops ram_ops;
 
 struct store_ram {
   struct store s;   /* first: the base */
   unsigned char *data;
   size_t data_len;
   uint64_t *bitmaps;
+  /* The populating thread, if started. */
+  pthread_t populator;
+  bool populating;
+  atomic_bool populate_stop;
+  store_populated_fn *populated;
+  void *populated_arg;
 };
 
 static void *
@@ -46,6 +64,10 @@ ram_destroy (struct store *s)
 {
   struct store_ram *r = (struct store_ram *) s;
 
+  if (r->populating) {
+    atomic_store (&r->populate_stop, true);
+    pthread_join (r->populator, NULL);
+  }
   munmap (r->data, r->data_len);
   free (r->bitmaps);
   free (r);
@@ -55,26 +77,62 @@ ram_destroy (struct store *s)
 #define MADV_POPULATE_WRITE 23          /* Linux 5.14; older headers */
 #endif
 
-/* Fault every page of the mapping in now.  A cache fills its memory and
- * keeps it (evicted slots are reused, never freed), so this only brings
- * the cost forward: otherwise the first pass over a cold cache pays it in
- * the request path, the kernel zeroing each page as a writer's copy first
- * touches it (streaming 4 GiB through a 1 GiB cache: over half of the
- * daemon's CPU in clear_page_erms; with the memory here, the stream runs
- * as fast as it does on its second pass).  It also makes a cache larger
- * than the host's memory fail at start (ENOMEM) rather than in the
- * middle of a write.  Kernels before 5.14: a write to every page. */
-static int
-ram_populate (unsigned char *p, size_t len)
+/* Fault every page of the mapping in, in the background.  A cache fills
+ * its memory and keeps it (evicted slots are reused, never freed), so this
+ * only brings the cost forward: otherwise the first pass over a cold cache
+ * pays it in the request path, the kernel zeroing each page as a writer's
+ * copy first touches it (streaming 4 GiB through a 1 GiB cache: over half
+ * of the daemon's CPU in clear_page_erms; with the memory populated, the
+ * stream runs as fast as it does on its second pass).  Doing it before
+ * listening cost 4 s per GiB at start, so a thread at SCHED_IDLE does it
+ * chunk by chunk after: requests that touch a page first fault it in
+ * themselves, as without population.  MADV_POPULATE_WRITE faults pages in
+ * writable without writing to them, so it cannot race with a request
+ * writing the same page.  Kernels before 5.14 (EINVAL) have no such
+ * operation; writing to each page would race with requests, so there the
+ * pages are faulted in on demand only. */
+static void *
+ram_populate_main (void *arg)
 {
-  long page = sysconf (_SC_PAGESIZE);
+  struct store_ram *r = arg;
+  struct sched_param sp = { .sched_priority = 0 };
+  uint64_t start = now_ms ();
+  size_t off = 0;
+  int err = 0;
 
-  if (madvise (p, len, MADV_POPULATE_WRITE) == 0)
-    return 0;
-  if (errno != EINVAL)
-    return -1;                  /* ENOMEM, EFAULT: no memory for it */
-  for (size_t off = 0; off < len; off += (size_t) (page > 0 ? page : 4096))
-    p[off] = 0;
+  pthread_setschedparam (pthread_self (), SCHED_IDLE, &sp);
+  while (off < r->data_len && !atomic_load (&r->populate_stop)) {
+    size_t n = r->data_len - off < POPULATE_CHUNK ? r->data_len - off
+                                                  : POPULATE_CHUNK;
+    if (madvise (r->data + off, n, MADV_POPULATE_WRITE) == -1) {
+      err = errno;     /* EINVAL: an old kernel; ENOMEM: not that much memory */
+      break;
+    }
+    off += n;
+  }
+  if (r->populated && !atomic_load (&r->populate_stop))
+    r->populated (r->populated_arg, err, off, now_ms () - start);
+  return NULL;
+}
+
+int
+store_ram_populate (struct store *s, store_populated_fn *done, void *arg)
+{
+  struct store_ram *r = (struct store_ram *) s;
+  int e;
+
+  if (s->ops != &ram_ops || r->populating) {
+    errno = EINVAL;
+    return -1;
+  }
+  r->populated = done;
+  r->populated_arg = arg;
+  e = pthread_create (&r->populator, NULL, ram_populate_main, r);
+  if (e) {
+    errno = e;
+    return -1;
+  }
+  r->populating = true;
   return 0;
 }
 
@@ -108,8 +166,7 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
   if (r->data != MAP_FAILED)
     madvise (r->data, r->data_len, MADV_HUGEPAGE);
   r->bitmaps = calloc ((size_t) nslots * r->s.bitmap_words, sizeof (uint64_t));
-  if (r->data == MAP_FAILED || r->bitmaps == NULL ||
-      ram_populate (r->data, r->data_len) == -1) {
+  if (r->data == MAP_FAILED || r->bitmaps == NULL) {
     if (r->data != MAP_FAILED)
       munmap (r->data, r->data_len);
     free (r->bitmaps);

@@ -214,8 +214,10 @@ wb_stabilize (struct cache *c)
       STAT_GET (c, unstable_bytes) == 0 && loss_epoch (c) == c->stable_epoch)
     return 0;
   STAT_ADD (c, backing_flush_ops, 1);
+  uint64_t t0 = now_ns ();
   int r = c->b->ops->flush (c->b);
   int err = errno ? errno : EIO;
+  STAT_ADD (c, backing_flush_ns, now_ns () - t0);
   uint64_t epoch = loss_epoch (c);
   if (r == -1) {
     /* A file's failed fdatasync is such a loss; dirty at once, the

@@ -6,6 +6,7 @@
  * in step by construction; only the options below are command-line only.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
@@ -26,7 +27,8 @@
 #endif
 
 enum {
-  OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG,
+  OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG, OPT_WATCH,
+  OPT_COUNT,
   OPT_SERVER_KEY = 512,     /* + index in server_keys[] */
 };
 
@@ -47,6 +49,9 @@ static const struct {
   { "check-config", 1, OPT_CHECK_CONFIG, "FILE", "check FILE and exit" },
   { "prometheus", 0, OPT_PROMETHEUS, NULL, "stats: print every counter "
     "as Prometheus text instead of the table" },
+  { "watch", 2, OPT_WATCH, "[=SECONDS]", "stats: print the table again "
+    "every SECONDS (default 1), with the rates over each interval" },
+  { "count", 1, OPT_COUNT, "N", "stats --watch: stop after N reports" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
@@ -99,12 +104,14 @@ print_opt (int shortopt, const char *name, const char *arg, const char *help)
 {
   char left[80];
 
+  /* An optional argument ("[=SECONDS]") sticks to the option. */
+  const char *sep = arg && arg[0] != '[' ? " " : "";
+
   if (shortopt)
-    snprintf (left, sizeof left, "  -%c, --%s%s%s", shortopt, name,
-              arg ? " " : "", arg ? arg : "");
-  else
-    snprintf (left, sizeof left, "      --%s%s%s", name, arg ? " " : "",
+    snprintf (left, sizeof left, "  -%c, --%s%s%s", shortopt, name, sep,
               arg ? arg : "");
+  else
+    snprintf (left, sizeof left, "      --%s%s%s", name, sep, arg ? arg : "");
   print_entry (left, help);
 }
 
@@ -122,6 +129,7 @@ usage (void)
 {
   printf ("Usage: foliod [OPTION...]\n"
           "       foliod stats [--control PATH] [--prometheus]\n"
+          "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
@@ -245,6 +253,7 @@ is_path_key (const char *key)
 {
   return strcmp (key, "unix") == 0 || strcmp (key, "control") == 0 ||
          strcmp (key, "state-dir") == 0 || strcmp (key, "pidfile") == 0 ||
+         strcmp (key, "log-file") == 0 ||
          strcmp (key, "tls-certificates") == 0 || strcmp (key, "tls-psk") == 0;
 }
 
@@ -311,6 +320,39 @@ check_config (const char *file)
   return r == 0 ? 1 : -1;
 }
 
+/* --watch[=SECONDS]: 0.1 s to a day; 1 s without a value. */
+static int
+parse_watch (struct cli *cli, const char *arg)
+{
+  char *end;
+
+  cli->watch = arg ? strtod (arg, &end) : 1.0;
+  if (arg && (end == arg || *end || !(cli->watch >= 0.1 && cli->watch <= 86400))) {
+    fprintf (stderr, "foliod: --watch: expected seconds from 0.1 to 86400, "
+             "got '%s'\n", arg);
+    return -1;
+  }
+  return 0;
+}
+
+/* --count N: 1 to 10^9 reports. */
+static int
+parse_count (struct cli *cli, const char *arg)
+{
+  char *end;
+  unsigned long n;
+
+  errno = 0;
+  n = strtoul (arg, &end, 10);
+  if (errno || end == arg || *end || arg[0] == '-' || n < 1 || n > 1000000000) {
+    fprintf (stderr, "foliod: --count: expected a number of reports, got "
+             "'%s'\n", arg);
+    return -1;
+  }
+  cli->count = (unsigned) n;
+  return 0;
+}
+
 static int
 parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
             struct daemon_config *c)
@@ -329,6 +371,8 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
     case 'f': c->foreground = 1; break;
     case OPT_CHECK_CONFIG: cli->check_config = optarg; break;
     case OPT_PROMETHEUS: cli->prometheus = 1; break;
+    case OPT_WATCH: r = parse_watch (cli, optarg); break;
+    case OPT_COUNT: r = parse_count (cli, optarg); break;
     case 'h': usage (); r = 1; break;
     case 'V': print_version (); r = 1; break;
     case '?':
@@ -469,6 +513,15 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
     } else
       cli->sub_arg = argv[optind++];
   }
+  if (r == 0 && (cli->watch > 0 || cli->count) &&
+      (cli->subcommand == NULL || strcmp (cli->subcommand, "stats") != 0 ||
+       cli->prometheus)) {
+    fprintf (stderr, "foliod: --watch and --count go with 'foliod stats' "
+             "(the table, not --prometheus)\n");
+    r = -1;
+  }
+  if (r == 0 && cli->count && cli->watch == 0)
+    cli->watch = 1.0;            /* --count N alone: every second */
   if (r == 0 && optind < argc) {
     fprintf (stderr, "foliod: unexpected argument '%s'\nTry 'foliod --help'.\n",
              argv[optind]);

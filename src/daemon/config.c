@@ -25,7 +25,7 @@ enum {
   K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
   K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
   K_IDLE_TIMEOUT, K_TLS,
-  K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL,
+  K_TLS_CERTIFICATES, K_TLS_VERIFY_PEER, K_TLS_PSK, K_LOG_LEVEL, K_LOG_FILE,
   K_SHUTDOWN_TIMEOUT, K_COUNT
 };
 
@@ -50,6 +50,7 @@ const struct server_key server_keys[] = {
   { "tls-verify-peer", "BOOL", "require client certificates (default no)", 0 },
   { "tls-psk", "FILE", "pre-shared keys (username:hexkey lines) instead of certificates", 0 },
   { "log-level", "LEVEL", "error, warn, info or debug (default info)", 0 },
+  { "log-file", "PATH", "once ready, append log lines to PATH (default: stderr; syslog when detached)", 0 },
   { "shutdown-timeout", "SECONDS", "after SIGTERM, give up writing back after this long and exit 1 (default 60)", 0 },
   { NULL, NULL, NULL, 0 },
 };
@@ -78,6 +79,7 @@ daemon_config_free (struct daemon_config *c)
   strv_free (c->unix_paths, c->n_unix);
   free (c->control);
   free (c->metrics_listen);
+  free (c->log_file);
   free (c->state_dir);
   free (c->pidfile);
   free (c->tls_certificates);
@@ -281,6 +283,7 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;
   case K_TLS_PSK: r = set_string (&c->tls_psk, value); break;
   case K_LOG_LEVEL: r = log_level_parse (value, &c->log_level); break;
+  case K_LOG_FILE: r = set_string (&c->log_file, value); break;
   case K_SHUTDOWN_TIMEOUT:
     r = parse_uint (value, 1, 86400, &c->shutdown_timeout_s);
     break;

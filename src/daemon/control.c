@@ -427,13 +427,14 @@ control_stop (struct control *ctl)
 /* ---- the client side: foliod stats / foliod flush ------------------------- */
 
 int
-control_client (const char *path, const char *command)
+control_request (const char *path, const char *command, char **reply)
 {
   struct sockaddr_un sa;
   char *buf = NULL;
   size_t len = 0, cap = 0;
   int fd, r = -1;
 
+  *reply = NULL;
   if (sockaddr_for (path, &sa) == -1 ||
       (fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) == -1) {
     fprintf (stderr, "foliod: %s: %s\n", path, strerror (errno));
@@ -478,7 +479,8 @@ control_client (const char *path, const char *command)
     fprintf (stderr, "foliod: %s", buf + 6);
     goto out;
   }
-  fputs (buf, stdout);
+  *reply = buf;
+  buf = NULL;
   r = 0;
   goto out;
 
@@ -490,4 +492,16 @@ out:
   free (buf);
   close (fd);
   return r;
+}
+
+int
+control_client (const char *path, const char *command)
+{
+  char *reply;
+
+  if (control_request (path, command, &reply) == -1)
+    return -1;
+  fputs (reply, stdout);
+  free (reply);
+  return 0;
 }

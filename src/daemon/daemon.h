@@ -42,6 +42,7 @@ struct daemon_config {
   char *metrics_listen;     /* HTTP /metrics address, NULL: none */
   char *state_dir;          /* NULL: current directory */
   char *pidfile;            /* NULL: none */
+  char *log_file;           /* log lines once ready; NULL: stderr/syslog */
   enum server_tls_mode tls;
   char *tls_certificates;
   char *tls_psk;            /* PSK file; replaces tls_certificates */
@@ -118,6 +119,10 @@ int parse_listen (const char *s, char *host, size_t hostlen,
 const char *log_level_name (int level);
 int log_level_parse (const char *s, int *level);
 void log_set_level (int level);
+/* From now on, lines go to the file at path (appended; 0 or -1/errno), or
+ * to syslog, instead of stderr. */
+int log_to_file (const char *path);
+void log_to_syslog (void);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];
@@ -128,6 +133,8 @@ struct cli {
   const char *subcommand;   /* NULL, "stats", "flush" */
   const char *sub_arg;      /* flush: export name */
   int prometheus;           /* stats: Prometheus text, not the table */
+  double watch;             /* stats --watch: seconds between reports */
+  unsigned count;           /* stats --count: reports (0: no limit) */
   const char *config_file;
   const char *check_config;
 };
@@ -151,6 +158,13 @@ void control_stop (struct control *ctl);
 /* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
  * command, print the answer.  0 or -1 (said on stderr). */
 int control_client (const char *path, const char *command);
+/* The same, the answer in *reply (malloc'd) instead of on stdout. */
+int control_request (const char *path, const char *command, char **reply);
+
+/* foliod stats --watch (watch.c): every interval seconds, the stats table
+ * and the rates over the interval; count reports (0: until killed).
+ * 0 or -1 (said on stderr). */
+int stats_watch (const char *path, double interval, unsigned count);
 
 /* Statistics (stats.c).  Write those of every export and the server to
  * buf, Prometheus text format or the table of `foliod stats`; return the
@@ -167,6 +181,8 @@ size_t stats_table (char *buf, size_t buflen, struct daemon_export *ex,
 char *stats_text (struct daemon_export *ex, size_t n, void *server,
                   int table, size_t *len);
 void stats_log (struct daemon_export *ex, size_t n, void *server);
+/* 1536 -> "1.5K", 16777216 -> "16M", 100 -> "100" (powers of 1024). */
+void stats_human_size (char *buf, size_t len, uint64_t v);
 
 /* The HTTP metrics endpoint (metrics.c). */
 struct metrics_addr {

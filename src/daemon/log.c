@@ -5,7 +5,9 @@
  * no timestamp: journald adds its own and maps the prefix to the priority.
  * Elsewhere each line starts with an ISO 8601 timestamp and the level.
  * Each line goes out in one write() so that lines from worker threads do
- * not interleave.
+ * not interleave.  Once foliod is ready, lines can go elsewhere instead
+ * (main.c): to a file (log-file; timestamped lines, appended) or, for a
+ * detached foliod, to syslog (the journal where there is one).
  *
  * Repeated lines are rate-limited per call site (its format string is the
  * kind of line): a token bucket of LOG_BURST lines refilled at LOG_RATE
@@ -16,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -26,6 +29,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +59,10 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
  * a stale read only changes whether one line is printed. */
 static volatile int log_max_level = LOG_LVL_INFO;
 static volatile int log_journal = -1; /* -1: not checked yet */
+/* Where lines go: log_fd (stderr, or log-file), or syslog.  Set once when
+ * foliod is ready, before the worker threads have anything to log. */
+static int log_fd = STDERR_FILENO;
+static bool log_syslog;
 
 /* By level; log_level_parse also takes "warning". */
 static const char *level_names[] = { "error", "warn", "info", "debug" };
@@ -120,6 +128,11 @@ log_vline (int level, int saved, const char *fmt, va_list ap)
   if (log_journal == -1)
     log_journal = stderr_is_journal ();
 
+  if (log_syslog) {
+    errno = saved;
+    vsyslog (prio[level], fmt, ap);
+    return;
+  }
   if (log_journal) {
     n = (size_t) snprintf (line, sizeof line, "<%d>", prio[level]);
   } else {
@@ -143,8 +156,27 @@ log_vline (int level, int saved, const char *fmt, va_list ap)
     n--;
   line[n++] = '\n';
   /* Best effort: a log line that cannot be written is dropped. */
-  if (write (STDERR_FILENO, line, n) < 0)
+  if (write (log_fd, line, n) < 0)
     return;
+}
+
+int
+log_to_file (const char *path)
+{
+  int fd = open (path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+
+  if (fd == -1)
+    return -1;
+  log_journal = 0;
+  log_fd = fd;
+  return 0;
+}
+
+void
+log_to_syslog (void)
+{
+  openlog ("foliod", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+  log_syslog = true;
 }
 
 static void __attribute__ ((format (printf, 2, 3)))

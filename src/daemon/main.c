@@ -1,7 +1,11 @@
 /* foliod: the daemon around the NBD server.
  *
- * Life: parse the configuration, (detach), open the exports, listen,
- * tell systemd READY=1, run the loop.  SIGTERM/SIGINT: stop accepting,
+ * Life: parse the configuration, (detach), bind and listen, open the
+ * exports, tell systemd READY=1 (a detached foliod then logs to log-file
+ * or syslog, no longer to the terminal), populate the ram caches in the
+ * background, run the loop.  Binding comes first so that a second
+ * instance on a busy port fails before it opens or creates an image;
+ * clients that connect before READY wait in the listen backlog.  SIGTERM/SIGINT: stop accepting,
  * let in-flight requests finish (server_shutdown), write back every dirty
  * block and flush the backing (export_close), exit 0.  All that ends
  * within shutdown-timeout: what cannot be written back by then (a remote
@@ -432,6 +436,19 @@ exports_open (struct daemon_config *cfg)
   return 0;
 }
 
+/* "listen ADDR: ERR"; err names the address it tried, so when that is
+ * addr as configured, the address is said once. */
+static void
+log_listen_error (const char *what, const char *addr, const char *err)
+{
+  size_t n = strlen (addr);
+
+  if (strncmp (err, addr, n) == 0 && strncmp (err + n, ": ", 2) == 0)
+    log_error ("%s %s", what, err);
+  else
+    log_error ("%s %s: %s", what, addr, err);
+}
+
 static int
 listen_all (struct daemon *d)
 {
@@ -461,7 +478,7 @@ listen_all (struct daemon *d)
     /* Checked when the configuration was read. */
     parse_listen (cfg->listen[i], host, sizeof host, port, sizeof port);
     if (server_listen_tcp (d->server, host, port, err, sizeof err) == -1) {
-      log_error ("listen %s: %s", cfg->listen[i], err);
+      log_listen_error ("listen", cfg->listen[i], err);
       return -1;
     }
     where_add (d, cfg->listen[i]);
@@ -469,7 +486,7 @@ listen_all (struct daemon *d)
   for (size_t i = 0; i < cfg->n_unix; i++) {
     if (server_listen_unix (d->server, cfg->unix_paths[i], err,
                             sizeof err) == -1) {
-      log_error ("unix %s: %s", cfg->unix_paths[i], err);
+      log_listen_error ("unix", cfg->unix_paths[i], err);
       return -1;
     }
     where_add (d, cfg->unix_paths[i]);
@@ -477,12 +494,12 @@ listen_all (struct daemon *d)
   return 0;
 }
 
+/* The server and its listening sockets, before any export is open. */
 static int
 server_start (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
   struct server_config sc;
-  char err[512];
 
   server_config_default (&sc);
   if (cfg->workers) sc.workers = cfg->workers;
@@ -503,6 +520,17 @@ server_start (struct daemon *d)
     log_error ("cannot start the server: %s", strerror (errno));
     return -1;
   }
+  return listen_all (d);
+}
+
+/* The opened exports, then TLS (which needs to know whether any export
+ * requires it). */
+static int
+server_add_exports (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  char err[512];
+
   /* The server's first export answers the empty name: an export named ""
    * goes first, else the first one configured. */
   for (int pass = 0; pass < 2; pass++)
@@ -519,7 +547,7 @@ server_start (struct daemon *d)
     log_error ("TLS: %s", err);
     return -1;
   }
-  return listen_all (d);
+  return 0;
 }
 
 static int
@@ -543,13 +571,75 @@ pidfile_write (const char *path)
   return 0;
 }
 
+/* From the ready line on, log lines go to log-file if set; a detached
+ * foliod writes them to syslog otherwise and lets go of the terminal
+ * (start-up errors before this went to it, for whoever started us). */
+static int
+log_redirect (struct daemon *d)
+{
+  int detached = d->ready_fd >= 0;
+
+  if (d->cfg->log_file) {
+    if (log_to_file (d->cfg->log_file) == -1) {
+      log_error ("log-file %s: %s", d->cfg->log_file, strerror (errno));
+      return -1;
+    }
+  } else if (detached)
+    log_to_syslog ();
+  if (detached) {
+    int null = open ("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      dup2 (null, STDERR_FILENO);
+      close (null);
+    }
+  }
+  return 0;
+}
+
+/* The populating thread of an export's ram cache is done. */
 static void
+on_populated (void *arg, int err, uint64_t bytes, uint64_t ms)
+{
+  const struct daemon_export *e = arg;
+
+  if (err == EINVAL)
+    log_info ("export %s: kernel without MADV_POPULATE_WRITE: cache memory "
+              "is faulted in by the requests that first touch it",
+              e->cfg.name);
+  else if (err)
+    log_warn ("export %s: cache memory: only %llu of %llu bytes could be "
+              "populated (%s): cache-size is more than this host can give",
+              e->cfg.name, (unsigned long long) bytes,
+              (unsigned long long) e->cfg.cache.cache_size, strerror (err));
+  else
+    log_info ("export %s: cache populated: %llu bytes in %llu ms",
+              e->cfg.name, (unsigned long long) bytes,
+              (unsigned long long) ms);
+}
+
+/* After the ready line: each ram cache's memory is faulted in by a
+ * background thread (store_ram_populate), not before listening. */
+static void
+exports_populate (struct daemon_config *cfg)
+{
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    if (cache_populate (e->ex->cache, on_populated, e) == -1)
+      log_warn ("export %s: cannot populate the cache in the background "
+                "(%s): its memory is faulted in on demand", e->cfg.name,
+                strerror (errno));
+  }
+}
+
+static int
 announce_ready (struct daemon *d)
 {
   log_info ("ready: %zu export%s on %s", d->cfg->n_exports,
             d->cfg->n_exports == 1 ? "" : "s", d->where);
   sd_notifyf ("READY=1\nMAINPID=%d", (int) getpid ());
   update_status (d);
+  if (log_redirect (d) == -1)
+    return -1;
   if (d->ready_fd >= 0) {
     if (write (d->ready_fd, "1", 1) != 1)
       log_warn ("cannot tell the parent process we are ready");
@@ -560,6 +650,7 @@ announce_ready (struct daemon *d)
                  STATUS_INTERVAL_S);
   d->status_timer.data = d;
   ev_timer_start (d->loop, &d->status_timer);
+  return 0;
 }
 
 /* Set up everything; 0 when serving, -1 on any failure (logged). */
@@ -581,14 +672,15 @@ daemon_start (struct daemon *d)
     log_error ("cannot detach: %s", strerror (errno));
     return -1;
   }
-  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1)
-    return -1;
   d->loop = ev_default_loop (EVFLAG_AUTO);
   if (d->loop == NULL) {
     log_error ("cannot create the event loop");
     return -1;
   }
   if (server_start (d) == -1)
+    return -1;
+  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1 ||
+      server_add_exports (d) == -1)
     return -1;
   if (cfg->control) {
     d->ctl = control_start (cfg->control, cfg->exports, cfg->n_exports,
@@ -608,7 +700,9 @@ daemon_start (struct daemon *d)
     d->pidfile_written = 1;
   }
   signals_start (d);
-  announce_ready (d);
+  if (announce_ready (d) == -1)
+    return -1;
+  exports_populate (cfg);
   return 0;
 }
 
@@ -663,7 +757,9 @@ main (int argc, char **argv)
                asprintf (&path, "%s/%s", cfg.state_dir, cfg.control) < 0) {
       r = -1;
     }
-    if (r == 0) {
+    if (r == 0 && cli.watch > 0) {
+      r = stats_watch (path ? path : cfg.control, cli.watch, cli.count);
+    } else if (r == 0) {
       const char *arg = cli.sub_arg;
       if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
         arg = "table";

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,9 @@ enum metric_id {
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
   M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_CLIENT_FLUSHES,
   M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_RA_BYTES, M_RA_WINDOWS,
-  M_RA_HITS, M_RA_WASTED, M_COUNT
+  M_RA_HITS, M_RA_WASTED, M_BACKING_WRITE_OPS, M_BACKING_WRITE_SECONDS,
+  M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
+  M_COUNT
 };
 
 static const struct {
@@ -92,7 +95,40 @@ static const struct {
                   "Folios readahead brought that a client then read." },
   [M_RA_WASTED] = { "foliod_readahead_wasted_total", "counter",
                     "Folios readahead brought that were evicted unread." },
+  [M_BACKING_WRITE_OPS] = { "foliod_backing_write_ops_total", "counter",
+                            "Writes sent to the backing (writeback and "
+                            "passthrough)." },
+  /* The _seconds_total counters are kept in ns (seconds_metric). */
+  [M_BACKING_WRITE_SECONDS] = { "foliod_backing_write_seconds_total",
+                                "counter",
+                                "Time the backing took for those writes; "
+                                "over foliod_backing_write_ops_total, their "
+                                "mean latency." },
+  [M_BACKING_FLUSH_SECONDS] = { "foliod_backing_flush_seconds_total",
+                                "counter",
+                                "Time the backing took for its flushes; over "
+                                "foliod_backing_flushes_total, their mean "
+                                "latency." },
+  [M_FLUSH_SECONDS] = { "foliod_flush_seconds_total", "counter",
+                        "Time client flushes waited (writeback and the "
+                        "backing's flush); over foliod_flushes_total, "
+                        "their mean latency." },
+  [M_DIRTY_BACKGROUND] = { "foliod_dirty_background_bytes", "gauge",
+                           "Dirty bytes above which writeback starts "
+                           "(dirty-background, or the whole-export "
+                           "minimum)." },
+  [M_DIRTY_LIMIT] = { "foliod_dirty_limit_bytes", "gauge",
+                      "Dirty bytes above which writers wait for writeback "
+                      "(dirty-limit, or the whole-export minimum)." },
 };
+
+/* Kept in nanoseconds, said in seconds. */
+static bool
+seconds_metric (int m)
+{
+  return m == M_BACKING_WRITE_SECONDS || m == M_BACKING_FLUSH_SECONDS ||
+         m == M_FLUSH_SECONDS;
+}
 
 struct export_values {
   uint64_t v[M_COUNT];
@@ -135,6 +171,12 @@ export_values (struct export *ex, struct export_values *out)
   v[M_RA_WINDOWS] = st.readahead_windows;
   v[M_RA_HITS] = st.readahead_hits;
   v[M_RA_WASTED] = st.readahead_wasted;
+  v[M_BACKING_WRITE_OPS] = st.backing_write_ops;
+  v[M_BACKING_WRITE_SECONDS] = st.backing_write_ns;
+  v[M_BACKING_FLUSH_SECONDS] = st.backing_flush_ns;
+  v[M_FLUSH_SECONDS] = st.flush_ns;
+  v[M_DIRTY_BACKGROUND] = st.dirty_background_bytes;
+  v[M_DIRTY_LIMIT] = st.dirty_limit_bytes;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }
@@ -205,6 +247,9 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
       if (m == M_WA)
         out (&o, "%s{export=\"%s\"} %.3f\n", metrics[m].name, label,
              vals[i].wa);
+      else if (seconds_metric (m))
+        out (&o, "%s{export=\"%s\"} %.6f\n", metrics[m].name, label,
+             (double) vals[i].v[m] / 1e9);
       else
         out (&o, "%s{export=\"%s\"} %llu\n", metrics[m].name, label,
              (unsigned long long) vals[i].v[m]);
@@ -294,8 +339,8 @@ stats_log (struct daemon_export *ex, size_t n, void *server)
 
 /* 1536 -> "1.5K", 16777216 -> "16M", 100 -> "100" (powers of 1024, as
  * the configuration's sizes). */
-static void
-human_size (char *buf, size_t len, uint64_t v)
+void
+stats_human_size (char *buf, size_t len, uint64_t v)
 {
   static const char units[] = "KMGTPE";
   double d = (double) v;
@@ -351,20 +396,20 @@ table_row (struct table_row *row, const char *name,
   uint64_t reads = v->v[M_HITS] + v->v[M_MISSES];
 
   row->name = name;
-  human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
-  human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
-  human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
+  stats_human_size (cell[1], TABLE_CELL, v->v[M_SIZE]);
+  stats_human_size (cell[2], TABLE_CELL, v->v[M_CACHED]);
+  stats_human_size (cell[3], TABLE_CELL, v->v[M_DIRTY]);
   snprintf (cell[4], TABLE_CELL, "%llu", (unsigned long long) reads);
   hit_ratio (cell[5], TABLE_CELL, v);
-  human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
-  human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
+  stats_human_size (cell[6], TABLE_CELL, v->v[M_CLIENT_WRITE]);
+  stats_human_size (cell[7], TABLE_CELL, v->v[M_WRITEBACK]);
   if (v->v[M_CLIENT_WRITE])
     snprintf (cell[8], TABLE_CELL, "%.2f", v->wa);
   else
     snprintf (cell[8], TABLE_CELL, "-");
   snprintf (cell[9], TABLE_CELL, "%llu",
             (unsigned long long) v->v[M_BACKING_ERRORS]);
-  human_size (cell[10], TABLE_CELL, v->v[M_RA_BYTES]);
+  stats_human_size (cell[10], TABLE_CELL, v->v[M_RA_BYTES]);
 }
 
 static const char *

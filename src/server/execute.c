@@ -22,7 +22,7 @@
 #define READ_HOLE_MIN       4096u
 /* Cap of descriptors in one block status reply (spec: SHOULD <= 2^20). */
 #define BS_MAX_EXTENTS      16384u
-_Static_assert (REQ_BS_BUF_MAX >= 4 + 8 * BS_MAX_EXTENTS,
+_Static_assert (REQ_BS_BUF_MAX >= NBD_META_CONTEXTS * (4 + 8 * BS_MAX_EXTENTS),
                 "the buffer budget counts a block status reply");
 
 /* errno to the error sent on the wire (the spec's short list). */
@@ -318,14 +318,12 @@ bs_flags (enum backing_extent_type t)
   abort (); /* a type the protocol cannot express */
 }
 
+/* Add [off, off+len) with flags to the descriptors; non-zero: stop. */
 static int
-bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
-              enum backing_extent_type type)
+bs_add (struct bs_ctx *b, uint64_t off, uint64_t len, uint32_t flags)
 {
-  struct bs_ctx *b = opaque;
   uint64_t s = MAX (off, b->next);
   uint64_t e = MIN (off + len, b->end);
-  uint32_t flags = bs_flags (type);
 
   if (e <= s)
     return b->next >= b->end;
@@ -348,16 +346,61 @@ bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
 }
 
 static int
-exec_block_status (struct req *r)
+bs_extent_cb (void *opaque, uint64_t off, uint64_t len,
+              enum backing_extent_type type)
+{
+  return bs_add (opaque, off, len, bs_flags (type));
+}
+
+/* foliod:cache: the flags are the cache's CACHE_STATE_* bits as they are
+ * (documented in foliod(8)). */
+static int
+bs_state_cb (void *opaque, uint64_t off, uint64_t len, uint32_t state)
+{
+  return bs_add (opaque, off, len, state);
+}
+
+/* One context's descriptors at buf (id, then length/flags pairs) and the
+ * chunk carrying them; done on the last chunk of the reply. */
+static int
+bs_context (struct req *r, uint8_t *buf, uint32_t id, bool done)
 {
   struct bs_ctx b = {
     .max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS,
     .next = r->offset,
     .end = r->offset + r->count,
     .one = (r->flags & NBD_CMD_FLAG_REQ_ONE) != 0,
+    .desc = buf + 4,
   };
-  size_t need = 4 + 8 * (size_t) b.max;
+  struct cache *cache = r->conn->exp->cache;
+  int rc = id == NBD_META_ID_FOLIOD_CACHE
+    ? cache_state_status (cache, r->count, r->offset, bs_state_cb, &b)
+    : cache_block_status (cache, r->count, r->offset, bs_extent_cb, &b);
   uint8_t *h;
+
+  if (rc < 0)
+    return -1;
+  if (b.n == 0) { /* nothing said: "allocated, contents unknown" */
+    put_be32 (b.desc, r->count);
+    put_be32 (b.desc + 4, 0);
+    b.n = 1;
+  }
+  put_be32 (buf, id);
+  h = chunk_hdr (r, done ? NBD_REPLY_FLAG_DONE : 0,
+                 NBD_REPLY_TYPE_BLOCK_STATUS, 4 + 8 * b.n);
+  req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
+  req_iov (r, buf, 4 + 8 * b.n);
+  return 0;
+}
+
+/* One block status chunk per selected context (spec), base:allocation
+ * first. */
+static int
+exec_block_status (struct req *r)
+{
+  size_t max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS;
+  size_t one = 4 + 8 * max, need = NBD_META_CONTEXTS * one;
+  bool alloc = r->conn->meta_alloc, cache = r->conn->meta_cache;
 
   if (r->buf_cap < need) {
     void *p = malloc (need);
@@ -367,20 +410,12 @@ exec_block_status (struct req *r)
     r->buf = p;
     r->buf_cap = need;
   }
-  b.desc = r->buf + 4;
-  if (cache_block_status (r->conn->exp->cache, r->count, r->offset,
-                          bs_extent_cb, &b) < 0)
+  if (alloc && bs_context (r, r->buf, NBD_META_ID_BASE_ALLOCATION,
+                           !cache) < 0)
     return -1;
-  if (b.n == 0) { /* nothing said: "allocated, contents unknown" */
-    put_be32 (b.desc, r->count);
-    put_be32 (b.desc + 4, 0);
-    b.n = 1;
-  }
-  put_be32 (r->buf, NBD_META_ID_BASE_ALLOCATION);
-  h = chunk_hdr (r, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_BLOCK_STATUS,
-                 4 + 8 * b.n);
-  req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
-  req_iov (r, r->buf, 4 + 8 * b.n);
+  if (cache && bs_context (r, r->buf + one, NBD_META_ID_FOLIOD_CACHE,
+                           true) < 0)
+    return -1;
   return 0;
 }
 

@@ -199,15 +199,18 @@ hs_enter_transmission (struct conn *c, struct export *e)
 {
   c->exp = e;
   c->tflags = hs_tflags (e, c->structured);
-  if (c->meta_exp != e)
+  if (c->meta_exp != e) {
     c->meta_alloc = false; /* contexts were chosen for another export */
+    c->meta_cache = false;
+  }
   ev_timer_stop (c->srv->loop, &c->hs_timer);
   free (c->optbuf);
   c->optbuf = NULL;
   c->hdr_have = 0;
-  log_info ("conn %" PRIu64 ": export '%s'%s%s", c->id, e->name,
+  log_info ("conn %" PRIu64 ": export '%s'%s%s%s", c->id, e->name,
             c->structured ? ", structured replies" : "",
-            c->meta_alloc ? ", base:allocation" : "");
+            c->meta_alloc ? ", base:allocation" : "",
+            c->meta_cache ? ", foliod:cache" : "");
   conn_set_state (c, CONN_TX_REQ_HDR);
 }
 
@@ -313,6 +316,7 @@ opt_starttls (struct conn *c)
   c->tls_active = true;
   c->structured = false;
   c->meta_alloc = false;
+  c->meta_cache = false;
   c->meta_exp = NULL;
   return STEP_NEXT;
 }
@@ -406,14 +410,32 @@ opt_info_go (struct conn *c)
   return STEP_NEXT;
 }
 
-/* Does query q (NUL-terminated) select base:allocation?  In LIST mode the
- * bare namespace "base:" is a wildcard; in SET mode it selects nothing. */
+/* Does query q (NUL-terminated) select context (e.g. "base:allocation")?
+ * In LIST mode the bare namespace ("base:") is a wildcard; in SET mode it
+ * selects nothing. */
 static bool
-meta_query_matches (const char *q, bool list)
+meta_query_matches (const char *q, const char *context, bool list)
 {
-  if (strcmp (q, NBD_META_BASE_ALLOCATION) == 0)
+  size_t ns = strchr (context, ':') - context + 1;
+
+  if (strcmp (q, context) == 0)
     return true;
-  return list && strcmp (q, "base:") == 0;
+  return list && strlen (q) == ns && strncmp (q, context, ns) == 0;
+}
+
+/* One NBD_REP_META_CONTEXT reply: id (0 when listing) and name. */
+static int
+meta_reply (struct conn *c, uint32_t idv, const char *name)
+{
+  uint8_t id[4];
+  size_t n = strlen (name);
+
+  put_be32 (id, idv);
+  if (hs_reply_begin (c, NBD_REP_META_CONTEXT, 4 + n) < 0
+      || conn_out_append (c, id, 4) < 0
+      || conn_out_append (c, name, n) < 0)
+    return -1;
+  return 0;
 }
 
 static enum step
@@ -423,12 +445,13 @@ opt_meta_context (struct conn *c)
   const uint8_t *p = c->optbuf, *end = p + c->opt_len;
   char name[HS_MAX_STRING + 1], q[HS_MAX_STRING + 1];
   uint32_t namelen, nq;
-  bool match = false;
+  bool alloc = false, cache = false;
   struct export *e;
 
   if (!list) {
     /* SET replaces the selection, even when it fails. */
     c->meta_alloc = false;
+    c->meta_cache = false;
     c->meta_exp = NULL;
     if (!c->structured)
       return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
@@ -450,7 +473,8 @@ opt_meta_context (struct conn *c)
     if (hs_string (q, p + 4, qlen) < 0)
       return hs_done (hs_reply_err (c, NBD_REP_ERR_TOO_BIG,
                                     "meta context query too long"));
-    match |= meta_query_matches (q, list);
+    alloc |= meta_query_matches (q, NBD_META_BASE_ALLOCATION, list);
+    cache |= meta_query_matches (q, NBD_META_FOLIOD_CACHE, list);
     p += 4 + qlen;
   }
   if (p != end)
@@ -463,19 +487,15 @@ opt_meta_context (struct conn *c)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_TLS_REQD,
                                   "export '%s' requires TLS", name));
   if (list && nq == 0)
-    match = true; /* no query: list everything */
-  if (match) {
-    uint8_t id[4];
-    size_t n = strlen (NBD_META_BASE_ALLOCATION);
-
-    put_be32 (id, list ? 0 : NBD_META_ID_BASE_ALLOCATION);
-    if (hs_reply_begin (c, NBD_REP_META_CONTEXT, 4 + n) < 0
-        || conn_out_append (c, id, 4) < 0
-        || conn_out_append (c, NBD_META_BASE_ALLOCATION, n) < 0)
-      return STEP_CLOSE;
-  }
+    alloc = cache = true; /* no query: list everything */
+  if ((alloc && meta_reply (c, list ? 0 : NBD_META_ID_BASE_ALLOCATION,
+                            NBD_META_BASE_ALLOCATION) < 0)
+      || (cache && meta_reply (c, list ? 0 : NBD_META_ID_FOLIOD_CACHE,
+                               NBD_META_FOLIOD_CACHE) < 0))
+    return STEP_CLOSE;
   if (!list) {
-    c->meta_alloc = match;
+    c->meta_alloc = alloc;
+    c->meta_cache = cache;
     c->meta_exp = e;
   }
   return hs_done (hs_reply (c, NBD_REP_ACK, NULL, 0));

@@ -120,8 +120,9 @@ struct export;
                                                   callback, then yield */
 #define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
 #define SERVER_KEEP_DIV     8   /* all retained <= max_buffer_total / this */
-/* Buffer a block status reply may need (execute.c allocates it). */
-#define REQ_BS_BUF_MAX      (4 + 8 * 16384u)
+/* Buffer a block status reply may need (execute.c allocates it): one
+ * descriptor list per metadata context. */
+#define REQ_BS_BUF_MAX      (NBD_META_CONTEXTS * (4 + 8 * 16384u))
 
 /* One NBD request and, once executed, its reply. */
 struct req {
@@ -240,6 +241,7 @@ struct conn {
   bool tls_active;               /* STARTTLS done (TLS transport in tops) */
   bool structured;               /* NBD_OPT_STRUCTURED_REPLY acked */
   bool meta_alloc;               /* base:allocation selected ... */
+  bool meta_cache;               /* foliod:cache selected ... */
   struct export *meta_exp;       /* ... for this export */
 
   /* Transmission. */

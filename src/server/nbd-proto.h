@@ -110,8 +110,12 @@
 #define NBD_SIMPLE_REPLY_LEN       16
 #define NBD_STRUCTURED_HDR_LEN     20
 
-/* The one metadata context we serve, and the id we give it. */
+/* The metadata contexts we serve, and the ids we give them. */
 #define NBD_META_BASE_ALLOCATION   "base:allocation"
 #define NBD_META_ID_BASE_ALLOCATION 1
+/* The cache's state per extent: flags CACHE_STATE_* (foliod/cache.h). */
+#define NBD_META_FOLIOD_CACHE      "foliod:cache"
+#define NBD_META_ID_FOLIOD_CACHE   2
+#define NBD_META_CONTEXTS          2
 
 #endif /* FOLIOD_NBD_PROTO_H */

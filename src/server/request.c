@@ -87,7 +87,7 @@ req_check (struct conn *c, struct req *r)
   if (beyond)
     return req_refuse (r, NBD_EINVAL, "range beyond the end of the export");
   if (r->type == NBD_CMD_BLOCK_STATUS) {
-    if (!c->meta_alloc)
+    if (!c->meta_alloc && !c->meta_cache)
       return req_refuse (r, NBD_EINVAL, "no metadata context selected");
     if (r->count == 0)
       return req_refuse (r, NBD_EINVAL, "block status of zero length");

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -1668,20 +1669,69 @@ test_external_store (void **state)
   fake_free (fb);
 }
 
-/* The ram store's memory is resident once the store exists: no request
- * pays for a page's first touch (store-ram.c). */
+/* store_ram_populate's callback: count and result, for the waiter. */
+struct populated {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int calls, err;
+  uint64_t bytes;
+};
+
+static void
+on_populated (void *arg, int err, uint64_t bytes, uint64_t ms)
+{
+  struct populated *p = arg;
+
+  (void) ms;
+  pthread_mutex_lock (&p->lock);
+  p->calls++;
+  p->err = err;
+  p->bytes = bytes;
+  pthread_cond_broadcast (&p->cond);
+  pthread_mutex_unlock (&p->lock);
+}
+
+/* The ram store's memory is resident once store_ram_populate's thread is
+ * done (no request pays for a page's first touch after that), and what
+ * was written meanwhile is still there: populating never writes. */
 static void
 test_ram_store_populated (void **state)
 {
-  const uint32_t nslots = 64, folio = 64 * KiB;
+  const uint32_t nslots = 1024, folio = 64 * KiB;   /* 64 MiB: two chunks */
   struct store *s = store_ram_create (nslots, folio, 4 * KiB);
+  struct populated p = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                        .cond = PTHREAD_COND_INITIALIZER };
   long page = sysconf (_SC_PAGESIZE);
+  struct timespec until;
 
   assert_non_null (s);
   size_t len = (size_t) nslots * folio, pages = len / (size_t) page;
   unsigned char *base = s->ops->data (s, 0), *vec = malloc (pages);
   assert_non_null (vec);
   assert_ptr_equal (s->ops->data (s, nslots - 1), base + len - folio);
+  assert_int_equal (store_ram_populate (s, on_populated, &p), 0);
+  assert_int_equal (store_ram_populate (s, on_populated, &p), -1); /* once */
+  /* Writes while it populates: every slot's first and last byte. */
+  for (uint32_t i = 0; i < nslots; i++) {
+    unsigned char *d = s->ops->data (s, i);
+    d[0] = (unsigned char) (i | 1);
+    d[folio - 1] = (unsigned char) (i | 1);
+  }
+  clock_gettime (CLOCK_REALTIME, &until);
+  until.tv_sec += 60;
+  pthread_mutex_lock (&p.lock);
+  while (p.calls == 0)
+    if (pthread_cond_timedwait (&p.cond, &p.lock, &until) != 0)
+      break;
+  pthread_mutex_unlock (&p.lock);
+  assert_int_equal (p.calls, 1);
+  assert_int_equal (p.err, 0);
+  assert_int_equal (p.bytes, len);
+  for (uint32_t i = 0; i < nslots; i++) {
+    unsigned char *d = s->ops->data (s, i);
+    assert_int_equal (d[0], (unsigned char) (i | 1));
+    assert_int_equal (d[folio - 1], (unsigned char) (i | 1));
+  }
   assert_int_equal (mincore (base, len, vec), 0);
   size_t resident = 0;
   for (size_t i = 0; i < pages; i++)
@@ -1689,6 +1739,21 @@ test_ram_store_populated (void **state)
   assert_int_equal (resident, pages);
   free (vec);
   store_destroy (s);
+}
+
+/* Destroying a store while its memory is being populated stops the
+ * thread (destroy joins it), and the callback is not called after. */
+static void
+test_ram_store_destroy_populating (void **state)
+{
+  struct store *s = store_ram_create (8192, 64 * KiB, 4 * KiB); /* 512 MiB */
+  struct populated p = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                        .cond = PTHREAD_COND_INITIALIZER };
+
+  assert_non_null (s);
+  assert_int_equal (store_ram_populate (s, on_populated, &p), 0);
+  store_destroy (s);
+  assert_true (p.calls == 0 || p.calls == 1);  /* done before, or never */
 }
 
 /* Exports smaller than one folio, and an empty one. */
@@ -1867,6 +1932,7 @@ main (void)
     cmocka_unit_test (test_hot_folio_stays_cached),
     cmocka_unit_test (test_external_store),
     cmocka_unit_test (test_ram_store_populated),
+    cmocka_unit_test (test_ram_store_destroy_populating),
     cmocka_unit_test (test_tiny_exports),
     cmocka_unit_test (test_largest_folio_smallest_block),
     cmocka_unit_test (test_config_check),
