@@ -461,6 +461,9 @@ conn_lost (struct nbd_handle *h, int e)
 struct waiter {
   sem_t sem;
   int err;                      /* written before posted */
+  const atomic_int *cutp;       /* &c->cut of the connection */
+  int cut;                      /* foliod had cut it when it completed:
+                                 * an error then is not the remote's */
   atomic_int posted;            /* release/acquire pair for err and the
                                  * read buffer (also where a sanitizer
                                  * does not know sem_clockwait) */
@@ -473,6 +476,7 @@ waiter_complete (void *user, int *error)
   struct waiter *w = user;
 
   w->err = *error;
+  w->cut = atomic_load (w->cutp);
   atomic_store_explicit (&w->posted, 1, memory_order_release);
   sem_post (&w->sem);
   return 1;                     /* retire the command */
@@ -533,13 +537,24 @@ enum attempt {
   ATTEMPT_HUNG,                 /* no answer in time: fail, ETIMEDOUT */
 };
 
+/* A write-class command was sent and then abandoned: it may still land
+ * (see backing_ops.clear_doubt).  Why the cut counts and not a
+ * connection the remote closed: a remote that hung up is done with the
+ * connection; one that foliod cut may be busy with the command still. */
+static void
+note_doubt (struct nbdb_backing *nb)
+{
+  atomic_fetch_add (&nb->in_doubt, 1);
+}
+
 /* One attempt on c.  0; or -1 with errno, *lost telling how it failed
- * (enum attempt), *gen the generation used. */
+ * (enum attempt), *gen the generation used.  write: a write-class
+ * command, in doubt when abandoned. */
 static int
 conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
-              void *arg, uint64_t *gen, int *lost)
+              void *arg, int write, uint64_t *gen, int *lost)
 {
-  struct waiter w = { .done = 0 };
+  struct waiter w = { .done = 0, .cutp = &c->cut };
   struct nbd_handle *h;
   int64_t cookie;
   int e;
@@ -599,6 +614,10 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
       if ((e = w.err) != 0)
         *lost = conn_lost (h, e);
     }
+    if (write && e != 0 &&
+        (*lost == ATTEMPT_HUNG ||
+         (*lost == ATTEMPT_LOST && (w.done ? w.cut : atomic_load (&c->cut)))))
+      note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);
   sem_destroy (&w.sem);
@@ -716,8 +735,8 @@ nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms)
     conn_wake (&nb->conns[i]);
 }
 
-int
-nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+static int
+run_req (struct nbdb_backing *nb, nbdb_issue fn, void *arg, int write)
 {
   uint64_t start = now_ms (), backoff = NBD_BACKOFF_MIN_MS, gen, now, end;
   struct nbdb_conn *c = NULL;
@@ -731,7 +750,7 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
     c = conn_pick (nb, c);
     if (losses > 0 && atomic_load (&c->up))
       atomic_fetch_add (&nb->retries, 1);
-    if (conn_attempt (nb, c, fn, arg, &gen, &lost) == 0) {
+    if (conn_attempt (nb, c, fn, arg, write, &gen, &lost) == 0) {
       atomic_store (&nb->down_since, 0);
       return 0;
     }
@@ -764,6 +783,18 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
   atomic_fetch_add (&nb->errors, 1);
   errno = e;
   return -1;
+}
+
+int
+nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+{
+  return run_req (nb, fn, arg, 0);
+}
+
+int
+nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+{
+  return run_req (nb, fn, arg, 1);
 }
 
 /* ---- commands that hold no thread ---- */

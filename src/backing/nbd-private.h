@@ -92,6 +92,11 @@ struct nbdb_backing {
   /* Writes acknowledged since the last successful flush, and the loss
    * epoch: bumped when a connection drops while any such write exists. */
   atomic_uint_fast64_t unflushed, loss_epoch;
+  /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
+   * not answered in time or cut with their connection by foliod, so the
+   * remote may still carry them out.  Flush and FUA fail with EIO while
+   * this is not 0; only clear_doubt (the operator) resets it. */
+  atomic_uint_fast64_t in_doubt;
 
   struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
@@ -108,6 +113,10 @@ typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
  * when the remote stays away.  A request not answered within
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
+/* nbdb_run for a write-class command (write, zero, trim): one that was
+ * sent and then abandoned (hung, or cut with its connection) counts in
+ * nb->in_doubt, whether or not a retry succeeds. */
+int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
  * poller (or this thread) when the remote answered, the connection
  * failed, or request_timeout_ms passed (then the connection is cut, and
