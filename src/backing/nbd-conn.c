@@ -193,7 +193,15 @@ struct nbdb_async {
   struct nbdb_async *prev, *next;  /* c->async_head, under async_lock */
 };
 
-static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h);
+/* Why foliod cut a connection (nbdb_conn.cut). */
+enum {
+  CUT_NONE = 0,
+  CUT_DROP,                     /* replacing it (conn_drop) */
+  CUT_HUNG,                     /* a request on it went unanswered for
+                                 * request_timeout_ms: the remote hangs */
+};
+
+static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why);
 static void nbdb_note_down (struct nbdb_backing *nb, int hung);
 
 /* The earliest deadline of c's async commands (also the shutdown
@@ -227,7 +235,7 @@ poller_timeout (struct nbdb_conn *c, struct nbd_handle *h, unsigned dir)
     return t;
   now = now_ms ();
   if (now >= first) {
-    conn_cut (c, h);
+    conn_cut (c, h, CUT_HUNG);
     nbdb_note_down (c->nb, 1);
     return t;
   }
@@ -342,11 +350,11 @@ conn_install (struct nbdb_conn *c, struct nbd_handle *h)
  * (the poller sees the hang-up), so nobody keeps waiting on a remote that
  * stopped answering.  The fd stays libnbd's; only nbd_close closes it. */
 static void
-conn_cut (struct nbdb_conn *c, struct nbd_handle *h)
+conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why)
 {
   int fd = nbd_aio_get_fd (h);
 
-  atomic_store (&c->cut, 1);
+  atomic_store (&c->cut, why);
   atomic_store (&c->up, 0);
   if (fd >= 0)
     shutdown (fd, SHUT_RDWR);
@@ -386,7 +394,7 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
      * them (they are issued again elsewhere).  Their waiters still look
      * at the handle, so it stays until they are done. */
     if (atomic_load (&c->users) > 0)
-      conn_cut (c, c->h);
+      conn_cut (c, c->h, CUT_DROP);
     while (atomic_load (&c->users) > 0)
       sleep_ms (1);
     lock_or_die (&c->poller_lock);
@@ -526,7 +534,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
 static void
 waiter_abandon (struct waiter *w, struct nbdb_conn *c, struct nbd_handle *h)
 {
-  conn_cut (c, h);
+  conn_cut (c, h, CUT_HUNG);
   (void) waiter_wait (w, h, UINT64_MAX);
 }
 
@@ -557,7 +565,7 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
   struct waiter w = { .done = 0, .cutp = &c->cut };
   struct nbd_handle *h;
   int64_t cookie;
-  int e;
+  int e, cut;
 
   pthread_rwlock_rdlock (&c->lock);
   h = c->h;
@@ -614,9 +622,13 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
       if ((e = w.err) != 0)
         *lost = conn_lost (h, e);
     }
+    cut = w.done ? w.cut : atomic_load (&c->cut);
+    /* Cut because another request on it hung: the remote hangs, this one
+     * fails at once too (ENOTCONN), no reconnect; the backing is down. */
+    if (*lost == ATTEMPT_LOST && cut == CUT_HUNG)
+      *lost = ATTEMPT_HUNG;
     if (write && e != 0 &&
-        (*lost == ATTEMPT_HUNG ||
-         (*lost == ATTEMPT_LOST && (w.done ? w.cut : atomic_load (&c->cut)))))
+        (*lost == ATTEMPT_HUNG || (*lost == ATTEMPT_LOST && cut != CUT_NONE)))
       note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);
@@ -695,7 +707,10 @@ nbdb_may_try (struct nbdb_backing *nb)
 /* No connection could be made: start the reconnect window, unless one
  * runs.  hung: the remote held a request request_timeout_ms without an
  * answer; it is not restarting, so the window is closed at once and
- * requests fail fast (the next probe is due now). */
+ * requests fail fast.  The next probe only after a backoff: a probe of
+ * a hung remote waits for its handshake (up to request_timeout_ms), and
+ * the request that waited a timeout already, or its FLUSH, must not
+ * wait a second one (foliod.conf(5): one bound per request). */
 static void
 nbdb_note_down (struct nbdb_backing *nb, int hung)
 {
@@ -704,7 +719,7 @@ nbdb_note_down (struct nbdb_backing *nb, int hung)
 
   if (hung) {
     atomic_store (&nb->down_since, since);
-    atomic_store (&nb->next_probe, now);
+    atomic_store (&nb->next_probe, now + NBD_BACKOFF_MAX_MS);
   }
   else
     atomic_compare_exchange_strong (&nb->down_since, &zero, since);
@@ -762,8 +777,13 @@ run_req (struct nbdb_backing *nb, nbdb_issue fn, void *arg, int write)
     losses++;
     if (conn_replace (nb, c, gen) == 0)
       atomic_store (&nb->down_since, 0);        /* reachable again */
-    else if (!any_up (nb))
-      nbdb_note_down (nb, 0);
+    else {
+      /* A failed reconnect may have waited a handshake timeout: the next
+       * probe a backoff from now, not from when this one started. */
+      atomic_store (&nb->next_probe, now_ms () + NBD_BACKOFF_MAX_MS);
+      if (!any_up (nb))
+        nbdb_note_down (nb, 0);
+    }
     now = now_ms ();
     end = nbdb_retry_end (nb, start);
     if (now >= end) {
