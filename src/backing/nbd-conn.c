@@ -336,14 +336,27 @@ peer_gone (struct nbd_handle *h)
                       (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
 }
 
-/* Install h (may be NULL) as c's handle; its poller starts on first use.
- * Caller holds c->lock for writing, or owns c alone. */
+/* Install h (may be NULL) as c's handle.  start: start its poller now
+ * (a reconnect), not on first use: the first use may be an async read
+ * from the event loop, which must not start threads (nbdb_run_async
+ * says EAGAIN instead).  Not for the handles opened with the backing:
+ * the open may come before a fork (nbdkit's .get_ready, a daemon that
+ * detaches), and a poller left in the parent would read the replies
+ * meant for the child; their first sync request starts them
+ * (poller_ensure), as one that failed to start here.  Caller holds
+ * c->lock for writing, or owns c alone. */
 static void
-conn_install (struct nbdb_conn *c, struct nbd_handle *h)
+conn_install (struct nbdb_conn *c, struct nbd_handle *h, int start)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
   atomic_store (&c->up, c->h != NULL);
+  if (h && start) {
+    lock_or_die (&c->poller_lock);
+    if (!c->has_poller)
+      (void) poller_start (c);
+    unlock_or_die (&c->poller_lock);
+  }
 }
 
 /* Shut down h's socket: libnbd then fails every command on it at once
@@ -435,7 +448,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
   h = conn_reopen (nb);
 
   pthread_rwlock_wrlock (&c->lock);
-  conn_install (c, h);
+  conn_install (c, h, 1);
   c->gen++;
   pthread_rwlock_unlock (&c->lock);
   atomic_store (&c->reopening, 0);
@@ -819,6 +832,45 @@ nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
 
 /* ---- commands that hold no thread ---- */
 
+/* The per-connection free list: a parked miss costs no malloc on the
+ * loop thread, and at most NBD_ASYNC_MAX are in flight (more use the
+ * sync path). */
+static struct nbdb_async *
+async_get (struct nbdb_conn *c)
+{
+  struct nbdb_async *a;
+
+  lock_or_die (&c->async_lock);
+  a = c->async_free;
+  if (a)
+    c->async_free = a->next;
+  unlock_or_die (&c->async_lock);
+  return a;
+}
+
+static void
+async_put (struct nbdb_conn *c, struct nbdb_async *a)
+{
+  lock_or_die (&c->async_lock);
+  a->next = c->async_free;
+  c->async_free = a;
+  unlock_or_die (&c->async_lock);
+}
+
+/* Does c's handle have its poller in this process?  Without waiting:
+ * no when the lock is busy (a start or stop in progress). */
+static int
+poller_running (struct nbdb_conn *c)
+{
+  int r;
+
+  if (pthread_mutex_trylock (&c->poller_lock) != 0)
+    return 0;
+  r = c->has_poller && c->poller_pid == getpid ();
+  unlock_or_die (&c->poller_lock);
+  return r;
+}
+
 static void
 async_unlink (struct nbdb_async *a)
 {
@@ -844,7 +896,7 @@ async_complete (void *user, int *error)
 
   async_unlink (a);
   a->done (a->opaque, e);
-  free (a);
+  async_put (c, a);
   atomic_fetch_sub (&c->users, 1);      /* h may be closed after this */
   return 1;
 }
@@ -859,26 +911,22 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   int64_t cookie;
   bool first;
 
-  /* Down, reconnecting, shutting down: the sync path knows what to do. */
+  /* Down, reconnecting, shutting down, busy: the sync path knows what to
+   * do.  A trylock: the writer (conn_replace) holds c->lock across a
+   * drain, a thread join and nbd_close. */
   if (atomic_load (&nb->down_since) || atomic_load (&nb->deadline) ||
-      !(c = conn_pick_async (nb)) ||
-      !(a = malloc (sizeof *a))) {
-    errno = EAGAIN;
-    return -1;
+      !(c = conn_pick_async (nb)))
+    goto again;
+  if (pthread_rwlock_tryrdlock (&c->lock) != 0)
+    goto again;
+  h = c->h;
+  if (!h || atomic_load (&c->cut) || !poller_running (c) ||
+      !(a = async_get (c))) {
+    pthread_rwlock_unlock (&c->lock);
+    goto again;
   }
   *a = (struct nbdb_async) { .done = done, .opaque = opaque, .c = c,
                              .deadline = now_ms () + nb->request_timeout_ms };
-  pthread_rwlock_rdlock (&c->lock);
-  h = c->h;
-  if (!h || atomic_load (&c->cut))
-    goto fail;
-  switch (poller_ensure (c)) {
-  case -1:
-    goto fail;
-  case 1:
-    if (peer_gone (h))
-      goto fail;
-  }
   lock_or_die (&c->async_lock);
   a->next = c->async_head;
   if (a->next)
@@ -896,7 +944,9 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   if (cookie == -1) {
     async_unlink (a);
     atomic_fetch_sub (&c->users, 1);
-    goto fail;
+    async_put (c, a);
+    pthread_rwlock_unlock (&c->lock);
+    goto again;
   }
   if (first)
     conn_wake (c);
@@ -905,9 +955,7 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   pthread_rwlock_unlock (&c->lock);
   return 0;
 
- fail:
-  pthread_rwlock_unlock (&c->lock);
-  free (a);
+ again:
   errno = EAGAIN;
   return -1;
 }
@@ -1008,15 +1056,19 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     pthread_mutex_init (&c->async_lock, NULL);
     c->nb = nb;
     c->efd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
+    c->async_pool = calloc (NBD_ASYNC_MAX, sizeof *c->async_pool);
     nb->nconns = i + 1;
-    if (c->efd == -1) {
-      snprintf (err, errlen, "%s: eventfd: %s", nb->uri, strerror (errno));
+    if (c->efd == -1 || !c->async_pool) {
+      snprintf (err, errlen, "%s: %s", nb->uri,
+                c->efd == -1 ? strerror (errno) : "out of memory");
       if (i == 0)
         nbd_close (first);
       return -1;
     }
+    for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
+      async_put (c, &c->async_pool[k]);
     /* The others now; one that fails is opened on first use instead. */
-    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
+    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0), 0);
   }
   fork_list_add (nb);
   nb->forkable = 1;
@@ -1046,6 +1098,7 @@ nbdb_conns_stop (struct nbdb_backing *nb)
     pthread_rwlock_destroy (&c->lock);
     pthread_mutex_destroy (&c->poller_lock);
     pthread_mutex_destroy (&c->async_lock);
+    free (c->async_pool);
   }
   free (nb->conns);
   nb->conns = NULL;

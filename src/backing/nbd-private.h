@@ -14,6 +14,7 @@
 
 #define NBD_EXT_SLOTS   64  /* cached extents */
 #define NBD_INVAL_LOG   16  /* recent invalidations remembered */
+#define NBD_ASYNC_MAX   512 /* async commands in flight per connection */
 
 /* One connection to the remote.  Any number of threads issue aio
  * commands on it at once; one poller thread per connection moves the
@@ -34,8 +35,9 @@ struct nbdb_conn {
                                  * holding lock: the others do not wait */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
-  /* The poller starts on first use, and again in a child after fork
-   * (nbdkit forks after .get_ready; threads do not survive it). */
+  /* The poller starts when a reconnect installs a handle, else on first
+   * sync use (the first handles, and in a child after fork: nbdkit
+   * forks after .get_ready; threads do not survive it). */
   pthread_mutex_t poller_lock;  /* protects the three below */
   pthread_t poller;
   int has_poller;
@@ -44,8 +46,11 @@ struct nbdb_conn {
   struct nbdb_backing *nb;      /* the backing this connection is of */
   /* Asynchronous commands in flight on h (nbdb_run_async): the poller
    * cuts the connection when the first of them is past its deadline. */
-  pthread_mutex_t async_lock;   /* a leaf */
+  pthread_mutex_t async_lock;   /* a leaf; protects the two below */
   struct nbdb_async *async_head;
+  struct nbdb_async *async_free; /* unused ones of async_pool */
+  struct nbdb_async *async_pool; /* NBD_ASYNC_MAX, for the connection's
+                                  * life: no malloc on the loop thread */
 };
 
 struct ext_slot {
@@ -122,7 +127,12 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
  * failed, or request_timeout_ms passed (then the connection is cut, and
  * the backing counts as down as for a hung sync request).  -1 (errno)
  * when not issued: the backing is down or reconnecting, no connection
- * is up; the caller then uses nbdb_run.  No retries. */
+ * is up, its lock is taken (a reconnect), it has no poller in this
+ * process, or NBD_ASYNC_MAX are in flight; the caller then uses
+ * nbdb_run.  No retries.  Never blocks: the daemon's event loop calls
+ * it; it takes only leaf mutexes held for moments (async_lock,
+ * poller_lock by trylock) and libnbd's handle lock, never c->lock's
+ * writer, a thread start or malloc. */
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
 

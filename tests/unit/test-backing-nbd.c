@@ -25,6 +25,8 @@
 
 #include "foliod/backing.h"
 #include "foliod/export.h"
+#include "backing/nbd-private.h"    /* the connection's locks, for F4.3 */
+#include <semaphore.h>
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -734,6 +736,224 @@ test_request_timeout (void **state)
   backing_close (b);
 }
 
+/* A write the remote did not answer in time may still land later, over
+ * anything written since: it is in doubt, and flush and FUA fail with EIO
+ * (even after the remote answers again) until clear_doubt, which moves
+ * the loss epoch so that the cache writes again what it wrote meanwhile.
+ * A read that hung leaves no doubt. */
+static void
+test_write_in_doubt (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing_opts o = { .request_timeout_ms = 500 };
+  char err[256] = "";
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0, epoch;
+
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  assert_non_null (b->ops->clear_doubt);
+  remote_stop (f);
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  backing_get_stats (b, &st);
+  assert_int_equal (st.writes_in_doubt, 0);       /* a read: no doubt */
+  kill (f->pid, SIGCONT);
+  read_until_ok (b);
+  assert_int_equal (b->ops->flush (b), 0);
+
+  remote_stop (f);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, 0), -1);
+  assert_int_equal (errno, ETIMEDOUT);
+  backing_get_stats (b, &st);
+  assert_int_equal (st.writes_in_doubt, 1);
+  kill (f->pid, SIGCONT);
+  /* The remote answers again: writes work, nothing is durable. */
+  t0 = ms_now ();
+  while (b->ops->write (b, buf, sizeof buf, 4096, 0) == -1) {
+    if (ms_now () - t0 > 10000)
+      fail_msg ("remote still unreachable: %s", strerror (errno));
+    usleep (100000);
+  }
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), -1);
+  assert_int_equal (errno, EIO);
+  /* The operator's word. */
+  epoch = b->ops->loss_epoch (b);
+  assert_int_equal (backing_clear_doubt (b), 1);
+  assert_true (b->ops->loss_epoch (b) != epoch);
+  assert_int_equal (backing_clear_doubt (b), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), 0);
+  backing_close (b);
+}
+
+/* ---- F4.3: the async read never blocks its caller (the event loop) ---- */
+
+struct held {
+  struct nbdb_conn *c;
+  sem_t taken, release;
+};
+
+/* Holds c->lock for writing, as a reconnect does across its drain, join
+ * and nbd_close, until told (or 10 s: a blocked caller then fails its
+ * assertions instead of hanging the test). */
+static void *
+hold_write_lock (void *p)
+{
+  struct held *hd = p;
+  struct timespec ts;
+
+  pthread_rwlock_wrlock (&hd->c->lock);
+  sem_post (&hd->taken);
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += 10;
+  while (sem_timedwait (&hd->release, &ts) == -1 && errno == EINTR)
+    ;
+  pthread_rwlock_unlock (&hd->c->lock);
+  return NULL;
+}
+
+struct async_done {
+  sem_t sem;
+  atomic_int n, errs;
+};
+
+static void
+async_done_cb (void *opaque, int err)
+{
+  struct async_done *d = opaque;
+
+  if (err)
+    atomic_fetch_add (&d->errs, 1);
+  atomic_fetch_add (&d->n, 1);
+  sem_post (&d->sem);
+}
+
+static void
+async_wait (struct async_done *d, int n)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += 30;
+  while (atomic_load (&d->n) < n)
+    if (sem_timedwait (&d->sem, &ts) == -1 && errno != EINTR)
+      fail_msg ("%d of %d async reads done", atomic_load (&d->n), n);
+}
+
+static int
+has_poller (struct nbdb_conn *c)
+{
+  int r;
+
+  pthread_mutex_lock (&c->poller_lock);
+  r = c->has_poller;
+  pthread_mutex_unlock (&c->poller_lock);
+  return r;
+}
+
+/* An async read starts no thread: before the first sync request (which
+ * starts the poller of a handle opened with the backing) it says EAGAIN.
+ * A reconnect holds the connection's lock for writing: an async read
+ * says EAGAIN (use the sync path) at once instead of waiting behind it. */
+static void
+test_async_never_blocks (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  struct nbdb_backing *nb;
+  struct held hd;
+  struct async_done d;
+  pthread_t th;
+  uint8_t buf[4096];
+  int r, e;
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  nb = (struct nbdb_backing *) b;
+  sem_init (&d.sem, 0, 0);
+  atomic_init (&d.n, 0);
+  atomic_init (&d.errs, 0);
+  r = b->ops->read_async (b, buf, sizeof buf, 0, async_done_cb, &d);
+  if (r == 0)
+    async_wait (&d, 1);
+  assert_int_equal (r, -1);
+  assert_int_equal (errno, EAGAIN);
+  assert_false (has_poller (&nb->conns[0]));
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), 0);
+  assert_true (has_poller (&nb->conns[0]));
+  atomic_store (&d.n, 0);
+  hd.c = &nb->conns[0];
+  sem_init (&hd.taken, 0, 0);
+  sem_init (&hd.release, 0, 0);
+  assert_int_equal (pthread_create (&th, NULL, hold_write_lock, &hd), 0);
+  sem_wait (&hd.taken);
+  r = b->ops->read_async (b, buf, sizeof buf, 0, async_done_cb, &d);
+  e = errno;
+  sem_post (&hd.release);       /* only now: r came while it was held */
+  pthread_join (th, NULL);
+  if (r == 0)
+    async_wait (&d, 1);
+  assert_int_equal (r, -1);
+  assert_int_equal (e, EAGAIN);
+  atomic_store (&d.n, 0);
+  /* Free again: issued, and answered. */
+  assert_int_equal (b->ops->read_async (b, buf, sizeof buf, 0, async_done_cb,
+                                        &d), 0);
+  async_wait (&d, 1);
+  assert_int_equal (atomic_load (&d.errs), 0);
+  backing_close (b);
+  sem_destroy (&d.sem);
+  sem_destroy (&hd.taken);
+  sem_destroy (&hd.release);
+}
+
+/* The per-request structs come from a bounded per-connection list: with
+ * NBD_ASYNC_MAX in flight (the remote stopped), one more says EAGAIN;
+ * once they are answered they can be issued again. */
+static void
+test_async_bounded (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing_opts o = { .connections = 1 };
+  char err[256] = "";
+  struct backing *b;
+  struct async_done d;
+  static uint8_t bufs[NBD_ASYNC_MAX + 1][512];
+
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  sem_init (&d.sem, 0, 0);
+  atomic_init (&d.n, 0);
+  atomic_init (&d.errs, 0);
+  assert_int_equal (b->ops->read (b, bufs[0], 512, 0), 0);  /* the poller */
+  remote_stop (f);
+  for (int i = 0; i < NBD_ASYNC_MAX; i++)
+    assert_int_equal (b->ops->read_async (b, bufs[i], 512, 512 * i,
+                                          async_done_cb, &d), 0);
+  assert_int_equal (b->ops->read_async (b, bufs[NBD_ASYNC_MAX], 512, 0,
+                                        async_done_cb, &d), -1);
+  assert_int_equal (errno, EAGAIN);
+  kill (f->pid, SIGCONT);
+  async_wait (&d, NBD_ASYNC_MAX);
+  assert_int_equal (atomic_load (&d.errs), 0);
+  assert_int_equal (b->ops->read_async (b, bufs[NBD_ASYNC_MAX], 512, 0,
+                                        async_done_cb, &d), 0);
+  async_wait (&d, NBD_ASYNC_MAX + 1);
+  backing_close (b);
+  sem_destroy (&d.sem);
+}
+
 /* Shutdown: no request waits past the deadline, even with a long
  * request-timeout. */
 static void
@@ -1033,6 +1253,9 @@ main (void)
     T (test_down_fails_fast),
     T (test_request_timeout),
     T (test_deadline),
+    T (test_write_in_doubt),
+    T (test_async_never_blocks),
+    T (test_async_bounded),
     T (test_remote_errors),
     T (test_enospc),
     T (test_tls_psk),
