@@ -90,7 +90,11 @@ done
 grep -q "in doubt.*clear-doubt disk0" "$FOLIOD_LOG" ||
   fail "no log line about the write in doubt"
 
+[ "$(foliod_stat "$ctl" foliod_backing_writes_in_doubt)" = 1 ] ||
+  fail "foliod_backing_writes_in_doubt is not 1"
 "$FOLIOD" clear-doubt disk0 --control "$ctl" || fail "foliod clear-doubt"
+[ "$(foliod_stat "$ctl" foliod_backing_writes_in_doubt)" = 0 ] ||
+  fail "foliod_backing_writes_in_doubt is not 0 after clear-doubt"
 
 # Now B is written again and flushed (the backing may still be probing:
 # retry a few times).

@@ -23,7 +23,7 @@ enum metric_id {
   M_PT_WRITE_OPS, M_PT_WRITE_BYTES, M_BACKING_READ, M_BACKING_ERRORS,
   M_RECONNECTS, M_RETRIES, M_UNSTABLE, M_EVICTIONS, M_FLUSHES, M_CLIENT_FLUSHES,
   M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_RA_BYTES, M_RA_WINDOWS,
-  M_RA_HITS, M_RA_WASTED, M_COUNT
+  M_RA_HITS, M_RA_WASTED, M_IN_DOUBT, M_COUNT
 };
 
 static const struct {
@@ -67,6 +67,10 @@ static const struct {
                      "Reconnections of an nbd: backing." },
   [M_RETRIES] = { "foliod_backing_retries_total", "counter",
                   "Requests an nbd: backing sent again after a reconnect." },
+  [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
+                   "Writes to an nbd: backing given up on that the remote "
+                   "may still carry out: FLUSH fails until 'foliod "
+                   "clear-doubt' (foliod(8))." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -124,6 +128,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
   v[M_RETRIES] = bst.retries;
+  v[M_IN_DOUBT] = bst.writes_in_doubt;
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
