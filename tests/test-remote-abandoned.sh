@@ -98,13 +98,7 @@ grep -q "in doubt.*clear-doubt disk0" "$FOLIOD_LOG" ||
 
 # Now B is written again and flushed (the backing may still be probing:
 # retry a few times).
-ok=
-for ((i = 0; i < 30 * TSCALE; i++)); do
-  if timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' 2>/dev/null
-  then ok=1; break; fi
-  sleep 1
-done
-[ -n "$ok" ] || fail "FLUSH still failing after clear-doubt"
+flush_until_ok disk0
 stop_foliod
 stop_remote
 head -c 262144 "$img" | tr -d B | wc -c | grep -qx 0 ||

@@ -58,13 +58,7 @@ kill -CONT "$REMOTE_PID"
 # Writes cut with their connection are in doubt (foliod(8)): the remote
 # is back and done with them, which only the operator can tell foliod.
 "$FOLIOD" clear-doubt disk0 --control "$tmp/ctl.sock" || fail "clear-doubt"
-ok=
-for ((i = 0; i < 30 * TSCALE; i++)); do
-  if timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' 2>/dev/null
-  then ok=1; break; fi
-  sleep 1
-done
-[ -n "$ok" ] || fail "flush still failing after the remote came back"
+flush_until_ok disk0
 stop_foliod
 stop_remote
 echo OK
