@@ -1044,7 +1044,8 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
   unsigned i;
 
   nb->conns = calloc (n, sizeof *nb->conns);
-  if (!nb->conns) {
+  nb->async_pool = calloc ((size_t) n * NBD_ASYNC_MAX, sizeof *nb->async_pool);
+  if (!nb->conns || !nb->async_pool) {
     snprintf (err, errlen, "%s: out of memory", nb->uri);
     nbd_close (first);
     return -1;
@@ -1056,17 +1057,15 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     pthread_mutex_init (&c->async_lock, NULL);
     c->nb = nb;
     c->efd = eventfd (0, EFD_CLOEXEC | EFD_NONBLOCK);
-    c->async_pool = calloc (NBD_ASYNC_MAX, sizeof *c->async_pool);
     nb->nconns = i + 1;
-    if (c->efd == -1 || !c->async_pool) {
-      snprintf (err, errlen, "%s: %s", nb->uri,
-                c->efd == -1 ? strerror (errno) : "out of memory");
+    if (c->efd == -1) {
+      snprintf (err, errlen, "%s: eventfd: %s", nb->uri, strerror (errno));
       if (i == 0)
         nbd_close (first);
       return -1;
     }
     for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
-      async_put (c, &c->async_pool[k]);
+      async_put (c, &nb->async_pool[i * NBD_ASYNC_MAX + k]);
     /* The others now; one that fails is opened on first use instead. */
     conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0), 0);
   }
@@ -1098,9 +1097,10 @@ nbdb_conns_stop (struct nbdb_backing *nb)
     pthread_rwlock_destroy (&c->lock);
     pthread_mutex_destroy (&c->poller_lock);
     pthread_mutex_destroy (&c->async_lock);
-    free (c->async_pool);
   }
   free (nb->conns);
+  free (nb->async_pool);
+  nb->async_pool = NULL;
   nb->conns = NULL;
   nb->nconns = 0;
 }

@@ -48,9 +48,8 @@ struct nbdb_conn {
    * cuts the connection when the first of them is past its deadline. */
   pthread_mutex_t async_lock;   /* a leaf; protects the two below */
   struct nbdb_async *async_head;
-  struct nbdb_async *async_free; /* unused ones of async_pool */
-  struct nbdb_async *async_pool; /* NBD_ASYNC_MAX, for the connection's
-                                  * life: no malloc on the loop thread */
+  struct nbdb_async *async_free; /* unused, NBD_ASYNC_MAX of nb's
+                                  * async_pool: no malloc on the loop */
 };
 
 struct ext_slot {
@@ -75,6 +74,7 @@ struct nbdb_backing {
 
   unsigned nconns;
   struct nbdb_conn *conns;
+  struct nbdb_async *async_pool; /* NBD_ASYNC_MAX per connection */
   atomic_uint next_conn;        /* round robin */
 
   pthread_mutex_t ext_lock;     /* protects everything below */
