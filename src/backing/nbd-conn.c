@@ -336,22 +336,19 @@ peer_gone (struct nbd_handle *h)
                       (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
 }
 
-/* Install h (may be NULL) as c's handle.  start: start its poller now
- * (a reconnect), not on first use: the first use may be an async read
- * from the event loop, which must not start threads (nbdb_run_async
- * says EAGAIN instead).  Not for the handles opened with the backing:
- * the open may come before a fork (nbdkit's .get_ready, a daemon that
- * detaches), and a poller left in the parent would read the replies
- * meant for the child; their first sync request starts them
- * (poller_ensure), as one that failed to start here.  Caller holds
- * c->lock for writing, or owns c alone. */
+/* Install h (may be NULL) as c's handle and start its poller now, not
+ * on first use: the first use may be an async read from the event loop,
+ * which must not start threads (nbdb_run_async says EAGAIN instead).  A
+ * poller that failed to start, or is gone with a fork, is started by
+ * the next sync request (poller_ensure).  Caller holds c->lock for
+ * writing, or owns c alone. */
 static void
-conn_install (struct nbdb_conn *c, struct nbd_handle *h, int start)
+conn_install (struct nbdb_conn *c, struct nbd_handle *h)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
   atomic_store (&c->up, c->h != NULL);
-  if (h && start) {
+  if (h) {
     lock_or_die (&c->poller_lock);
     if (!c->has_poller)
       (void) poller_start (c);
@@ -448,7 +445,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
   h = conn_reopen (nb);
 
   pthread_rwlock_wrlock (&c->lock);
-  conn_install (c, h, 1);
+  conn_install (c, h);
   c->gen++;
   pthread_rwlock_unlock (&c->lock);
   atomic_store (&c->reopening, 0);
@@ -605,6 +602,7 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
     break;
   }
   sem_init (&w.sem, 0, 0);
+  atomic_store (&c->used, 1);
   atomic_fetch_add (&c->users, 1);
   cookie = fn (h, arg, (nbd_completion_callback) { .callback = waiter_complete,
                                                    .user_data = &w });
@@ -937,6 +935,7 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
    * than the first, and the poller looks again after every reply). */
   first = a->next == NULL;
   unlock_or_die (&c->async_lock);
+  atomic_store (&c->used, 1);
   atomic_fetch_add (&c->users, 1);
   /* a belongs to the completion from here on: done may run inside fn. */
   cookie = fn (h, arg, (nbd_completion_callback) { .callback = async_complete,
@@ -981,7 +980,11 @@ fork_prepare (void)
     for (i = 0; i < nb->nconns; i++) {
       struct nbdb_conn *c = &nb->conns[i];
       lock_or_die (&c->poller_lock);
-      c->restart = c->has_poller && c->poller_pid == getpid ();
+      /* Only where commands were issued: a backing opened and then
+       * forked (nbdkit's .get_ready) is used by the child, and a poller
+       * in the parent would take the child's replies off the socket. */
+      c->restart = c->has_poller && c->poller_pid == getpid () &&
+                   atomic_load (&c->used);
       poller_stop (c);
     }
 }
@@ -1067,7 +1070,7 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
       async_put (c, &nb->async_pool[i * NBD_ASYNC_MAX + k]);
     /* The others now; one that fails is opened on first use instead. */
-    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0), 0);
+    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
   }
   fork_list_add (nb);
   nb->forkable = 1;

@@ -31,13 +31,14 @@ struct nbdb_conn {
   atomic_int up;                /* h != NULL (cheap hint for picking) */
   atomic_int cut;               /* h's socket was shut down (a request on
                                  * it hung): issue nothing more on it */
+  atomic_int used;              /* commands were issued (fork: restart) */
   atomic_int reopening;         /* a thread is connecting a new h, without
                                  * holding lock: the others do not wait */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
-  /* The poller starts when a reconnect installs a handle, else on first
-   * sync use (the first handles, and in a child after fork: nbdkit
-   * forks after .get_ready; threads do not survive it). */
+  /* The poller starts when a handle is installed, and again on first
+   * sync use in a child after fork (nbdkit forks after .get_ready;
+   * threads do not survive it). */
   pthread_mutex_t poller_lock;  /* protects the three below */
   pthread_t poller;
   int has_poller;
