@@ -196,6 +196,9 @@ struct nbdb_async {
 /* Why foliod cut a connection (nbdb_conn.cut). */
 enum {
   CUT_NONE = 0,
+  CUT_DRAIN,                    /* not shut down: nothing new is issued on
+                                 * it, the commands in flight may still be
+                                 * answered (conn_drain) */
   CUT_DROP,                     /* replacing it (conn_drop) */
   CUT_HUNG,                     /* a request on it went unanswered for
                                  * request_timeout_ms: the remote hangs */
@@ -420,6 +423,32 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
   }
 }
 
+/* Before a replace: issue nothing more on c's handle (of generation gen)
+ * and give the commands in flight on it time to be answered, up to
+ * request_timeout_ms (the remote said ESHUTDOWN to one of them, and is
+ * still there), so that conn_drop has none to cut: a write cut in flight
+ * is in doubt (backing_ops.clear_doubt), one answered is not.  Ends at
+ * once when the handle is dead (libnbd completed them all).  Caller owns
+ * c->reopening, so c->h stays. */
+static void
+conn_drain (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
+{
+  uint64_t end = nbdb_wait_end (nb, nb->request_timeout_ms);
+  struct nbd_handle *h;
+  int zero = CUT_NONE;
+
+  pthread_rwlock_rdlock (&c->lock);
+  h = c->gen == gen ? c->h : NULL;
+  if (h && atomic_compare_exchange_strong (&c->cut, &zero, CUT_DRAIN))
+    atomic_store (&c->up, 0);
+  pthread_rwlock_unlock (&c->lock);
+  if (!h)
+    return;
+  while (atomic_load (&c->users) > 0 && now_ms () < end &&
+         !nbd_aio_is_dead (h) && !nbd_aio_is_closed (h))
+    sleep_ms (1);
+}
+
 /* Replace c's handle after a lost attempt made on generation gen.  The
  * connect runs without c->lock, by one thread at a time: the others find
  * no handle and do not wait behind a slow handshake.  Returns 0 when c
@@ -432,6 +461,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
 
   if (atomic_exchange (&c->reopening, 1))
     return -1;
+  conn_drain (nb, c, gen);
   pthread_rwlock_wrlock (&c->lock);
   if (c->gen != gen && c->h) {
     pthread_rwlock_unlock (&c->lock);   /* replaced meanwhile */
@@ -638,8 +668,11 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
      * fails at once too (ENOTCONN), no reconnect; the backing is down. */
     if (*lost == ATTEMPT_LOST && cut == CUT_HUNG)
       *lost = ATTEMPT_HUNG;
+    /* In doubt: not answered in time, or aborted by foliod's shutdown of
+     * the socket; not ESHUTDOWN, the remote's answer. */
     if (write && e != 0 &&
-        (*lost == ATTEMPT_HUNG || (*lost == ATTEMPT_LOST && cut != CUT_NONE)))
+        (*lost == ATTEMPT_HUNG ||
+         (*lost == ATTEMPT_LOST && cut >= CUT_DROP && e != ESHUTDOWN)))
       note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);

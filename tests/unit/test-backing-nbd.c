@@ -945,6 +945,70 @@ test_async_bounded (void **state)
   sem_destroy (&d.sem);
 }
 
+/* Writers on one connection while the remote says ESHUTDOWN: the writes
+ * in flight beside the refused one are answered before the connection
+ * is replaced, not cut, so none is in doubt and a flush works after. */
+struct esh_arg {
+  struct backing *b;
+  int t, failed;
+};
+
+static void *
+esh_writer (void *p)
+{
+  struct esh_arg *a = p;
+  uint8_t w[4096];
+
+  for (int i = 0; i < 40; i++) {
+    fill (w, sizeof w, a->t * 100 + i);
+    if (a->b->ops->write (a->b, w, sizeof w,
+                          (uint64_t) (a->t * 64 + i) * 4096, 0) != 0)
+      a->failed++;
+  }
+  return NULL;
+}
+
+static void
+test_eshutdown_no_doubt (void **state)
+{
+  struct fx *f = *state;
+  char file_arg[128];
+  const char *args[] = { "--filter=error", "memory", "8M", "error=ESHUTDOWN",
+                         "error-rate=100%", file_arg, NULL };
+  struct backing_opts o = { .connections = 1, .retry_timeout_ms = 10000 };
+  char err[256] = "";
+  struct backing *b;
+  struct backing_stats st;
+  enum { N = 6 };
+  struct esh_arg a[N];
+  pthread_t th[N], ul;
+  int fd;
+
+  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (pthread_create (&ul, NULL, unlink_later, f->errfile), 0);
+  for (int t = 0; t < N; t++) {
+    a[t] = (struct esh_arg) { b, t, 0 };
+    assert_int_equal (pthread_create (&th[t], NULL, esh_writer, &a[t]), 0);
+  }
+  for (int t = 0; t < N; t++) {
+    assert_int_equal (pthread_join (th[t], NULL), 0);
+    assert_int_equal (a[t].failed, 0);
+  }
+  assert_int_equal (pthread_join (ul, NULL), 0);
+  backing_get_stats (b, &st);
+  assert_true (st.reconnects >= 1);
+  assert_int_equal (st.writes_in_doubt, 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  backing_close (b);
+}
+
 /* Shutdown: no request waits past the deadline, even with a long
  * request-timeout. */
 static void
@@ -1245,6 +1309,7 @@ main (void)
     T (test_request_timeout),
     T (test_deadline),
     T (test_write_in_doubt),
+    T (test_eshutdown_no_doubt),
     T (test_async_never_blocks),
     T (test_async_bounded),
     T (test_remote_errors),
