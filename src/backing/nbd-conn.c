@@ -18,9 +18,11 @@
  * Faults: a command whose connection died (libnbd completes it with
  * ENOTCONN and the handle turns dead; or the remote said ESHUTDOWN) is a
  * "lost" attempt: the first thread to see it replaces the handle, once no
- * other thread still waits on the old one, and every lost request is
- * issued again.  An error the remote answered on a live connection is
- * returned.
+ * other thread still waits on the old one (a live one gets up to
+ * request_timeout_ms to answer them: conn_drain), and every lost request
+ * is issued again.  An error the remote answered on a live connection is
+ * returned.  A write that foliod cut in flight, or gave up on, is in
+ * doubt (nbd.c).
  *
  * A command the remote has not answered within request_timeout_ms (a
  * remote that is SIGSTOPped, a hung storage server) "hung": it fails with
