@@ -90,3 +90,16 @@ print("%d blocks differ, first at offsets %r" % (len(bad), bad[:8]))
 PY
   fail "${3:-$1 and $2 differ}"
 }
+
+# flush_until_ok EXPORT: a FLUSH of EXPORT (on foliod's $SOCK) until one
+# succeeds, once a second for 30 s (scaled): reconnect probes of a backing
+# that was down run every 2 s.  Fails the test after that.
+flush_until_ok () {
+  local i
+  for ((i = 0; i < 30 * TSCALE; i++)); do
+    timeout $((60 * TSCALE)) nbdsh -u "$(uri "$1")" -c 'h.flush()' \
+      2>/dev/null && return 0
+    sleep 1
+  done
+  fail "FLUSH of $1 still failing after 30 s"
+}

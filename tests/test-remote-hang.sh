@@ -91,13 +91,7 @@ foliod_alive
 kill -CONT "$REMOTE_PID"
 echo "remote continued"
 # Reconnect probes run every 2 s; a flush succeeds once one got through.
-ok=
-for ((i = 0; i < 30 * TSCALE; i++)); do
-  if timeout $((60 * TSCALE)) nbdsh -u "$(uri hung)" -c 'h.flush()' 2>/dev/null
-  then ok=1; break; fi
-  sleep 1
-done
-[ -n "$ok" ] || fail "flush still failing after the remote came back"
+flush_until_ok hung
 "$FOLIOD" stats --control "$ctl" --prometheus > "$tmp/stats.prom" ||
   fail "foliod stats"
 dirty=$(awk '$1 == "foliod_dirty_bytes{export=\"hung\"}" {print $2}' "$tmp/stats.prom")

@@ -62,6 +62,7 @@ struct backing_stats {
   uint64_t reconnects;
   uint64_t retries;
   uint64_t errors;
+  uint64_t writes_in_doubt;     /* see backing_ops.clear_doubt */
 };
 
 struct backing;
@@ -117,6 +118,16 @@ struct backing_ops {
    * succeeds with the epoch unchanged, and writes them again when it
    * moved.  NULL: acknowledged writes are never lost. */
   uint64_t (*loss_epoch) (struct backing *b) FOLIOD_NONNULL (1);
+
+  /* Writes in doubt: a write the backing gave up on (no answer in time,
+   * or its connection cut under it) may still be carried out by a remote
+   * at any later time, over newer data.  While any is in doubt, flush and
+   * FUA fail with EIO (no range may be reported durable).  Only the
+   * operator can say the remote is done with them: this clears them
+   * (returns how many) and moves loss_epoch, so that what was written
+   * meanwhile is written again before a flush succeeds.  May be NULL:
+   * the backing abandons no write. */
+  uint64_t (*clear_doubt) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Fill *st with the backing's own counters.  May be NULL. */
   void (*stats) (struct backing *b, struct backing_stats *st)
@@ -187,6 +198,13 @@ struct backing *backing_file_open (const char *path,
 struct backing *backing_nbd_open (const char *uri,
                                   const struct backing_opts *o,
                                   char *err, size_t errlen) FOLIOD_WUR;
+
+/* How many writes were in doubt (0 also for a backing without them). */
+static inline uint64_t
+backing_clear_doubt (struct backing *b)
+{
+  return b->ops->clear_doubt ? b->ops->clear_doubt (b) : 0;
+}
 
 static inline void
 backing_set_deadline (struct backing *b, uint64_t deadline_ms)

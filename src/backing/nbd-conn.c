@@ -18,9 +18,11 @@
  * Faults: a command whose connection died (libnbd completes it with
  * ENOTCONN and the handle turns dead; or the remote said ESHUTDOWN) is a
  * "lost" attempt: the first thread to see it replaces the handle, once no
- * other thread still waits on the old one, and every lost request is
- * issued again.  An error the remote answered on a live connection is
- * returned.
+ * other thread still waits on the old one (a live one gets up to
+ * request_timeout_ms to answer them: conn_drain), and every lost request
+ * is issued again.  An error the remote answered on a live connection is
+ * returned.  A write that foliod cut in flight, or gave up on, is in
+ * doubt (nbd.c).
  *
  * A command the remote has not answered within request_timeout_ms (a
  * remote that is SIGSTOPped, a hung storage server) "hung": it fails with
@@ -193,7 +195,18 @@ struct nbdb_async {
   struct nbdb_async *prev, *next;  /* c->async_head, under async_lock */
 };
 
-static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h);
+/* Why foliod cut a connection (nbdb_conn.cut). */
+enum {
+  CUT_NONE = 0,
+  CUT_DRAIN,                    /* not shut down: nothing new is issued on
+                                 * it, the commands in flight may still be
+                                 * answered (conn_drain) */
+  CUT_DROP,                     /* replacing it (conn_drop) */
+  CUT_HUNG,                     /* a request on it went unanswered for
+                                 * request_timeout_ms: the remote hangs */
+};
+
+static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why);
 static void nbdb_note_down (struct nbdb_backing *nb, int hung);
 
 /* The earliest deadline of c's async commands (also the shutdown
@@ -227,7 +240,7 @@ poller_timeout (struct nbdb_conn *c, struct nbd_handle *h, unsigned dir)
     return t;
   now = now_ms ();
   if (now >= first) {
-    conn_cut (c, h);
+    conn_cut (c, h, CUT_HUNG);
     nbdb_note_down (c->nb, 1);
     return t;
   }
@@ -328,25 +341,35 @@ peer_gone (struct nbd_handle *h)
                       (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
 }
 
-/* Install h (may be NULL) as c's handle; its poller starts on first use.
- * Caller holds c->lock for writing, or owns c alone. */
+/* Install h (may be NULL) as c's handle and start its poller now, not
+ * on first use: the first use may be an async read from the event loop,
+ * which must not start threads (nbdb_run_async says EAGAIN instead).  A
+ * poller that failed to start, or is gone with a fork, is started by
+ * the next sync request (poller_ensure).  Caller holds c->lock for
+ * writing, or owns c alone. */
 static void
 conn_install (struct nbdb_conn *c, struct nbd_handle *h)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
   atomic_store (&c->up, c->h != NULL);
+  if (h) {
+    lock_or_die (&c->poller_lock);
+    if (!c->has_poller)
+      (void) poller_start (c);
+    unlock_or_die (&c->poller_lock);
+  }
 }
 
 /* Shut down h's socket: libnbd then fails every command on it at once
  * (the poller sees the hang-up), so nobody keeps waiting on a remote that
  * stopped answering.  The fd stays libnbd's; only nbd_close closes it. */
 static void
-conn_cut (struct nbdb_conn *c, struct nbd_handle *h)
+conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why)
 {
   int fd = nbd_aio_get_fd (h);
 
-  atomic_store (&c->cut, 1);
+  atomic_store (&c->cut, why);
   atomic_store (&c->up, 0);
   if (fd >= 0)
     shutdown (fd, SHUT_RDWR);
@@ -386,7 +409,7 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
      * them (they are issued again elsewhere).  Their waiters still look
      * at the handle, so it stays until they are done. */
     if (atomic_load (&c->users) > 0)
-      conn_cut (c, c->h);
+      conn_cut (c, c->h, CUT_DROP);
     while (atomic_load (&c->users) > 0)
       sleep_ms (1);
     lock_or_die (&c->poller_lock);
@@ -402,6 +425,32 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
   }
 }
 
+/* Before a replace: issue nothing more on c's handle (of generation gen)
+ * and give the commands in flight on it time to be answered, up to
+ * request_timeout_ms (the remote said ESHUTDOWN to one of them, and is
+ * still there), so that conn_drop has none to cut: a write cut in flight
+ * is in doubt (backing_ops.clear_doubt), one answered is not.  Ends at
+ * once when the handle is dead (libnbd completed them all).  Caller owns
+ * c->reopening, so c->h stays. */
+static void
+conn_drain (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
+{
+  uint64_t end = nbdb_wait_end (nb, nb->request_timeout_ms);
+  struct nbd_handle *h;
+  int zero = CUT_NONE;
+
+  pthread_rwlock_rdlock (&c->lock);
+  h = c->gen == gen ? c->h : NULL;
+  if (h && atomic_compare_exchange_strong (&c->cut, &zero, CUT_DRAIN))
+    atomic_store (&c->up, 0);
+  pthread_rwlock_unlock (&c->lock);
+  if (!h)
+    return;
+  while (atomic_load (&c->users) > 0 && now_ms () < end &&
+         !nbd_aio_is_dead (h) && !nbd_aio_is_closed (h))
+    sleep_ms (1);
+}
+
 /* Replace c's handle after a lost attempt made on generation gen.  The
  * connect runs without c->lock, by one thread at a time: the others find
  * no handle and do not wait behind a slow handshake.  Returns 0 when c
@@ -414,6 +463,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
 
   if (atomic_exchange (&c->reopening, 1))
     return -1;
+  conn_drain (nb, c, gen);
   pthread_rwlock_wrlock (&c->lock);
   if (c->gen != gen && c->h) {
     pthread_rwlock_unlock (&c->lock);   /* replaced meanwhile */
@@ -461,6 +511,9 @@ conn_lost (struct nbd_handle *h, int e)
 struct waiter {
   sem_t sem;
   int err;                      /* written before posted */
+  const atomic_int *cutp;       /* &c->cut of the connection */
+  int cut;                      /* foliod had cut it when it completed:
+                                 * an error then is not the remote's */
   atomic_int posted;            /* release/acquire pair for err and the
                                  * read buffer (also where a sanitizer
                                  * does not know sem_clockwait) */
@@ -473,6 +526,7 @@ waiter_complete (void *user, int *error)
   struct waiter *w = user;
 
   w->err = *error;
+  w->cut = atomic_load (w->cutp);
   atomic_store_explicit (&w->posted, 1, memory_order_release);
   sem_post (&w->sem);
   return 1;                     /* retire the command */
@@ -522,7 +576,7 @@ waiter_wait (struct waiter *w, struct nbd_handle *h, uint64_t end)
 static void
 waiter_abandon (struct waiter *w, struct nbdb_conn *c, struct nbd_handle *h)
 {
-  conn_cut (c, h);
+  conn_cut (c, h, CUT_HUNG);
   (void) waiter_wait (w, h, UINT64_MAX);
 }
 
@@ -533,16 +587,27 @@ enum attempt {
   ATTEMPT_HUNG,                 /* no answer in time: fail, ETIMEDOUT */
 };
 
+/* A write-class command was sent and then abandoned: it may still land
+ * (see backing_ops.clear_doubt).  Why the cut counts and not a
+ * connection the remote closed: a remote that hung up is done with the
+ * connection; one that foliod cut may be busy with the command still. */
+static void
+note_doubt (struct nbdb_backing *nb)
+{
+  atomic_fetch_add (&nb->in_doubt, 1);
+}
+
 /* One attempt on c.  0; or -1 with errno, *lost telling how it failed
- * (enum attempt), *gen the generation used. */
+ * (enum attempt), *gen the generation used.  write: a write-class
+ * command, in doubt when abandoned. */
 static int
 conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
-              void *arg, uint64_t *gen, int *lost)
+              void *arg, int write, uint64_t *gen, int *lost)
 {
-  struct waiter w = { .done = 0 };
+  struct waiter w = { .done = 0, .cutp = &c->cut };
   struct nbd_handle *h;
   int64_t cookie;
-  int e;
+  int e, cut;
 
   pthread_rwlock_rdlock (&c->lock);
   h = c->h;
@@ -569,6 +634,7 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
     break;
   }
   sem_init (&w.sem, 0, 0);
+  atomic_store (&c->used, 1);
   atomic_fetch_add (&c->users, 1);
   cookie = fn (h, arg, (nbd_completion_callback) { .callback = waiter_complete,
                                                    .user_data = &w });
@@ -599,6 +665,17 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
       if ((e = w.err) != 0)
         *lost = conn_lost (h, e);
     }
+    cut = w.done ? w.cut : atomic_load (&c->cut);
+    /* Cut because another request on it hung: the remote hangs, this one
+     * fails at once too (ENOTCONN), no reconnect; the backing is down. */
+    if (*lost == ATTEMPT_LOST && cut == CUT_HUNG)
+      *lost = ATTEMPT_HUNG;
+    /* In doubt: not answered in time, or aborted by foliod's shutdown of
+     * the socket; not ESHUTDOWN, the remote's answer. */
+    if (write && e != 0 &&
+        (*lost == ATTEMPT_HUNG ||
+         (*lost == ATTEMPT_LOST && cut >= CUT_DROP && e != ESHUTDOWN)))
+      note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);
   sem_destroy (&w.sem);
@@ -676,7 +753,10 @@ nbdb_may_try (struct nbdb_backing *nb)
 /* No connection could be made: start the reconnect window, unless one
  * runs.  hung: the remote held a request request_timeout_ms without an
  * answer; it is not restarting, so the window is closed at once and
- * requests fail fast (the next probe is due now). */
+ * requests fail fast.  The next probe only after a backoff: a probe of
+ * a hung remote waits for its handshake (up to request_timeout_ms), and
+ * the request that waited a timeout already, or its FLUSH, must not
+ * wait a second one (foliod.conf(5): one bound per request). */
 static void
 nbdb_note_down (struct nbdb_backing *nb, int hung)
 {
@@ -685,7 +765,7 @@ nbdb_note_down (struct nbdb_backing *nb, int hung)
 
   if (hung) {
     atomic_store (&nb->down_since, since);
-    atomic_store (&nb->next_probe, now);
+    atomic_store (&nb->next_probe, now + NBD_BACKOFF_MAX_MS);
   }
   else
     atomic_compare_exchange_strong (&nb->down_since, &zero, since);
@@ -716,8 +796,8 @@ nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms)
     conn_wake (&nb->conns[i]);
 }
 
-int
-nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+static int
+run_req (struct nbdb_backing *nb, nbdb_issue fn, void *arg, int write)
 {
   uint64_t start = now_ms (), backoff = NBD_BACKOFF_MIN_MS, gen, now, end;
   struct nbdb_conn *c = NULL;
@@ -731,7 +811,7 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
     c = conn_pick (nb, c);
     if (losses > 0 && atomic_load (&c->up))
       atomic_fetch_add (&nb->retries, 1);
-    if (conn_attempt (nb, c, fn, arg, &gen, &lost) == 0) {
+    if (conn_attempt (nb, c, fn, arg, write, &gen, &lost) == 0) {
       atomic_store (&nb->down_since, 0);
       return 0;
     }
@@ -743,8 +823,13 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
     losses++;
     if (conn_replace (nb, c, gen) == 0)
       atomic_store (&nb->down_since, 0);        /* reachable again */
-    else if (!any_up (nb))
-      nbdb_note_down (nb, 0);
+    else {
+      /* A failed reconnect may have waited a handshake timeout: the next
+       * probe a backoff from now, not from when this one started. */
+      atomic_store (&nb->next_probe, now_ms () + NBD_BACKOFF_MAX_MS);
+      if (!any_up (nb))
+        nbdb_note_down (nb, 0);
+    }
     now = now_ms ();
     end = nbdb_retry_end (nb, start);
     if (now >= end) {
@@ -766,7 +851,58 @@ nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
   return -1;
 }
 
+int
+nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+{
+  return run_req (nb, fn, arg, 0);
+}
+
+int
+nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg)
+{
+  return run_req (nb, fn, arg, 1);
+}
+
 /* ---- commands that hold no thread ---- */
+
+/* The per-connection free list: a parked miss costs no malloc on the
+ * loop thread, and at most NBD_ASYNC_MAX are in flight (more use the
+ * sync path). */
+static struct nbdb_async *
+async_get (struct nbdb_conn *c)
+{
+  struct nbdb_async *a;
+
+  lock_or_die (&c->async_lock);
+  a = c->async_free;
+  if (a)
+    c->async_free = a->next;
+  unlock_or_die (&c->async_lock);
+  return a;
+}
+
+static void
+async_put (struct nbdb_conn *c, struct nbdb_async *a)
+{
+  lock_or_die (&c->async_lock);
+  a->next = c->async_free;
+  c->async_free = a;
+  unlock_or_die (&c->async_lock);
+}
+
+/* Does c's handle have its poller in this process?  Without waiting:
+ * no when the lock is busy (a start or stop in progress). */
+static int
+poller_running (struct nbdb_conn *c)
+{
+  int r;
+
+  if (pthread_mutex_trylock (&c->poller_lock) != 0)
+    return 0;
+  r = c->has_poller && c->poller_pid == getpid ();
+  unlock_or_die (&c->poller_lock);
+  return r;
+}
 
 static void
 async_unlink (struct nbdb_async *a)
@@ -793,7 +929,7 @@ async_complete (void *user, int *error)
 
   async_unlink (a);
   a->done (a->opaque, e);
-  free (a);
+  async_put (c, a);
   atomic_fetch_sub (&c->users, 1);      /* h may be closed after this */
   return 1;
 }
@@ -808,26 +944,22 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   int64_t cookie;
   bool first;
 
-  /* Down, reconnecting, shutting down: the sync path knows what to do. */
+  /* Down, reconnecting, shutting down, busy: the sync path knows what to
+   * do.  A trylock: the writer (conn_replace) holds c->lock across a
+   * drain, a thread join and nbd_close. */
   if (atomic_load (&nb->down_since) || atomic_load (&nb->deadline) ||
-      !(c = conn_pick_async (nb)) ||
-      !(a = malloc (sizeof *a))) {
-    errno = EAGAIN;
-    return -1;
+      !(c = conn_pick_async (nb)))
+    goto again;
+  if (pthread_rwlock_tryrdlock (&c->lock) != 0)
+    goto again;
+  h = c->h;
+  if (!h || atomic_load (&c->cut) || !poller_running (c) ||
+      !(a = async_get (c))) {
+    pthread_rwlock_unlock (&c->lock);
+    goto again;
   }
   *a = (struct nbdb_async) { .done = done, .opaque = opaque, .c = c,
                              .deadline = now_ms () + nb->request_timeout_ms };
-  pthread_rwlock_rdlock (&c->lock);
-  h = c->h;
-  if (!h || atomic_load (&c->cut))
-    goto fail;
-  switch (poller_ensure (c)) {
-  case -1:
-    goto fail;
-  case 1:
-    if (peer_gone (h))
-      goto fail;
-  }
   lock_or_die (&c->async_lock);
   a->next = c->async_head;
   if (a->next)
@@ -838,6 +970,7 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
    * than the first, and the poller looks again after every reply). */
   first = a->next == NULL;
   unlock_or_die (&c->async_lock);
+  atomic_store (&c->used, 1);
   atomic_fetch_add (&c->users, 1);
   /* a belongs to the completion from here on: done may run inside fn. */
   cookie = fn (h, arg, (nbd_completion_callback) { .callback = async_complete,
@@ -845,7 +978,9 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   if (cookie == -1) {
     async_unlink (a);
     atomic_fetch_sub (&c->users, 1);
-    goto fail;
+    async_put (c, a);
+    pthread_rwlock_unlock (&c->lock);
+    goto again;
   }
   if (first)
     conn_wake (c);
@@ -854,9 +989,7 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   pthread_rwlock_unlock (&c->lock);
   return 0;
 
- fail:
-  pthread_rwlock_unlock (&c->lock);
-  free (a);
+ again:
   errno = EAGAIN;
   return -1;
 }
@@ -882,7 +1015,11 @@ fork_prepare (void)
     for (i = 0; i < nb->nconns; i++) {
       struct nbdb_conn *c = &nb->conns[i];
       lock_or_die (&c->poller_lock);
-      c->restart = c->has_poller && c->poller_pid == getpid ();
+      /* Only where commands were issued: a backing opened and then
+       * forked (nbdkit's .get_ready) is used by the child, and a poller
+       * in the parent would take the child's replies off the socket. */
+      c->restart = c->has_poller && c->poller_pid == getpid () &&
+                   atomic_load (&c->used);
       poller_stop (c);
     }
 }
@@ -945,7 +1082,8 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
   unsigned i;
 
   nb->conns = calloc (n, sizeof *nb->conns);
-  if (!nb->conns) {
+  nb->async_pool = calloc ((size_t) n * NBD_ASYNC_MAX, sizeof *nb->async_pool);
+  if (!nb->conns || !nb->async_pool) {
     snprintf (err, errlen, "%s: out of memory", nb->uri);
     nbd_close (first);
     return -1;
@@ -964,6 +1102,8 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
         nbd_close (first);
       return -1;
     }
+    for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
+      async_put (c, &nb->async_pool[i * NBD_ASYNC_MAX + k]);
     /* The others now; one that fails is opened on first use instead. */
     conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
   }
@@ -997,6 +1137,8 @@ nbdb_conns_stop (struct nbdb_backing *nb)
     pthread_mutex_destroy (&c->async_lock);
   }
   free (nb->conns);
+  free (nb->async_pool);
+  nb->async_pool = NULL;
   nb->conns = NULL;
   nb->nconns = 0;
 }

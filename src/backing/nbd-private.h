@@ -14,6 +14,7 @@
 
 #define NBD_EXT_SLOTS   64  /* cached extents */
 #define NBD_INVAL_LOG   16  /* recent invalidations remembered */
+#define NBD_ASYNC_MAX   512 /* async commands in flight per connection */
 
 /* One connection to the remote.  Any number of threads issue aio
  * commands on it at once; one poller thread per connection moves the
@@ -30,12 +31,14 @@ struct nbdb_conn {
   atomic_int up;                /* h != NULL (cheap hint for picking) */
   atomic_int cut;               /* h's socket was shut down (a request on
                                  * it hung): issue nothing more on it */
+  atomic_int used;              /* commands were issued (fork: restart) */
   atomic_int reopening;         /* a thread is connecting a new h, without
                                  * holding lock: the others do not wait */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
-  /* The poller starts on first use, and again in a child after fork
-   * (nbdkit forks after .get_ready; threads do not survive it). */
+  /* The poller starts when a handle is installed, and again on first
+   * sync use in a child after fork (nbdkit forks after .get_ready;
+   * threads do not survive it). */
   pthread_mutex_t poller_lock;  /* protects the three below */
   pthread_t poller;
   int has_poller;
@@ -44,8 +47,10 @@ struct nbdb_conn {
   struct nbdb_backing *nb;      /* the backing this connection is of */
   /* Asynchronous commands in flight on h (nbdb_run_async): the poller
    * cuts the connection when the first of them is past its deadline. */
-  pthread_mutex_t async_lock;   /* a leaf */
+  pthread_mutex_t async_lock;   /* a leaf; protects the two below */
   struct nbdb_async *async_head;
+  struct nbdb_async *async_free; /* unused, NBD_ASYNC_MAX of nb's
+                                  * async_pool: no malloc on the loop */
 };
 
 struct ext_slot {
@@ -70,6 +75,7 @@ struct nbdb_backing {
 
   unsigned nconns;
   struct nbdb_conn *conns;
+  struct nbdb_async *async_pool; /* NBD_ASYNC_MAX per connection */
   atomic_uint next_conn;        /* round robin */
 
   pthread_mutex_t ext_lock;     /* protects everything below */
@@ -92,6 +98,11 @@ struct nbdb_backing {
   /* Writes acknowledged since the last successful flush, and the loss
    * epoch: bumped when a connection drops while any such write exists. */
   atomic_uint_fast64_t unflushed, loss_epoch;
+  /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
+   * not answered in time or cut with their connection by foliod, so the
+   * remote may still carry them out.  Flush and FUA fail with EIO while
+   * this is not 0; only clear_doubt (the operator) resets it. */
+  atomic_uint_fast64_t in_doubt;
 
   struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
@@ -108,12 +119,21 @@ typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
  * when the remote stays away.  A request not answered within
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
+/* nbdb_run for a write-class command (write, zero, trim): one that was
+ * sent and then abandoned (hung, or cut with its connection) counts in
+ * nb->in_doubt, whether or not a retry succeeds. */
+int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
  * poller (or this thread) when the remote answered, the connection
  * failed, or request_timeout_ms passed (then the connection is cut, and
  * the backing counts as down as for a hung sync request).  -1 (errno)
  * when not issued: the backing is down or reconnecting, no connection
- * is up; the caller then uses nbdb_run.  No retries. */
+ * is up, its lock is taken (a reconnect), it has no poller in this
+ * process, or NBD_ASYNC_MAX are in flight; the caller then uses
+ * nbdb_run.  No retries.  Never blocks: the daemon's event loop calls
+ * it; it takes only leaf mutexes held for moments (async_lock,
+ * poller_lock by trylock) and libnbd's handle lock, never c->lock's
+ * writer, a thread start or malloc. */
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
 

@@ -9,6 +9,16 @@
  * request-timeout fails (ETIMEDOUT), and while the remote stays away
  * requests fail fast (ENOTCONN), see nbd-conn.c.
  *
+ * Writes in doubt: a write-class request that timed out, or was cut with
+ * its connection, may still be carried out by the remote later (NBD has
+ * no cancel and orders nothing across connections), over data written
+ * since.  Such writes are counted (nb->in_doubt) and, until the operator
+ * clears them (clear_doubt), flush and FUA fail with EIO: the cache keeps
+ * what was written since unstable, and writes it again after the clear.
+ * Why not keep the connection open to learn the answer: libnbd sends a
+ * write from the caller's buffer, which the cache reuses once the
+ * request returned, and a reconnect loses the answer anyway.
+ *
  * Mapping: base:allocation block status, asked for more than the caller
  * needs (lookahead) and kept in a small extent cache.  Writes, zeroes and
  * trims cut their range out of the cache when they complete; an answer
@@ -203,14 +213,28 @@ static int
 nbdb_chunked (struct nbdb_backing *nb, nbdb_issue fn, char *buf, uint64_t len,
               uint64_t off, uint32_t flags, uint64_t chunk)
 {
+  int write = fn != call_pread;
+
   while (len > 0) {
     struct io_req r = { buf, MIN (len, chunk), off, flags };
-    if (nbdb_run (nb, fn, &r) == -1)
+    if ((write ? nbdb_run_write (nb, fn, &r) : nbdb_run (nb, fn, &r)) == -1)
       return -1;
     if (buf)
       buf += r.len;
     off += r.len;
     len -= r.len;
+  }
+  return 0;
+}
+
+/* A write foliod abandoned may still land over anything written since:
+ * nothing is durable until the operator clears the doubt. */
+static int
+doubt_check (struct nbdb_backing *nb)
+{
+  if (atomic_load (&nb->in_doubt) > 0) {
+    errno = EIO;
+    return -1;
   }
   return 0;
 }
@@ -221,7 +245,11 @@ nbdb_flush (struct backing *b)
   struct nbdb_backing *nb = to_nbd (b);
   uint64_t before;
 
-  if (!nb->can_flush || (b->caps & BACKING_READ_ONLY))
+  if (b->caps & BACKING_READ_ONLY)
+    return 0;
+  if (doubt_check (nb) == -1)
+    return -1;
+  if (!nb->can_flush)
     return 0;
   before = atomic_load (&nb->unflushed);
   if (nbdb_run (nb, call_flush, NULL) == -1)
@@ -234,6 +262,28 @@ static uint64_t
 nbdb_loss_epoch (struct backing *b)
 {
   return atomic_load (&to_nbd (b)->loss_epoch);
+}
+
+/* The operator says the remote is done with the abandoned writes.  What
+ * was written since may have been overwritten by them: a new loss epoch
+ * has the cache write it again before the next flush succeeds. */
+static uint64_t
+nbdb_clear_doubt (struct backing *b)
+{
+  struct nbdb_backing *nb = to_nbd (b);
+  uint64_t n = atomic_exchange (&nb->in_doubt, 0);
+
+  if (n > 0)
+    atomic_fetch_add (&nb->loss_epoch, 1);
+  return n;
+}
+
+/* A write-class op with FUA: refused at once while a write is in doubt
+ * (it could not be reported durable). */
+static int
+fua_doubt_check (struct nbdb_backing *nb, unsigned flags)
+{
+  return (flags & BACKING_FUA) ? doubt_check (nb) : 0;
 }
 
 /* A write-class request succeeded: without FUA it is not yet durable. */
@@ -294,7 +344,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   struct nbdb_backing *nb = to_nbd (b);
   int r;
 
-  if (check_range (b, len, off, 1) == -1)
+  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
                     fua_flag (nb, flags), nb->max_io);
@@ -308,7 +358,7 @@ write_zeroes (struct nbdb_backing *nb, uint64_t len, uint64_t off,
 {
   while (len > 0) {
     struct io_req r = { nb->zero_buf, MIN (len, NBD_ZERO_BUF), off, flags };
-    if (nbdb_run (nb, call_pwrite, &r) == -1)
+    if (nbdb_run_write (nb, call_pwrite, &r) == -1)
       return -1;
     off += r.len;
     len -= r.len;
@@ -323,7 +373,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   uint32_t f = fua_flag (nb, flags);
   int r;
 
-  if (check_range (b, len, off, 1) == -1)
+  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   if ((flags & BACKING_FAST_ZERO) && !nb->can_fast_zero) {
     errno = ENOTSUP;
@@ -350,7 +400,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   struct nbdb_backing *nb = to_nbd (b);
   int r;
 
-  if (check_range (b, len, off, 1) == -1)
+  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
@@ -475,6 +525,7 @@ nbdb_stats (struct backing *b, struct backing_stats *st)
   st->reconnects = atomic_load (&nb->reconnects);
   st->retries = atomic_load (&nb->retries);
   st->errors = atomic_load (&nb->errors);
+  st->writes_in_doubt = atomic_load (&nb->in_doubt);
 }
 
 static void
@@ -508,6 +559,7 @@ static const struct backing_ops nbdb_ops = {
   .flush = nbdb_flush,
   .map = nbdb_map,
   .loss_epoch = nbdb_loss_epoch,
+  .clear_doubt = nbdb_clear_doubt,
   .stats = nbdb_stats,
   .set_deadline = nbdb_set_deadline,
   .close = nbdb_close,

@@ -131,6 +131,7 @@ usage (void)
           "       foliod stats [--control PATH] [--prometheus]\n"
           "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
+          "       foliod clear-doubt EXPORT [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
@@ -500,15 +501,17 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
 
   memset (cli, 0, sizeof *cli);
   if (argc > 1 && (strcmp (argv[1], "stats") == 0 ||
-                   strcmp (argv[1], "flush") == 0)) {
+                   strcmp (argv[1], "flush") == 0 ||
+                   strcmp (argv[1], "clear-doubt") == 0)) {
     cli->subcommand = argv[1];
     argc--;
     argv++;
   }
   r = parse_opts (argc, argv, cli, &a, c);
-  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "flush") == 0) {
+  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0) {
     if (optind + 1 != argc) {
-      fprintf (stderr, "foliod: usage: foliod flush EXPORT [--control PATH]\n");
+      fprintf (stderr, "foliod: usage: foliod %s EXPORT [--control PATH]\n",
+               cli->subcommand);
       r = -1;
     } else
       cli->sub_arg = argv[optind++];

@@ -14,6 +14,7 @@
  *   "stats\n"        -> Prometheus text exposition format
  *   "stats table\n"  -> the table of `foliod stats` (stats.c)
  *   "flush EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
+ *   "clear-doubt EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
  * One thread serves the clients (a flush can take as long as the dirty
  * data needs and must not stall the event loop).  It waits on none of
  * them: each has its own state (the request line so far, the reply not
@@ -111,12 +112,35 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
   snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
 }
 
+/* "clear-doubt NAME": the operator says the remote is done with the
+ * writes foliod abandoned (backing_ops.clear_doubt): flushes may succeed
+ * again, once what was written since is written again. */
+static void
+control_clear_doubt (struct control *ctl, char *reply, size_t len,
+                     const char *name)
+{
+  for (size_t i = 0; i < ctl->n_exports; i++) {
+    struct daemon_export *e = &ctl->exports[i];
+    if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
+      continue;
+    uint64_t n = backing_clear_doubt (e->ex->backing);
+    if (n > 0)
+      log_warn ("control: clear-doubt %s: %llu abandoned write%s no longer "
+                "in doubt (the operator's word); writing back again", name,
+                (unsigned long long) n, n == 1 ? "" : "s");
+    snprintf (reply, len, "OK %.200s: %llu write%s cleared\n", name,
+              (unsigned long long) n, n == 1 ? "" : "s");
+    return;
+  }
+  snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
+}
+
 /* The reply to one request line, in a malloc'd buffer (*len bytes). */
 static char *
 control_answer (struct control *ctl, const char *line, size_t *len)
 {
-  static const char unknown[] = "ERROR unknown command (try 'stats' or "
-                                "'flush EXPORT')\n";
+  static const char unknown[] = "ERROR unknown command (try 'stats', "
+                                "'flush EXPORT' or 'clear-doubt EXPORT')\n";
   char *buf;
 
   if (strcmp (line, "stats") == 0 || strcmp (line, "stats table") == 0)
@@ -127,6 +151,8 @@ control_answer (struct control *ctl, const char *line, size_t *len)
     return NULL;
   if (strncmp (line, "flush ", 6) == 0)
     control_flush (ctl, buf, 512, line + 6);
+  else if (strncmp (line, "clear-doubt ", 12) == 0)
+    control_clear_doubt (ctl, buf, 512, line + 12);
   else
     snprintf (buf, 512, "%s", unknown);
   *len = strlen (buf);

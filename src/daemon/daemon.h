@@ -29,6 +29,7 @@ struct daemon_export {
   struct export *ex;      /* once opened */
   int from_cli;           /* given with --export */
   uint64_t create_size;   /* create-size: make a sparse file if missing */
+  uint64_t doubt_logged;  /* writes in doubt last logged (main.c) */
 };
 
 /* The daemon's own ([server]) options.  Paths are as the user wrote them;

@@ -87,10 +87,35 @@ update_status (struct daemon *d)
               (unsigned long long) dirty_bytes_total (d->cfg) / 1024);
 }
 
+/* Writes in doubt (backing_ops.clear_doubt) stop every flush of their
+ * export until an operator acts: say so, loudly, whenever their number
+ * grows. */
+static void
+log_doubt (struct daemon *d)
+{
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    struct daemon_export *e = &d->cfg->exports[i];
+    struct backing_stats bst = { 0 };
+    if (!e->ex)
+      continue;
+    backing_get_stats (e->ex->backing, &bst);
+    if (bst.writes_in_doubt > e->doubt_logged)
+      log_error ("export %s: %llu write%s to the backing in doubt (abandoned "
+                 "after request-timeout; the remote may still carry %s out): "
+                 "every FLUSH fails with EIO until 'foliod clear-doubt %s' "
+                 "or a restart, see foliod(8)", e->cfg.name,
+                 (unsigned long long) bst.writes_in_doubt,
+                 bst.writes_in_doubt == 1 ? "" : "s",
+                 bst.writes_in_doubt == 1 ? "it" : "them", e->cfg.name);
+    e->doubt_logged = bst.writes_in_doubt;
+  }
+}
+
 static void
 on_status_timer (struct ev_loop *loop, ev_timer *w, int revents)
 {
   update_status (w->data);
+  log_doubt (w->data);
 }
 
 /* ---- shutdown ---------------------------------------------------------- */

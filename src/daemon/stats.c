@@ -26,7 +26,7 @@ enum metric_id {
   M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_RA_BYTES, M_RA_WINDOWS,
   M_RA_HITS, M_RA_WASTED, M_BACKING_WRITE_OPS, M_BACKING_WRITE_SECONDS,
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
-  M_COUNT
+  M_IN_DOUBT, M_COUNT
 };
 
 static const struct {
@@ -70,6 +70,10 @@ static const struct {
                      "Reconnections of an nbd: backing." },
   [M_RETRIES] = { "foliod_backing_retries_total", "counter",
                   "Requests an nbd: backing sent again after a reconnect." },
+  [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
+                   "Writes to an nbd: backing given up on that the remote "
+                   "may still carry out: FLUSH fails until 'foliod "
+                   "clear-doubt' (foliod(8))." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -160,6 +164,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
   v[M_RETRIES] = bst.retries;
+  v[M_IN_DOUBT] = bst.writes_in_doubt;
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;

@@ -80,6 +80,12 @@
  * Lock order: pool.lock and server.done_lock are leaves, never nested.
  * The loop takes cache locks only through CACHE_NOWAIT calls: stripes by
  * trylock, then the cache's short index lock (never held across I/O).
+ * A parked miss reaches the nbd backing (cache_fetch -> read_async):
+ * there the connection's rwlock by trylock (its writer, a reconnect,
+ * waits for I/O), the poller's mutex by trylock, two leaf mutexes held
+ * for moments (the connection's async list and free list) and libnbd's
+ * handle lock; no thread start, no malloc.  Anything busy there means
+ * EAGAIN, and the request goes to a worker.
  */
 #ifndef FOLIOD_SERVER_INTERNAL_H
 #define FOLIOD_SERVER_INTERNAL_H

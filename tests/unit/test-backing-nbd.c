@@ -25,6 +25,8 @@
 
 #include "foliod/backing.h"
 #include "foliod/export.h"
+#include "backing/nbd-private.h"    /* the connection's locks, for F4.3 */
+#include <semaphore.h>
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -734,6 +736,279 @@ test_request_timeout (void **state)
   backing_close (b);
 }
 
+/* A write the remote did not answer in time may still land later, over
+ * anything written since: it is in doubt, and flush and FUA fail with EIO
+ * (even after the remote answers again) until clear_doubt, which moves
+ * the loss epoch so that the cache writes again what it wrote meanwhile.
+ * A read that hung leaves no doubt. */
+static void
+test_write_in_doubt (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing_opts o = { .request_timeout_ms = 500 };
+  char err[256] = "";
+  struct backing *b;
+  struct backing_stats st;
+  uint8_t buf[4096] = { 0 };
+  uint64_t t0, epoch;
+
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  assert_non_null (b->ops->clear_doubt);
+  remote_stop (f);
+  assert_int_equal (b->ops->read (b, buf, sizeof buf, 0), -1);
+  backing_get_stats (b, &st);
+  assert_int_equal (st.writes_in_doubt, 0);       /* a read: no doubt */
+  kill (f->pid, SIGCONT);
+  read_until_ok (b);
+  assert_int_equal (b->ops->flush (b), 0);
+
+  remote_stop (f);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, 0), -1);
+  assert_int_equal (errno, ETIMEDOUT);
+  backing_get_stats (b, &st);
+  assert_int_equal (st.writes_in_doubt, 1);
+  kill (f->pid, SIGCONT);
+  /* The remote answers again: writes work, nothing is durable. */
+  t0 = ms_now ();
+  while (b->ops->write (b, buf, sizeof buf, 4096, 0) == -1) {
+    if (ms_now () - t0 > 10000)
+      fail_msg ("remote still unreachable: %s", strerror (errno));
+    usleep (100000);
+  }
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), -1);
+  assert_int_equal (errno, EIO);
+  /* The operator's word. */
+  epoch = b->ops->loss_epoch (b);
+  assert_int_equal (backing_clear_doubt (b), 1);
+  assert_true (b->ops->loss_epoch (b) != epoch);
+  assert_int_equal (backing_clear_doubt (b), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), 0);
+  backing_close (b);
+}
+
+/* ---- F4.3: the async read never blocks its caller (the event loop) ---- */
+
+struct held {
+  struct nbdb_conn *c;
+  sem_t taken, release;
+};
+
+/* Holds c->lock for writing, as a reconnect does across its drain, join
+ * and nbd_close, until told (or 10 s: a blocked caller then fails its
+ * assertions instead of hanging the test). */
+static void *
+hold_write_lock (void *p)
+{
+  struct held *hd = p;
+  struct timespec ts;
+
+  pthread_rwlock_wrlock (&hd->c->lock);
+  sem_post (&hd->taken);
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += 10;
+  while (sem_timedwait (&hd->release, &ts) == -1 && errno == EINTR)
+    ;
+  pthread_rwlock_unlock (&hd->c->lock);
+  return NULL;
+}
+
+struct async_done {
+  sem_t sem;
+  atomic_int n, errs;
+};
+
+static void
+async_done_cb (void *opaque, int err)
+{
+  struct async_done *d = opaque;
+
+  if (err)
+    atomic_fetch_add (&d->errs, 1);
+  atomic_fetch_add (&d->n, 1);
+  sem_post (&d->sem);
+}
+
+static void
+async_wait (struct async_done *d, int n)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_REALTIME, &ts);
+  ts.tv_sec += 30;
+  while (atomic_load (&d->n) < n)
+    if (sem_timedwait (&d->sem, &ts) == -1 && errno != EINTR)
+      fail_msg ("%d of %d async reads done", atomic_load (&d->n), n);
+}
+
+static int
+has_poller (struct nbdb_conn *c)
+{
+  int r;
+
+  pthread_mutex_lock (&c->poller_lock);
+  r = c->has_poller;
+  pthread_mutex_unlock (&c->poller_lock);
+  return r;
+}
+
+/* A reconnect holds the connection's lock for writing: an async read
+ * says EAGAIN (use the sync path) at once instead of waiting behind it.
+ * The poller runs from the handle's install, not from a first use on the
+ * loop. */
+static void
+test_async_never_blocks (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing *b;
+  struct nbdb_backing *nb;
+  struct held hd;
+  struct async_done d;
+  pthread_t th;
+  uint8_t buf[4096];
+  int r, e;
+
+  remote_start (f, args);
+  b = open_nbd (f, 0);
+  nb = (struct nbdb_backing *) b;
+  sem_init (&d.sem, 0, 0);
+  atomic_init (&d.n, 0);
+  atomic_init (&d.errs, 0);
+  assert_true (has_poller (&nb->conns[0]));
+  hd.c = &nb->conns[0];
+  sem_init (&hd.taken, 0, 0);
+  sem_init (&hd.release, 0, 0);
+  assert_int_equal (pthread_create (&th, NULL, hold_write_lock, &hd), 0);
+  sem_wait (&hd.taken);
+  r = b->ops->read_async (b, buf, sizeof buf, 0, async_done_cb, &d);
+  e = errno;
+  sem_post (&hd.release);       /* only now: r came while it was held */
+  pthread_join (th, NULL);
+  if (r == 0)
+    async_wait (&d, 1);
+  assert_int_equal (r, -1);
+  assert_int_equal (e, EAGAIN);
+  atomic_store (&d.n, 0);
+  /* Free again: issued, and answered. */
+  assert_int_equal (b->ops->read_async (b, buf, sizeof buf, 0, async_done_cb,
+                                        &d), 0);
+  async_wait (&d, 1);
+  assert_int_equal (atomic_load (&d.errs), 0);
+  backing_close (b);
+  sem_destroy (&d.sem);
+  sem_destroy (&hd.taken);
+  sem_destroy (&hd.release);
+}
+
+/* The per-request structs come from a bounded per-connection list: with
+ * NBD_ASYNC_MAX in flight (the remote stopped), one more says EAGAIN;
+ * once they are answered they can be issued again. */
+static void
+test_async_bounded (void **state)
+{
+  static const char *const args[] = { "-t", "1", "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct backing_opts o = { .connections = 1 };
+  char err[256] = "";
+  struct backing *b;
+  struct async_done d;
+  static uint8_t bufs[NBD_ASYNC_MAX + 1][512];
+
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  sem_init (&d.sem, 0, 0);
+  atomic_init (&d.n, 0);
+  atomic_init (&d.errs, 0);
+  remote_stop (f);
+  for (int i = 0; i < NBD_ASYNC_MAX; i++)
+    assert_int_equal (b->ops->read_async (b, bufs[i], 512, 512 * i,
+                                          async_done_cb, &d), 0);
+  assert_int_equal (b->ops->read_async (b, bufs[NBD_ASYNC_MAX], 512, 0,
+                                        async_done_cb, &d), -1);
+  assert_int_equal (errno, EAGAIN);
+  kill (f->pid, SIGCONT);
+  async_wait (&d, NBD_ASYNC_MAX);
+  assert_int_equal (atomic_load (&d.errs), 0);
+  assert_int_equal (b->ops->read_async (b, bufs[NBD_ASYNC_MAX], 512, 0,
+                                        async_done_cb, &d), 0);
+  async_wait (&d, NBD_ASYNC_MAX + 1);
+  backing_close (b);
+  sem_destroy (&d.sem);
+}
+
+/* Writers on one connection while the remote says ESHUTDOWN: the writes
+ * in flight beside the refused one are answered before the connection
+ * is replaced, not cut, so none is in doubt and a flush works after. */
+struct esh_arg {
+  struct backing *b;
+  int t, failed;
+};
+
+static void *
+esh_writer (void *p)
+{
+  struct esh_arg *a = p;
+  uint8_t w[4096];
+
+  for (int i = 0; i < 40; i++) {
+    fill (w, sizeof w, a->t * 100 + i);
+    if (a->b->ops->write (a->b, w, sizeof w,
+                          (uint64_t) (a->t * 64 + i) * 4096, 0) != 0)
+      a->failed++;
+  }
+  return NULL;
+}
+
+static void
+test_eshutdown_no_doubt (void **state)
+{
+  struct fx *f = *state;
+  char file_arg[128];
+  const char *args[] = { "--filter=error", "memory", "8M", "error=ESHUTDOWN",
+                         "error-rate=100%", file_arg, NULL };
+  struct backing_opts o = { .connections = 1, .retry_timeout_ms = 10000 };
+  char err[256] = "";
+  struct backing *b;
+  struct backing_stats st;
+  enum { N = 6 };
+  struct esh_arg a[N];
+  pthread_t th[N], ul;
+  int fd;
+
+  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
+  remote_start (f, args);
+  b = backing_open (f->uri, &o, err, sizeof err);
+  if (!b)
+    fail_msg ("open: %s", err);
+  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
+  assert_true (fd >= 0);
+  close (fd);
+  assert_int_equal (pthread_create (&ul, NULL, unlink_later, f->errfile), 0);
+  for (int t = 0; t < N; t++) {
+    a[t] = (struct esh_arg) { b, t, 0 };
+    assert_int_equal (pthread_create (&th[t], NULL, esh_writer, &a[t]), 0);
+  }
+  for (int t = 0; t < N; t++) {
+    assert_int_equal (pthread_join (th[t], NULL), 0);
+    assert_int_equal (a[t].failed, 0);
+  }
+  assert_int_equal (pthread_join (ul, NULL), 0);
+  backing_get_stats (b, &st);
+  assert_true (st.reconnects >= 1);
+  assert_int_equal (st.writes_in_doubt, 0);
+  assert_int_equal (b->ops->flush (b), 0);
+  backing_close (b);
+}
+
 /* Shutdown: no request waits past the deadline, even with a long
  * request-timeout. */
 static void
@@ -1033,6 +1308,10 @@ main (void)
     T (test_down_fails_fast),
     T (test_request_timeout),
     T (test_deadline),
+    T (test_write_in_doubt),
+    T (test_eshutdown_no_doubt),
+    T (test_async_never_blocks),
+    T (test_async_bounded),
     T (test_remote_errors),
     T (test_enospc),
     T (test_tls_psk),
