@@ -466,6 +466,15 @@ listen_all (struct daemon *d)
   return 0;
 }
 
+static unsigned
+max_connections (const struct daemon_config *cfg)
+{
+  struct server_config sc;
+
+  server_config_default (&sc);
+  return cfg->max_connections ? cfg->max_connections : sc.max_connections;
+}
+
 static int
 server_start (struct daemon *d)
 {
@@ -557,6 +566,7 @@ daemon_start (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
 
+  fd_limit_raise ();
   if (cfg->state_dir) {
     if (chdir (cfg->state_dir) == -1) {
       log_error ("state-dir %s: %s", cfg->state_dir, strerror (errno));
@@ -596,6 +606,7 @@ daemon_start (struct daemon *d)
       return -1;
     d->pidfile_written = 1;
   }
+  fd_limit_check (max_connections (cfg));
   signals_start (d);
   announce_ready (d);
   return 0;

@@ -302,6 +302,8 @@ struct listener {
   struct server *srv;
   int fd;
   ev_io io;
+  ev_timer backoff;              /* restarts io after EMFILE and the like */
+  ev_tstamp warned_at;           /* last backoff log line; 0: never */
   char *unix_path;               /* removed on free; NULL for TCP */
   char name[96];
 };
