@@ -33,10 +33,11 @@
 /* read/write: complete without waiting or fail at once with -1/EAGAIN
  * (a miss or a partial block to read, a folio busy with I/O, no free
  * room, the dirty limit, FUA, write-through, direct I/O, a write over
- * more than one window).  A write that fails changed nothing; a read that
- * fails may have filled part of buf.  Nothing is counted then: the caller
- * repeats the call without the flag where it may block (the kernel's
- * IOCB_NOWAIT). */
+ * more than one window).  A write that fails changed nothing: no data,
+ * no folio created or evicted (a try takes free room only, once it knows
+ * it can finish); a read that fails may have filled part of buf.  Nothing
+ * is counted then: the caller repeats the call without the flag where it
+ * may block (the kernel's IOCB_NOWAIT). */
 #define CACHE_NOWAIT     (1u << 4)
 
 /* What a client FLUSH (and a FUA write) waits for. */
@@ -154,7 +155,13 @@ struct cache_prep {
   size_t folio_size;
   void *data[CACHE_PREP_MAX];
   uint32_t slot[CACHE_PREP_MAX];
+  /* The caller's: which of the bytes around p's range it has written
+   * (CACHE_PREP_HEAD, _TAIL), so that a write retried after a
+   * CACHE_NOWAIT try gave up goes on from there; 0 after a prepare. */
+  unsigned edges_done;
 };
+#define CACHE_PREP_HEAD (1u << 0)
+#define CACHE_PREP_TAIL (1u << 1)
 int cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
                          struct cache_prep *p) FOLIOD_NONNULL (1, 4);
 /* flags: CACHE_NOWAIT (then -1 EAGAIN, nothing changed, p still held, if

@@ -280,6 +280,11 @@ int window_try_begin (struct cache *c, struct window *w, uint64_t start,
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
                      uint64_t end);
 void window_end (struct cache *c, struct window *w);
+/* Create the held window's folios that are not cached, from free slots
+ * only and all or none: 0, or -1/EAGAIN with nothing changed (the
+ * stripes held keep anyone else from creating them meanwhile).  What a
+ * CACHE_NOWAIT write uses once it knows it can finish: it never evicts. */
+int window_alloc_free (struct cache *c, struct window *w);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);

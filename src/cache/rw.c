@@ -222,8 +222,10 @@ fill_edges (struct cache_iter *it)
     if (i == 1 && edge[1] == edge[0])
       break;
     struct folio *f = window_folio (c, &it->w, edge[i]);
+    /* f is NULL only under CI_NOWAIT (not yet created): then a partial
+     * block of it would need a read. */
     if (block_partial (c, edge[i], off, end) &&
-        !folio_block_uptodate (c, f, edge[i] % bpf) &&
+        (f == NULL || !folio_block_uptodate (c, f, edge[i] % bpf)) &&
         step_fill (it, edge[i], edge[i] + 1) == -1)
       return -1;
   }
@@ -257,7 +259,11 @@ write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
   uint64_t off = it->pos, len = it->step_end - it->pos;
   uint64_t start = block_of (c, off), end = block_of (c, off + len - 1) + 1;
 
-  if (fill_edges (it) == -1)
+  /* Under CI_NOWAIT the folios are created only once nothing can fail
+   * (a try is one window, one step): a try that gives up changed
+   * nothing, no clean folio was evicted for it. */
+  if (fill_edges (it) == -1 ||
+      ((it->flags & CI_NOWAIT) && window_alloc_free (c, &it->w) == -1))
     return -1;
   copy_range (c, &it->w, (void *) (buf + (off - it->start)), off, len, true);
   dirty_blocks (c, &it->w, start, end);
@@ -310,8 +316,8 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
   if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE)
-                   | (nowait ? CI_NOWAIT : 0));
+  cache_iter_init (&it, c, off, len, (now ? 0 : CI_THROTTLE)
+                   | (nowait ? CI_NOWAIT : CI_ALLOC));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
   if (r == 0 && grouped)

@@ -387,9 +387,10 @@ exec_block_status (struct req *r)
 /* ---- WRITE ---------------------------------------------------------------- */
 
 /* A write whose whole folios arrived in r->prep: the bytes around them
- * (in buf) go in first, then the folios.  Under CACHE_NOWAIT a -1 with
- * EAGAIN may have written the edges: the retry writes them again, the
- * same bytes. */
+ * (in buf) go in first, then the folios.  Each of the three is all or
+ * nothing; an edge written is noted in p->edges_done, so that after a
+ * CACHE_NOWAIT try gave up half way the worker's retry goes on from
+ * there: nothing is written or counted twice. */
 static int
 exec_write_prepared (struct req *r, unsigned flags)
 {
@@ -398,10 +399,16 @@ exec_write_prepared (struct req *r, unsigned flags)
   uint64_t head = p->off - r->offset, tail_off = p->off + p->len;
   uint64_t tail = r->offset + r->count - tail_off;
 
-  if ((head && cache_write (cache, r->buf, head, r->offset, flags) < 0) ||
-      (tail && cache_write (cache, r->buf + head, tail, tail_off,
-                            flags) < 0))
-    return -1;
+  if (head && !(p->edges_done & CACHE_PREP_HEAD)) {
+    if (cache_write (cache, r->buf, head, r->offset, flags) < 0)
+      return -1;
+    p->edges_done |= CACHE_PREP_HEAD;
+  }
+  if (tail && !(p->edges_done & CACHE_PREP_TAIL)) {
+    if (cache_write (cache, r->buf + head, tail, tail_off, flags) < 0)
+      return -1;
+    p->edges_done |= CACHE_PREP_TAIL;
+  }
   return cache_write_commit (cache, p, flags);
 }
 
