@@ -175,19 +175,30 @@ void cache_write_abort (struct cache *c, struct cache_prep *p)
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* A read miss that holds no thread (src/cache/fetch.c): cache_fetch has
- * the backing read [off, off+len) into buf asynchronously: 0 when issued
- * (done (opaque, 0 or errno) follows on a backing thread; *gen is for
- * cache_read_fetched), -1 when this cache or backing cannot (ENOTSUP,
- * EAGAIN): use cache_read.  After done said 0, cache_read_fetched puts the
- * fetched blocks the cache misses into it and leaves in buf what a
+ * the backing read what [off, off+len) misses (whole blocks, holes left
+ * out) into buf, which holds cache_fetch_room bytes, asynchronously: 0
+ * when issued (done (opaque, 0 or errno) follows on a backing thread, or
+ * at once when nothing needs reading; *fx is for cache_read_fetched), -1
+ * when this cache or backing cannot without waiting (ENOTSUP, EAGAIN):
+ * use cache_read.  After done said 0, cache_read_fetched puts the fetched
+ * blocks the cache misses into it and leaves in buf[0, len) what a
  * cache_read would have returned (flags: CACHE_NOWAIT, as for
  * cache_read).  After an error, cache_read. */
+struct cache_fetched {
+  uint64_t base;              /* the byte buf[0] stands for */
+  uint64_t off, end;          /* the bytes fetched; off == end: none */
+  uint64_t gen;               /* the backing write log at the start */
+};
+uint64_t cache_fetch_room (struct cache *c, uint64_t len, uint64_t off)
+  FOLIOD_NONNULL (1);
 int cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
-                 uint64_t *gen, void (*done) (void *opaque, int err),
+                 struct cache_fetched *fx,
+                 void (*done) (void *opaque, int err),
                  void *opaque) FOLIOD_NONNULL (1, 2, 5, 6) FOLIOD_WUR;
 int cache_read_fetched (struct cache *c, void *buf, uint64_t len,
-                        uint64_t off, uint64_t gen, unsigned flags)
-  FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
+                        uint64_t off, const struct cache_fetched *fx,
+                        unsigned flags)
+  FOLIOD_NONNULL (1, 2, 5) FOLIOD_WUR;
 /* With CACHE_FUA on a backing without native FUA (a file), the write is
  * made durable by a cache_flush, shared with concurrent ones, whose
  * result it returns. */

@@ -467,6 +467,24 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   return 0;
 }
 
+/* Only the extent cache: a loop thread may ask. */
+static int
+nbdb_map_cached (struct backing *b, uint64_t off, uint64_t len,
+                 struct backing_extent *ext)
+{
+  struct nbdb_backing *nb = to_nbd (b);
+
+  if (len == 0 || check_range (b, len, off, 0) == -1) {
+    errno = EINVAL;
+    return -1;
+  }
+  *ext = (struct backing_extent) { off, len, BACKING_DATA };
+  if (!nb->has_map || ext_lookup (nb, off, len, ext))
+    return 0;
+  errno = EAGAIN;
+  return -1;
+}
+
 static void
 nbdb_stats (struct backing *b, struct backing_stats *st)
 {
@@ -507,6 +525,7 @@ static const struct backing_ops nbdb_ops = {
   .trim = nbdb_trim,
   .flush = nbdb_flush,
   .map = nbdb_map,
+  .map_cached = nbdb_map_cached,
   .loss_epoch = nbdb_loss_epoch,
   .stats = nbdb_stats,
   .set_deadline = nbdb_set_deadline,

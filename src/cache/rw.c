@@ -14,11 +14,12 @@ window_folio (struct cache *c, struct window *w, uint64_t blk)
 }
 
 /* Bring blocks [start, end) of the step uptodate from the backing, or
- * under CACHE_NOWAIT give up before anything changed. */
+ * under CACHE_NOWAIT give up before anything changed (but for a parked
+ * miss's fill: io_fill knows what it may do without waiting). */
 static int
 step_fill (struct cache_iter *it, uint64_t start, uint64_t end)
 {
-  if (it->flags & CI_NOWAIT) {
+  if ((it->flags & CI_NOWAIT) && it->src == NULL) {
     errno = EAGAIN;
     return -1;
   }
@@ -186,6 +187,35 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   if (buf != NULL) {
     if (missed) STAT_ADD (c, read_misses, 1);
     else if (r == 0) STAT_ADD (c, read_hits, 1);
+  }
+  return r;
+}
+
+int
+cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
+                    const struct cache_fetched *fx, unsigned flags)
+{
+  struct cache_iter it;
+  struct fetch_src src;
+  bool missed = false;
+  int r;
+
+  if (range_check (c, len, off) == -1)
+    return -1;
+  /* The fetched bytes sit at buf + (x - fx->base), fx->base <= off: a
+   * step copies its answer (to buf + (x - off)) over fetched bytes it
+   * has put into the cache already. */
+  fetch_src_init (c, &src, buf, fx);
+  cache_iter_init (&it, c, off, len, CI_ALLOC |
+                   ((flags & CACHE_NOWAIT) ? CI_NOWAIT : 0));
+  it.src = &src;
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = read_step (&it, buf, &missed);
+  if (r == 0) {                 /* readahead was told at the fetch */
+    STAT_ADD (c, read_ops, 1);
+    STAT_ADD (c, client_read_bytes, len);
+    if (missed) STAT_ADD (c, read_misses, 1);
+    else STAT_ADD (c, read_hits, 1);
   }
   return r;
 }

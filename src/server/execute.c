@@ -234,7 +234,7 @@ read_range (struct req *r, uint8_t *data, uint64_t len, uint64_t off,
 
   if (r->fetch == REQ_FETCHED && r->fetch_err == 0 && data == r->buf &&
       len == r->count)
-    return cache_read_fetched (cache, data, len, off, r->fetch_gen, flags);
+    return cache_read_fetched (cache, data, len, off, &r->fetched, flags);
   return cache_read (cache, data, len, off, flags);
 }
 
@@ -294,6 +294,23 @@ exec_read (struct req *r, unsigned flags)
     r->error = wire_errno (errno);
   }
   reply_simple (r);
+  return 0;
+}
+
+/* Make r->buf hold need bytes (its contents are not kept): 0 or -1.  The
+ * budget charged at parse time stays (conn_req_put keeps what it said). */
+static int
+req_buf_room (struct req *r, size_t need)
+{
+  void *p;
+
+  if (r->buf_cap >= need)
+    return 0;
+  if ((p = malloc (need)) == NULL)
+    return -1;
+  free (r->buf);
+  r->buf = p;
+  r->buf_cap = need;
   return 0;
 }
 
@@ -359,14 +376,8 @@ exec_block_status (struct req *r)
   size_t need = 4 + 8 * (size_t) b.max;
   uint8_t *h;
 
-  if (r->buf_cap < need) {
-    void *p = malloc (need);
-    if (!p)
-      return -1;
-    free (r->buf);
-    r->buf = p;
-    r->buf_cap = need;
-  }
+  if (req_buf_room (r, need) == -1)
+    return -1;
   b.desc = r->buf + 4;
   if (cache_block_status (r->conn->exp->cache, r->count, r->offset,
                           bs_extent_cb, &b) < 0)
@@ -522,14 +533,17 @@ req_fetch_done (void *opaque, int err)
 bool
 req_fetch_start (struct req *r)
 {
-  if (r->type != NBD_CMD_READ || !req_may_try (r))
+  struct cache *cache = r->conn->exp->cache;
+
+  if (r->type != NBD_CMD_READ || !req_may_try (r) ||
+      req_buf_room (r, cache_fetch_room (cache, r->count, r->offset)) == -1)
     return false;
   r->fetch = REQ_FETCHING;
   r->fetch_err = 0;
   /* From here on r may be on the done list already (done runs inside
    * when the remote was that quick): touch nothing after. */
-  if (cache_fetch (r->conn->exp->cache, r->buf, r->count, r->offset,
-                   &r->fetch_gen, req_fetch_done, r) == 0)
+  if (cache_fetch (cache, r->buf, r->count, r->offset, &r->fetched,
+                   req_fetch_done, r) == 0)
     return true;
   r->fetch = REQ_FETCH_NONE;
   return false;

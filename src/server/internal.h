@@ -163,7 +163,7 @@ struct req {
    * data, or hands it to a worker. */
   enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
   int fetch_err;
-  uint64_t fetch_gen;
+  struct cache_fetched fetched;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
