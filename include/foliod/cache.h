@@ -183,7 +183,8 @@ int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
  * use cache_read.  After done said 0, cache_read_fetched puts the fetched
  * blocks the cache misses into it and leaves in buf[0, len) what a
  * cache_read would have returned (flags: CACHE_NOWAIT, as for
- * cache_read).  After an error, cache_read. */
+ * cache_read; a try that gives up marks *fx as fetching nothing, and the
+ * retry reads from the backing).  After an error, cache_read. */
 struct cache_fetched {
   uint64_t base;              /* the byte buf[0] stands for */
   uint64_t off, end;          /* the bytes fetched; off == end: none */
@@ -196,7 +197,7 @@ int cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
                  void (*done) (void *opaque, int err),
                  void *opaque) FOLIOD_NONNULL (1, 2, 5, 6) FOLIOD_WUR;
 int cache_read_fetched (struct cache *c, void *buf, uint64_t len,
-                        uint64_t off, const struct cache_fetched *fx,
+                        uint64_t off, struct cache_fetched *fx,
                         unsigned flags)
   FOLIOD_NONNULL (1, 2, 5) FOLIOD_WUR;
 /* With CACHE_FUA on a backing without native FUA (a file), the write is

@@ -193,7 +193,7 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
 
 int
 cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
-                    const struct cache_fetched *fx, unsigned flags)
+                    struct cache_fetched *fx, unsigned flags)
 {
   struct cache_iter it;
   struct fetch_src src;
@@ -211,6 +211,10 @@ cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
   it.src = &src;
   while ((r = cache_iter_next (&it)) > 0)
     it.done = read_step (&it, buf, &missed);
+  /* A try that gave up may have copied answers over fetched bytes (when
+   * the fetch began before off): the retry reads what is missing again. */
+  if (r == -1 && (flags & CACHE_NOWAIT))
+    fx->end = fx->off;
   if (r == 0) {                 /* readahead was told at the fetch */
     STAT_ADD (c, read_ops, 1);
     STAT_ADD (c, client_read_bytes, len);

@@ -46,6 +46,7 @@ fds_open (void)
 
   if (d == NULL)
     return -1;
+  // cppcheck-suppress readdirCalled ; our own DIR (readdir_r is deprecated)
   while ((e = readdir (d)) != NULL)
     if (e->d_name[0] != '.')
       n++;
