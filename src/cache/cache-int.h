@@ -331,12 +331,11 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
                                    (window_ra_begin), never waiting for room */
 
 /* What a parked miss fetched (fetch.c), as a source for io_fill: bytes
- * [off, end) of the backing, whole blocks, at buf + (x - base); fresh if
- * no backing write touched them since the fetch started. */
+ * [off, end) of the backing, whole blocks, at buf + (x - base), as the
+ * backing had them after its write log stood at gen. */
 struct fetch_src {
   const unsigned char *buf;
-  uint64_t base, off, end;
-  bool fresh;
+  uint64_t base, off, end, gen;
 };
 
 struct cache_iter {
@@ -406,8 +405,13 @@ int io_extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
 
 /* --- fetch.c --- */
 /* src for io_fill from what cache_fetch fetched into buf. */
-void fetch_src_init (struct cache *c, struct fetch_src *src, const void *buf,
+void fetch_src_init (struct fetch_src *src, const void *buf,
                      const struct cache_fetched *fx);
+/* May io_fill take blocks [start, end) (global numbers, within src) from
+ * src?  Only if no backing write touched src's range since the fetch
+ * began.  Asked with the blocks' stripes held: a backing write under them
+ * (writeback, direct I/O) is logged before its stripes are released. */
+bool fetch_src_fresh (struct cache *c, const struct fetch_src *src);
 /* The backing was written (write, zero, trim) at [off, off+len), or may
  * have been (the op failed). */
 void backing_written (struct cache *c, uint64_t off, uint64_t len);

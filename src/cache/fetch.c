@@ -161,13 +161,18 @@ cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
 }
 
 void
-fetch_src_init (struct cache *c, struct fetch_src *src, const void *buf,
+fetch_src_init (struct fetch_src *src, const void *buf,
                 const struct cache_fetched *fx)
 {
   src->buf = buf;
   src->base = fx->base;
   src->off = fx->off;
   src->end = fx->end;
-  src->fresh = fx->off < fx->end &&
-               wlog_untouched (c, fx->gen, fx->off, fx->end);
+  src->gen = fx->gen;
+}
+
+bool
+fetch_src_fresh (struct cache *c, const struct fetch_src *src)
+{
+  return wlog_untouched (c, src->gen, src->off, src->end);
 }

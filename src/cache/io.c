@@ -201,7 +201,7 @@ io_fill (struct cache_iter *it, uint64_t start, uint64_t end)
     if (hole)
       fill_zero (c, &it->w, start, run_end);
     else if (src && block_pos (c, start) >= src->off &&
-             block_pos (c, start) < src->end && src->fresh) {
+             block_pos (c, start) < src->end && fetch_src_fresh (c, src)) {
       /* Fetched by a parked miss: as far as the fetch goes. */
       uint64_t e = block_of (c, src->end);
       if (run_end > e)

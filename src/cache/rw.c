@@ -205,7 +205,7 @@ cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
   /* The fetched bytes sit at buf + (x - fx->base), fx->base <= off: a
    * step copies its answer (to buf + (x - off)) over fetched bytes it
    * has put into the cache already. */
-  fetch_src_init (c, &src, buf, fx);
+  fetch_src_init (&src, buf, fx);
   cache_iter_init (&it, c, off, len, CI_ALLOC |
                    ((flags & CACHE_NOWAIT) ? CI_NOWAIT : 0));
   it.src = &src;
