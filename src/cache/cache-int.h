@@ -393,8 +393,8 @@ int io_fill (struct cache_iter *it, uint64_t start, uint64_t end);
  * has one data extent; so has an empty answer: data is always safe). */
 int cache_map (struct cache *c, uint64_t start, uint64_t end,
                struct backing_extent *ext);
-/* The same from what the backing knows without I/O: -1/EAGAIN when it
- * would have to ask (backing_ops.map_cached). */
+/* The same from what the backing knows without I/O
+ * (backing_ops.map_cached); data where it would have to ask. */
 int cache_map_cached (struct cache *c, uint64_t start, uint64_t end,
                       struct backing_extent *ext);
 

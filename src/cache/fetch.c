@@ -8,11 +8,12 @@
  * The read rules hold as for cache_read (io_fill is the one front door):
  * the fetch covers only the blocks missing, rounded out to whole blocks
  * (so a sub-block read caches its block), and not the holes the backing's
- * map knows (they are zero-filled, not read); readahead is told of the
- * read when the fetch starts.  What the map does not know without asking
- * the remote, or a window that is busy, makes cache_fetch decline: the
- * caller then reads on a thread that may wait (and its map answer is
- * cached by the backing for the next miss).
+ * map knows without asking the remote (they are zero-filled, not read;
+ * where it does not know, the blocks are read as data: a hole reads as
+ * zeroes); readahead is told of the read when the fetch starts (and its
+ * fills ask the map, which the backing then knows).  A window that is busy
+ * makes cache_fetch decline: the caller then reads on a thread that may
+ * wait.
  *
  * Coherence.  The data fetched is the backing's content at some moment
  * after the fetch started.  A block still missing when it is put into
@@ -138,7 +139,7 @@ cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
   while ((r = cache_iter_next (&it)) > 0)
     it.done = plan_step (&it, &fs, &fe);
   if (r == -1) {
-    errno = EAGAIN;             /* a stripe busy, the map unknown */
+    errno = EAGAIN;             /* a stripe busy */
     return -1;
   }
   fx->base = fs < off ? fs : off;

@@ -132,12 +132,15 @@ map_with (struct cache *c, uint64_t start, uint64_t end,
   *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
   if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
     return 0;
-  if (cached && c->b->ops->map_cached == NULL) {
-    errno = EAGAIN;
-    return -1;
-  }
-  if ((cached ? c->b->ops->map_cached : c->b->ops->map)
-      (c->b, start, end - start, ext) == -1)
+  if (cached) {
+    /* Not known without asking: data, which is always safe (a hole the
+     * backing is read for reads as zeroes). */
+    if (c->b->ops->map_cached == NULL ||
+        c->b->ops->map_cached (c->b, start, end - start, ext) == -1) {
+      *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
+      return 0;
+    }
+  } else if (c->b->ops->map (c->b, start, end - start, ext) == -1)
     return -1;
   if (ext->length == 0)
     *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
