@@ -9,6 +9,9 @@
 #     from the remote (the map answers them);
 #  3. 512-byte reads of one block not cached, repeated, fetch that block
 #     once (the fetch is rounded out to whole blocks, which are cached);
+#  4. random 4 KiB reads of a hole that foliod has not mapped yet: the map
+#     is asked for in the background, and only the first reads (at most 16
+#     of 64) go to the remote;
 # and the data is the remote's throughout.
 . "$(dirname "$0")/lib.sh"
 lib_init remote-parked-rules
@@ -85,6 +88,29 @@ simple_reads $((40 * MiB + 8192)) 512 512 8 || fail "512-byte reads"
 read -r blk_bytes blk_reads < <(remote_reads $((40 * MiB + 8192)) $((40 * MiB + 8704)))
 echo "8 reads of 512 bytes at 40 MiB + 8 KiB: the remote read them $blk_reads times"
 [ "$blk_reads" -eq 1 ] || fail "8 reads of 512 bytes fetched $blk_reads times"
+
+# --- 4. a map not known yet is asked for in the background ----------------
+# A fresh foliod (nothing mapped) and random 4 KiB reads of a hole: the
+# first may be read as data (the map is not known without asking), the
+# map asked for meanwhile answers the rest.
+foliod_alive
+stop_foliod
+start_foliod --control "$ctl" --export "disk0=$(remote_uri),cache-size=32M"
+: > "$tmp/remote-requests.log"
+URI=$(uri disk0) timeout $((120 * TSCALE)) nbdsh -c - <<'PY' || fail "random reads of a hole"
+import os, random
+h = nbd.NBD()
+h.set_request_structured_replies(False)
+h.connect_uri(os.environ["URI"])
+offs = [(48 << 20) + i * 65536 for i in range(64)]
+random.Random(3).shuffle(offs)
+for o in offs:
+    assert h.pread(4096, o) == bytes(4096), "hole at %d reads as data" % o
+h.shutdown()
+PY
+read -r rnd_bytes rnd_reads < <(remote_reads $((48 * MiB)) $((52 * MiB)))
+echo "64 random 4 KiB reads of a hole not yet mapped: the remote read $rnd_reads times"
+[ "$rnd_reads" -le 16 ] || fail "$rnd_reads of 64 reads of a hole went to the remote"
 
 foliod_alive
 stop_foliod
