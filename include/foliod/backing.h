@@ -109,6 +109,13 @@ struct backing_ops {
    * BACKING_CAN_MAP) may leave this NULL: everything is DATA. */
   int (*map) (struct backing *b, uint64_t off, uint64_t len,
               struct backing_extent *ext) FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
+  /* The same from what the backing knows already, never waiting for I/O
+   * (the server's loop thread asks it for a parked miss): 0 with *ext as
+   * map gives it, or -1 (EAGAIN) when map would have to ask.  NULL: map
+   * may always wait. */
+  int (*map_cached) (struct backing *b, uint64_t off, uint64_t len,
+                     struct backing_extent *ext) FOLIOD_NONNULL (1, 4)
+    FOLIOD_WUR;
 
   /* A counter that moves whenever writes the backing acknowledged but had
    * not yet flushed may have been lost (a remote that dropped the

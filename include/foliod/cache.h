@@ -33,10 +33,11 @@
 /* read/write: complete without waiting or fail at once with -1/EAGAIN
  * (a miss or a partial block to read, a folio busy with I/O, no free
  * room, the dirty limit, FUA, write-through, direct I/O, a write over
- * more than one window).  A write that fails changed nothing; a read that
- * fails may have filled part of buf.  Nothing is counted then: the caller
- * repeats the call without the flag where it may block (the kernel's
- * IOCB_NOWAIT). */
+ * more than one window).  A write that fails changed nothing: no data,
+ * no folio created or evicted (a try takes free room only, once it knows
+ * it can finish); a read that fails may have filled part of buf.  Nothing
+ * is counted then: the caller repeats the call without the flag where it
+ * may block (the kernel's IOCB_NOWAIT). */
 #define CACHE_NOWAIT     (1u << 4)
 
 /* What a client FLUSH (and a FUA write) waits for. */
@@ -161,7 +162,13 @@ struct cache_prep {
   size_t folio_size;
   void *data[CACHE_PREP_MAX];
   uint32_t slot[CACHE_PREP_MAX];
+  /* The caller's: which of the bytes around p's range it has written
+   * (CACHE_PREP_HEAD, _TAIL), so that a write retried after a
+   * CACHE_NOWAIT try gave up goes on from there; 0 after a prepare. */
+  unsigned edges_done;
 };
+#define CACHE_PREP_HEAD (1u << 0)
+#define CACHE_PREP_TAIL (1u << 1)
 int cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
                          struct cache_prep *p) FOLIOD_NONNULL (1, 4);
 /* flags: CACHE_NOWAIT (then -1 EAGAIN, nothing changed, p still held, if
@@ -175,19 +182,31 @@ void cache_write_abort (struct cache *c, struct cache_prep *p)
 int cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
                 unsigned flags) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* A read miss that holds no thread (src/cache/fetch.c): cache_fetch has
- * the backing read [off, off+len) into buf asynchronously: 0 when issued
- * (done (opaque, 0 or errno) follows on a backing thread; *gen is for
- * cache_read_fetched), -1 when this cache or backing cannot (ENOTSUP,
- * EAGAIN): use cache_read.  After done said 0, cache_read_fetched puts the
- * fetched blocks the cache misses into it and leaves in buf what a
+ * the backing read what [off, off+len) misses (whole blocks, holes left
+ * out) into buf, which holds cache_fetch_room bytes, asynchronously: 0
+ * when issued (done (opaque, 0 or errno) follows on a backing thread, or
+ * at once when nothing needs reading; *fx is for cache_read_fetched), -1
+ * when this cache or backing cannot without waiting (ENOTSUP, EAGAIN):
+ * use cache_read.  After done said 0, cache_read_fetched puts the fetched
+ * blocks the cache misses into it and leaves in buf[0, len) what a
  * cache_read would have returned (flags: CACHE_NOWAIT, as for
- * cache_read).  After an error, cache_read. */
+ * cache_read; a try that gives up marks *fx as fetching nothing, and the
+ * retry reads from the backing).  After an error, cache_read. */
+struct cache_fetched {
+  uint64_t base;              /* the byte buf[0] stands for */
+  uint64_t off, end;          /* the bytes fetched; off == end: none */
+  uint64_t gen;               /* the backing write log at the start */
+};
+uint64_t cache_fetch_room (struct cache *c, uint64_t len, uint64_t off)
+  FOLIOD_NONNULL (1);
 int cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
-                 uint64_t *gen, void (*done) (void *opaque, int err),
+                 struct cache_fetched *fx,
+                 void (*done) (void *opaque, int err),
                  void *opaque) FOLIOD_NONNULL (1, 2, 5, 6) FOLIOD_WUR;
 int cache_read_fetched (struct cache *c, void *buf, uint64_t len,
-                        uint64_t off, uint64_t gen, unsigned flags)
-  FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
+                        uint64_t off, struct cache_fetched *fx,
+                        unsigned flags)
+  FOLIOD_NONNULL (1, 2, 5) FOLIOD_WUR;
 /* With CACHE_FUA on a backing without native FUA (a file), the write is
  * made durable by a cache_flush, shared with concurrent ones, whose
  * result it returns. */

@@ -83,6 +83,7 @@ struct nbdb_backing {
   unsigned ext_hand;            /* next slot to replace */
   uint64_t gen;                 /* bumped by every invalidation */
   struct inval inval[NBD_INVAL_LOG]; /* the last ones, by gen % LOG */
+  struct map_async *map_async;  /* a lookahead in flight (nbd.c) or NULL */
 
   /* reconnects also dates the extent cache: ext_slot.epoch */
   atomic_uint_fast64_t reconnects, retries, errors;

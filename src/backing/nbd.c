@@ -517,6 +517,79 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   return 0;
 }
 
+/* A lookahead asked for without waiting (nbdb_map_cached's miss): its
+ * answer goes into the extent cache, as nbdb_map's does.  One at a time. */
+struct map_async {
+  struct nbdb_backing *nb;
+  uint64_t gen, epoch;
+  struct map_req m;
+};
+
+/* On the poller (or inside nbdb_run_async). */
+static void
+map_async_done (void *opaque, int err)
+{
+  struct map_async *x = opaque;
+  struct nbdb_backing *nb = x->nb;
+
+  lock_or_die (&nb->ext_lock);
+  if (err == 0 && ext_still_valid (nb, x->gen, x->m.off, x->m.off + x->m.count))
+    for (unsigned i = 0; i < x->m.n; i++)
+      ext_store (nb, x->m.e[i].off, x->m.e[i].len, x->m.e[i].type, x->epoch);
+  nb->map_async = NULL;
+  unlock_or_die (&nb->ext_lock);
+  free (x);
+}
+
+static void
+map_async_start (struct nbdb_backing *nb, uint64_t off)
+{
+  struct map_async *x = malloc (sizeof *x);
+
+  if (x == NULL)
+    return;
+  lock_or_die (&nb->ext_lock);
+  if (nb->map_async != NULL) {
+    unlock_or_die (&nb->ext_lock);
+    free (x);
+    return;
+  }
+  nb->map_async = x;
+  x->gen = nb->gen;
+  unlock_or_die (&nb->ext_lock);
+  x->nb = nb;
+  x->epoch = atomic_load (&nb->reconnects);
+  x->m.off = off;
+  x->m.count = MIN (nb->b.size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
+  /* From here on x is the completion's (it may have run already). */
+  if (nbdb_run_async (nb, call_block_status, &x->m, map_async_done, x) == 0)
+    return;
+  lock_or_die (&nb->ext_lock);
+  nb->map_async = NULL;
+  unlock_or_die (&nb->ext_lock);
+  free (x);
+}
+
+/* Only the extent cache: a loop thread may ask.  A miss asks the remote
+ * in the background, for the next time. */
+static int
+nbdb_map_cached (struct backing *b, uint64_t off, uint64_t len,
+                 struct backing_extent *ext)
+{
+  struct nbdb_backing *nb = to_nbd (b);
+
+  if (len == 0 || check_range (b, len, off, 0) == -1) {
+    errno = EINVAL;
+    return -1;
+  }
+  *ext = (struct backing_extent) { off, len, BACKING_DATA };
+  if (!nb->has_map || ext_lookup (nb, off, len, ext))
+    return 0;
+  map_async_start (nb, off);
+  errno = EAGAIN;
+  return -1;
+}
+
 static void
 nbdb_stats (struct backing *b, struct backing_stats *st)
 {
@@ -540,6 +613,7 @@ nbdb_close (struct backing *b)
   struct nbdb_backing *nb = to_nbd (b);
 
   nbdb_conns_stop (nb);
+  free (nb->map_async);         /* a lookahead closing left unanswered */
   free (nb->zero_buf);
   free (nb->uri);
   free (nb->tls_certificates);
@@ -558,6 +632,7 @@ static const struct backing_ops nbdb_ops = {
   .trim = nbdb_trim,
   .flush = nbdb_flush,
   .map = nbdb_map,
+  .map_cached = nbdb_map_cached,
   .loss_epoch = nbdb_loss_epoch,
   .clear_doubt = nbdb_clear_doubt,
   .stats = nbdb_stats,

@@ -49,6 +49,7 @@
 
 #define NSTRIPES 1024u
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+#define WLOG_SIZE 64u     /* backing writes a parked fetch can look past */
 #define WB_HELPERS 3u     /* threads that join a writeback pass's owner */
 /* range_lock takes each stripe of a window once only because a window
  * has fewer folios than there are stripes. */
@@ -143,9 +144,12 @@ struct cache {
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
   _Atomic int flush_failing;/* errno of the last backing flush if it failed */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
-  _Atomic uint64_t backing_gen; /* bumped after every backing write, zero
-                                 * or trim (fetch.c: is a read that started
-                                 * before still the backing's content?) */
+  /* The ranges of the latest backing writes, zeroes and trims (fetch.c:
+   * is what a parked read fetched still the backing's content?): entry
+   * g % WLOG_SIZE is the g-th, wlog_gen the latest.  wlog_lock. */
+  pthread_mutex_t wlog_lock;
+  uint64_t wlog_gen;
+  struct { uint64_t off, end; } wlog[WLOG_SIZE];
   uint64_t stable_epoch;    /* backing loss epoch at the last good flush; wb_mutex */
   _Atomic uint64_t passthrough_unflushed; /* direct writes and zeroes since */
   bool passthrough_lost;    /* some of those were lost: every flush from
@@ -264,6 +268,11 @@ int window_try_begin (struct cache *c, struct window *w, uint64_t start,
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
                      uint64_t end);
 void window_end (struct cache *c, struct window *w);
+/* Create the held window's folios that are not cached, from free slots
+ * only and all or none: 0, or -1/EAGAIN with nothing changed (the
+ * stripes held keep anyone else from creating them meanwhile).  What a
+ * CACHE_NOWAIT write uses once it knows it can finish: it never evicts. */
+int window_alloc_free (struct cache *c, struct window *w);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);
@@ -305,6 +314,14 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
 #define CI_READAHEAD (1u << 3)  /* a readahead fetch: windows of what fits
                                    (window_ra_begin), never waiting for room */
 
+/* What a parked miss fetched (fetch.c), as a source for io_fill: bytes
+ * [off, end) of the backing, whole blocks, at buf + (x - base), as the
+ * backing had them after its write log stood at gen. */
+struct fetch_src {
+  const unsigned char *buf;
+  uint64_t base, off, end, gen;
+};
+
 struct cache_iter {
   struct cache *c;
   uint64_t start, end;      /* the request's bytes */
@@ -318,6 +335,11 @@ struct cache_iter {
    * backing under it, so further misses in the window can use it. */
   struct backing_extent map;
   bool mapped;
+  /* io_fill takes the blocks it holds from here rather than the backing
+   * (cache_read_fetched); NULL otherwise.  Under CI_NOWAIT io_fill then
+   * fills holes the backing's map knows and the fetched blocks, and gives
+   * up (EAGAIN) on anything else. */
+  const struct fetch_src *src;
 };
 
 void cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
@@ -355,6 +377,28 @@ int io_fill (struct cache_iter *it, uint64_t start, uint64_t end);
  * has one data extent; so has an empty answer: data is always safe). */
 int cache_map (struct cache *c, uint64_t start, uint64_t end,
                struct backing_extent *ext);
+/* The same from what the backing knows without I/O
+ * (backing_ops.map_cached); data where it would have to ask. */
+int cache_map_cached (struct cache *c, uint64_t start, uint64_t end,
+                      struct backing_extent *ext);
+
+/* Classify the blocks from start on: *hole says whether they read as
+ * zeroes, *run_end (> start, <= end) where that answer ends (io.c). */
+int io_extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
+                      uint64_t *run_end, bool *hole);
+
+/* --- fetch.c --- */
+/* src for io_fill from what cache_fetch fetched into buf. */
+void fetch_src_init (struct fetch_src *src, const void *buf,
+                     const struct cache_fetched *fx);
+/* May io_fill take blocks [start, end) (global numbers, within src) from
+ * src?  Only if no backing write touched src's range since the fetch
+ * began.  Asked with the blocks' stripes held: a backing write under them
+ * (writeback, direct I/O) is logged before its stripes are released. */
+bool fetch_src_fresh (struct cache *c, const struct fetch_src *src);
+/* The backing was written (write, zero, trim) at [off, off+len), or may
+ * have been (the op failed). */
+void backing_written (struct cache *c, uint64_t off, uint64_t len);
 
 /* --- writeback (writeback.c) --- */
 /* Write back dirty blocks in global blocks [start, end) of a locked

@@ -89,6 +89,7 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
   bad |= pthread_mutex_init (&c->walk_lock, &ma);
+  bad |= pthread_mutex_init (&c->wlog_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||

@@ -200,8 +200,8 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
     abort ();
   }
   int err = errno;
-  if (op != PASS_WRITE)         /* io_write counted the write */
-    atomic_fetch_add (&c->backing_gen, 1);
+  if (op != PASS_WRITE)         /* io_write logged the write */
+    backing_written (c, off, len);
   if (r == 0 && !(flags & CACHE_FUA)) {
     atomic_store (&c->backing_unflushed, true);
     if (op != PASS_TRIM)

@@ -58,9 +58,30 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   int r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;
   STAT_ADD (c, backing_write_ns, now_ns () - t0);
-  atomic_fetch_add (&c->backing_gen, 1);     /* failed: maybe partly */
+  backing_written (c, off, len);             /* failed: maybe partly */
   errno = err;
   return r;
+}
+
+/* Copy global blocks [start, end) (inside the window, all cached) from
+ * src, which holds them in a row, and mark them uptodate. */
+static void
+fill_copy (struct cache *c, struct window *w, uint64_t start, uint64_t end,
+           const unsigned char *src)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  for (uint64_t b = start; b < end;) {
+    struct folio *f = w->f[b / bpf - w->start];
+    uint32_t i = (uint32_t) (b % bpf);
+    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
+    memcpy (f->data + block_pos (c, i), src + block_pos (c, b - start),
+            block_pos (c, cnt));
+    folio_persist_data (c, f, i, i + cnt);
+    folio_set_uptodate (c, f, i, i + cnt);
+    folio_persist_bits (c, f);
+    b += cnt;
+  }
 }
 
 /* Read global blocks [start, end) (inside the window, all cached) with
@@ -86,17 +107,7 @@ fill_data (struct cache *c, struct window *w, uint64_t start, uint64_t end)
   unsigned char *bounce = io_bounce (c);
   if (bounce == NULL || io_read (c, bounce, len, off) == -1)
     return -1;
-  for (uint64_t b = start; b < end;) {
-    struct folio *f = w->f[b / bpf - w->start];
-    uint32_t i = (uint32_t) (b % bpf);
-    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
-    memcpy (f->data + block_pos (c, i), bounce + block_pos (c, b - start),
-            block_pos (c, cnt));
-    folio_persist_data (c, f, i, i + cnt);
-    folio_set_uptodate (c, f, i, i + cnt);
-    folio_persist_bits (c, f);
-    b += cnt;
-  }
+  fill_copy (c, w, start, end, bounce);
   return 0;
 }
 
@@ -117,16 +128,24 @@ fill_zero (struct cache *c, struct window *w, uint64_t start, uint64_t end)
   }
 }
 
-int
-cache_map (struct cache *c, uint64_t start, uint64_t end,
-           struct backing_extent *ext)
+static int
+map_with (struct cache *c, uint64_t start, uint64_t end,
+          struct backing_extent *ext, bool cached)
 {
   if (end > c->size)
     end = c->size;
   *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
   if (!(c->b->caps & BACKING_CAN_MAP) || c->b->ops->map == NULL)
     return 0;
-  if (c->b->ops->map (c->b, start, end - start, ext) == -1)
+  if (cached) {
+    /* Not known without asking: data, which is always safe (a hole the
+     * backing is read for reads as zeroes). */
+    if (c->b->ops->map_cached == NULL ||
+        c->b->ops->map_cached (c->b, start, end - start, ext) == -1) {
+      *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
+      return 0;
+    }
+  } else if (c->b->ops->map (c->b, start, end - start, ext) == -1)
     return -1;
   if (ext->length == 0)
     *ext = (struct backing_extent) { start, end - start, BACKING_DATA };
@@ -135,11 +154,23 @@ cache_map (struct cache *c, uint64_t start, uint64_t end,
   return 0;
 }
 
-/* Classify the blocks from start on: *hole says whether they read as
- * zeroes, *run_end (> start, <= end) where that answer ends.  A block
- * that is only partly a hole counts as data. */
-static int
-extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
+int
+cache_map (struct cache *c, uint64_t start, uint64_t end,
+           struct backing_extent *ext)
+{
+  return map_with (c, start, end, ext, false);
+}
+
+int
+cache_map_cached (struct cache *c, uint64_t start, uint64_t end,
+                  struct backing_extent *ext)
+{
+  return map_with (c, start, end, ext, true);
+}
+
+/* A block that is only partly a hole counts as data. */
+int
+io_extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
                uint64_t *run_end, bool *hole)
 {
   struct cache *c = it->c;
@@ -167,16 +198,28 @@ int
 io_fill (struct cache_iter *it, uint64_t start, uint64_t end)
 {
   struct cache *c = it->c;
+  const struct fetch_src *src = it->src;
   uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
 
   while (start < end) {
     uint64_t run_end;
     bool hole;
-    if (extent_blocks (it, start, end, &run_end, &hole) == -1)
+    if (io_extent_blocks (it, start, end, &run_end, &hole) == -1)
       return -1;
     if (hole)
       fill_zero (c, &it->w, start, run_end);
-    else {
+    else if (src && block_pos (c, start) >= src->off &&
+             block_pos (c, start) < src->end && fetch_src_fresh (c, src)) {
+      /* Fetched by a parked miss: as far as the fetch goes. */
+      uint64_t e = block_of (c, src->end);
+      if (run_end > e)
+        run_end = e;
+      fill_copy (c, &it->w, start, run_end,
+                 src->buf + (block_pos (c, start) - src->base));
+    } else if (it->flags & CI_NOWAIT) {
+      errno = EAGAIN;
+      return -1;
+    } else {
       if (run_end - start > max_blocks)
         run_end = start + max_blocks;
       if (fill_data (c, &it->w, start, run_end) == -1)

@@ -18,6 +18,7 @@ cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
   it->flags = flags;
   it->done = 0;
   it->held = it->over = it->mapped = false;
+  it->src = NULL;
 }
 
 /* The iteration is over: r is 0 (done) or -1 (errno kept). */
@@ -110,7 +111,9 @@ cache_iter_map (struct cache_iter *it, uint64_t off,
 
   assert (it->held);
   if (!it->mapped || off < m->offset || off - m->offset >= m->length) {
-    if (cache_map (it->c, off, folio_pos (it->c, it->w.end), m) == -1)
+    /* A try may not wait for the backing's answer: what it knows. */
+    if (((it->flags & CI_NOWAIT) ? cache_map_cached : cache_map)
+        (it->c, off, folio_pos (it->c, it->w.end), m) == -1)
       return -1;
     it->mapped = true;
   }

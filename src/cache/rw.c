@@ -14,11 +14,12 @@ window_folio (struct cache *c, struct window *w, uint64_t blk)
 }
 
 /* Bring blocks [start, end) of the step uptodate from the backing, or
- * under CACHE_NOWAIT give up before anything changed. */
+ * under CACHE_NOWAIT give up before anything changed (but for a parked
+ * miss's fill: io_fill knows what it may do without waiting). */
 static int
 step_fill (struct cache_iter *it, uint64_t start, uint64_t end)
 {
-  if (it->flags & CI_NOWAIT) {
+  if ((it->flags & CI_NOWAIT) && it->src == NULL) {
     errno = EAGAIN;
     return -1;
   }
@@ -191,6 +192,39 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
 }
 
 int
+cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
+                    struct cache_fetched *fx, unsigned flags)
+{
+  struct cache_iter it;
+  struct fetch_src src;
+  bool missed = false;
+  int r;
+
+  if (range_check (c, len, off) == -1)
+    return -1;
+  /* The fetched bytes sit at buf + (x - fx->base), fx->base <= off: a
+   * step copies its answer (to buf + (x - off)) over fetched bytes it
+   * has put into the cache already. */
+  fetch_src_init (&src, buf, fx);
+  cache_iter_init (&it, c, off, len, CI_ALLOC |
+                   ((flags & CACHE_NOWAIT) ? CI_NOWAIT : 0));
+  it.src = &src;
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = read_step (&it, buf, &missed);
+  /* A try that gave up may have copied answers over fetched bytes (when
+   * the fetch began before off): the retry reads what is missing again. */
+  if (r == -1 && (flags & CACHE_NOWAIT))
+    fx->end = fx->off;
+  if (r == 0) {                 /* readahead was told at the fetch */
+    STAT_ADD (c, read_ops, 1);
+    STAT_ADD (c, client_read_bytes, len);
+    if (missed) STAT_ADD (c, read_misses, 1);
+    else STAT_ADD (c, read_hits, 1);
+  }
+  return r;
+}
+
+int
 cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
 {
   return cache_read (c, NULL, len, off, 0);
@@ -222,8 +256,10 @@ fill_edges (struct cache_iter *it)
     if (i == 1 && edge[1] == edge[0])
       break;
     struct folio *f = window_folio (c, &it->w, edge[i]);
+    /* f is NULL only under CI_NOWAIT (not yet created): then a partial
+     * block of it would need a read. */
     if (block_partial (c, edge[i], off, end) &&
-        !folio_block_uptodate (c, f, edge[i] % bpf) &&
+        (f == NULL || !folio_block_uptodate (c, f, edge[i] % bpf)) &&
         step_fill (it, edge[i], edge[i] + 1) == -1)
       return -1;
   }
@@ -257,7 +293,11 @@ write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
   uint64_t off = it->pos, len = it->step_end - it->pos;
   uint64_t start = block_of (c, off), end = block_of (c, off + len - 1) + 1;
 
-  if (fill_edges (it) == -1)
+  /* Under CI_NOWAIT the folios are created only once nothing can fail
+   * (a try is one window, one step): a try that gives up changed
+   * nothing, no clean folio was evicted for it. */
+  if (fill_edges (it) == -1 ||
+      ((it->flags & CI_NOWAIT) && window_alloc_free (c, &it->w) == -1))
     return -1;
   copy_range (c, &it->w, (void *) (buf + (off - it->start)), off, len, true);
   dirty_blocks (c, &it->w, start, end);
@@ -310,8 +350,8 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
   if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE)
-                   | (nowait ? CI_NOWAIT : 0));
+  cache_iter_init (&it, c, off, len, (now ? 0 : CI_THROTTLE)
+                   | (nowait ? CI_NOWAIT : CI_ALLOC));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
   if (r == 0 && grouped)

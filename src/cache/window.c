@@ -235,6 +235,38 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
   return r;
 }
 
+int
+window_alloc_free (struct cache *c, struct window *w)
+{
+  uint64_t missing = 0;
+
+  for (uint64_t fi = w->start; fi < w->end; fi++)
+    missing += w->f[fi - w->start] == NULL;
+  if (missing == 0)
+    return 0;
+  lock_or_die (&c->lock);
+  if (c->nr_free < missing) {
+    unlock_or_die (&c->lock);
+    errno = EAGAIN;
+    return -1;
+  }
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    struct folio *f;
+    if (w->f[fi - w->start] != NULL)
+      continue;
+    f = &c->folios[c->free_slots[--c->nr_free]];
+    if (folio_insert_locked (c, f, fi) == -1) {
+      unlock_or_die (&c->lock);
+      errno = ENOMEM;
+      return -1;
+    }
+    f->used = ++c->lru_clock;
+    w->f[fi - w->start] = f;
+  }
+  unlock_or_die (&c->lock);
+  return 0;
+}
+
 /* Readahead takes a free slot, else a clean folio that no request looked
  * up lately. */
 static struct folio *

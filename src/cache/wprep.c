@@ -40,6 +40,7 @@ cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
     return -1;
   }
   p->n = (unsigned) (fb - fa);
+  p->edges_done = 0;
   p->off = folio_pos (c, fa);
   p->len = folio_pos (c, fb - fa);
   p->folio_size = fsize;

@@ -200,4 +200,9 @@ struct metrics *metrics_start (const char *addr, struct daemon_export *ex,
                                size_t n, void *server);
 void metrics_stop (struct metrics *m);
 
+/* fdlimit.c: raise the soft RLIMIT_NOFILE to the hard one (at start);
+ * warn when the limit cannot hold max_connections besides what is open. */
+void fd_limit_raise (void);
+void fd_limit_check (unsigned max_connections);
+
 #endif /* FOLIOD_DAEMON_H */

@@ -519,6 +519,15 @@ listen_all (struct daemon *d)
   return 0;
 }
 
+static unsigned
+max_connections (const struct daemon_config *cfg)
+{
+  struct server_config sc;
+
+  server_config_default (&sc);
+  return cfg->max_connections ? cfg->max_connections : sc.max_connections;
+}
+
 /* The server and its listening sockets, before any export is open. */
 static int
 server_start (struct daemon *d)
@@ -684,6 +693,7 @@ daemon_start (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
 
+  fd_limit_raise ();
   if (cfg->state_dir) {
     if (chdir (cfg->state_dir) == -1) {
       log_error ("state-dir %s: %s", cfg->state_dir, strerror (errno));
@@ -724,6 +734,7 @@ daemon_start (struct daemon *d)
       return -1;
     d->pidfile_written = 1;
   }
+  fd_limit_check (max_connections (cfg));
   signals_start (d);
   if (announce_ready (d) == -1)
     return -1;

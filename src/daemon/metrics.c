@@ -8,15 +8,25 @@
  * Why libmicrohttpd rather than a few lines of HTTP on the event loop:
  * a scraper is a network client like any other and HTTP parsing is where
  * servers get hurt; a kept library does it.  It runs in its own thread
- * (MHD's internal polling thread) so that a slow or hostile scraper
- * costs the event loop nothing, and reads the counters the way the
- * control thread does (atomic loads, the cache lock for cached bytes).
+ * (metrics_thread, driving MHD with MHD_run_wait) so that a slow or
+ * hostile scraper costs the event loop nothing, and reads the counters
+ * the way the control thread does (atomic loads, the cache lock for
+ * cached bytes).
  *
  * Bounds: METRICS_MAX_CONNECTIONS connections at once, at most
  * METRICS_MAX_PER_IP from one address (more are refused at accept),
  * METRICS_TIMEOUT_S of inactivity closes one, METRICS_CONN_MEMORY bytes
  * of request buffer each, and a reply of at most STATS_BUF_SIZE bytes:
  * about 1 MiB in all, whatever the scrapers do.
+ *
+ * Slowloris: MHD's timeout counts inactivity only, so a client sending
+ * a header byte every few seconds would hold its connection for ever.
+ * Each request therefore has a total deadline, METRICS_DEADLINE_S from
+ * the accept or from the end of the connection's previous request; the
+ * thread shuts down the socket of any connection past it (MHD then sees
+ * the end of the stream and closes it).  The per-address cap is half the
+ * connections, so that clients from two addresses leave room at once,
+ * and the deadline frees the rest within METRICS_DEADLINE_S.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,6 +34,8 @@
 #include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,20 +43,35 @@
 
 #include <microhttpd.h>
 
+#include "foliod/util.h"
 #include "daemon/daemon.h"
 #include "server/log.h"
 
-#define METRICS_MAX_CONNECTIONS 8
+#define METRICS_MAX_CONNECTIONS 16
 #define METRICS_MAX_PER_IP 4
 #define METRICS_TIMEOUT_S 10
+#define METRICS_DEADLINE_S 10
+#define METRICS_TICK_MS 250      /* deadline checks; stop latency */
 #define METRICS_CONN_MEMORY (16 * 1024)
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* One per open connection, its MHD socket context; only the metrics
+ * thread touches them (MHD calls back from MHD_run_wait there). */
+struct metrics_conn {
+  struct metrics_conn *next, **pprev;
+  int fd;
+  uint64_t deadline_ms;          /* now_ms() past which it is cut */
+  bool cut;
+};
 
 struct metrics {
   struct MHD_Daemon *mhd;
   struct daemon_export *exports;
   size_t n_exports;
   void *server;
+  pthread_t thread;
+  atomic_bool stop;
+  struct metrics_conn *conns;
 };
 
 int
@@ -136,6 +163,77 @@ metrics_request (void *cls, struct MHD_Connection *conn, const char *url,
   return metrics_reply (conn, MHD_HTTP_OK, body, len);
 }
 
+static void
+metrics_conn_notify (void *cls, struct MHD_Connection *conn, void **ctx,
+                     enum MHD_ConnectionNotificationCode toe)
+{
+  struct metrics *m = cls;
+  struct metrics_conn *mc = *ctx;
+
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info (conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    /* Without memory or its socket, the connection has no deadline but
+     * still the inactivity timeout: as before. */
+    if (ci == NULL || (mc = calloc (1, sizeof *mc)) == NULL)
+      return;
+    mc->fd = ci->connect_fd;
+    mc->deadline_ms = now_ms () + METRICS_DEADLINE_S * 1000u;
+    mc->next = m->conns;
+    if (mc->next)
+      mc->next->pprev = &mc->next;
+    mc->pprev = &m->conns;
+    m->conns = mc;
+    *ctx = mc;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && mc) {
+    *mc->pprev = mc->next;
+    if (mc->next)
+      mc->next->pprev = mc->pprev;
+    free (mc);
+    *ctx = NULL;
+  }
+}
+
+/* A request answered: the next one on a kept-alive connection gets a
+ * deadline of its own. */
+static void
+metrics_request_done (void *cls, struct MHD_Connection *conn, void **req_cls,
+                      enum MHD_RequestTerminationCode toe)
+{
+  const union MHD_ConnectionInfo *ci =
+    MHD_get_connection_info (conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  struct metrics_conn *mc = ci ? ci->socket_context : NULL;
+
+  if (mc && !mc->cut)
+    mc->deadline_ms = now_ms () + METRICS_DEADLINE_S * 1000u;
+}
+
+static void
+metrics_cut_late (struct metrics *m)
+{
+  uint64_t now = now_ms ();
+
+  for (struct metrics_conn *mc = m->conns; mc; mc = mc->next)
+    if (!mc->cut && now >= mc->deadline_ms) {
+      mc->cut = true;
+      log_debug ("metrics: a request took over %d s: closing it",
+                 METRICS_DEADLINE_S);
+      shutdown (mc->fd, SHUT_RDWR);
+    }
+}
+
+static void *
+metrics_thread (void *arg)
+{
+  struct metrics *m = arg;
+
+  while (!atomic_load (&m->stop)) {
+    MHD_run_wait (m->mhd, METRICS_TICK_MS);
+    metrics_cut_late (m);
+  }
+  return NULL;
+}
+
 /* At debug level: MHD logs every connection refused over the limits,
  * and a flood of them must not flood the journal (metrics_start logs a
  * failure to listen itself). */
@@ -160,7 +258,8 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   struct metrics_addr a;
   char err[512];
   sigset_t all, old;
-  unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+  int rc;
 
   if (m == NULL)
     return NULL;
@@ -174,10 +273,6 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   m->exports = ex;
   m->n_exports = n;
   m->server = server;
-  /* MHD's thread inherits a full signal mask: signals belong to the
-   * event loop (as for the server's workers). */
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
   m->mhd = MHD_start_daemon (flags, 0, NULL, NULL, metrics_request, m,
              MHD_OPTION_EXTERNAL_LOGGER, metrics_log, NULL,
              MHD_OPTION_SOCK_ADDR, (const struct sockaddr *) &a.ss,
@@ -185,11 +280,26 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned) METRICS_MAX_PER_IP,
              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) METRICS_TIMEOUT_S,
              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) METRICS_CONN_MEMORY,
+             MHD_OPTION_NOTIFY_CONNECTION, metrics_conn_notify, m,
+             MHD_OPTION_NOTIFY_COMPLETED, metrics_request_done, m,
              MHD_OPTION_END);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (m->mhd == NULL) {
-    log_error ("metrics-listen %s: cannot listen: %s", a.text,
-               strerror (errno));
+    /* MHD does not promise errno: say what was tried. */
+    log_error ("metrics-listen %s: cannot listen (address in use or not "
+               "local?)", a.text);
+    free (m);
+    return NULL;
+  }
+  /* The thread has a full signal mask: signals belong to the event loop
+   * (as for the server's workers). */
+  sigfillset (&all);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  rc = pthread_create (&m->thread, NULL, metrics_thread, m);
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (rc) {
+    log_error ("metrics-listen %s: cannot start a thread: %s", a.text,
+               strerror (rc));
+    MHD_stop_daemon (m->mhd);
     free (m);
     return NULL;
   }
@@ -202,6 +312,8 @@ metrics_stop (struct metrics *m)
 {
   if (m == NULL)
     return;
-  MHD_stop_daemon (m->mhd);
+  atomic_store (&m->stop, true);
+  pthread_join (m->thread, NULL);
+  MHD_stop_daemon (m->mhd);     /* closes the rest: notify frees each */
   free (m);
 }

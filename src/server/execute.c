@@ -234,7 +234,7 @@ read_range (struct req *r, uint8_t *data, uint64_t len, uint64_t off,
 
   if (r->fetch == REQ_FETCHED && r->fetch_err == 0 && data == r->buf &&
       len == r->count)
-    return cache_read_fetched (cache, data, len, off, r->fetch_gen, flags);
+    return cache_read_fetched (cache, data, len, off, &r->fetched, flags);
   return cache_read (cache, data, len, off, flags);
 }
 
@@ -294,6 +294,23 @@ exec_read (struct req *r, unsigned flags)
     r->error = wire_errno (errno);
   }
   reply_simple (r);
+  return 0;
+}
+
+/* Make r->buf hold need bytes (its contents are not kept): 0 or -1.  The
+ * budget charged at parse time stays (conn_req_put keeps what it said). */
+static int
+req_buf_room (struct req *r, size_t need)
+{
+  void *p;
+
+  if (r->buf_cap >= need)
+    return 0;
+  if ((p = malloc (need)) == NULL)
+    return -1;
+  free (r->buf);
+  r->buf = p;
+  r->buf_cap = need;
   return 0;
 }
 
@@ -402,14 +419,8 @@ exec_block_status (struct req *r)
   size_t one = 4 + 8 * max, need = NBD_META_CONTEXTS * one;
   bool alloc = r->conn->meta_alloc, cache = r->conn->meta_cache;
 
-  if (r->buf_cap < need) {
-    void *p = malloc (need);
-    if (!p)
-      return -1;
-    free (r->buf);
-    r->buf = p;
-    r->buf_cap = need;
-  }
+  if (req_buf_room (r, need) == -1)
+    return -1;
   if (alloc && bs_context (r, r->buf, NBD_META_ID_BASE_ALLOCATION,
                            !cache) < 0)
     return -1;
@@ -422,9 +433,10 @@ exec_block_status (struct req *r)
 /* ---- WRITE ---------------------------------------------------------------- */
 
 /* A write whose whole folios arrived in r->prep: the bytes around them
- * (in buf) go in first, then the folios.  Under CACHE_NOWAIT a -1 with
- * EAGAIN may have written the edges: the retry writes them again, the
- * same bytes. */
+ * (in buf) go in first, then the folios.  Each of the three is all or
+ * nothing; an edge written is noted in p->edges_done, so that after a
+ * CACHE_NOWAIT try gave up half way the worker's retry goes on from
+ * there: nothing is written or counted twice. */
 static int
 exec_write_prepared (struct req *r, unsigned flags)
 {
@@ -433,10 +445,16 @@ exec_write_prepared (struct req *r, unsigned flags)
   uint64_t head = p->off - r->offset, tail_off = p->off + p->len;
   uint64_t tail = r->offset + r->count - tail_off;
 
-  if ((head && cache_write (cache, r->buf, head, r->offset, flags) < 0) ||
-      (tail && cache_write (cache, r->buf + head, tail, tail_off,
-                            flags) < 0))
-    return -1;
+  if (head && !(p->edges_done & CACHE_PREP_HEAD)) {
+    if (cache_write (cache, r->buf, head, r->offset, flags) < 0)
+      return -1;
+    p->edges_done |= CACHE_PREP_HEAD;
+  }
+  if (tail && !(p->edges_done & CACHE_PREP_TAIL)) {
+    if (cache_write (cache, r->buf + head, tail, tail_off, flags) < 0)
+      return -1;
+    p->edges_done |= CACHE_PREP_TAIL;
+  }
   return cache_write_commit (cache, p, flags);
 }
 
@@ -550,14 +568,17 @@ req_fetch_done (void *opaque, int err)
 bool
 req_fetch_start (struct req *r)
 {
-  if (r->type != NBD_CMD_READ || !req_may_try (r))
+  struct cache *cache = r->conn->exp->cache;
+
+  if (r->type != NBD_CMD_READ || !req_may_try (r) ||
+      req_buf_room (r, cache_fetch_room (cache, r->count, r->offset)) == -1)
     return false;
   r->fetch = REQ_FETCHING;
   r->fetch_err = 0;
   /* From here on r may be on the done list already (done runs inside
    * when the remote was that quick): touch nothing after. */
-  if (cache_fetch (r->conn->exp->cache, r->buf, r->count, r->offset,
-                   &r->fetch_gen, req_fetch_done, r) == 0)
+  if (cache_fetch (cache, r->buf, r->count, r->offset, &r->fetched,
+                   req_fetch_done, r) == 0)
     return true;
   r->fetch = REQ_FETCH_NONE;
   return false;

@@ -170,7 +170,7 @@ struct req {
    * data, or hands it to a worker. */
   enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
   int fetch_err;
-  uint64_t fetch_gen;
+  struct cache_fetched fetched;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
@@ -310,6 +310,8 @@ struct listener {
   struct server *srv;
   int fd;
   ev_io io;
+  ev_timer backoff;              /* restarts io after EMFILE and the like */
+  ev_tstamp warned_at;           /* last backoff log line; 0: never */
   char *unix_path;               /* removed on free; NULL for TCP */
   char name[96];
 };

@@ -18,6 +18,11 @@
 #include "server/log.h"
 
 #define ACCEPTS_PER_WAKE 16
+/* Out of descriptors (or memory), accept fails at once and the listener
+ * stays readable: rearming the watcher would spin the loop.  Pause it for
+ * this long instead; connections closing meanwhile free descriptors. */
+#define ACCEPT_BACKOFF_S 0.5
+#define ACCEPT_WARN_EVERY_S 60.
 
 static void
 peer_name (const struct sockaddr_storage *ss, socklen_t len,
@@ -61,6 +66,34 @@ client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
 }
 
 static void
+listener_resume_cb (struct ev_loop *loop, ev_timer *w, int revents)
+{
+  struct listener *l = w->data;
+
+  ev_io_start (loop, &l->io);
+}
+
+/* accept failed with err for lack of a resource: stop accepting on l for
+ * ACCEPT_BACKOFF_S (its backlog waits in the kernel), and say so once per
+ * ACCEPT_WARN_EVERY_S.  Self-contained per listener, so that a listener
+ * on any loop can back off on its own. */
+static void
+listener_backoff (struct ev_loop *loop, struct listener *l, int err)
+{
+  ev_tstamp now = ev_now (loop);
+
+  if (l->warned_at == 0 || now - l->warned_at >= ACCEPT_WARN_EVERY_S) {
+    l->warned_at = now;
+    log_warn ("accept on %s: %s: not accepting for %.1f s at a time "
+              "(raise the open files limit or lower max-connections)",
+              l->name, strerror (err), ACCEPT_BACKOFF_S);
+  }
+  ev_io_stop (loop, &l->io);
+  ev_timer_set (&l->backoff, ACCEPT_BACKOFF_S, 0.);
+  ev_timer_start (loop, &l->backoff);
+}
+
+static void
 listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
 {
   struct listener *l = w->data;
@@ -74,8 +107,11 @@ listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
                       SOCK_NONBLOCK | SOCK_CLOEXEC);
 
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
-          && errno != ECONNABORTED)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS
+          || errno == ENOMEM)
+        listener_backoff (loop, l, errno);
+      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
+               && errno != ECONNABORTED)
         log_warn ("accept on %s: %m", l->name);
       return;
     }
@@ -100,6 +136,8 @@ listener_add (struct server *s, int fd, const char *name)
   snprintf (l->name, sizeof l->name, "%s", name);
   ev_io_init (&l->io, listener_accept_cb, fd, EV_READ);
   l->io.data = l;
+  ev_timer_init (&l->backoff, listener_resume_cb, ACCEPT_BACKOFF_S, 0.);
+  l->backoff.data = l;
   ev_io_start (s->loop, &l->io);
   l->next = s->listeners;
   s->listeners = l;
@@ -231,6 +269,7 @@ server_stop_accepting (struct server *s)
   while ((l = s->listeners) != NULL) {
     s->listeners = l->next;
     ev_io_stop (s->loop, &l->io);
+    ev_timer_stop (s->loop, &l->backoff);
     close (l->fd);
     if (l->unix_path) {
       unlink (l->unix_path);

@@ -1,6 +1,7 @@
 /* Read misses fetched asynchronously (src/cache/fetch.c): what the fetch
- * brings is put into the cache only if the backing was not written since
- * the fetch started, and blocks the cache has win over fetched bytes.
+ * brings is put into the cache only if the backing was not written there
+ * since the fetch started, blocks the cache has win over fetched bytes,
+ * and the fetch is of the missing blocks, whole.
  * The backing here serves an async read at once (copies the data when it
  * is issued) and completes it when the test says: writes in between are
  * the race of a remote that answered before a write reached it. */
@@ -97,16 +98,16 @@ on_done (void *opaque, int err)
 }
 
 /* Fetch [off, off+len) into buf; the backing has served it already. */
-static uint64_t
+static struct cache_fetched
 fetch (struct cache *c, struct mem *m, unsigned char *buf, uint64_t len,
        uint64_t off)
 {
-  uint64_t gen;
+  struct cache_fetched fx;
 
   completed = 0;
-  assert_int_equal (cache_fetch (c, buf, len, off, &gen, on_done, NULL), 0);
+  assert_int_equal (cache_fetch (c, buf, len, off, &fx, on_done, NULL), 0);
   assert_int_equal (completed, 0);
-  return gen;
+  return fx;
 }
 
 static void
@@ -124,11 +125,11 @@ test_fetched_fills_cache (void **state)
   unsigned char buf[4096], want[4096], again[4096];
   struct cache_stats st;
   struct cache *c = open_cache (&m);
-  uint64_t gen = fetch (c, &m, buf, sizeof buf, 65536);
+  struct cache_fetched gen = fetch (c, &m, buf, sizeof buf, 65536);
 
   memcpy (want, m.data + 65536, sizeof want);
   complete (&m);
-  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 65536, gen, 0), 0);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 65536, &gen, 0), 0);
   assert_memory_equal (buf, want, sizeof buf);
   cache_get_stats (c, &st);
   assert_int_equal (st.read_misses, 1);
@@ -148,17 +149,17 @@ test_stale_fetch_not_cached (void **state)
   static struct mem m;
   unsigned char buf[4096], newer[4096], got[4096];
   struct cache *c = open_cache (&m);
-  uint64_t gen = fetch (c, &m, buf, sizeof buf, 131072);
+  struct cache_fetched gen = fetch (c, &m, buf, sizeof buf, 131072);
 
   memset (newer, 0x5c, sizeof newer);
   assert_int_equal (cache_write (c, newer, sizeof newer, 131072, CACHE_DIRECT),
                     0);
   complete (&m);
   /* Under NOWAIT it would have to read the backing: it does not wait. */
-  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, gen,
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, &gen,
                                         CACHE_NOWAIT), -1);
   assert_int_equal (errno, EAGAIN);
-  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, gen, 0),
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 131072, &gen, 0),
                     0);
   assert_memory_equal (buf, newer, sizeof buf);     /* read again */
   assert_int_equal (cache_read (c, got, sizeof got, 131072, 0), 0);
@@ -173,14 +174,14 @@ test_cache_wins_over_fetch (void **state)
   static struct mem m;
   unsigned char buf[8192], want[8192], w[4096];
   struct cache *c = open_cache (&m);
-  uint64_t gen = fetch (c, &m, buf, sizeof buf, 262144);
+  struct cache_fetched gen = fetch (c, &m, buf, sizeof buf, 262144);
 
   memset (w, 0x3d, sizeof w);
   assert_int_equal (cache_write (c, w, sizeof w, 262144 + 4096, 0), 0);
   memcpy (want, m.data + 262144, 4096);
   memcpy (want + 4096, w, 4096);
   complete (&m);
-  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 262144, gen,
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 262144, &gen,
                                         CACHE_NOWAIT), 0);
   assert_memory_equal (buf, want, sizeof buf);
   memset (buf, 0, sizeof buf);
@@ -198,7 +199,7 @@ test_direct_cache_does_not_fetch (void **state)
   struct cache_config cfg;
   unsigned char buf[4096];
   char err[256];
-  uint64_t gen;
+  struct cache_fetched gen;
 
   open_cache (&m);              /* fills m; that cache is not used */
   cache_config_default (&cfg);
@@ -212,6 +213,61 @@ test_direct_cache_does_not_fetch (void **state)
   assert_int_equal (cache_destroy (c), 0);
 }
 
+/* A backing write elsewhere leaves the fetch good: the write log is by
+ * range, so the fetched block is put into the cache without waiting. */
+static void
+test_unrelated_write_keeps_fetch (void **state)
+{
+  static struct mem m;
+  unsigned char buf[4096], want[4096], w[4096];
+  struct cache *c = open_cache (&m);
+  struct cache_fetched fx = fetch (c, &m, buf, sizeof buf, 524288);
+
+  memcpy (want, m.data + 524288, sizeof want);
+  memset (w, 0x6e, sizeof w);
+  assert_int_equal (cache_write (c, w, sizeof w, 2u << 20, CACHE_DIRECT), 0);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 524288, &fx,
+                                        CACHE_NOWAIT), 0);
+  assert_memory_equal (buf, want, sizeof buf);
+  assert_int_equal (cache_read (c, buf, sizeof buf, 524288, CACHE_NOWAIT), 0);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A read of 512 bytes inside a block fetches the whole block (buf holds
+ * cache_fetch_room bytes) and caches it: the next read of that block is a
+ * hit.  Only the blocks missing are fetched. */
+static void
+test_sub_block_fetch_caches_block (void **state)
+{
+  static struct mem m;
+  unsigned char buf[8192], want[4096];
+  struct cache *c = open_cache (&m);
+  uint64_t off = 786432 + 4096 + 1024;
+  struct cache_fetched fx;
+
+  assert_int_equal (cache_fetch_room (c, 512, off), 4096);
+  fx = fetch (c, &m, buf, 512, off);
+  assert_int_equal (fx.off, 786432 + 4096);
+  assert_int_equal (fx.end, 786432 + 8192);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, 512, off, &fx, CACHE_NOWAIT),
+                    0);
+  assert_memory_equal (buf, m.data + off, 512);
+  assert_int_equal (cache_read (c, buf, 4096, 786432 + 4096, CACHE_NOWAIT), 0);
+  memcpy (want, m.data + 786432 + 4096, sizeof want);
+  assert_memory_equal (buf, want, sizeof want);
+  /* 8 KiB over that cached block and the next: only the next is fetched. */
+  fx = fetch (c, &m, buf, 8192, 786432 + 4096);
+  assert_int_equal (fx.off, 786432 + 8192);
+  assert_int_equal (fx.end, 786432 + 12288);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, 8192, 786432 + 4096, &fx, 0),
+                    0);
+  assert_memory_equal (buf, m.data + 786432 + 4096, 8192);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
 int
 main (void)
 {
@@ -220,6 +276,8 @@ main (void)
     cmocka_unit_test (test_stale_fetch_not_cached),
     cmocka_unit_test (test_cache_wins_over_fetch),
     cmocka_unit_test (test_direct_cache_does_not_fetch),
+    cmocka_unit_test (test_unrelated_write_keeps_fetch),
+    cmocka_unit_test (test_sub_block_fetch_caches_block),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -586,7 +586,7 @@ static int
 do_fetch (struct model *m, uint64_t off, uint64_t len, unsigned *flags)
 {
   struct fetch_ctx x = { 0 };
-  uint64_t gen;
+  struct cache_fetched gen;
   int r;
 
   memset (m->fbuf, 0xdb, len);
@@ -613,9 +613,9 @@ do_fetch (struct model *m, uint64_t off, uint64_t len, unsigned *flags)
     else {
       if (chance (m, 30))
         *flags |= CACHE_NOWAIT;
-      r = cache_read_fetched (m->c, m->fbuf, len, off, gen, *flags);
+      r = cache_read_fetched (m->c, m->fbuf, len, off, &gen, *flags);
       if (nowait_gave_up (m, r, flags))
-        r = cache_read_fetched (m->c, m->fbuf, len, off, gen, *flags);
+        r = cache_read_fetched (m->c, m->fbuf, len, off, &gen, *flags);
     }
   }
   if (r == 0)
@@ -990,7 +990,8 @@ model_setup (struct model *m)
   m->bbuf = malloc (1 << 20);
   m->zeros = calloc (1, 4 * (size_t) cfg->folio_size + 8192);
   m->pbuf = malloc (4 * (size_t) cfg->folio_size + 8192);
-  m->fbuf = malloc (4 * (size_t) cfg->folio_size + 8192);
+  /* A fetch rounds out to whole blocks (cache_fetch_room). */
+  m->fbuf = malloc (6 * (size_t) cfg->folio_size + 8192);
   assert_true (m->ref && m->unk && m->alt && m->buf && m->bbuf && m->zeros &&
                m->pbuf && m->fbuf);
   /* Old data in part of the device, holes elsewhere. */

@@ -233,7 +233,7 @@ static int
 fetch_read (struct writer *wr, uint64_t len, uint64_t off)
 {
   struct world *w = wr->w;
-  uint64_t gen;
+  struct cache_fetched gen;
   int err = -1;
 
   if (len > w->max_io ||
@@ -245,7 +245,7 @@ fetch_read (struct writer *wr, uint64_t len, uint64_t off)
   usleep ((unsigned) fake_rand_below (&wr->rng, 300));
   if (err)
     return cache_read (w->c, wr->buf, len, off, 0);
-  return cache_read_fetched (w->c, wr->buf, len, off, gen, 0);
+  return cache_read_fetched (w->c, wr->buf, len, off, &gen, 0);
 }
 
 static int

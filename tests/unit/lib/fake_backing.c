@@ -385,6 +385,45 @@ fake_flush (struct backing *b)
   return 0;
 }
 
+/* The extent at off (lock held). */
+static void
+map_locked (struct fake_backing *fb, uint64_t off, uint64_t len,
+            struct backing_extent *ext)
+{
+  int data = sector_is_data (fb, off);
+  uint64_t end = off + len;
+  uint64_t pos = (off / FSECT + 1) * FSECT;   /* next sector */
+  while (pos < end) {
+    /* Skip absent chunks and pages in one step when scanning holes. */
+    if (!data && fb->chunks[pos / CHUNK_BYTES] == NULL) {
+      pos = (pos / CHUNK_BYTES + 1) * CHUNK_BYTES;
+      continue;
+    }
+    if (!data && page_get (fb, pos / FPAGE, 0) == NULL) {
+      pos = (pos / FPAGE + 1) * FPAGE;
+      continue;
+    }
+    if (data && pos % FPAGE == 0) {
+      struct fpage *p = page_get (fb, pos / FPAGE, 0);
+      if (p && p->datamap == 0xff) {
+        pos += FPAGE;
+        continue;
+      }
+    }
+    if (sector_is_data (fb, pos) != data)
+      break;
+    pos += FSECT;
+  }
+  if (pos > end)
+    pos = end;
+  if (fb->map_max && pos - off > fb->map_max)
+    pos = off + fb->map_max;
+  ext->offset = off;
+  ext->length = pos - off;
+  ext->type = data ? BACKING_DATA
+                   : fb->holes_as_zero ? BACKING_ZERO : BACKING_HOLE;
+}
+
 static int
 fake_map (struct backing *b, uint64_t off, uint64_t len,
           struct backing_extent *ext)
@@ -394,40 +433,8 @@ fake_map (struct backing *b, uint64_t off, uint64_t len,
 
   lock (fb);
   err = request_begin (fb, FAKE_MAP, off, len, 0);
-  if (err == 0) {
-    int data = sector_is_data (fb, off);
-    uint64_t end = off + len;
-    uint64_t pos = (off / FSECT + 1) * FSECT;   /* next sector */
-    while (pos < end) {
-      /* Skip absent chunks and pages in one step when scanning holes. */
-      if (!data && fb->chunks[pos / CHUNK_BYTES] == NULL) {
-        pos = (pos / CHUNK_BYTES + 1) * CHUNK_BYTES;
-        continue;
-      }
-      if (!data && page_get (fb, pos / FPAGE, 0) == NULL) {
-        pos = (pos / FPAGE + 1) * FPAGE;
-        continue;
-      }
-      if (data && pos % FPAGE == 0) {
-        struct fpage *p = page_get (fb, pos / FPAGE, 0);
-        if (p && p->datamap == 0xff) {
-          pos += FPAGE;
-          continue;
-        }
-      }
-      if (sector_is_data (fb, pos) != data)
-        break;
-      pos += FSECT;
-    }
-    if (pos > end)
-      pos = end;
-    if (fb->map_max && pos - off > fb->map_max)
-      pos = off + fb->map_max;
-    ext->offset = off;
-    ext->length = pos - off;
-    ext->type = data ? BACKING_DATA
-                     : fb->holes_as_zero ? BACKING_ZERO : BACKING_HOLE;
-  }
+  if (err == 0)
+    map_locked (fb, off, len, ext);
   unsigned us = fb->map_delay_us;
   unlock (fb);
   if (us)
@@ -436,6 +443,20 @@ fake_map (struct backing *b, uint64_t off, uint64_t len,
     errno = err;
     return -1;
   }
+  return 0;
+}
+
+/* As a remote's extent cache that knows the whole map: no request, no
+ * fault, no delay (what map_cached may cost: nothing). */
+static int
+fake_map_cached (struct backing *b, uint64_t off, uint64_t len,
+                 struct backing_extent *ext)
+{
+  struct fake_backing *fb = (struct fake_backing *) b;
+
+  lock (fb);
+  map_locked (fb, off, len, ext);
+  unlock (fb);
   return 0;
 }
 
@@ -473,7 +494,8 @@ static const struct backing_ops fake_ops_nomap = {
 static const struct backing_ops fake_ops_map_async = {
   .name = "fake-async", .read = fake_read, .read_async = fake_read_async,
   .write = fake_write, .zero = fake_zero, .trim = fake_trim,
-  .flush = fake_flush, .map = fake_map, .stats = NULL, .close = fake_close,
+  .flush = fake_flush, .map = fake_map, .map_cached = fake_map_cached,
+  .stats = NULL, .close = fake_close,
 };
 
 static const struct backing_ops fake_ops_nomap_async = {
