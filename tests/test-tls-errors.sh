@@ -10,7 +10,7 @@ lib_init tls-errors
 requires openssl nbdsh qemu-img
 
 tls_make_certs "$tmp/c"
-truncate -s 16M "$tmp/img"
+truncate -s 16M "$tmp/img" "$tmp/img2"   # two exports: one image each (image locks)
 
 # bad_dir NAME: a copy of the good server directory to break.
 bad_dir () {
@@ -61,7 +61,7 @@ expect_start_fail "verify-peer without CA" "$d/ca-cert.pem: No such file" \
 
 # A per-export tls=require needs the certificates too.
 expect_start_fail "export tls without certificates" "tls-certificates" \
-  --export "secure=file:$tmp/img,tls=require"
+  --export "secure=file:$tmp/img2,tls=require"
 
 # ---- reload on SIGHUP --------------------------------------------------
 srv=$(bad_dir live)
