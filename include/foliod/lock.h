@@ -9,7 +9,7 @@
  * holding a lock of one line may take a lock of a later line, never of
  * an earlier one:
  *
- *   1. server (src/server/internal.h)      nothing held into the cache:
+ *   1. server (src/server/internal.h), nothing held into the cache:
  *      pool.lock, sloop.lock (a loop's done list, new sockets, commands),
  *      clients_lock, tls_lock are leaves, released before any other call
  *      (tls_lock is held across SSL_new, which takes only OpenSSL's own
@@ -26,12 +26,14 @@
  *      stripe (pmem_unclean), held across msync.
  *   5. cache leaves: flush_group.lock, readahead's ra->lock, taken with
  *      no other cache lock held (flush-group.h, readahead.c).
- *   6. backing (src/backing/): nbd: fork_lock, then a connection's
- *      rwlock (taken by a loop issuing a parked miss: cache_fetch holds
- *      no cache lock then), then poller_lock, then async_lock; the
- *      rwlock before libnbd's own handle lock; ext_lock a leaf.  file:
- *      rmw_lock[] (two at most, lower address first) and pool_lock,
- *      leaves.
+ *   6. backing (src/backing/): nbd: a connection's rwlock (read by a
+ *      loop issuing a parked miss: cache_fetch holds no cache lock
+ *      then), and under it, one at a time, poller_lock, async_lock and
+ *      libnbd's own handle lock; fork_lock before poller_lock; ext_lock
+ *      a leaf.  libnbd runs completion callbacks under its handle lock:
+ *      a parked miss's completion then takes its loop's sloop.lock
+ *      (line 1's leaves may be taken under anything).  file: rmw_lock[]
+ *      (two at most, lower address first) and pool_lock, leaves.
  *   7. log_lock (src/daemon/log.c): innermost; any thread may log under
  *      any of the above.
  *

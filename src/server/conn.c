@@ -123,7 +123,10 @@ conn_req_get (struct conn *c)
 }
 
 /* Memory was released on lp: resume the waiters that fit now, on lp and
- * on the other loops. */
+ * on the other loops.  A loop that misses this (it began to wait just
+ * after) loses no wake-up for good: its waiters have requests in flight
+ * (conn_budget_admit lets a connection with none through), whose replies
+ * release memory on their own loop. */
 static void
 conn_budget_released (struct sloop *lp)
 {

@@ -393,6 +393,8 @@ struct server {
   struct listener *listeners;
   struct sloop *loops;           /* nloops connection loops */
   unsigned nloops;
+  unsigned next_loop;            /* main thread: where the next hand-off
+                                    starts looking (ties go round) */
   _Atomic unsigned nconns;       /* with an open socket, all loops */
   _Atomic uint64_t next_conn_id;
   _Atomic size_t buf_charged;    /* request buffers in use, all conns */

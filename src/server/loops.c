@@ -168,13 +168,12 @@ loop_post (struct sloop *lp, unsigned cmd)
 void
 loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
 {
-  static _Thread_local unsigned rr; /* the acceptor's own tie-breaker */
   struct sloop *best = NULL;
   unsigned best_load = 0;
   struct handoff *h;
 
   for (unsigned k = 0; k < s->nloops; k++) {
-    struct sloop *lp = &s->loops[(rr + k) % s->nloops];
+    struct sloop *lp = &s->loops[(s->next_loop + k) % s->nloops];
     unsigned load = atomic_load (&lp->nconns) + atomic_load (&lp->nqueued);
 
     if (!best || load < best_load) {
@@ -182,7 +181,7 @@ loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
       best_load = load;
     }
   }
-  rr++;
+  s->next_loop++;
   if (!(h = calloc (1, sizeof *h))) {
     log_error ("refusing connection from %s: out of memory", peer);
     close (fd);
