@@ -162,26 +162,32 @@ loop_post (struct sloop *lp, unsigned cmd)
   ev_async_send (lp->loop, &lp->wake);
 }
 
+/* Connections lp owns or is about to adopt. */
+static unsigned
+loop_load (struct sloop *lp)
+{
+  return atomic_load (&lp->nconns) + atomic_load (&lp->nqueued);
+}
+
 /* Main thread: give an accepted socket to the loop that owns the fewest
  * connections (ties: the next one round the ring).  That loop checks the
  * limits when it adopts it (conn_new). */
 void
 loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
 {
-  struct sloop *best = NULL;
-  unsigned best_load = 0;
+  struct sloop *best = &s->loops[s->next_loop++ % s->nloops];
+  unsigned best_load = loop_load (best);
   struct handoff *h;
 
-  for (unsigned k = 0; k < s->nloops; k++) {
-    struct sloop *lp = &s->loops[(s->next_loop + k) % s->nloops];
-    unsigned load = atomic_load (&lp->nconns) + atomic_load (&lp->nqueued);
+  for (unsigned k = 1; k < s->nloops; k++) {
+    struct sloop *lp = &s->loops[(s->next_loop - 1 + k) % s->nloops];
+    unsigned load = loop_load (lp);
 
-    if (!best || load < best_load) {
+    if (load < best_load) {
       best = lp;
       best_load = load;
     }
   }
-  s->next_loop++;
   if (!(h = calloc (1, sizeof *h))) {
     log_error ("refusing connection from %s: out of memory", peer);
     close (fd);
