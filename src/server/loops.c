@@ -9,6 +9,15 @@
  * sockets, answers the requests workers and backings finished (the done
  * list) and runs the main thread's commands (shutdown, buffer budget
  * released elsewhere, exit).
+ *
+ * Shutdown: server_shutdown (main thread) stops accepting and posts
+ * LOOP_CMD_SHUTDOWN to every loop, which lets its connections finish
+ * what they have (conn_begin_shutdown) and refuses sockets still in its
+ * queue.  A loop that has lost its last connection tells the main
+ * thread (gone_async); once every loop owns none (nconns + nqueued, so
+ * a socket in transit is never missed), the done callback runs on the
+ * main loop.  server_free then makes the loop threads leave ev_run
+ * (LOOP_CMD_EXIT), joins them, and finishes the rest on its own thread.
  */
 #include <assert.h>
 #include <errno.h>
