@@ -4,7 +4,8 @@
 # on two loops are two and two (`foliod stats` has a line per loop), and
 # a write on one loop is read back on the other.  Every thread has a
 # name of foliod's own (/proc/PID/task/*/comm): the main thread
-# "foliod", then foliod-loop/N, worker/N, wb, wb-help/N, ra/N, ...  The
+# "foliod", then foliod-loop/N, worker/N, wb, wb-help/N, ra/N, ...
+# (libmicrohttpd names its metrics thread MHD-single itself).  The
 # default number of loops is the CPUs foliod may run on, at most 8.
 . "$(dirname "$0")/lib.sh"
 lib_init server-loops
@@ -28,7 +29,7 @@ mains=1
 # is "foliod".
 check_names () {
   thread_names "$1" > "$tmp/comm"
-  grep -vxE 'foliod|foliod-loop/[0-9]+|worker/[0-9]+|wb|wb-help/[0-9]+|ra/[0-9]+|nbd-poll/[0-9]+|control|closer|metrics' \
+  grep -vxE 'foliod|foliod-loop/[0-9]+|worker/[0-9]+|wb|wb-help/[0-9]+|ra/[0-9]+|nbd-poll/[0-9]+|control|closer|MHD-single' \
     "$tmp/comm" > "$tmp/unnamed" && fail "threads without a foliod name: $(sort "$tmp/unnamed" | uniq -c | tr '\n' ' ')"
   [ "$(grep -cx foliod "$tmp/comm")" = "$mains" ] ||
     fail "$(grep -cx foliod "$tmp/comm") threads named foliod (the main thread only)"

@@ -160,7 +160,6 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   struct metrics_addr a;
   char err[512];
   sigset_t all, old;
-  char name[16] = "foliod";
   unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
 
   if (m == NULL)
@@ -176,12 +175,10 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   m->n_exports = n;
   m->server = server;
   /* MHD's thread inherits a full signal mask: signals belong to the
-   * event loop (the policy of thread_start, which MHD cannot use), and
-   * its name, so this thread is "metrics" while MHD starts it. */
+   * event loop (thread_start's policy, which MHD's own pthread_create
+   * cannot use).  MHD names its thread itself: "MHD-single". */
   sigfillset (&all);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  (void) pthread_getname_np (pthread_self (), name, sizeof name);
-  (void) pthread_setname_np (pthread_self (), "metrics");
   m->mhd = MHD_start_daemon (flags, 0, NULL, NULL, metrics_request, m,
              MHD_OPTION_EXTERNAL_LOGGER, metrics_log, NULL,
              MHD_OPTION_SOCK_ADDR, (const struct sockaddr *) &a.ss,
@@ -190,7 +187,6 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) METRICS_TIMEOUT_S,
              MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) METRICS_CONN_MEMORY,
              MHD_OPTION_END);
-  (void) pthread_setname_np (pthread_self (), name);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (m->mhd == NULL) {
     log_error ("metrics-listen %s: cannot listen: %s", a.text,
