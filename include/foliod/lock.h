@@ -3,6 +3,44 @@
  * which error-checking mutexes report; a destroyed mutex), not an error
  * to handle, so it aborts rather than run unlocked.  Only a trylock may
  * fail, with EBUSY: it then returns false.
+ *
+ * THE LOCK ORDER ACROSS LAYERS (the one place it is written; the layers'
+ * own comments give the detail within a layer and point here).  A thread
+ * holding a lock of one line may take a lock of a later line, never of
+ * an earlier one:
+ *
+ *   1. server (src/server/internal.h), nothing held into the cache:
+ *      pool.lock, sloop.lock (a loop's done list, new sockets, commands),
+ *      clients_lock, tls_lock are leaves, released before any other call
+ *      (tls_lock is held across SSL_new, which takes only OpenSSL's own
+ *      locks).  The daemon (control, closers, metrics) likewise calls
+ *      the cache with none of its state locked.
+ *   2. cache writeback (src/cache/cache-int.h): wb_mutex, then walk_lock.
+ *      walk_lock is held while a batch's stripes are taken, and so waits
+ *      for a stripe another thread holds across backing I/O.
+ *   3. cache stripes, several only in ascending order (range_lock),
+ *      otherwise by trylock.  Held across backing I/O: every lock of the
+ *      backing (line 6) may be taken under a stripe.
+ *   4. the cache's index lock (c->lock); with a page store, the store's
+ *      sync_lock under it (set_index -> pmem_reuse_wait) and under a
+ *      stripe (pmem_unclean), held across msync.
+ *   5. cache leaves: flush_group.lock, readahead's ra->lock, taken with
+ *      no other cache lock held (flush-group.h, readahead.c).
+ *   6. backing (src/backing/): nbd: a connection's rwlock (read by a
+ *      loop issuing a parked miss: cache_fetch holds no cache lock
+ *      then), and under it, one at a time, poller_lock, async_lock and
+ *      libnbd's own handle lock; fork_lock before poller_lock; ext_lock
+ *      a leaf.  libnbd runs completion callbacks under its handle lock:
+ *      a parked miss's completion then takes its loop's sloop.lock
+ *      (line 1's leaves may be taken under anything).  file: rmw_lock[]
+ *      (two at most, lower address first) and pool_lock, leaves.
+ *   7. log_lock (src/daemon/log.c): innermost; any thread may log under
+ *      any of the above.
+ *
+ * A loop thread takes cache locks only through CACHE_NOWAIT calls
+ * (stripes by trylock, then line 4), so it waits at most for c->lock
+ * (with a page store, an msync under it) and for an nbd connection's
+ * rwlock during a reconnect.
  */
 #ifndef FOLIOD_LOCK_H
 #define FOLIOD_LOCK_H

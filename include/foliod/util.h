@@ -38,4 +38,13 @@ uint64_t now_ns (void);
 int cond_init_monotonic (pthread_cond_t *cv);
 int cond_wait_ms (pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ms);
 
+/* Start a thread running fn (arg), as every thread of foliod is started:
+ * with all signals blocked (they belong to the main thread) and named
+ * name_fmt (printf-style, cut to 15 bytes: "foliod-loop/%u", "wb",
+ * "ra/%u"), which top -H, ps -L and /proc/PID/task/TID/comm show.
+ * Returns 0 or an error number (pthread_create's). */
+int thread_start (pthread_t *t, void *(*fn) (void *), void *arg,
+                  const char *name_fmt, ...)
+  __attribute__ ((format (printf, 4, 5)));
+
 #endif /* FOLIOD_UTIL_H */

@@ -291,7 +291,8 @@ static int
 poller_start (struct nbdb_conn *c)
 {
   atomic_store (&c->stop, 0);
-  if (pthread_create (&c->poller, NULL, poller_main, c) != 0)
+  if (thread_start (&c->poller, poller_main, c, "nbd-poll/%u",
+                    (unsigned) (c - c->nb->conns)) != 0)
     return -1;
   c->has_poller = 1;
   c->poller_pid = getpid ();

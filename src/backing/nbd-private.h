@@ -21,7 +21,8 @@
  * libnbd state machine and runs the completion callbacks.
  *
  * Lock order: conn.lock, then libnbd's own handle lock (taken inside
- * every nbd_* call).  ext_lock is a leaf, never held across libnbd. */
+ * every nbd_* call).  ext_lock is a leaf, never held across libnbd.
+ * Across layers: include/foliod/lock.h. */
 struct nbdb_conn {
   pthread_rwlock_t lock;        /* read: issuing on h; write: replacing h */
   struct nbd_handle *h;         /* NULL: down */

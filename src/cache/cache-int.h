@@ -1,6 +1,7 @@
 /* Internals of the folio cache, shared by the files of src/cache/.
  *
- * Locks, in the order they are taken:
+ * Locks, in the order they are taken (the order across layers is in
+ * include/foliod/lock.h):
  *   1. wb_mutex        serialises writeback passes (flush, background);
  *   1b. walk_lock      the pass under way, shared with the writeback
  *                      helpers (wb-walk.c); held while a batch's stripes

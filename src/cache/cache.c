@@ -373,7 +373,7 @@ cache_start_writeback (struct cache *c)
     return -1;
   }
   atomic_store (&c->wb_stop, false);
-  r = pthread_create (&c->wb_thread, NULL, wb_thread_main, c);
+  r = thread_start (&c->wb_thread, wb_thread_main, c, "wb");
   if (r != 0) {
     ra_stop (c);
     wb_helpers_stop (c);

@@ -17,6 +17,7 @@
 #include "cache/cache-int.h"
 #include "cache/ra-window.h"
 #include "foliod/minmax.h"
+#include "foliod/util.h"
 
 #define RA_THREADS      4
 #define RA_QUEUE        64          /* jobs; more are dropped */
@@ -140,7 +141,7 @@ ra_start (struct cache *c)
     return 0;
   ra->stop = false;
   for (unsigned i = 0; i < RA_THREADS; i++) {
-    int r = pthread_create (&ra->threads[i], NULL, ra_thread_main, c);
+    int r = thread_start (&ra->threads[i], ra_thread_main, c, "ra/%u", i);
     if (r != 0) {
       ra_stop (c);
       errno = r;

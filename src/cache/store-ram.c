@@ -127,7 +127,7 @@ store_ram_populate (struct store *s, store_populated_fn *done, void *arg)
   }
   r->populated = done;
   r->populated_arg = arg;
-  e = pthread_create (&r->populator, NULL, ram_populate_main, r);
+  e = thread_start (&r->populator, ram_populate_main, r, "populate");
   if (e) {
     errno = e;
     return -1;

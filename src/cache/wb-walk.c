@@ -211,8 +211,8 @@ wb_helpers_start (struct cache *c)
 {
   c->walk_stop = false;
   while (c->nr_helpers < WB_HELPERS) {
-    int r = pthread_create (&c->wb_helpers[c->nr_helpers], NULL,
-                            wb_helper_main, c);
+    int r = thread_start (&c->wb_helpers[c->nr_helpers], wb_helper_main, c,
+                          "wb-help/%u", c->nr_helpers);
     if (r != 0) {
       wb_helpers_stop (c);
       errno = r;

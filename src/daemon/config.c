@@ -21,7 +21,7 @@
 #include "daemon/daemon.h"
 
 enum {
-  K_LISTEN, K_UNIX, K_CONTROL, K_METRICS_LISTEN, K_STATE_DIR, K_PIDFILE, K_WORKERS,
+  K_LISTEN, K_UNIX, K_CONTROL, K_METRICS_LISTEN, K_STATE_DIR, K_PIDFILE, K_WORKERS, K_LOOPS,
   K_MAX_CONNECTIONS, K_MAX_CONNECTIONS_PER_CLIENT, K_MAX_INFLIGHT,
   K_MAX_CONN_BUFFER, K_MAX_BUFFER_TOTAL, K_HANDSHAKE_TIMEOUT,
   K_IDLE_TIMEOUT, K_TLS,
@@ -38,6 +38,7 @@ const struct server_key server_keys[] = {
   { "state-dir", "DIR", "directory relative paths of the config resolve in", 0 },
   { "pidfile", "PATH", "write the daemon's pid to PATH", 0 },
   { "workers", "N", "worker threads running requests (default 16)", 0 },
+  { "loops", "N", "event loop threads serving connections (default: one per CPU, at most 8)", 0 },
   { "max-connections", "N", "connections served at once (default 128)", 0 },
   { "max-connections-per-client", "N", "connections per client address or uid (default 32)", 0 },
   { "max-inflight", "N", "requests in flight per connection (default 64)", 0 },
@@ -264,6 +265,7 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_STATE_DIR: r = set_string (&c->state_dir, value); break;
   case K_PIDFILE: r = set_string (&c->pidfile, value); break;
   case K_WORKERS: r = parse_uint (value, 1, 1024, &c->workers); break;
+  case K_LOOPS: r = parse_uint (value, 1, 64, &c->loops); break;
   case K_MAX_CONNECTIONS:
     r = parse_uint (value, 1, 1000000, &c->max_connections);
     break;

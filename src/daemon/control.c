@@ -413,7 +413,7 @@ control_start (const char *path, struct daemon_export *ex, size_t n,
     log_error ("control socket %s: %s", path, strerror (errno));
     goto fail;
   }
-  err = pthread_create (&ctl->thread, NULL, control_thread, ctl);
+  err = thread_start (&ctl->thread, control_thread, ctl, "control");
   if (err) {
     log_error ("control socket: thread: %s", strerror (err));
     unlink (path);

@@ -49,6 +49,7 @@ struct daemon_config {
   char *tls_psk;            /* PSK file; replaces tls_certificates */
   int tls_verify_peer;
   unsigned workers;         /* 0: server default */
+  unsigned loops;           /* 0: server default (one per CPU) */
   unsigned max_connections; /* 0: server default */
   unsigned max_connections_per_client;
   unsigned handshake_timeout_s;

@@ -292,7 +292,7 @@ closer_start (struct closer *k, struct daemon_export *e, uint64_t deadline)
   if (st.dirty_bytes)
     log_info ("export %s: writing back %llu bytes", e->cfg.name,
               (unsigned long long) st.dirty_bytes);
-  k->started = pthread_create (&k->thread, NULL, closer_main, k) == 0;
+  k->started = thread_start (&k->thread, closer_main, k, "closer") == 0;
   if (!k->started)
     closer_main (k);
 }
@@ -537,6 +537,7 @@ server_start (struct daemon *d)
 
   server_config_default (&sc);
   if (cfg->workers) sc.workers = cfg->workers;
+  if (cfg->loops) sc.loops = cfg->loops;
   if (cfg->max_connections) sc.max_connections = cfg->max_connections;
   if (cfg->handshake_timeout_s) sc.handshake_timeout_s = cfg->handshake_timeout_s;
   if (cfg->max_inflight) sc.max_inflight = cfg->max_inflight;

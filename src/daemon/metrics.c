@@ -257,7 +257,6 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
   struct metrics *m = calloc (1, sizeof *m);
   struct metrics_addr a;
   char err[512];
-  sigset_t all, old;
   unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
   int rc;
 
@@ -290,12 +289,7 @@ metrics_start (const char *addr, struct daemon_export *ex, size_t n,
     free (m);
     return NULL;
   }
-  /* The thread has a full signal mask: signals belong to the event loop
-   * (as for the server's workers). */
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  rc = pthread_create (&m->thread, NULL, metrics_thread, m);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  rc = thread_start (&m->thread, metrics_thread, m, "metrics");
   if (rc) {
     log_error ("metrics-listen %s: cannot start a thread: %s", a.text,
                strerror (rc));

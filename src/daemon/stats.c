@@ -306,6 +306,16 @@ stats_format (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
          "# TYPE foliod_requests_parked_total counter\n"
          "foliod_requests_parked_total %llu\n",
          (unsigned long long) ss.requests_parked);
+    out (&o, "# HELP foliod_loop_connections_accepted_total Client "
+         "connections each event loop thread was given.\n"
+         "# TYPE foliod_loop_connections_accepted_total counter\n");
+    for (unsigned i = 0; i < server_loop_count (server); i++) {
+      struct server_loop_stats ls;
+
+      server_get_loop_stats (server, i, &ls);
+      out (&o, "foliod_loop_connections_accepted_total{loop=\"%u\"} %llu\n",
+           i, (unsigned long long) ls.connections_total);
+    }
   }
   return o.len;
 }
@@ -473,6 +483,16 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
          (unsigned long long) ss.connections_refused,
          (unsigned long long) ss.requests,
          (unsigned long long) ss.request_errors);
+    /* Which loop serves whom: one line per loop. */
+    for (unsigned i = 0; i < server_loop_count (server); i++) {
+      struct server_loop_stats ls;
+
+      server_get_loop_stats (server, i, &ls);
+      out (&o, "loop %u: %llu open, %llu accepted, %llu requests\n", i,
+           (unsigned long long) ls.connections_now,
+           (unsigned long long) ls.connections_total,
+           (unsigned long long) ls.requests);
+    }
   }
   return o.len;
 }

@@ -26,7 +26,6 @@
 #include "server/log.h"
 #include "server/wire.h"
 
-static void conn_budget_wake (struct server *s);
 
 static const char *const state_names[CONN_NSTATES] = {
   [CONN_HS_CLIENT_FLAGS] = "HS_CLIENT_FLAGS",
@@ -82,7 +81,7 @@ conn_set_state (struct conn *c, enum conn_state st)
                state_names[c->state], state_names[st]);
   if (state_is_handshake (c->state) && st == CONN_TX_REQ_HDR
       && c->srv->cfg.idle_timeout_s)
-    ev_timer_again (c->srv->loop, &c->idle_timer);
+    ev_timer_again (c->lp->loop, &c->idle_timer);
   c->state = st;
 }
 
@@ -91,7 +90,7 @@ void
 conn_touch (struct conn *c)
 {
   if (ev_is_active (&c->idle_timer))
-    ev_timer_again (c->srv->loop, &c->idle_timer);
+    ev_timer_again (c->lp->loop, &c->idle_timer);
 }
 
 /* ---- requests ---------------------------------------------------------- */
@@ -104,7 +103,7 @@ conn_req_get (struct conn *c)
   if (r) {
     c->free_reqs = r->next;
     c->kept_buf_bytes -= r->buf_cap;
-    c->srv->buf_kept -= r->buf_cap;
+    c->lp->buf_kept -= r->buf_cap;
   }
   else {
     r = calloc (1, sizeof *r);
@@ -123,36 +122,60 @@ conn_req_get (struct conn *c)
   return r;
 }
 
+/* Memory was released on lp: resume the waiters that fit now, on lp and
+ * on the other loops.  A loop that misses this (it began to wait just
+ * after) loses no wake-up for good: its waiters have requests in flight
+ * (conn_budget_admit lets a connection with none through), whose replies
+ * release memory on their own loop. */
+static void
+conn_budget_released (struct sloop *lp)
+{
+  struct server *s = lp->srv;
+
+  if (lp->budget_waiters)
+    conn_budget_wake (lp);
+  if (atomic_load_explicit (&s->budget_waiting_loops, memory_order_relaxed))
+    for (unsigned i = 0; i < s->nloops; i++)
+      if (&s->loops[i] != lp && atomic_load (&s->loops[i].budget_waiting))
+        loop_post (&s->loops[i], LOOP_CMD_BUDGET);
+}
+
 void
 conn_req_put (struct conn *c, struct req *r)
 {
-  struct server *s = c->srv;
+  struct sloop *lp = c->lp;
   size_t released = r->charged;
+  /* Each loop keeps its share of the total's retained buffers. */
+  size_t keep_max = lp->srv->cfg.max_buffer_total / SERVER_KEEP_DIV
+                    / lp->srv->nloops;
 
   assert (c->nactive > 0);
   if (r->prep.n > 0)            /* never committed: a refused or abandoned write */
     cache_write_abort (c->exp->cache, &r->prep);
   c->nactive--;
   c->charged -= released;
-  s->buf_charged -= released;
+  if (released)
+    atomic_fetch_sub (&lp->srv->buf_charged, released);
   r->charged = 0;
   /* Keep buffers for reuse (no malloc per request), but not huge ones
    * and not without bound, per connection and in all. */
   if (r->buf_cap > REQ_KEEP_BUF_MAX
       || c->kept_buf_bytes + r->buf_cap > CONN_KEEP_BUF_TOTAL
-      || s->buf_kept + r->buf_cap > s->cfg.max_buffer_total / SERVER_KEEP_DIV) {
+      || lp->buf_kept + r->buf_cap > keep_max) {
     free (r->buf);
     r->buf = NULL;
     r->buf_cap = 0;
   }
   c->kept_buf_bytes += r->buf_cap;
-  s->buf_kept += r->buf_cap;
+  lp->buf_kept += r->buf_cap;
   r->next = c->free_reqs;
   c->free_reqs = r;
   conn_touch (c);
   /* Memory released, or c itself may now start its one request. */
-  if (s->budget_waiters && (released || c->nactive == 0))
-    conn_budget_wake (s);
+  if (released)
+    conn_budget_released (lp);
+  else if (c->nactive == 0 && lp->budget_waiters)
+    conn_budget_wake (lp);
 }
 
 /* ---- buffer budget ----------------------------------------------------- */
@@ -186,23 +209,78 @@ conn_budget_admit (const struct conn *c, size_t need)
   if (need == 0 || c->nactive == 0)
     return true;
   return c->charged + need <= s->cfg.max_conn_buffer
-    && s->buf_charged + need <= s->cfg.max_buffer_total;
+    && atomic_load (&s->buf_charged) + need <= s->cfg.max_buffer_total;
+}
+
+/* As conn_budget_admit, and if admitted, take need bytes of the total
+ * at once (c->reserved): the loops admit concurrently, and a check and
+ * a later add would let two of them pass the total together. */
+static bool
+conn_budget_reserve (struct conn *c, size_t need)
+{
+  struct server *s = c->srv;
+  size_t cur = atomic_load (&s->buf_charged);
+  bool always = need == 0 || c->nactive == 0;
+
+  assert (c->reserved == 0);
+  if (need == 0)
+    return true;
+  if (!always && c->charged + need > s->cfg.max_conn_buffer)
+    return false;
+  do
+    if (!always && cur + need > s->cfg.max_buffer_total)
+      return false;
+  while (!atomic_compare_exchange_weak (&s->buf_charged, &cur, cur + need));
+  c->reserved = need;
+  return true;
+}
+
+/* Give back a reservation no request took (the connection closed
+ * between header and request). */
+static void
+conn_budget_unreserve (struct conn *c)
+{
+  if (c->reserved) {
+    atomic_fetch_sub (&c->srv->buf_charged, c->reserved);
+    c->reserved = 0;
+  }
 }
 
 /* Count r's buffer (at least need bytes: block status allocates later)
- * until conn_req_put. */
+ * until conn_req_put, in place of what conn_budget_hdr_ready
+ * reserved. */
 void
 conn_budget_charge (struct conn *c, struct req *r, size_t need)
 {
   size_t n = MAX (r->buf_cap, need);
 
+  if (n > c->reserved)
+    atomic_fetch_add (&c->srv->buf_charged, n - c->reserved);
+  else if (n < c->reserved)
+    atomic_fetch_sub (&c->srv->buf_charged, c->reserved - n);
+  c->reserved = 0;
   r->charged = n;
   c->charged += n;
-  c->srv->buf_charged += n;
 }
 
 /* A request header in c->hdr waits for buffer budget: remember c so that
  * memory released by any connection retries it. */
+/* Whether lp has budget waiters, for the other loops (which post it
+ * LOOP_CMD_BUDGET when they release memory). */
+static void
+conn_budget_waiters_changed (struct sloop *lp)
+{
+  bool now = lp->budget_waiters != NULL;
+
+  if (atomic_load (&lp->budget_waiting) == now)
+    return;
+  atomic_store (&lp->budget_waiting, now);
+  if (now)
+    atomic_fetch_add (&lp->srv->budget_waiting_loops, 1);
+  else
+    atomic_fetch_sub (&lp->srv->budget_waiting_loops, 1);
+}
+
 static void
 conn_budget_wait (struct conn *c)
 {
@@ -210,14 +288,15 @@ conn_budget_wait (struct conn *c)
   if (c->budget_waiting)
     return;
   c->budget_waiting = true;
-  c->budget_next = c->srv->budget_waiters;
-  c->srv->budget_waiters = c;
+  c->budget_next = c->lp->budget_waiters;
+  c->lp->budget_waiters = c;
+  conn_budget_waiters_changed (c->lp);
 }
 
 static void
 conn_budget_unwait (struct conn *c)
 {
-  struct conn **p = &c->srv->budget_waiters;
+  struct conn **p = &c->lp->budget_waiters;
 
   if (!c->budget_waiting)
     return;
@@ -225,14 +304,15 @@ conn_budget_unwait (struct conn *c)
     p = &(*p)->budget_next;
   *p = c->budget_next;
   c->budget_waiting = false;
+  conn_budget_waiters_changed (c->lp);
 }
 
-/* Memory was released: resume the waiters that fit now (conn_after_io
+/* Memory was released: resume lp's waiters that fit now (conn_after_io
  * feeds them an input event).  The others keep waiting. */
-static void
-conn_budget_wake (struct server *s)
+void
+conn_budget_wake (struct sloop *lp)
 {
-  struct conn **p = &s->budget_waiters;
+  struct conn **p = &lp->budget_waiters;
 
   while (*p) {
     struct conn *c = *p;
@@ -245,14 +325,16 @@ conn_budget_wake (struct server *s)
     else
       p = &c->budget_next;
   }
+  conn_budget_waiters_changed (lp);
 }
 
-/* The header in c->hdr is complete: true if its request may go on now,
- * else c waits for budget (the header stays in c->hdr). */
+/* The header in c->hdr is complete: true if its request may go on now
+ * (its buffer reserved), else c waits for budget (the header stays in
+ * c->hdr). */
 bool
 conn_budget_hdr_ready (struct conn *c)
 {
-  if (conn_budget_admit (c, conn_hdr_need (c)))
+  if (conn_budget_reserve (c, conn_hdr_need (c)))
     return true;
   conn_budget_wait (c);
   return false;
@@ -415,10 +497,11 @@ conn_close (struct conn *c, const char *why)
   if (c->state == CONN_DEAD)
     return;
   log_info ("conn %" PRIu64 " (%s): closed: %s", c->id, c->peer, why);
-  ev_io_stop (c->srv->loop, &c->io);
-  ev_timer_stop (c->srv->loop, &c->hs_timer);
-  ev_timer_stop (c->srv->loop, &c->idle_timer);
+  ev_io_stop (c->lp->loop, &c->io);
+  ev_timer_stop (c->lp->loop, &c->hs_timer);
+  ev_timer_stop (c->lp->loop, &c->idle_timer);
   conn_budget_unwait (c);
+  conn_budget_unreserve (c);
   server_client_gone (c);
   c->io_events = 0;
   c->tops->close (c);
@@ -433,8 +516,8 @@ conn_close (struct conn *c, const char *why)
   c->sendq_tail = NULL;
   c->hsout_len = c->hsout_sent = 0;
   c->state = CONN_DEAD;
-  c->srv->nconns--;
-  STAT_SUB (c->srv, connections_now, 1);
+  atomic_fetch_sub (&c->srv->nconns, 1);
+  STAT_SUB (c->lp, connections_now, 1);
 }
 
 static void
@@ -464,7 +547,7 @@ conn_run_steps (struct conn *c)
       }
       else {
         if (state_is_handshake (c->state))
-          STAT_ADD (c->srv, handshakes_failed, 1);
+          STAT_ADD (c->lp, handshakes_failed, 1);
         conn_close (c, c->eof ? "client disconnected" : "protocol error");
       }
     }
@@ -477,7 +560,7 @@ static void
 conn_run_input (struct conn *c)
 {
   conn_run_steps (c);
-  pool_submit_flush (&c->srv->pool);
+  pool_submit_flush (&c->srv->pool, &c->lp->batch);
 }
 
 /* ---- output ------------------------------------------------------------ */
@@ -511,15 +594,15 @@ conn_mark_flush (struct conn *c)
 {
   if (!c->in_flush_list) {
     c->in_flush_list = true;
-    c->flush_next = c->srv->flush_list;
-    c->srv->flush_list = c;
+    c->flush_next = c->lp->flush_list;
+    c->lp->flush_list = c;
   }
 }
 
 void
 conn_queue_reply (struct conn *c, struct req *r)
 {
-  struct server *s = c->srv;
+  struct sloop *s = c->lp;
 
   assert (r->niov > 0);
   r->next = NULL;
@@ -637,10 +720,10 @@ conn_update_events (struct conn *c)
     ev |= EV_WRITE;
   if (ev == c->io_events)
     return;
-  ev_io_stop (c->srv->loop, &c->io);
+  ev_io_stop (c->lp->loop, &c->io);
   ev_io_set (&c->io, c->fd, ev);
   if (ev)
-    ev_io_start (c->srv->loop, &c->io);
+    ev_io_start (c->lp->loop, &c->io);
   c->io_events = ev;
 }
 
@@ -666,7 +749,9 @@ conn_after_io (struct conn *c)
   if (c->state == CONN_DRAINING && c->nactive == 0
       && !conn_output_pending (c))
     conn_close (c, c->eof ? "client disconnected" : "done");
-  else if (c->srv->shutting_down && state_is_transmission (c->state)
+  else if (atomic_load_explicit (&c->srv->shutting_down,
+                                 memory_order_relaxed)
+           && state_is_transmission (c->state)
            && c->nactive == 0 && !conn_output_pending (c))
     conn_close (c, "server shutting down");
   if (c->state == CONN_DEAD) {
@@ -679,20 +764,20 @@ conn_after_io (struct conn *c)
   if (conn_wants_input (c)
       && (c->yielded || c->rpos < c->rlen || c->tops->pending (c))) {
     c->yielded = false;
-    ev_feed_event (c->srv->loop, &c->io, EV_READ);
+    ev_feed_event (c->lp->loop, &c->io, EV_READ);
   }
 }
 
 /* Flush the connections that got new replies from the workers. */
 void
-conn_flush_pending (struct server *s)
+conn_flush_pending (struct sloop *lp)
 {
   /* Until empty: a reply sent here releases buffer budget, which may
    * resume connections waiting for it (they join the list). */
-  while (s->flush_list) {
-    struct conn *c = s->flush_list, *next;
+  while (lp->flush_list) {
+    struct conn *c = lp->flush_list, *next;
 
-    s->flush_list = NULL;
+    lp->flush_list = NULL;
     for (; c; c = next) {
       next = c->flush_next;
       c->in_flush_list = false;
@@ -705,7 +790,7 @@ static void
 conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
 {
   struct conn *c = w->data;
-  struct server *s = c->srv;
+  struct sloop *lp = c->lp;
   /* An event the transport waited for (TLS: a read that needs the socket
    * writable, or the reverse) retries both directions. */
   bool tport = (revents & c->tport_want) != 0;
@@ -717,7 +802,7 @@ conn_io_cb (struct ev_loop *loop, ev_io *w, int revents)
   if (((revents & EV_READ) || tport) && c->state != CONN_DEAD)
     conn_run_input (c);
   conn_after_io (c);
-  conn_flush_pending (s); /* replies queued on the loop, c's included */
+  conn_flush_pending (lp); /* replies queued on the loop, c's included */
 }
 
 static void
@@ -726,7 +811,7 @@ conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
   struct conn *c = w->data;
 
   log_warn ("conn %" PRIu64 " (%s): handshake timed out", c->id, c->peer);
-  STAT_ADD (c->srv, handshakes_failed, 1);
+  STAT_ADD (c->lp, handshakes_failed, 1);
   conn_close (c, "handshake timeout");
   conn_after_io (c);
 }
@@ -737,7 +822,7 @@ static void
 conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
 {
   struct conn *c = w->data;
-  struct server *s = c->srv;
+  struct sloop *lp = c->lp;
 
   if (c->nactive > 0 || conn_output_pending (c)) {
     ev_timer_again (loop, w);
@@ -747,47 +832,75 @@ conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
             c->srv->cfg.idle_timeout_s);
   conn_close (c, "idle timeout");
   conn_after_io (c);
-  conn_flush_pending (s);
+  conn_flush_pending (lp);
 }
 
 /* ---- life cycle -------------------------------------------------------- */
 
-void
-conn_new (struct server *s, int fd, const char *peer, const char *client_key)
+/* Take a global connection slot (max_connections): false when none
+ * is left. */
+static bool
+conn_slot_take (struct server *s)
 {
+  unsigned n = atomic_load (&s->nconns);
+
+  do
+    if (n >= s->cfg.max_connections)
+      return false;
+  while (!atomic_compare_exchange_weak (&s->nconns, &n, n + 1));
+  return true;
+}
+
+static void
+conn_refuse (struct sloop *lp, int fd, const char *peer, const char *why)
+{
+  /* A storm of these (a client reconnecting in a loop) is rate-limited
+   * by the logger, per call site. */
+  log_warn ("refusing connection from %s: %s", peer, why);
+  STAT_ADD (lp, connections_refused, 1);
+  close (fd);
+}
+
+/* Adopt fd on lp (its thread), within the server's limits. */
+void
+conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
+{
+  struct server *s = lp->srv;
   struct conn *c;
+  int admit;
 
-  const char *why = s->shutting_down ? "shutting down"
-    : s->nconns >= s->cfg.max_connections ? "connection limit reached"
-    : NULL;
-
-  if (!why && server_client_count (s, client_key)
-      >= s->cfg.max_connections_per_client)
-    why = "connection limit per client reached";
-  if (why) {
-    /* A storm of these (a client reconnecting in a loop) is rate-limited
-     * by the logger, per call site. */
-    log_warn ("refusing connection from %s: %s", peer, why);
-    STAT_ADD (s, connections_refused, 1);
-    close (fd);
+  atomic_fetch_add (&lp->nconns, 1);    /* loop_conn_gone takes it back */
+  if (atomic_load (&s->shutting_down)) {
+    conn_refuse (lp, fd, peer, "shutting down");
+    loop_conn_gone (lp);
+    return;
+  }
+  if (!conn_slot_take (s)) {
+    conn_refuse (lp, fd, peer, "connection limit reached");
+    loop_conn_gone (lp);
     return;
   }
   c = calloc (1, sizeof *c);
-  if (!c || !(c->rbuf = malloc (CONN_RBUF_SIZE))) {
+  if (!c || !(c->rbuf = malloc (CONN_RBUF_SIZE))
+      || (admit = server_client_admit (s, c, client_key)) < 0) {
     log_error ("refusing connection from %s: out of memory", peer);
-    free (c);
-    close (fd);
-    return;
+    admit = -1;
   }
-  if (server_client_add (s, c, client_key) < 0) {
-    log_error ("refusing connection from %s: out of memory", peer);
-    free (c->rbuf);
+  else if (admit == 0)
+    conn_refuse (lp, fd, peer, "connection limit per client reached");
+  if (admit <= 0) {
+    if (c)
+      free (c->rbuf);
     free (c);
-    close (fd);
+    if (admit < 0)
+      close (fd);
+    atomic_fetch_sub (&s->nconns, 1);
+    loop_conn_gone (lp);
     return;
   }
   c->srv = s;
-  c->id = ++s->next_conn_id;
+  c->lp = lp;
+  c->id = atomic_fetch_add (&s->next_conn_id, 1) + 1;
   snprintf (c->peer, sizeof c->peer, "%s", peer);
   c->fd = fd;
   c->tops = &transport_plain;
@@ -797,19 +910,19 @@ conn_new (struct server *s, int fd, const char *peer, const char *client_key)
   ev_timer_init (&c->hs_timer, conn_hs_timeout_cb,
                  s->cfg.handshake_timeout_s, 0.);
   c->hs_timer.data = c;
-  ev_timer_start (s->loop, &c->hs_timer);
+  ev_timer_start (lp->loop, &c->hs_timer);
   ev_init (&c->idle_timer, conn_idle_timeout_cb);
   c->idle_timer.repeat = s->cfg.idle_timeout_s;
   c->idle_timer.data = c;
 
-  c->next = s->conns;
-  if (s->conns)
-    s->conns->prev = c;
-  s->conns = c;
-  s->nconns++;
-  STAT_ADD (s, connections_now, 1);
-  STAT_ADD (s, connections_total, 1);
-  log_info ("conn %" PRIu64 ": new connection from %s", c->id, peer);
+  c->next = lp->conns;
+  if (lp->conns)
+    lp->conns->prev = c;
+  lp->conns = c;
+  STAT_ADD (lp, connections_now, 1);
+  STAT_ADD (lp, connections_total, 1);
+  log_info ("conn %" PRIu64 ": new connection from %s (loop %u)", c->id,
+            peer, lp->idx);
 
   hs_start (c);
   conn_after_io (c);
@@ -834,7 +947,7 @@ conn_begin_shutdown (struct conn *c, bool force)
 void
 conn_free (struct conn *c)
 {
-  struct server *s = c->srv;
+  struct sloop *lp = c->lp;
   struct req *r;
 
   assert (c->state == CONN_DEAD);
@@ -846,16 +959,16 @@ conn_free (struct conn *c)
     free (r->buf);
     free (r);
   }
-  s->buf_kept -= c->kept_buf_bytes;
+  lp->buf_kept -= c->kept_buf_bytes;
   if (c->prev)
     c->prev->next = c->next;
   else
-    s->conns = c->next;
+    lp->conns = c->next;
   if (c->next)
     c->next->prev = c->prev;
   free (c->rbuf);
   free (c->optbuf);
   free (c->hsout);
   free (c);
-  server_conn_gone (s);
+  loop_conn_gone (lp);
 }

@@ -552,17 +552,16 @@ req_try_execute (struct req *r)
   return true;
 }
 
-/* The backing's thread: the fetch is over; the loop takes it from here
- * (server_done_cb). */
+/* The backing's thread: the fetch is over; the loop that owns the
+ * connection takes it from here (loop_take_done). */
 static void
 req_fetch_done (void *opaque, int err)
 {
   struct req *r = opaque;
-  struct pool *p = &r->conn->srv->pool;
 
   r->fetch_err = err;
   r->fetch = REQ_FETCHED;
-  p->done (p->done_opaque, r);
+  loop_req_done (NULL, r);
 }
 
 bool

@@ -203,7 +203,7 @@ hs_enter_transmission (struct conn *c, struct export *e)
     c->meta_alloc = false; /* contexts were chosen for another export */
     c->meta_cache = false;
   }
-  ev_timer_stop (c->srv->loop, &c->hs_timer);
+  ev_timer_stop (c->lp->loop, &c->hs_timer);
   free (c->optbuf);
   c->optbuf = NULL;
   c->hdr_have = 0;
@@ -298,7 +298,7 @@ opt_starttls (struct conn *c)
   if (c->tls_active)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
                                   "TLS is already active"));
-  if (!c->srv->tls_ctx || !(c->client_flags & NBD_FLAG_C_FIXED_NEWSTYLE))
+  if (!server_tls_on (c->srv) || !(c->client_flags & NBD_FLAG_C_FIXED_NEWSTYLE))
     return hs_done (hs_reply_err (c, NBD_REP_ERR_POLICY,
                                   "TLS is not enabled on this server"));
   if (c->rpos < c->rlen) {
@@ -311,7 +311,7 @@ opt_starttls (struct conn *c)
   /* The ACK goes out in clear, then everything is TLS.  Nothing agreed
    * before STARTTLS survives it (spec). */
   if (hs_reply (c, NBD_REP_ACK, NULL, 0) < 0
-      || tls_conn_start (c, c->srv->tls_ctx) < 0)
+      || server_tls_start (c) < 0)
     return STEP_CLOSE;
   c->tls_active = true;
   c->structured = false;

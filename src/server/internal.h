@@ -2,17 +2,45 @@
  *
  * Threading model.
  *
- *   loop thread (one, libev)   owns every socket and every struct server /
- *                              conn field except those noted "worker":
- *                              accept, handshake, TLS, request parsing,
- *                              reply sending, timers, budgets, shutdown.
- *   worker threads (--workers, 16 by default)
- *                              run the cache calls that may block.
+ *   main thread (the daemon's libev loop, server->loop)
+ *                              listeners and accept, signals, shutdown,
+ *                              the status timer: it hands each accepted
+ *                              socket to the least loaded connection
+ *                              loop (loops.c) and never touches a
+ *                              connection.
+ *   connection loops (--loops, one thread and libev loop each, named
+ *                              foliod-loop/N) each own their
+ *                              connections and every struct conn field
+ *                              except those noted "worker": handshake,
+ *                              TLS, request parsing, reply sending,
+ *                              timers, budgets.  A connection stays on
+ *                              the loop that adopted it for its life.
+ *   worker threads (--workers, 16 by default, shared by all loops)
+ *                              run the cache calls that may block; an
+ *                              executed request goes back to the done
+ *                              list of its connection's loop.
  *   the cache's writeback thread and its helpers, and its readahead
  *                              threads (src/cache/readahead.c): a read
- *                              the loop answers may queue a readahead
+ *                              a loop answers may queue a readahead
  *                              window (a short leaf lock), never wait
  *                              for it.
+ *
+ * What the loops share: the worker pool, the exports (their caches are
+ * thread-safe), the counters of connections (max-connections, per
+ * client: atomics and clients_lock), the total buffer budget
+ * (buf_charged, reserved by compare-and-swap so that the loops together
+ * never admit past max-buffer-total), the TLS credentials (tls_lock) and
+ * shutting_down.  Counters (struct server_counters) and retained buffers
+ * are per loop; server_get_stats adds them up.
+ *
+ * Why one acceptor and not a listener per loop with SO_REUSEPORT: the
+ * kernel spreads SO_REUSEPORT by a hash of the peer's address and port,
+ * not by load, and only for TCP sockets this process bound itself; Unix
+ * sockets, sockets inherited from systemd and a listener that closes
+ * with one loop would all need the hand-off anyway.  An accept is rare
+ * next to the requests, so one thread doing it costs nothing measurable,
+ * and "least loaded" (connections owned, counted when handed over) is
+ * exact.
  *
  * Run-to-completion: once a request is parsed and checked, the loop tries
  * it itself (req_try_execute: cache_read / cache_write with CACHE_NOWAIT,
@@ -35,12 +63,11 @@
  * replies may; a FLUSH sees every write answered before it arrived (those
  * answered inline are in the cache, dirty, by then).
  *
- * One loop thread, not one per core: every bench row is one connection
- * (fio, loadgen: one libnbd handle), which a second loop could not
- * share, and the loop is not what limits them on two cores (randread_4k:
- * about 2 us of loop CPU per request, a quarter of a core at 120k IOPS,
- * three system calls per wake-up of 8-12 requests: epoll_wait, one recv,
- * one sendmsg).  A plain socket's short recv ends a wake-up's reading
+ * One connection is served by one loop: its requests are parsed in
+ * order from one socket, which a second thread could not share (about
+ * 2 us of loop CPU per cached 4 KiB read, three system calls per wake-up
+ * of 8-12 requests: epoll_wait, one recv, one sendmsg).  Several
+ * connections use several loops.  A plain socket's short recv ends a wake-up's reading
  * (conn_recv): the socket is empty and the level-triggered watcher
  * reports what comes next.
  *
@@ -77,9 +104,10 @@
  * (the bracketed part only when it could not complete on the loop) and is
  * linked into exactly one of those lists at a time by req->next.
  *
- * Lock order: pool.lock and server.done_lock are leaves, never nested.
- * The loop takes cache locks only through CACHE_NOWAIT calls: stripes by
- * trylock, then the cache's short index lock (never held across I/O).
+ * Lock order: see include/foliod/lock.h (the one place it is written).
+ * Here: pool.lock, sloop.lock, clients_lock and tls_lock are leaves,
+ * never nested.  A loop takes cache locks only through CACHE_NOWAIT
+ * calls: stripes by trylock, then the cache's index lock.
  * A parked miss reaches the nbd backing (cache_fetch -> read_async):
  * there the connection's rwlock by trylock (its writer, a reconnect,
  * waits for I/O), the poller's mutex by trylock, two leaf mutexes held
@@ -203,6 +231,7 @@ enum io_res { IO_DONE = 0, IO_AGAIN, IO_EOF, IO_ERR };
 
 struct conn {
   struct server *srv;
+  struct sloop *lp;              /* the loop that owns it, for life */
   struct conn *prev, *next;      /* server's list of connections */
   uint64_t id;
   char peer[80];                 /* for log lines */
@@ -218,7 +247,7 @@ struct conn {
   ev_timer idle_timer;           /* idle timeout in transmission */
   bool client_key_set;           /* counted in srv->clients under ... */
   char client_key[64];           /* ... this source (address or uid) */
-  bool in_flush_list;            /* linked in srv->flush_list */
+  bool in_flush_list;            /* linked in lp->flush_list */
   struct conn *flush_next;
 
   /* Input. */
@@ -261,7 +290,9 @@ struct conn {
   unsigned nworker;              /* of which held by workers */
   struct req *sendq_head, *sendq_tail; /* replies ready to send */
   size_t charged;                /* buffer bytes of active requests */
-  bool budget_waiting;           /* linked in srv->budget_waiters */
+  size_t reserved;               /* admitted by conn_budget_hdr_ready,
+                                    not yet charged to a request */
+  bool budget_waiting;           /* linked in lp->budget_waiters */
   struct conn *budget_next;
 };
 
@@ -292,9 +323,11 @@ struct pool {
   struct pool_worker *workers;
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
-  struct req *sub_head, *sub_tail; /* loop: parsed this wake-up, not yet
-                                      queued */
-  unsigned sub_n;
+};
+
+/* A loop's requests parsed this wake-up, not yet queued to the pool. */
+struct pool_batch {
+  struct req *head, *tail;
 };
 
 /* What server_get_stats reports, as counters (foliod/stat.h). */
@@ -316,36 +349,80 @@ struct listener {
   char name[96];
 };
 
-struct server {
+/* A socket accepted on the main thread, on its way to a loop. */
+struct handoff {
+  struct handoff *next;
+  int fd;
+  char peer[80];
+  char key[64];
+};
+
+/* Commands to a loop (sloop.cmd bits, set by the main thread). */
+#define LOOP_CMD_SHUTDOWN 1u  /* server_shutdown: begin, or force */
+#define LOOP_CMD_BUDGET   2u  /* another loop released buffer budget */
+#define LOOP_CMD_EXIT     4u  /* server_free: leave ev_run */
+
+/* One connection loop (loops.c): a thread running its own libev loop,
+ * or, for an in-process driver (cfg.loops_inline), the caller's loop. */
+struct sloop {
+  struct server *srv;
+  unsigned idx;
   struct ev_loop *loop;
+  pthread_t thread;
+  bool threaded;                 /* thread started: join it */
+
+  /* Owned by the loop's thread. */
+  struct conn *conns;            /* its connections, live or dead */
+  struct conn *flush_list;       /* connections with new replies */
+  size_t buf_kept;               /* of free lists, its conns; at most
+                                    its share of the total / KEEP_DIV */
+  struct conn *budget_waiters;   /* paused on the total buffer budget */
+  struct pool_batch batch;       /* for the worker pool */
+
+  /* Filled by other threads, under lock (a leaf); wake tells the loop. */
+  ev_async wake;
+  pthread_mutex_t lock;
+  struct req *done_head, *done_tail; /* executed, back from workers */
+  struct handoff *in_head, *in_tail; /* accepted sockets to adopt */
+  unsigned cmd;                  /* LOOP_CMD_* */
+
+  _Atomic unsigned nconns;       /* connection structs alive (open or
+                                    waiting for workers) */
+  _Atomic unsigned nqueued;      /* sockets handed over, not adopted */
+  _Atomic bool budget_waiting;   /* budget_waiters is not empty */
+  struct server_counters st;     /* STAT_ADD on the loop, read anywhere */
+};
+
+struct server {
+  struct ev_loop *loop;          /* the main thread's: accept, shutdown */
   struct server_config cfg;
 
   struct export **exports;
   size_t nexports;
 
   struct listener *listeners;
-  struct conn *conns;            /* all connections, live or dead */
-  unsigned nconns;               /* with an open socket */
-  uint64_t next_conn_id;
-  struct conn *flush_list;       /* connections with new replies */
-  size_t buf_charged;            /* request buffers in use, all conns */
-  size_t buf_kept;               /* of free lists, all conns */
-  struct conn *budget_waiters;   /* paused on the total buffer budget */
+  struct sloop *loops;           /* nloops connection loops */
+  unsigned nloops;
+  unsigned next_loop;            /* main thread: where the next hand-off
+                                    starts looking (ties go round) */
+  _Atomic unsigned nconns;       /* with an open socket, all loops */
+  _Atomic uint64_t next_conn_id;
+  _Atomic size_t buf_charged;    /* request buffers in use, all conns */
+  _Atomic unsigned budget_waiting_loops; /* loops with budget waiters */
+  pthread_mutex_t clients_lock;  /* a leaf: clients */
   struct client_count *clients;  /* open connections per source */
 
   struct pool pool;
-  ev_async done_async;
-  pthread_mutex_t done_lock;
-  struct req *done_head, *done_tail; /* executed, waiting for the loop */
 
-  bool shutting_down;
+  _Atomic bool shutting_down;
   bool forced;
   void (*shutdown_done) (void *opaque);
   void *shutdown_opaque;
   ev_timer shutdown_timer;       /* grace period, then force */
+  ev_async gone_async;           /* a loop lost its last connection */
   ev_idle done_idle;             /* calls shutdown_done from the loop */
 
-  struct server_counters st;     /* STAT_ADD, any thread */
+  pthread_mutex_t tls_lock;      /* a leaf: tls_ctx */
   struct ssl_ctx_st *tls_ctx;    /* TLS for new connections (tls.h);
                                     NULL: STARTTLS refused */
 };
@@ -363,20 +440,30 @@ io_step (enum io_res r)
 
 /* server.c */
 struct export *server_find_export (struct server *s, const char *name);
-void server_conn_gone (struct server *s);
-unsigned server_client_count (struct server *s, const char *key);
-int server_client_add (struct server *s, struct conn *c, const char *key);
+int server_client_admit (struct server *s, struct conn *c, const char *key);
 void server_client_gone (struct conn *c);
+
+/* loops.c: the connection loops */
+int loops_start (struct server *s);
+void loops_stop (struct server *s);
+void loops_free (struct server *s);
+void loop_hand_off (struct server *s, int fd, const char *peer,
+                    const char *key);
+void loop_post (struct sloop *lp, unsigned cmd);
+void loop_req_done (void *opaque, struct req *r);
+void loop_take_done (struct sloop *lp);
+void loop_conn_gone (struct sloop *lp);
+bool loops_all_gone (struct server *s);
 
 /* pool.c: a leaf; done runs on the worker for each executed request */
 int pool_start (struct pool *p, unsigned nthreads,
                 void (*done) (void *opaque, struct req *r), void *opaque);
-void pool_submit (struct pool *p, struct req *r);
-void pool_submit_flush (struct pool *p);
+void pool_submit (struct pool_batch *b, struct req *r);
+void pool_submit_flush (struct pool *p, struct pool_batch *b);
 void pool_stop (struct pool *p);
 
 /* conn.c */
-void conn_new (struct server *s, int fd, const char *peer,
+void conn_new (struct sloop *lp, int fd, const char *peer,
                const char *client_key);
 void conn_set_state (struct conn *c, enum conn_state st);
 const char *conn_state_name (enum conn_state st);
@@ -389,7 +476,8 @@ int conn_out_append (struct conn *c, const void *p, size_t n);
 void conn_queue_reply (struct conn *c, struct req *r);
 void conn_mark_flush (struct conn *c);
 void conn_after_io (struct conn *c);
-void conn_flush_pending (struct server *s);
+void conn_flush_pending (struct sloop *lp);
+void conn_budget_wake (struct sloop *lp);
 struct req *conn_req_get (struct conn *c);
 void conn_req_put (struct conn *c, struct req *r);
 bool conn_budget_admit (const struct conn *c, size_t need);

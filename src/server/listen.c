@@ -120,7 +120,7 @@ listener_accept_cb (struct ev_loop *loop, ev_io *w, int revents)
       setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     peer_name (&ss, len, l, peer, sizeof peer);
     client_key (fd, &ss, len, key, sizeof key);
-    conn_new (l->srv, fd, peer, key);
+    loop_hand_off (l->srv, fd, peer, key);
   }
 }
 

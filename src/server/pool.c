@@ -19,10 +19,10 @@
  * again on the pool's mutex held by the signaller), one now.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 
 #include "foliod/export.h"
+#include "foliod/util.h"
 #include "server/internal.h"
 
 /* Workers one export may hold at once. */
@@ -159,14 +159,11 @@ int
 pool_start (struct pool *p, unsigned nthreads,
             void (*done) (void *opaque, struct req *r), void *opaque)
 {
-  sigset_t all, old;
   int err = 0;
 
   p->done = done;
   p->done_opaque = opaque;
   p->head = p->tail = NULL;
-  p->sub_head = p->sub_tail = NULL;
-  p->sub_n = 0;
   p->stop = false;
   p->nthreads = 0;
   p->idle = NULL;
@@ -174,14 +171,11 @@ pool_start (struct pool *p, unsigned nthreads,
   if (!p->workers)
     return -1;
   pthread_mutex_init (&p->lock, NULL);
-  /* Workers inherit a full signal mask: signals belong to the loop. */
-  sigfillset (&all);
-  pthread_sigmask (SIG_SETMASK, &all, &old);
   for (unsigned i = 0; i < nthreads; i++) {
     struct pool_worker *w = &p->workers[i];
     w->pool = p;
     sem_init (&w->wake, 0, 0);
-    err = pthread_create (&w->thread, NULL, pool_worker, w);
+    err = thread_start (&w->thread, pool_worker, w, "worker/%u", i);
     if (err) {
       sem_destroy (&w->wake);
       break;
@@ -191,7 +185,6 @@ pool_start (struct pool *p, unsigned nthreads,
     p->nthreads++;
     pthread_mutex_unlock (&p->lock);
   }
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (err) {
     pool_stop (p);
     errno = err;
@@ -201,40 +194,38 @@ pool_start (struct pool *p, unsigned nthreads,
 }
 
 /* Requests parsed during one wake-up are handed over together (one lock
- * round trip) by pool_submit_flush, which the loop calls at the end of
- * every input pass. */
+ * round trip) by pool_submit_flush, which each loop calls at the end of
+ * every input pass with its own batch. */
 void
-pool_submit (struct pool *p, struct req *r)
+pool_submit (struct pool_batch *b, struct req *r)
 {
   r->next = NULL;
-  if (p->sub_tail)
-    p->sub_tail->next = r;
+  if (b->tail)
+    b->tail->next = r;
   else
-    p->sub_head = r;
-  p->sub_tail = r;
-  p->sub_n++;
+    b->head = r;
+  b->tail = r;
 }
 
 void
-pool_submit_flush (struct pool *p)
+pool_submit_flush (struct pool *p, struct pool_batch *b)
 {
   struct pool_worker *wake;
 
-  if (!p->sub_head)
+  if (!b->head)
     return;
   lock_or_die (&p->lock);
   if (p->tail)
-    p->tail->next = p->sub_head;
+    p->tail->next = b->head;
   else
-    p->head = p->sub_head;
-  p->tail = p->sub_tail;
+    p->head = b->head;
+  p->tail = b->tail;
   /* One wake-up per request, never the herd: what no idle worker gets, a
    * busy one takes itself when it is done with its own. */
   wake = pool_hand_locked (p);
   unlock_or_die (&p->lock);
   pool_wake (wake);
-  p->sub_head = p->sub_tail = NULL;
-  p->sub_n = 0;
+  b->head = b->tail = NULL;
 }
 
 /* Stop and join the workers (after they finish the queue). */

@@ -68,7 +68,7 @@ req_check (struct conn *c, struct req *r)
     || r->type == NBD_CMD_WRITE_ZEROES;
   bool beyond = r->offset > e->size || r->count > e->size - r->offset;
 
-  if (c->srv->shutting_down)
+  if (atomic_load_explicit (&c->srv->shutting_down, memory_order_relaxed))
     return req_refuse (r, NBD_ESHUTDOWN, "server is shutting down");
   if (r->type > NBD_CMD_BLOCK_STATUS)
     return req_refuse (r, NBD_EINVAL, "unknown command");
@@ -111,7 +111,7 @@ req_submit (struct conn *c, struct req *r)
     c->inline_left -= r->count < c->inline_left ? r->count : c->inline_left;
     if (c->inline_left == 0)
       c->steps_left = 0; /* yield: other connections' turn */
-    STAT_ADD (c->srv, requests_inline, 1);
+    STAT_ADD (c->lp, requests_inline, 1);
     conn_queue_reply (c, r);
     return;
   }
@@ -119,7 +119,7 @@ req_submit (struct conn *c, struct req *r)
   /* A read miss on a remote waits parked, without a worker. */
   if (req_fetch_start (r))
     return;
-  pool_submit (&c->srv->pool, r);
+  pool_submit (&c->lp->batch, r);
 }
 
 enum step

@@ -1,7 +1,9 @@
 /* The server object: configuration, exports, the done list (executed
  * requests back to the loop), shutdown, counters. */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,69 +62,35 @@ server_done_idle_cb (struct ev_loop *loop, ev_idle *w, int revents)
     done (s->shutdown_opaque);
 }
 
-/* Worker side (the pool's done callback): hand an executed request back
- * to the loop thread. */
+/* Main thread: a loop lost its last connection during a shutdown. */
 static void
-server_req_done (void *opaque, struct req *r)
-{
-  struct server *s = opaque;
-
-  r->next = NULL;
-  lock_or_die (&s->done_lock);
-  if (s->done_tail)
-    s->done_tail->next = r;
-  else
-    s->done_head = r;
-  s->done_tail = r;
-  unlock_or_die (&s->done_lock);
-  ev_async_send (s->loop, &s->done_async);
-}
-
-/* Loop side: take every executed request and queue its reply (or drop it
- * if its connection is gone), then send. */
-static void
-server_done_cb (struct ev_loop *loop, ev_async *w, int revents)
+server_gone_cb (struct ev_loop *loop, ev_async *w, int revents)
 {
   struct server *s = w->data;
-  struct req *r, *next;
 
-  lock_or_die (&s->done_lock);
-  r = s->done_head;
-  s->done_head = s->done_tail = NULL;
-  unlock_or_die (&s->done_lock);
+  if (s->shutting_down && s->shutdown_done && loops_all_gone (s))
+    ev_idle_start (s->loop, &s->done_idle);
+}
 
-  for (; r; r = next) {
-    struct conn *c = r->conn;
+/* The default number of loops: one per CPU this process may run on, as
+ * a connection keeps a core busy, but not past SERVER_LOOPS_DEFAULT_MAX
+ * (beyond that the workers, the cache and the network card are what
+ * limit, and each loop costs a thread and a buffer share). */
+#define SERVER_LOOPS_DEFAULT_MAX 8
 
-    next = r->next;
-    /* A parked miss whose data came: answer it from them here if the
-     * cache lets us without waiting, else on a worker (which also reads
-     * again after a failed fetch, with the backing's retries). */
-    if (r->fetch == REQ_FETCHED && c->state != CONN_DEAD &&
-        !(r->fetch_err == 0 && req_try_execute (r))) {
-      if (s->pool.workers) {
-        pool_submit (&s->pool, r);
-        continue;
-      }
-      r->error = NBD_EIO;       /* server_free: no workers any more */
-      r->errmsg = NULL;
-      req_build_reply (r);
-    }
-    if (r->fetch == REQ_FETCHED && c->state != CONN_DEAD)
-      STAT_ADD (s, requests_parked, 1);
-    r->fetch = REQ_FETCH_NONE;
-    assert (c->nworker > 0);
-    c->nworker--;
-    if (c->state == CONN_DEAD) {
-      conn_req_put (c, r);
-      conn_maybe_free (c);
-    }
-    else
-      conn_queue_reply (c, r);
-  }
-  if (s->pool.workers)
-    pool_submit_flush (&s->pool);
-  conn_flush_pending (s);
+unsigned
+server_default_loops (void)
+{
+  cpu_set_t set;
+  int n;
+
+  if (sched_getaffinity (0, sizeof set, &set) != 0)
+    return 1;
+  n = CPU_COUNT (&set);
+  if (n < 1)
+    return 1;
+  return n > SERVER_LOOPS_DEFAULT_MAX ? SERVER_LOOPS_DEFAULT_MAX
+    : (unsigned) n;
 }
 
 struct server *
@@ -150,22 +118,24 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
     s->cfg.max_conn_buffer = def.max_conn_buffer;
   if (!s->cfg.max_buffer_total)
     s->cfg.max_buffer_total = def.max_buffer_total;
+  if (!s->cfg.loops)
+    s->cfg.loops = server_default_loops ();
 
-  pthread_mutex_init (&s->done_lock, NULL);
-  ev_async_init (&s->done_async, server_done_cb);
-  s->done_async.data = s;
-  ev_async_start (loop, &s->done_async);
+  pthread_mutex_init (&s->clients_lock, NULL);
+  pthread_mutex_init (&s->tls_lock, NULL);
+  ev_async_init (&s->gone_async, server_gone_cb);
+  s->gone_async.data = s;
+  ev_async_start (loop, &s->gone_async);
   ev_timer_init (&s->shutdown_timer, server_shutdown_timeout_cb,
                  SHUTDOWN_GRACE_S, 0.);
   s->shutdown_timer.data = s;
   ev_idle_init (&s->done_idle, server_done_idle_cb);
   s->done_idle.data = s;
 
-  if (pool_start (&s->pool, s->cfg.workers, server_req_done, s) < 0) {
+  if (pool_start (&s->pool, s->cfg.workers, loop_req_done, s) < 0
+      || loops_start (s) < 0) {
     int e = errno;
-    ev_async_stop (loop, &s->done_async);
-    pthread_mutex_destroy (&s->done_lock);
-    free (s);
+    server_free (s);
     errno = e;
     return NULL;
   }
@@ -213,31 +183,34 @@ server_client_find (struct server *s, const char *key)
   return NULL;
 }
 
-unsigned
-server_client_count (struct server *s, const char *key)
-{
-  struct client_count *k = server_client_find (s, key);
-
-  return k ? k->n : 0;
-}
-
-/* Count c under key until server_client_gone.  0 or -1 (no memory). */
+/* Count c under key until server_client_gone, if key is under
+ * max_connections_per_client.  1: counted; 0: over the limit; -1: no
+ * memory.  Any loop's thread. */
 int
-server_client_add (struct server *s, struct conn *c, const char *key)
+server_client_admit (struct server *s, struct conn *c, const char *key)
 {
-  struct client_count *k = server_client_find (s, key);
+  struct client_count *k;
+  int ret = 1;
 
-  if (!k) {
-    if (!(k = calloc (1, sizeof *k)))
-      return -1;
+  lock_or_die (&s->clients_lock);
+  k = server_client_find (s, key);
+  if (!k && (k = calloc (1, sizeof *k)) != NULL) {
     snprintf (k->key, sizeof k->key, "%s", key);
     k->next = s->clients;
-    s->clients = k;
+    s->clients = k;             /* n == 0 for now */
   }
-  k->n++;
-  snprintf (c->client_key, sizeof c->client_key, "%s", key);
-  c->client_key_set = true;
-  return 0;
+  if (!k)
+    ret = -1;
+  else if (k->n >= s->cfg.max_connections_per_client)
+    ret = 0;
+  else
+    k->n++;
+  unlock_or_die (&s->clients_lock);
+  if (ret == 1) {
+    snprintf (c->client_key, sizeof c->client_key, "%s", key);
+    c->client_key_set = true;
+  }
+  return ret;
 }
 
 void
@@ -249,43 +222,34 @@ server_client_gone (struct conn *c)
   if (!c->client_key_set)
     return;
   c->client_key_set = false;
+  lock_or_die (&s->clients_lock);
   while ((k = *p) && strcmp (k->key, c->client_key) != 0)
     p = &k->next;
   if (k && --k->n == 0) {
     *p = k->next;
     free (k);
   }
-}
-
-/* A connection was freed: maybe the shutdown is complete. */
-void
-server_conn_gone (struct server *s)
-{
-  if (s->shutting_down && !s->conns && s->shutdown_done)
-    ev_idle_start (s->loop, &s->done_idle);
+  unlock_or_die (&s->clients_lock);
 }
 
 void
 server_shutdown (struct server *s, void (*done) (void *), void *opaque)
 {
-  struct conn *c, *next;
   bool force = s->shutting_down; /* the second call drops everyone */
 
-  s->shutting_down = true;
-  s->forced |= force;
+  s->forced |= force;           /* before the post: the loops read it */
+  atomic_store (&s->shutting_down, true);
   s->shutdown_done = done;
   s->shutdown_opaque = opaque;
   server_stop_accepting (s);
   if (!force)
     ev_timer_start (s->loop, &s->shutdown_timer);
   log_info ("shutdown%s: %u connection(s) open", force ? " (forced)" : "",
-            s->nconns);
-  for (c = s->conns; c; c = next) {
-    next = c->next;
-    conn_begin_shutdown (c, force);
-  }
-  conn_flush_pending (s);
-  server_conn_gone (s); /* maybe nobody was connected */
+            atomic_load (&s->nconns));
+  for (unsigned i = 0; i < s->nloops; i++)
+    loop_post (&s->loops[i], LOOP_CMD_SHUTDOWN);
+  /* Maybe nobody was connected; else the last loop to empty says so. */
+  server_gone_cb (s->loop, &s->gone_async, 0);
 }
 
 /* Read misses parked on the backing (no worker holds them) end within
@@ -297,9 +261,10 @@ server_shutdown (struct server *s, void (*done) (void *), void *opaque)
 static bool
 server_any_parked (struct server *s)
 {
-  for (struct conn *c = s->conns; c; c = c->next)
-    if (c->nworker > 0)
-      return true;
+  for (unsigned i = 0; i < s->nloops; i++)
+    for (struct conn *c = s->loops[i].conns; c; c = c->next)
+      if (c->nworker > 0)
+        return true;
   return false;
 }
 
@@ -314,32 +279,43 @@ server_wait_parked (struct server *s)
       return;
     }
     nanosleep (&ms, NULL);
-    server_done_cb (s->loop, &s->done_async, 0);
+    for (unsigned k = 0; k < s->nloops; k++)
+      loop_take_done (&s->loops[k]);
   }
 }
 
 void
 server_free (struct server *s)
 {
-  struct conn *c, *next;
-
   if (!s)
     return;
   server_stop_accepting (s);
-  /* Workers finish what they hold; their completions are then taken
-   * by hand since the loop no longer runs. */
+  /* The loop threads leave first; from here on this thread runs
+   * everything.  Workers finish what they hold; their completions are
+   * then taken by hand. */
+  if (s->loops)
+    loops_stop (s);
   pool_stop (&s->pool);
-  server_done_cb (s->loop, &s->done_async, 0);
+  for (unsigned i = 0; i < s->nloops; i++)
+    loop_take_done (&s->loops[i]);
   server_wait_parked (s);
-  for (c = s->conns; c; c = next) {
-    next = c->next;
-    conn_begin_shutdown (c, true);
+  for (unsigned i = 0; i < s->nloops; i++) {
+    struct sloop *lp = &s->loops[i];
+    struct conn *c, *next;
+
+    for (c = lp->conns; c; c = next) {
+      next = c->next;
+      conn_begin_shutdown (c, true);
+    }
+    conn_flush_pending (lp);
   }
-  conn_flush_pending (s);
-  ev_async_stop (s->loop, &s->done_async);
+  if (s->loops)
+    loops_free (s);
+  ev_async_stop (s->loop, &s->gone_async);
   ev_timer_stop (s->loop, &s->shutdown_timer);
   ev_idle_stop (s->loop, &s->done_idle);
-  pthread_mutex_destroy (&s->done_lock);
+  pthread_mutex_destroy (&s->clients_lock);
+  pthread_mutex_destroy (&s->tls_lock);
   tls_ctx_free (s->tls_ctx);
   while (s->clients) {
     struct client_count *k = s->clients;
@@ -350,17 +326,39 @@ server_free (struct server *s)
   free (s);
 }
 
+#define SERVER_SUM(s, field)                                       \
+  ({ uint64_t sum_ = 0;                                              \
+     for (unsigned i_ = 0; i_ < (s)->nloops; i_++)                   \
+       sum_ += STAT_GET (&(s)->loops[i_], field);                    \
+     sum_; })
+
 void
 server_get_stats (struct server *s, struct server_stats *st)
 {
-  st->connections_now = STAT_GET (s, connections_now);
-  st->connections_total = STAT_GET (s, connections_total);
-  st->connections_refused = STAT_GET (s, connections_refused);
-  st->handshakes_failed = STAT_GET (s, handshakes_failed);
-  st->requests = STAT_GET (s, requests);
-  st->request_errors = STAT_GET (s, request_errors);
-  st->requests_inline = STAT_GET (s, requests_inline);
-  st->requests_parked = STAT_GET (s, requests_parked);
-  st->bytes_read = STAT_GET (s, bytes_read);
-  st->bytes_written = STAT_GET (s, bytes_written);
+  st->connections_now = SERVER_SUM (s, connections_now);
+  st->connections_total = SERVER_SUM (s, connections_total);
+  st->connections_refused = SERVER_SUM (s, connections_refused);
+  st->handshakes_failed = SERVER_SUM (s, handshakes_failed);
+  st->requests = SERVER_SUM (s, requests);
+  st->request_errors = SERVER_SUM (s, request_errors);
+  st->requests_inline = SERVER_SUM (s, requests_inline);
+  st->requests_parked = SERVER_SUM (s, requests_parked);
+  st->bytes_read = SERVER_SUM (s, bytes_read);
+  st->bytes_written = SERVER_SUM (s, bytes_written);
+}
+
+unsigned
+server_loop_count (struct server *s)
+{
+  return s->nloops;
+}
+
+void
+server_get_loop_stats (struct server *s, unsigned i, struct server_loop_stats *st)
+{
+  struct sloop *lp = &s->loops[i];
+
+  st->connections_now = STAT_GET (lp, connections_now);
+  st->connections_total = STAT_GET (lp, connections_total);
+  st->requests = STAT_GET (lp, requests);
 }

@@ -3,8 +3,10 @@
  * Contract with the daemon (src/daemon/):
  *   - The daemon owns the libev loop, signals and logging (it implements
  *     foliod_log(), see log.h) and the exports (export_open/export_close).
- *   - All server_* calls are made on the loop thread (the thread that runs
- *     ev_run on `loop`), except server_get_stats which is safe anywhere.
+ *   - All server_* calls are made on the main thread (the thread that
+ *     runs ev_run on `loop`), except server_get_stats and
+ *     server_get_loop_stats which are safe anywhere.  The connections
+ *     themselves run on cfg.loops threads of their own (internal.h).
  *   - Typical life:
  *        s = server_new (loop, &cfg);             // starts the worker pool
  *        server_add_export (s, e);                // for each export
@@ -42,6 +44,11 @@ enum server_tls_mode {
 
 struct server_config {
   unsigned workers;             /* worker threads; 0: default (16) */
+  unsigned loops;               /* connection loops, a thread each;
+                                   0: default (server_default_loops) */
+  int loops_inline;             /* one loop, run on the caller's loop
+                                   (no thread): in-process drivers such
+                                   as the fuzzer */
   unsigned max_connections;     /* 0: default (128); more are closed */
   unsigned handshake_timeout_s; /* 0: default (10 s) */
   unsigned max_inflight;        /* requests in flight per connection;
@@ -69,6 +76,10 @@ struct server_config {
 
 /* Fill cfg with the defaults above. */
 void server_config_default (struct server_config *cfg);
+
+/* The default number of connection loops: the CPUs this process may
+ * run on (sched_getaffinity), at most 8. */
+unsigned server_default_loops (void);
 
 struct server;
 
@@ -141,5 +152,15 @@ int server_tls_reload (struct server *s, char *err, size_t errlen);
 
 /* Snapshot of the counters (thread-safe). */
 void server_get_stats (struct server *s, struct server_stats *st);
+
+/* The same per connection loop, i < server_loop_count (s). */
+struct server_loop_stats {
+  uint64_t connections_now;
+  uint64_t connections_total;   /* adopted by this loop since start */
+  uint64_t requests;
+};
+unsigned server_loop_count (struct server *s);
+void server_get_loop_stats (struct server *s, unsigned i,
+                            struct server_loop_stats *st);
 
 #endif /* FOLIOD_SERVER_H */

@@ -224,7 +224,7 @@ server_tls_wanted (const struct server *s)
 int
 server_tls_reload (struct server *s, char *err, size_t errlen)
 {
-  SSL_CTX *ctx;
+  SSL_CTX *ctx, *old;
 
   if (!server_tls_wanted (s))
     return 0;
@@ -248,7 +248,37 @@ server_tls_reload (struct server *s, char *err, size_t errlen)
     snprintf (err, errlen, "TLS needs tls-certificates (or tls-psk)");
     return -1;
   }
-  tls_ctx_free (s->tls_ctx);
+  lock_or_die (&s->tls_lock);
+  old = s->tls_ctx;
   s->tls_ctx = ctx;
+  unlock_or_die (&s->tls_lock);
+  tls_ctx_free (old);   /* connections that use it hold their reference */
   return 0;
+}
+
+/* Is STARTTLS answered now?  Any loop's thread. */
+bool
+server_tls_on (struct server *s)
+{
+  bool on;
+
+  lock_or_die (&s->tls_lock);
+  on = s->tls_ctx != NULL;
+  unlock_or_die (&s->tls_lock);
+  return on;
+}
+
+/* Start TLS on c with the current credentials: the lock keeps a reload
+ * on the main thread from freeing them under SSL_new, which then holds
+ * its own reference.  tls_conn_start's returns. */
+int
+server_tls_start (struct conn *c)
+{
+  struct server *s = c->srv;
+  int r;
+
+  lock_or_die (&s->tls_lock);
+  r = s->tls_ctx ? tls_conn_start (c, s->tls_ctx) : -1;
+  unlock_or_die (&s->tls_lock);
+  return r;
 }

@@ -60,6 +60,11 @@ void tls_ctx_free (struct ssl_ctx_st *ctx);
  * (no memory; c stays on its old transport). */
 int tls_conn_start (struct conn *c, struct ssl_ctx_st *ctx);
 
+/* The server's current credentials, under its tls_lock (a loop may
+ * start TLS while the main thread reloads them). */
+bool server_tls_on (struct server *s);
+int server_tls_start (struct conn *c);
+
 extern const struct transport_ops transport_tls;
 
 #endif /* FOLIOD_SERVER_TLS_H */

@@ -3,8 +3,9 @@
  * Each input is what a client sends, from the first byte after the
  * server's greeting to the end: client flags, options, requests, write
  * payloads.  The harness writes it into one end of a socketpair whose
- * other end the server adopts as a connection (conn_new, as an accept
- * would), half-closes its side, reads every reply out and discards it,
+ * other end the server adopts as a connection (conn_new, as a loop
+ * does with an accepted socket; the server's one loop runs inline, on
+ * the harness's libev loop), half-closes its side, reads every reply out and discards it,
  * and runs the libev loop until the server has freed the connection, so
  * that no request is still held by a worker when the next input starts.
  * Both ends have small socket buffers: input arrives in pieces that
@@ -209,6 +210,7 @@ fuzz_env_new (void)
     fuzz_die ("ev_loop_new", "failed");
   server_config_default (&cfg);
   cfg.workers = 1;              /* replies in one order: reproducible */
+  cfg.loops_inline = 1;         /* the connection runs on env.loop */
   cfg.handshake_timeout_s = 60; /* never fires within one input */
   /* Small buffer budgets: large requests pause input and resume. */
   cfg.max_conn_buffer = 1u << 20;
@@ -295,17 +297,17 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     if (setsockopt (sv[i], SOL_SOCKET, SO_SNDBUF, &(int) { FUZZ_SOCKBUF },
                     sizeof (int)) < 0)
       fuzz_die ("SO_SNDBUF", strerror (errno));
-  conn_new (env->srv, sv[0], "fuzz", "fuzz");
+  conn_new (&env->srv->loops[0], sv[0], "fuzz", "fuzz");
   /* conn_new queued the greeting; each pass moves both directions, then
    * lets the server run until something happens (input, room to send, a
    * worker's completion).  Input stops after STARTTLS until the server
    * has taken it in; at the end, the write side is shut.  The connection
    * is gone once the server has freed it. */
-  while (env->srv->conns) {
+  while (env->srv->loops[0].conns) {
     if (open && !fuzz_feed (sv[1], data, end, &off))
       open = false, off = end = size;
     fuzz_drain (sv[1]);
-    if (off == end && end < size && fuzz_server_idle (env->srv->conns)) {
+    if (off == end && end < size && fuzz_server_idle (env->srv->loops[0].conns)) {
       end = size;
       continue;
     }
