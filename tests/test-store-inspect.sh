@@ -63,10 +63,11 @@ rc=0; "$FOLIOD" store inspect 2>"$err" || rc=$?
 rm -f "$st"
 "$tool" make "$st" 1 clean || fail "pmem-store make failed"
 coproc HOLD { exec timeout 30 "$tool" hold "$st"; }
+hold_pid=$HOLD_PID   # bash unsets HOLD_PID once it reaps the coprocess
 read -r -t 10 line <&"${HOLD[0]}" && [ "$line" = held ] ||
   fail "pmem-store hold did not start"
 inspect_fail "store in use" "$st: store is in use by another foliod" "$st"
 exec {HOLD[1]}>&-
-wait "$HOLD_PID" || fail "pmem-store hold: exit $?"
+wait "$hold_pid" || fail "pmem-store hold: exit $?"
 "$FOLIOD" store inspect "$st" >/dev/null || fail "inspect after release"
 echo "ok"

@@ -22,8 +22,15 @@ thread_start (pthread_t *t, void *(*fn) (void *), void *arg,
   vsnprintf (name, sizeof name, name_fmt, ap);
   va_end (ap);
   /* The new thread inherits a full mask: signals belong to the main
-   * thread (the daemon's libev loop, or nbdkit's). */
+   * thread (the daemon's libev loop, or nbdkit's).  Except the faults a
+   * thread raises itself: a blocked SIGBUS or SIGSEGV kills the process
+   * without running its handler (the pmem store's SIGBUS handler names
+   * the store that failed, pmem-sigbus.c). */
   sigfillset (&all);
+  sigdelset (&all, SIGBUS);
+  sigdelset (&all, SIGSEGV);
+  sigdelset (&all, SIGFPE);
+  sigdelset (&all, SIGILL);
   pthread_sigmask (SIG_SETMASK, &all, &old);
   err = pthread_create (t, NULL, fn, arg);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
