@@ -12,7 +12,9 @@ stripe_of (struct cache *c, uint64_t fi)
 }
 
 /* Call fn on each stripe of folios [start, end), in ascending stripe
- * order (the only order in which several stripes are taken). */
+ * order (the only order in which several stripes are taken).  At most a
+ * window's worth: a longer range goes a window at a time (direct.c), so
+ * no one ever holds the whole stripe table. */
 static void
 stripes_each (struct cache *c, uint64_t start, uint64_t end,
               void (*fn) (pthread_mutex_t *))
@@ -20,11 +22,7 @@ stripes_each (struct cache *c, uint64_t start, uint64_t end,
   uint64_t n = end - start;
   uint32_t s0 = start % NSTRIPES;
 
-  if (n >= NSTRIPES) {
-    for (uint32_t s = 0; s < NSTRIPES; s++)
-      fn (&c->stripes[s]);
-    return;
-  }
+  assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
       fn (&c->stripes[s]);

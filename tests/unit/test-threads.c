@@ -646,6 +646,97 @@ run (int errors, bool roomy)
   free (w);
 }
 
+/* ---- Overlap with backing I/O, made deterministic by the fake's gate:
+ * a backing call is held inside the cache while the test looks at what
+ * else proceeds.  A NOWAIT read gives up (EAGAIN) where it would wait,
+ * so "it proceeds" needs no timing. ---- */
+
+#define OV_FOLIO 4096u
+#define OV_SIZE  (16ull << 20)         /* 4096 folios: 4 times the stripes */
+
+struct ov {
+  struct cache *c;
+  enum { OV_FLUSH, OV_WRITE, OV_ZERO, OV_TRIM } op;
+  const void *buf;
+  uint64_t off, len;
+  int r;
+};
+
+static void *
+ov_main (void *arg)
+{
+  struct ov *o = arg;
+
+  switch (o->op) {
+  case OV_FLUSH: o->r = cache_flush (o->c); break;
+  case OV_WRITE: o->r = cache_write (o->c, o->buf, o->len, o->off, 0); break;
+  case OV_ZERO: o->r = cache_zero (o->c, o->len, o->off, 0); break;
+  case OV_TRIM: o->r = cache_trim (o->c, o->len, o->off, 0); break;
+  }
+  return NULL;
+}
+
+static struct cache *
+ov_cache (struct fake_backing **fb)
+{
+  struct cache_config cfg;
+
+  *fb = fake_backing_new (OV_SIZE);
+  assert_non_null (*fb);
+  cache_config_default (&cfg);
+  cfg.cache_size = 256 * OV_FOLIO;
+  cfg.folio_size = OV_FOLIO;
+  cfg.block_size = OV_FOLIO;
+  cfg.readahead_bytes = 0;
+  struct cache *c = ct_cache (*fb, &cfg);
+  assert_non_null (c);
+  return c;
+}
+
+/* A zero or trim over more folios than there are stripes holds only a
+ * window's worth at a time: a read of another cached folio proceeds
+ * while the backing call is held. */
+static void
+wide_op_reader (int op, unsigned opmask)
+{
+  struct fake_backing *fb;
+  struct cache *c = ov_cache (&fb);
+  unsigned char got[OV_FOLIO];
+  uint64_t inside = 3000 * OV_FOLIO, outside = (3072 + 500) * OV_FOLIO;
+  pthread_t t;
+
+  assert_int_equal (cache_read (c, got, sizeof got, inside, 0), 0);
+  assert_int_equal (cache_read (c, got, sizeof got, outside, 0), 0);
+  fake_gate_close (fb, opmask);
+  struct ov o = { .c = c, .op = op, .off = 0, .len = 12ull << 20 };
+  assert_int_equal (pthread_create (&t, NULL, ov_main, &o), 0);
+  assert_int_equal (fake_gate_wait (fb, 1), 0);
+  assert_int_equal (cache_read (c, got, sizeof got, outside, CACHE_NOWAIT), 0);
+  assert_int_equal (cache_read (c, got, sizeof got, inside, CACHE_NOWAIT), 0);
+  fake_gate_open (fb);
+  pthread_join (t, NULL);
+  assert_int_equal (o.r, 0);
+  assert_int_equal (cache_read (c, got, sizeof got, inside, 0), 0);
+  for (unsigned i = 0; i < sizeof got; i++)
+    assert_int_equal (got[i], 0);
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
+static void
+test_zero_wide_reader (void **state)
+{
+  (void) state;
+  wide_op_reader (OV_ZERO, FAKE_M (FAKE_ZERO));
+}
+
+static void
+test_trim_wide_reader (void **state)
+{
+  (void) state;
+  wide_op_reader (OV_TRIM, FAKE_M (FAKE_TRIM));
+}
+
 static void
 test_threads (void **state)
 {
@@ -671,6 +762,8 @@ main (void)
     cmocka_unit_test (test_threads),
     cmocka_unit_test (test_threads_with_errors),
     cmocka_unit_test (test_threads_roomy),
+    cmocka_unit_test (test_zero_wide_reader),
+    cmocka_unit_test (test_trim_wide_reader),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
