@@ -3,22 +3,35 @@
  * Locks, in the order they are taken:
  *   1. wb_mutex        serialises writeback passes (flush, background);
  *   1b. walk_lock      the pass under way, shared with the writeback
- *                      helpers (wb-walk.c); held while a batch's stripes
- *                      are taken, never across its backing I/O;
- *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state, data and
- *                      backing I/O of folio number i, *whether or not the
- *                      folio is cached*: holding it means no one else reads
- *                      the backing for that range into the cache, writes it
- *                      back, or passes I/O through it.  Several stripes are
- *                      taken in ascending stripe order only (range_lock);
- *                      anything else uses trylock.
+ *                      helpers (wb-walk.c); held while a batch is cut
+ *                      (its stripes taken by trylock only), never across
+ *                      its backing I/O nor while waiting on a stripe;
+ *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state and data
+ *                      of folio number i, *whether or not the folio is
+ *                      cached*: holding it means no one else reads the
+ *                      backing for that range into the cache or passes I/O
+ *                      through it.  Several stripes are taken in ascending
+ *                      stripe order only (range_lock), a window's worth at
+ *                      most; anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
  * is held while it is, and it is not held across a flush's pass.  So is
  * readahead's lock (readahead.c): a client read notes itself there, with
  * no other lock held, and the readahead threads take stripes without it.
- * A stripe lock is held across backing I/O (like the kernel's folio lock
- * during read and its stable pages during writeback); the index lock never is.
+ *
+ * Writeback does not hold a stripe across its backing write (the kernel's
+ * folio_start_writeback, then folio_unlock): the batch's dirty runs are
+ * cut and its folios marked f->writeback under their stripes, which are
+ * then dropped.  Readers and fills of other blocks proceed meanwhile;
+ * whatever would change a block in flight (a write, a passthrough write,
+ * zero or trim, a prepared folio's swap) waits on stripe_cv, with no
+ * stripe held, until the mark is gone (wb_wait_folio: the kernel's
+ * folio_wait_stable); eviction and other batches skip marked folios.  The
+ * data written is thus the blocks as they were when the batch was cut,
+ * and a write that comes during the I/O leaves its block dirty after.
+ * A stripe is still held across the backing I/O of fills, passthrough
+ * pieces and a write's own write-through (like the kernel's folio lock
+ * during read); the index lock never is.
  */
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H
@@ -81,6 +94,8 @@ struct folio {
                                it up; lock */
   bool ra;                  /* filled by readahead, not read by a client
                                since (counted in readahead.unread); stripe */
+  bool writeback;           /* a batch is writing its dirty blocks back
+                               (see the top of this file); stripe */
 };
 
 /* Counters (relaxed atomics, any thread). */
@@ -113,6 +128,8 @@ struct cache {
   uint64_t dirty_limit, dirty_background; /* bytes */
 
   pthread_mutex_t stripes[NSTRIPES];
+  /* With stripes[i]: the writeback of a folio of stripe i ended. */
+  pthread_cond_t stripe_cv[NSTRIPES];
 
   pthread_mutex_t lock;
   pthread_cond_t space_cv;  /* slots freed or data cleaned */
@@ -320,6 +337,8 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
                                    iteration or a step would wait */
 #define CI_READAHEAD (1u << 3)  /* a readahead fetch: windows of what fits
                                    (window_ra_begin), never waiting for room */
+#define CI_STABLE   (1u << 4)   /* the steps change blocks: wait until no
+                                   folio of the window is under writeback */
 
 struct cache_iter {
   struct cache *c;
@@ -379,10 +398,30 @@ int wb_window (struct cache *c, struct window *w, uint64_t start,
                uint64_t end, unsigned backing_flags);
 /* Is folio f worth writing in this pass (a hint without its stripe)? */
 bool wb_wanted (struct cache *c, const struct folio *f, bool all);
-/* Lock the dirty folio fi and the folios its dirty run goes on into
- * (wb_window's batch).  false if fi is no longer worth writing. */
-bool wb_batch_begin (struct cache *c, struct window *w, uint64_t fi,
-                     bool all);
+/* A batch of the writeback walk: folios [w.start, w.end), marked under
+ * writeback, and the dirty runs cut from them (global blocks), which go
+ * to the backing without any stripe held. */
+#define WB_RUNS_MAX 64u
+struct wb_batch {
+  struct window w;
+  unsigned nr_runs;
+  bool cut;                 /* runs left in the last folio for later */
+  struct { uint64_t start, end; } run[WB_RUNS_MAX];
+};
+enum wb_begin { WB_GOT, WB_SKIP, WB_BUSY };
+/* Start a batch at the dirty folio fi and the folios its dirty run goes
+ * on into.  WB_SKIP if fi is no longer worth writing, WB_BUSY if its
+ * stripe is taken or it is under writeback already (come back later). */
+enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
+                              uint64_t fi, bool all);
+/* Write the batch's runs, then mark what reached the backing written
+ * and end the folios' writeback.  0 or -1/errno (first error; the blocks
+ * of a failed run stay dirty). */
+int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
+/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
+void wb_wait_folio (struct cache *c, uint64_t fi);
+/* The first folio of the locked window w under writeback, or UINT64_MAX. */
+uint64_t wb_window_busy (struct cache *c, const struct window *w);
 /* One pass over the dirty folios (caller holds wb_mutex), walked with the
  * helpers (wb-walk.c).  all: write everything (flush); else only what the
  * background policy wants, starting at the cursor.  flags go with every

@@ -84,8 +84,10 @@ cache_init_locks (struct cache *c)
   if (pthread_mutexattr_init (&ma) != 0)
     return -1;
   bad |= pthread_mutexattr_settype (&ma, PTHREAD_MUTEX_ERRORCHECK);
-  for (unsigned i = 0; i < NSTRIPES; i++)
+  for (unsigned i = 0; i < NSTRIPES; i++) {
     bad |= pthread_mutex_init (&c->stripes[i], &ma);
+    bad |= cond_init_monotonic (&c->stripe_cv[i]);
+  }
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
   bad |= pthread_mutex_init (&c->walk_lock, &ma);

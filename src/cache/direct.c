@@ -208,6 +208,20 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
   return 0;
 }
 
+/* The first cached folio of [start, end) (stripes held) under writeback,
+ * or UINT64_MAX. */
+static uint64_t
+range_busy (struct cache *c, uint64_t start, uint64_t end)
+{
+  struct folio *f;
+
+  for (uint64_t fi = start; (f = cached_folio_next (c, &fi, end)) != NULL;
+       fi++)
+    if (f->writeback)
+      return fi;
+  return UINT64_MAX;
+}
+
 /* Send one piece of a write-class request straight to the backing under
  * the stripes of its folios, then bring the cached copies in line
  * (x->kind says how on success; on failure clean copies are forgotten). */
@@ -219,7 +233,16 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   uint64_t start = folio_of (c, off), end = folio_of (c, x->end - 1) + 1;
   int r;
 
-  range_lock (c, start, end);
+  for (;;) {
+    range_lock (c, start, end);
+    uint64_t busy = range_busy (c, start, end);
+    if (busy == UINT64_MAX)
+      break;
+    /* Neither the backing nor the cached copy may change under a
+     * writeback of it: wait for it with no stripe held. */
+    range_unlock (c, start, end);
+    wb_wait_folio (c, busy);
+  }
   switch (op) {
   case PASS_WRITE:
     r = io_write (c, x->src, len, off, backing_flags (flags));

@@ -310,8 +310,8 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
   if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len, CI_ALLOC | (now ? 0 : CI_THROTTLE)
-                   | (nowait ? CI_NOWAIT : 0));
+  cache_iter_init (&it, c, off, len, CI_ALLOC | CI_STABLE
+                   | (now ? 0 : CI_THROTTLE) | (nowait ? CI_NOWAIT : 0));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);
   if (r == 0 && grouped)

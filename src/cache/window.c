@@ -95,7 +95,8 @@ evict_one_locked (struct cache *c, uint64_t min_age)
       continue;
     }
     if (trylock_or_die (m)) {
-      if (f->nr_dirty == 0 && f->nr_unstable == 0 && folio_reusable (c, f)) {
+      if (f->nr_dirty == 0 && f->nr_unstable == 0 && !f->writeback &&
+          folio_reusable (c, f)) {
         if (f->ra)
           ra_dropped (c, f);
         lru_unlink (c, f);

@@ -693,6 +693,61 @@ ov_cache (struct fake_backing **fb)
   return c;
 }
 
+static uint64_t
+ov_dirty (struct cache *c)
+{
+  struct cache_stats st;
+
+  cache_get_stats (c, &st);
+  return st.dirty_bytes;
+}
+
+/* A folio under writeback is read from memory meanwhile (its stripe is
+ * not held across the backing write); a writer of it waits for the write
+ * to end and leaves its block dirty with the new data. */
+static void
+test_read_during_writeback (void **state)
+{
+  struct fake_backing *fb;
+  struct cache *c = ov_cache (&fb);
+  unsigned char a[OV_FOLIO], b[OV_FOLIO], got[OV_FOLIO];
+  uint64_t off = 77 * OV_FOLIO;
+  pthread_t flusher, writer;
+
+  (void) state;
+  memset (a, 0x11, sizeof a);
+  memset (b, 0x22, sizeof b);
+  assert_int_equal (cache_write (c, a, sizeof a, off, 0), 0);
+  fake_gate_close (fb, FAKE_M (FAKE_WRITE));
+  struct ov fl = { .c = c, .op = OV_FLUSH };
+  assert_int_equal (pthread_create (&flusher, NULL, ov_main, &fl), 0);
+  assert_int_equal (fake_gate_wait (fb, 1), 0);   /* the write is in flight */
+  assert_int_equal (cache_read (c, got, sizeof got, off, CACHE_NOWAIT), 0);
+  assert_memory_equal (got, a, sizeof a);
+  /* A try to change it would wait: it gives up, changing nothing. */
+  assert_int_equal (cache_write (c, b, sizeof b, off, CACHE_NOWAIT), -1);
+  assert_int_equal (errno, EAGAIN);
+  struct ov wr = { .c = c, .op = OV_WRITE, .buf = b, .off = off,
+                   .len = sizeof b };
+  assert_int_equal (pthread_create (&writer, NULL, ov_main, &wr), 0);
+  fake_gate_open (fb);
+  pthread_join (flusher, NULL);
+  pthread_join (writer, NULL);
+  assert_int_equal (fl.r, 0);
+  assert_int_equal (wr.r, 0);
+  /* The flush wrote a, whole; b came after it and is dirty. */
+  assert_int_equal (ov_dirty (c), OV_FOLIO);
+  fake_peek (fb, got, sizeof got, off);
+  assert_true (memcmp (got, a, sizeof a) == 0 || memcmp (got, b, sizeof b) == 0);
+  assert_int_equal (cache_read (c, got, sizeof got, off, 0), 0);
+  assert_memory_equal (got, b, sizeof b);
+  assert_int_equal (cache_flush (c), 0);
+  fake_peek (fb, got, sizeof got, off);
+  assert_memory_equal (got, b, sizeof b);
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
 /* A zero or trim over more folios than there are stripes holds only a
  * window's worth at a time: a read of another cached folio proceeds
  * while the backing call is held. */
@@ -762,6 +817,7 @@ main (void)
     cmocka_unit_test (test_threads),
     cmocka_unit_test (test_threads_with_errors),
     cmocka_unit_test (test_threads_roomy),
+    cmocka_unit_test (test_read_during_writeback),
     cmocka_unit_test (test_zero_wide_reader),
     cmocka_unit_test (test_trim_wide_reader),
   };

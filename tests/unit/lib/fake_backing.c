@@ -834,3 +834,14 @@ fake_gate_open (struct fake_backing *fb)
   pthread_cond_broadcast (&fb->gate_cv);
   unlock (fb);
 }
+
+unsigned
+fake_gate_held (struct fake_backing *fb)
+{
+  unsigned n;
+
+  lock (fb);
+  n = fb->gate_held;
+  unlock (fb);
+  return n;
+}

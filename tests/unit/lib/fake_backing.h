@@ -165,6 +165,8 @@ void fake_set_map_delay_us (struct fake_backing *fb, unsigned us);
 void fake_gate_close (struct fake_backing *fb, unsigned opmask);
 int fake_gate_wait (struct fake_backing *fb, unsigned n);
 void fake_gate_open (struct fake_backing *fb);
+/* How many requests wait at the gate now. */
+unsigned fake_gate_held (struct fake_backing *fb);
 
 /* --- small deterministic RNG shared by the tests --- */
 static inline uint64_t
