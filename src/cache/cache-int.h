@@ -83,6 +83,7 @@ struct folio {
    * without it by the writeback scan (a hint, rechecked under the stripe). */
   _Atomic uint64_t dirtied_ms;
   struct folio *lru_prev, *lru_next; /* lock */
+  struct folio *hnext;      /* the next in its bucket (folio_lookup); stripe */
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */
   uint64_t *bits;           /* state bitmap from the store */
@@ -90,8 +91,10 @@ struct folio {
    * cleared; the slot is reused only after a sync that started later
    * (store_sync_done > clear_seq).  Stripe. */
   uint64_t clear_seq;
-  uint64_t used;            /* c->lru_clock when a request last looked
-                               it up; lock */
+  /* c->lru_clock when a request last moved it to the LRU's tail (or
+   * put it there new); written under lock, read without it by the hit
+   * path (folio_recent). */
+  _Atomic uint64_t used;
   bool ra;                  /* filled by readahead, not read by a client
                                since (counted in readahead.unread); stripe */
   bool writeback;           /* a batch is writing its dirty blocks back
@@ -111,6 +114,7 @@ struct cache_counters {
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
   _Atomic uint64_t dirty_bytes, unstable_bytes;
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
+  _Atomic uint64_t lock_waits_index, lock_waits_stripe, lock_waits_walk;
   _Atomic uint64_t readahead_bytes, readahead_windows;
   _Atomic uint64_t readahead_hits, readahead_wasted;
 };
@@ -132,13 +136,21 @@ struct cache {
   pthread_cond_t stripe_cv[NSTRIPES];
 
   pthread_mutex_t lock;
+  uint64_t lock_taken;      /* index_lock calls (stats); lock */
   pthread_cond_t space_cv;  /* slots freed or data cleaned */
   struct fidx index;
+  /* The same map for lookups under a stripe, without lock: chains of
+   * folios hashed so that a bucket's folios share a stripe, which guards
+   * the bucket (nr_buckets_per_stripe a power of two). */
+  struct folio **buckets;
+  uint64_t buckets_per_stripe;
   struct folio *folios;     /* nslots, one per store slot */
   uint32_t *free_slots;     /* stack of free slot numbers */
   uint32_t nr_free;
   struct folio *lru_head, *lru_tail; /* cached folios, oldest first */
-  uint64_t lru_clock;       /* lookups of folios by requests; lock */
+  /* Moves of folios to the LRU's tail by requests (and new folios);
+   * written under lock, read without it by the hit path. */
+  _Atomic uint64_t lru_clock;
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
@@ -275,6 +287,16 @@ void folio_written (struct cache *c, struct folio *f, uint32_t start,
  * (the backing may have lost them). */
 void folio_settle (struct cache *c, struct folio *f, bool lost);
 
+/* The index lock (c->lock) where requests take it, counted (lock_taken,
+ * on the line the lock holder owns anyway) and when contended
+ * (lock_waits_index). */
+static inline void
+index_lock (struct cache *c)
+{
+  lock_counted (&c->lock, &c->st.lock_waits_index);
+  c->lock_taken++;
+}
+
 /* --- locking and windows (window.c) --- */
 /* Lock or unlock the stripes of folios [start, end). */
 void range_lock (struct cache *c, uint64_t start, uint64_t end);
@@ -290,13 +312,17 @@ int window_begin (struct cache *c, struct window *w, uint64_t start,
 int window_try_begin (struct cache *c, struct window *w, uint64_t start,
                       uint64_t end, bool alloc);
 /* Readahead's window: the folios of [start, end) that are cached or fit
- * in free room or in a clean folio no request looked up among the last
- * nslots / 2 lookups (another stream's working set stays); never waits
+ * in free room or in a clean folio not put at the LRU's tail (new, or
+ * looked up when not recent) among the last nslots / 2 there (another
+ * stream's working set stays); never waits
  * for room.  The window ends before the first folio that does not fit:
  * 0 with w->end <= end, or -1/EAGAIN with nothing held if none fits. */
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
                      uint64_t end);
 void window_end (struct cache *c, struct window *w);
+/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
+ * index lock: this is the hit path's lookup). */
+struct folio *folio_lookup (struct cache *c, uint64_t fi);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);

@@ -134,7 +134,7 @@ walk_sync (struct cache *c, struct wb_walk *wk)
     walk_wait (c);
   unlock_or_die (&c->walk_lock);
   (void) wb_stabilize (c);      /* a failure is kept in flush_failing */
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   wk->sync_wanted = false;
   pthread_cond_broadcast (&c->walk_cv);
 }
@@ -184,7 +184,7 @@ walk_work (struct cache *c, bool owner)
     unlock_or_die (&c->walk_lock);
     int r = wb_batch_write (c, &b, wk->flags);
     int err = r == -1 ? errno : 0;
-    lock_or_die (&c->walk_lock);
+    lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
     wk->active--;
     wk->written += (int) (b.w.end - b.w.start);
     if (err && wk->err == 0)
@@ -207,7 +207,7 @@ wb_pass (struct cache *c, bool all, unsigned flags, int *err)
                         .busy_from = UINT64_MAX };
 
   wk.fi = wk.start;
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   c->walk = &wk;
   pthread_cond_broadcast (&c->walk_cv);   /* helpers join */
   walk_work (c, true);
@@ -224,7 +224,7 @@ wb_helper_main (void *arg)
 {
   struct cache *c = arg;
 
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   while (!c->walk_stop) {
     if (c->walk != NULL && !c->walk->over)
       walk_work (c, false);
@@ -255,7 +255,7 @@ wb_helpers_start (struct cache *c)
 void
 wb_helpers_stop (struct cache *c)
 {
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   c->walk_stop = true;
   pthread_cond_broadcast (&c->walk_cv);
   unlock_or_die (&c->walk_lock);

@@ -198,9 +198,7 @@ wb_batch_begin (struct cache *c, struct wb_batch *b, uint64_t fi, bool all)
     max = WINDOW_MAX;
   if (!trylock_or_die (stripe_of (c, fi)))
     return WB_BUSY;
-  lock_or_die (&c->lock);
-  struct folio *f = fidx_get (&c->index, fi);
-  unlock_or_die (&c->lock);
+  struct folio *f = folio_lookup (c, fi);
   if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all) ||
       f->writeback) {
     bool busy = f != NULL && f->writeback;
@@ -215,9 +213,7 @@ wb_batch_begin (struct cache *c, struct wb_batch *b, uint64_t fi, bool all)
     uint64_t next = w->end;
     if (!trylock_or_die (stripe_of (c, next)))
       break;
-    lock_or_die (&c->lock);      /* held stripe: g cannot go away */
-    struct folio *g = fidx_get (&c->index, next);
-    unlock_or_die (&c->lock);
+    struct folio *g = folio_lookup (c, next);
     if (g == NULL || g->writeback || !folio_block_dirty (c, g, 0)) {
       unlock_or_die (stripe_of (c, next));
       break;
@@ -287,9 +283,7 @@ wb_wait_folio (struct cache *c, uint64_t fi)
   pthread_mutex_t *m = stripe_of (c, fi);
 
   lock_or_die (m);
-  lock_or_die (&c->lock);
-  struct folio *f = fidx_get (&c->index, fi);
-  unlock_or_die (&c->lock);
+  struct folio *f = folio_lookup (c, fi);
   /* Marked, f stays folio fi.  The I/O is bounded by the backing's
    * timeouts; the wait rechecks every second all the same. */
   while (f != NULL && f->writeback)
@@ -323,9 +317,7 @@ folios_each_locked (struct cache *c, bool marked,
     if (f == NULL)
       break;
     lock_or_die (stripe_of (c, fi));
-    lock_or_die (&c->lock);
-    f = fidx_get (&c->index, fi);
-    unlock_or_die (&c->lock);
+    f = folio_lookup (c, fi);
     if (f != NULL)
       fn (c, f, arg);
     unlock_or_die (stripe_of (c, fi));
