@@ -281,12 +281,14 @@ void
 wb_wait_folio (struct cache *c, uint64_t fi)
 {
   pthread_mutex_t *m = stripe_of (c, fi);
+  struct folio *f;
 
   lock_or_die (m);
-  struct folio *f = folio_lookup (c, fi);
-  /* Marked, f stays folio fi.  The I/O is bounded by the backing's
-   * timeouts; the wait rechecks every second all the same. */
-  while (f != NULL && f->writeback)
+  /* Looked up again after every wait: once its writeback ended, the
+   * folio may have been evicted and its slot may hold another folio
+   * (of another stripe) under writeback.  The I/O is bounded by the
+   * backing's timeouts; the wait rechecks every second all the same. */
+  while ((f = folio_lookup (c, fi)) != NULL && f->writeback)
     cond_wait_ms (&c->stripe_cv[fi % NSTRIPES], m, 1000);
   unlock_or_die (m);
 }
