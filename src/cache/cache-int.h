@@ -58,7 +58,9 @@
  * io_write) take a length and an offset. */
 
 #define NSTRIPES 1024u
+#ifndef WINDOW_MAX
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+#endif
 #define WB_HELPERS 3u     /* threads that join a writeback pass's owner */
 /* range_lock takes each stripe of a window once only because a window
  * has fewer folios than there are stripes. */
