@@ -52,7 +52,9 @@ ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
 else ifeq ($(SAN),thread)
-ALLCFLAGS += -fsanitize=thread -O1
+# TSan's lock-order detector follows at most 64 locks held by a thread:
+# windows of 32 folios (32 stripes, plus the locks taken inside one).
+ALLCFLAGS += -fsanitize=thread -O1 -DWINDOW_MAX=32u
 LDFLAGS   += -fsanitize=thread
 else ifneq ($(SAN),)
 $(error SAN=$(SAN): use SAN=1 (ASan+UBSan) or SAN=thread (TSan))
@@ -190,26 +192,18 @@ check-asan: deps
 
 # The unit tests under ThreadSanitizer (the daemon's tests run under
 # ASan): the first report fails the test; tests/unit/tsan.supp says why
-# each suppression is there.  TSan's lock-order detector is on
-# (detect_deadlocks=1: a cycle in the order of include/foliod/lock.h is a
-# report), except for TSAN_WIDE_TESTS: the detector holds at most 64
-# locks per thread and aborts inside the runtime when a range lock takes
-# more stripes, and test-threads' roomy cache reads in windows of up to
-# WINDOW_MAX (256) folios (range_lock takes them in ascending order
-# only).  The other tests stay under 64: test-model's requests span at
-# most three folios and its cache holds 8-16.
+# each suppression is there.  The lock-order detector is on: no thread
+# holds more than a window's stripes (range requests go a window at a
+# time, writeback holds no stripe across its I/O), and a TSan build's
+# windows are 32 folios (the detector follows at most 64 held locks).
 TSAN_OPTIONS ?= halt_on_error=1:detect_deadlocks=1:suppressions=$(CURDIR)/tests/unit/tsan.supp
-TSAN_WIDE_TESTS := test-threads
-TSAN_WIDE_BINS = $(filter $(addprefix %/,$(TSAN_WIDE_TESTS)),$(UNIT_BINS))
 # test-model runs 20,000 ops (100,000 took up to 10 min under TSan here).
 check-tsan: deps
 	$(MAKE) BUILD=build-tsan SAN=thread check-tsan-unit
 
 check-tsan-unit: $(UNIT_BINS)
 	$(TEST_ENV) TSAN_OPTIONS=$(TSAN_OPTIONS) MODEL_OPS=$${MODEL_OPS:-20000} \
-	  tests/run-tests $(filter-out $(TSAN_WIDE_BINS),$(UNIT_BINS))
-	$(TEST_ENV) TSAN_OPTIONS=$(subst detect_deadlocks=1,detect_deadlocks=0,$(TSAN_OPTIONS)) \
-	  tests/run-tests $(TSAN_WIDE_BINS)
+	  tests/run-tests $(UNIT_BINS)
 
 # Static analysis of src/ and plugins/: cppcheck, clang-tidy (the checks
 # in .clang-tidy) and gcc -fanalyzer.  The bar is zero findings; a false
@@ -304,7 +298,7 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= core-bench nbd-bench scaling write-amp seed-workload remote-read remote-seqread pmem-bench
+BENCHES ?= core-bench nbd-bench scaling write-amp seed-workload remote-read remote-seqread pmem-bench wb-stall
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \

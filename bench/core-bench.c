@@ -6,11 +6,16 @@
  * per-block dirty tracking, the same without it (block size = folio size,
  * as before the iomap series), and the rate of the cache calls.  Then the
  * rate of sequential writes through a cache smaller than the data, over a
- * real file (see run_file).
+ * real file (see run_file).  Then the core's scaling (see run_threads):
+ * 4 KiB hits and 4 KiB writes from 1 and 2 threads, on disjoint and on
+ * shared folios, ops/s per thread, and the waits on each lock class.
  *
  *   build/bench/core-bench [writes] [folio_size] [block_size]
  */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +153,130 @@ run_file (double *mib_s, uint64_t *flushes)
   return 0;
 }
 
+/* ---- scaling: threads against one cache, everything cached ---- */
+
+#define T_REGION (16ull << 20)     /* a thread's working set: 256 folios */
+#define T_MAX 2
+
+struct tctx {
+  struct cache *c;
+  bool write, shared;
+  unsigned id;
+  atomic_bool *stop;
+  uint64_t ops, cpu_ns;
+};
+
+static uint64_t
+thread_cpu_ns (void)
+{
+  struct timespec ts;
+
+  clock_gettime (CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+static void *
+t_main (void *arg)
+{
+  struct tctx *t = arg;
+  uint64_t seed = 0x12345678u + t->id * 7919u, base;
+  char buf[4096];
+
+  memset (buf, 0x33 + (int) t->id, sizeof buf);
+  base = t->shared ? 0 : t->id * T_REGION;
+  uint64_t cpu0 = thread_cpu_ns ();
+  while (!atomic_load_explicit (t->stop, memory_order_relaxed)) {
+    for (int i = 0; i < 64; i++) {
+      uint64_t off = base + (xorshift (&seed) % (T_REGION / 4096)) * 4096;
+      int r = t->write ? cache_write (t->c, buf, sizeof buf, off, 0)
+                       : cache_read (t->c, buf, sizeof buf, off, 0);
+      if (r == -1)
+        abort ();
+    }
+    t->ops += 64;
+  }
+  t->cpu_ns = thread_cpu_ns () - cpu0;
+  return NULL;
+}
+
+/* Ops/s of each of n threads for ms milliseconds; *cpu_ns the CPU time
+ * per op (on a loaded machine the threads may not all run at once: CPU
+ * per op still shows what sharing costs, lines bouncing between cores). */
+static double
+t_run (struct cache *c, bool write, bool shared, unsigned n, unsigned ms,
+       double *cpu_ns)
+{
+  uint64_t cpu = 0;
+  struct tctx t[T_MAX];
+  pthread_t th[T_MAX];
+  atomic_bool stop = false;
+  uint64_t total = 0;
+
+  for (unsigned i = 0; i < n; i++) {
+    t[i] = (struct tctx) { .c = c, .write = write, .shared = shared,
+                           .id = i, .stop = &stop };
+    if (pthread_create (&th[i], NULL, t_main, &t[i]) != 0)
+      abort ();
+  }
+  uint64_t t0 = now_ns ();
+  usleep (ms * 1000);
+  atomic_store (&stop, true);
+  for (unsigned i = 0; i < n; i++) {
+    pthread_join (th[i], NULL);
+    total += t[i].ops;
+    cpu += t[i].cpu_ns;
+  }
+  *cpu_ns = (double) cpu / (double) total;
+  return (double) total / ((now_ns () - t0) / 1e9) / n;
+}
+
+static int
+run_threads (unsigned ms)
+{
+  struct fake_backing *fb = fake_backing_new (T_MAX * T_REGION);
+  struct cache_config cfg;
+  struct cache_stats st;
+  char err[256];
+
+  cache_config_default (&cfg);
+  cfg.cache_size = 2 * T_MAX * T_REGION;  /* no eviction */
+  cfg.dirty_limit_pct = cfg.dirty_background_pct = 100;
+  cfg.dirty_expire_ms = 3600000;          /* no writeback meanwhile */
+  cfg.readahead_bytes = 0;
+  if (fb == NULL)
+    return -1;
+  fake_set_log (fb, 0);
+  struct cache *c = cache_create (fake_backing_base (fb), NULL, &cfg, err,
+                                  sizeof err);
+  if (c == NULL) {
+    fprintf (stderr, "core-bench: %s\n", err);
+    return -1;
+  }
+  if (cache_prefetch (c, T_MAX * T_REGION, 0) == -1)
+    return -1;
+  for (int w = 0; w < 2; w++)
+    for (int sh = 0; sh < 2; sh++) {
+      double cpu1, cpu2;
+      double one = t_run (c, w, sh, 1, ms, &cpu1);
+      double two = t_run (c, w, sh, 2, ms, &cpu2);
+      printf ("core_threads op=%s folios=%s ops_per_s_per_thread: "
+              "1_thread=%.0f 2_threads=%.0f scaling_2_vs_1=%.2f "
+              "cpu_ns_per_op: 1_thread=%.0f 2_threads=%.0f\n",
+              w ? "write4k" : "hit4k", sh ? "shared" : "disjoint", one, two,
+              2 * two / one, cpu1, cpu2);
+    }
+  cache_get_stats (c, &st);
+  printf ("core_threads lock waits (contended acquisitions): index=%" PRIu64
+          " of %" PRIu64 " taken, stripe=%" PRIu64 " walk=%" PRIu64
+          " throttle=%" PRIu64 "\n",
+          st.lock_waits_index, st.lock_taken_index, st.lock_waits_stripe,
+          st.lock_waits_walk, st.throttle_waits);
+  if (cache_flush (c) == -1 || cache_destroy (c) == -1)
+    return -1;
+  fake_free (fb);
+  return 0;
+}
+
 int
 main (int argc, char **argv)
 {
@@ -178,5 +307,10 @@ main (int argc, char **argv)
   printf ("file_write_mib_s=%.0f backing_flushes=%" PRIu64
           " (128 MiB of 64K writes through a 32 MiB cache to a file, "
           "then flush)\n", mib_s, flushes);
+  const char *tms = getenv ("CORE_THREADS_MS");
+  if (run_threads (tms ? (unsigned) atoi (tms) : 500) == -1) {
+    fprintf (stderr, "core-bench: threads run failed\n");
+    return 1;
+  }
   return 0;
 }

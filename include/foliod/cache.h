@@ -105,6 +105,11 @@ struct cache_stats {
   uint64_t evictions;
   uint64_t writeback_errors, read_errors;
   uint64_t throttle_waits;
+  /* Contended acquisitions (the lock was held by another thread) of the
+   * index lock and the stripes on the request path, and of the walk's
+   * lock: what limits the core's scaling, if anything (core-bench). */
+  uint64_t lock_waits_index, lock_waits_stripe, lock_waits_walk;
+  uint64_t lock_taken_index;  /* acquisitions of the index lock there */
   uint64_t flush_ops;         /* cache_flush calls answered */
   uint64_t flush_passes;      /* passes run for them (several share one) */
   uint64_t flush_waiting;     /* now: flushes waiting for a pass to start */

@@ -47,7 +47,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 static inline bool
@@ -75,6 +77,17 @@ static inline bool
 trylock_or_die (pthread_mutex_t *m)
 {
   return lock_check (pthread_mutex_trylock (m), true);
+}
+
+/* lock_or_die, counting in *waits when someone else held m (a contention
+ * counter that costs a relaxed add on the contended path only). */
+static inline void
+lock_counted (pthread_mutex_t *m, _Atomic uint64_t *waits)
+{
+  if (!trylock_or_die (m)) {
+    atomic_fetch_add_explicit (waits, 1, memory_order_relaxed);
+    lock_or_die (m);
+  }
 }
 
 #endif /* FOLIOD_LOCK_H */

@@ -264,6 +264,11 @@ folio_log_stats (void)
                 " throttle_waits=%" PRIu64,
                 st.read_ops, st.read_hits, st.read_misses, st.evictions,
                 st.throttle_waits);
+  nbdkit_debug ("folio: stats lock_taken_index=%" PRIu64
+                " lock_waits_index=%" PRIu64
+                " lock_waits_stripe=%" PRIu64 " lock_waits_walk=%" PRIu64,
+                st.lock_taken_index, st.lock_waits_index,
+                st.lock_waits_stripe, st.lock_waits_walk);
   nbdkit_debug ("folio: stats readahead_bytes=%" PRIu64
                 " readahead_windows=%" PRIu64 " readahead_hits=%" PRIu64
                 " readahead_wasted=%" PRIu64,

@@ -4,25 +4,38 @@
  * include/foliod/lock.h):
  *   1. wb_mutex        serialises writeback passes (flush, background);
  *   1b. walk_lock      the pass under way, shared with the writeback
- *                      helpers (wb-walk.c); held while a batch's stripes
- *                      are taken, never across its backing I/O;
- *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state, data and
- *                      backing I/O of folio number i, *whether or not the
- *                      folio is cached*: holding it means no one else reads
- *                      the backing for that range into the cache, writes it
- *                      back, or passes I/O through it.  Several stripes are
- *                      taken in ascending stripe order only (range_lock);
- *                      anything else uses trylock.
+ *                      helpers (wb-walk.c); held while a batch is cut
+ *                      (its stripes taken by trylock only), never across
+ *                      its backing I/O nor while waiting on a stripe;
+ *   2. stripe locks    c->stripes[i % NSTRIPES] guards the state and data
+ *                      of folio number i, *whether or not the folio is
+ *                      cached*: holding it means no one else reads the
+ *                      backing for that range into the cache or passes I/O
+ *                      through it.  Several stripes are taken in ascending
+ *                      stripe order only (range_lock), a window's worth at
+ *                      most; anything else uses trylock.
  *   3. lock            the index, the LRU, the free slots, marks, waits.
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
  * is held while it is, and it is not held across a flush's pass.  So is
  * readahead's lock (readahead.c): a client read notes itself there, with
  * no other lock held, and the readahead threads take stripes without it.
- * A stripe lock is held across backing I/O (like the kernel's folio lock
- * during read and its stable pages during writeback); the index lock never is.
- * Nor across a store sync (an msync): store_sync runs with no cache lock
- * held, and set_index and store_may_reuse, called under the index lock,
- * never wait for one (store.h).
+ *
+ * Writeback does not hold a stripe across its backing write (the kernel's
+ * folio_start_writeback, then folio_unlock): the batch's dirty runs are
+ * cut and its folios marked f->writeback under their stripes, which are
+ * then dropped.  Readers and fills of other blocks proceed meanwhile;
+ * whatever would change a block in flight (a write, a passthrough write,
+ * zero or trim, a prepared folio's swap) waits on stripe_cv, with no
+ * stripe held, until the mark is gone (wb_wait_folio: the kernel's
+ * folio_wait_stable); eviction and other batches skip marked folios.  The
+ * data written is thus the blocks as they were when the batch was cut,
+ * and a write that comes during the I/O leaves its block dirty after.
+ * A stripe is still held across the backing I/O of fills, passthrough
+ * pieces and a write's own write-through (like the kernel's folio lock
+ * during read); the index lock never is.  Nor across a store sync (an
+ * msync): store_sync runs with no cache lock held, and set_index and
+ * store_may_reuse, called under the index lock, never wait for one
+ * (store.h).
  */
 #ifndef FOLIOD_CACHE_INT_H
 #define FOLIOD_CACHE_INT_H
@@ -49,7 +62,9 @@
  * io_write) take a length and an offset. */
 
 #define NSTRIPES 1024u
+#ifndef WINDOW_MAX
 #define WINDOW_MAX 256u   /* folios handled under one range lock */
+#endif
 #define WLOG_SIZE 64u     /* backing writes a parked fetch can look past */
 #define WB_HELPERS 3u     /* threads that join a writeback pass's owner */
 /* range_lock takes each stripe of a window once only because a window
@@ -75,13 +90,18 @@ struct folio {
    * without it by the writeback scan (a hint, rechecked under the stripe). */
   _Atomic uint64_t dirtied_ms;
   struct folio *lru_prev, *lru_next; /* lock */
+  struct folio *hnext;      /* the next in its bucket (folio_lookup); stripe */
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */
   uint64_t *bits;           /* state bitmap from the store */
-  uint64_t used;            /* c->lru_clock when a request last looked
-                               it up; lock */
+  /* c->lru_clock when a request last moved it to the LRU's tail (or
+   * put it there new); written under lock, read without it by the hit
+   * path (folio_recent). */
+  _Atomic uint64_t used;
   bool ra;                  /* filled by readahead, not read by a client
                                since (counted in readahead.unread); stripe */
+  bool writeback;           /* a batch is writing its dirty blocks back
+                               (see the top of this file); stripe */
 };
 
 /* Counters (relaxed atomics, any thread). */
@@ -97,6 +117,7 @@ struct cache_counters {
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
   _Atomic uint64_t dirty_bytes, unstable_bytes;
   _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
+  _Atomic uint64_t lock_waits_index, lock_waits_stripe, lock_waits_walk;
   _Atomic uint64_t readahead_bytes, readahead_windows;
   _Atomic uint64_t readahead_hits, readahead_wasted;
   _Atomic uint64_t backing_write_ns, backing_flush_ns, flush_ns;
@@ -115,15 +136,25 @@ struct cache {
   uint64_t dirty_limit, dirty_background; /* bytes */
 
   pthread_mutex_t stripes[NSTRIPES];
+  /* With stripes[i]: the writeback of a folio of stripe i ended. */
+  pthread_cond_t stripe_cv[NSTRIPES];
 
   pthread_mutex_t lock;
+  uint64_t lock_taken;      /* index_lock calls (stats); lock */
   pthread_cond_t space_cv;  /* slots freed or data cleaned */
   struct fidx index;
+  /* The same map for lookups under a stripe, without lock: chains of
+   * folios hashed so that a bucket's folios share a stripe, which guards
+   * the bucket (nr_buckets_per_stripe a power of two). */
+  struct folio **buckets;
+  uint64_t buckets_per_stripe;
   struct folio *folios;     /* nslots, one per store slot */
   uint32_t *free_slots;     /* stack of free slot numbers */
   uint32_t nr_free;
   struct folio *lru_head, *lru_tail; /* cached folios, oldest first */
-  uint64_t lru_clock;       /* lookups of folios by requests; lock */
+  /* Moves of folios to the LRU's tail by requests (and new folios);
+   * written under lock, read without it by the hit path. */
+  _Atomic uint64_t lru_clock;
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
@@ -247,6 +278,16 @@ void folio_written (struct cache *c, struct folio *f, uint32_t start,
  * (the backing may have lost them). */
 void folio_settle (struct cache *c, struct folio *f, bool lost);
 
+/* The index lock (c->lock) where requests take it, counted (lock_taken,
+ * on the line the lock holder owns anyway) and when contended
+ * (lock_waits_index). */
+static inline void
+index_lock (struct cache *c)
+{
+  lock_counted (&c->lock, &c->st.lock_waits_index);
+  c->lock_taken++;
+}
+
 /* --- locking and windows (window.c) --- */
 /* Lock or unlock the stripes of folios [start, end). */
 void range_lock (struct cache *c, uint64_t start, uint64_t end);
@@ -262,8 +303,9 @@ int window_begin (struct cache *c, struct window *w, uint64_t start,
 int window_try_begin (struct cache *c, struct window *w, uint64_t start,
                       uint64_t end, bool alloc);
 /* Readahead's window: the folios of [start, end) that are cached or fit
- * in free room or in a clean folio no request looked up among the last
- * nslots / 2 lookups (another stream's working set stays); never waits
+ * in free room or in a clean folio not put at the LRU's tail (new, or
+ * looked up when not recent) among the last nslots / 2 there (another
+ * stream's working set stays); never waits
  * for room.  The window ends before the first folio that does not fit:
  * 0 with w->end <= end, or -1/EAGAIN with nothing held if none fits. */
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
@@ -274,6 +316,9 @@ void window_end (struct cache *c, struct window *w);
  * stripes held keep anyone else from creating them meanwhile).  What a
  * CACHE_NOWAIT write uses once it knows it can finish: it never evicts. */
 int window_alloc_free (struct cache *c, struct window *w);
+/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
+ * index lock: this is the hit path's lookup). */
+struct folio *folio_lookup (struct cache *c, uint64_t fi);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);
@@ -314,6 +359,8 @@ struct folio *cached_folio_next (struct cache *c, uint64_t *fi,
                                    iteration or a step would wait */
 #define CI_READAHEAD (1u << 3)  /* a readahead fetch: windows of what fits
                                    (window_ra_begin), never waiting for room */
+#define CI_STABLE   (1u << 4)   /* the steps change blocks: wait until no
+                                   folio of the window is under writeback */
 
 /* What a parked miss fetched (fetch.c), as a source for io_fill: bytes
  * [off, end) of the backing, whole blocks, at buf + (x - base), as the
@@ -408,10 +455,30 @@ int wb_window (struct cache *c, struct window *w, uint64_t start,
                uint64_t end, unsigned backing_flags);
 /* Is folio f worth writing in this pass (a hint without its stripe)? */
 bool wb_wanted (struct cache *c, const struct folio *f, bool all);
-/* Lock the dirty folio fi and the folios its dirty run goes on into
- * (wb_window's batch).  false if fi is no longer worth writing. */
-bool wb_batch_begin (struct cache *c, struct window *w, uint64_t fi,
-                     bool all);
+/* A batch of the writeback walk: folios [w.start, w.end), marked under
+ * writeback, and the dirty runs cut from them (global blocks), which go
+ * to the backing without any stripe held. */
+#define WB_RUNS_MAX 64u
+struct wb_batch {
+  struct window w;
+  unsigned nr_runs;
+  bool cut;                 /* runs left in the last folio for later */
+  struct { uint64_t start, end; } run[WB_RUNS_MAX];
+};
+enum wb_begin { WB_GOT, WB_SKIP, WB_BUSY };
+/* Start a batch at the dirty folio fi and the folios its dirty run goes
+ * on into.  WB_SKIP if fi is no longer worth writing, WB_BUSY if its
+ * stripe is taken or it is under writeback already (come back later). */
+enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
+                              uint64_t fi, bool all);
+/* Write the batch's runs, then mark what reached the backing written
+ * and end the folios' writeback.  0 or -1/errno (first error; the blocks
+ * of a failed run stay dirty). */
+int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
+/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
+void wb_wait_folio (struct cache *c, uint64_t fi);
+/* The first folio of the locked window w under writeback, or UINT64_MAX. */
+uint64_t wb_window_busy (struct cache *c, const struct window *w);
 /* One pass over the dirty folios (caller holds wb_mutex), walked with the
  * helpers (wb-walk.c).  all: write everything (flush); else only what the
  * background policy wants, starting at the cursor.  flags go with every

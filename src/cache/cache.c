@@ -84,8 +84,10 @@ cache_init_locks (struct cache *c)
   if (pthread_mutexattr_init (&ma) != 0)
     return -1;
   bad |= pthread_mutexattr_settype (&ma, PTHREAD_MUTEX_ERRORCHECK);
-  for (unsigned i = 0; i < NSTRIPES; i++)
+  for (unsigned i = 0; i < NSTRIPES; i++) {
     bad |= pthread_mutex_init (&c->stripes[i], &ma);
+    bad |= cond_init_monotonic (&c->stripe_cv[i]);
+  }
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
   bad |= pthread_mutex_init (&c->walk_lock, &ma);
@@ -111,7 +113,12 @@ cache_init_slots (struct cache *c)
 
   c->folios = calloc (n, sizeof *c->folios);
   c->free_slots = calloc (n, sizeof *c->free_slots);
-  if (c->folios == NULL || c->free_slots == NULL)
+  /* About a bucket per slot (folio_lookup's chains stay short). */
+  c->buckets_per_stripe = 1;
+  while (c->buckets_per_stripe * NSTRIPES < n)
+    c->buckets_per_stripe *= 2;
+  c->buckets = calloc (c->buckets_per_stripe * NSTRIPES, sizeof *c->buckets);
+  if (c->folios == NULL || c->free_slots == NULL || c->buckets == NULL)
     return -1;
   for (uint32_t i = 0; i < n; i++) {
     struct folio *f = &c->folios[i];
@@ -408,6 +415,7 @@ cache_free (struct cache *c)
   fidx_destroy (&c->index);
   free (c->folios);
   free (c->free_slots);
+  free (c->buckets);
   free (c->zero_block);
   store_destroy (c->own_store);
   if (c->bounce_key_ok) {
@@ -635,6 +643,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   G (direct_write_ops); G (direct_write_bytes);
   G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
   G (throttle_waits);
+  G (lock_waits_index); G (lock_waits_stripe); G (lock_waits_walk);
   G (readahead_bytes); G (readahead_windows);
   G (readahead_hits); G (readahead_wasted);
   G (backing_write_ns); G (backing_flush_ns); G (flush_ns);
@@ -646,6 +655,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
                     << c->folio_shift;
   s->dirty_background_bytes = c->dirty_background;
   s->dirty_limit_bytes = c->dirty_limit;
+  s->lock_taken_index = c->lock_taken;
   unlock_or_die (&c->lock);
 }
 

@@ -1,8 +1,9 @@
 /* Requests that go straight to the backing — direct reads and writes,
- * zero, trim — kept coherent with the cache.  Each one holds the range
- * lock of every folio it touches (cached or not) across its backing I/O, so
- * no fill or writeback of those folios can interleave; then it brings the
- * cached copies in line with what the backing now holds. */
+ * zero, trim — kept coherent with the cache.  Each piece of one (a window
+ * of folios, piece_end) holds the stripes of the folios it touches (cached
+ * or not) across its backing I/O, so no fill or writeback of those folios
+ * can interleave; then it brings the cached copies in line with what the
+ * backing now holds. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +102,7 @@ fix_folio (struct cache *c, struct folio *f, const struct fix *x)
     folio_persist_bits (c, f);
 }
 
-/* The caller holds the range lock of the request's folios. */
+/* The caller holds the stripes of the folios of x (a piece). */
 static void
 fix_cached (struct cache *c, const struct fix *x)
 {
@@ -152,40 +153,99 @@ passthrough_done (struct cache *c, enum pass_op op, unsigned flags)
     atomic_fetch_add (&c->passthrough_unflushed, 1);
 }
 
+/* A range request goes to the backing a window of folios at a time, each
+ * piece under its own folios' stripes: one over many folios never holds
+ * the whole stripe table across its backing I/O (a 1 GiB trim would
+ * freeze every cached folio meanwhile).  A failed piece ends the request;
+ * the pieces before it are done, as a failed NBD request allows.  The end
+ * of the piece starting at byte off of a request ending at end: */
+static uint64_t
+piece_end (struct cache *c, uint64_t off, uint64_t end)
+{
+  uint64_t e = folio_pos (c, folio_of (c, off) + c->window);
+
+  return e < end ? e : end;
+}
+
+/* Piece [off, end) of the request x. */
+static struct fix
+fix_piece (const struct fix *x, uint64_t off, uint64_t end)
+{
+  struct fix px = *x;
+
+  px.off = off;
+  px.end = end;
+  if (x->src)
+    px.src = x->src + (off - x->off);
+  if (x->dst)
+    px.dst = x->dst + (off - x->off);
+  return px;
+}
+
 int
 direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
 {
   struct fix x = { .kind = FIX_OVERLAY, .off = off, .end = off + len,
                    .dst = buf };
-  uint64_t start = folio_of (c, off), end = folio_of (c, off + len - 1) + 1;
 
   STAT_ADD (c, direct_read_ops, 1);
   STAT_ADD (c, direct_read_bytes, len);
-  range_lock (c, start, end);
-  int r = io_read (c, buf, len, off);
-  if (r == 0)
-    fix_cached (c, &x);   /* dirty blocks are newer than the backing */
-  range_unlock (c, start, end);
-  return r;
+  for (uint64_t p = off, pe; p < x.end; p = pe) {
+    pe = piece_end (c, p, x.end);
+    struct fix px = fix_piece (&x, p, pe);
+    uint64_t start = folio_of (c, p), end = folio_of (c, pe - 1) + 1;
+    range_lock (c, start, end);
+    int r = io_read (c, px.dst, pe - p, p);
+    if (r == 0)
+      fix_cached (c, &px);  /* dirty blocks are newer than the backing */
+    int err = errno;
+    range_unlock (c, start, end);
+    if (r == -1) {
+      errno = err;
+      return -1;
+    }
+  }
+  return 0;
 }
 
-/* Send one write-class request straight to the backing under the range
- * lock of [off, end), then bring the cached copies in line (x->kind says
- * how on success; on failure clean copies are forgotten). */
+/* The first cached folio of [start, end) (stripes held) under writeback,
+ * or UINT64_MAX. */
+static uint64_t
+range_busy (struct cache *c, uint64_t start, uint64_t end)
+{
+  struct folio *f;
+
+  for (uint64_t fi = start; (f = cached_folio_next (c, &fi, end)) != NULL;
+       fi++)
+    if (f->writeback)
+      return fi;
+  return UINT64_MAX;
+}
+
+/* Send one piece of a write-class request straight to the backing under
+ * the stripes of its folios, then bring the cached copies in line
+ * (x->kind says how on success; on failure clean copies are forgotten). */
 static int
-passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
-             unsigned flags)
+passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
+                   unsigned flags)
 {
   uint64_t off = x->off, len = x->end - x->off;
   uint64_t start = folio_of (c, off), end = folio_of (c, x->end - 1) + 1;
   int r;
 
-  if (op != PASS_WRITE)
-    flags = durable_flags (c, flags);
-  range_lock (c, start, end);
+  for (;;) {
+    range_lock (c, start, end);
+    uint64_t busy = range_busy (c, start, end);
+    if (busy == UINT64_MAX)
+      break;
+    /* Neither the backing nor the cached copy may change under a
+     * writeback of it: wait for it with no stripe held. */
+    range_unlock (c, start, end);
+    wb_wait_folio (c, busy);
+  }
   switch (op) {
   case PASS_WRITE:
-    r = io_write (c, buf, len, off, backing_flags (flags));
+    r = io_write (c, x->src, len, off, backing_flags (flags));
     break;
   case PASS_ZERO:
     STAT_ADD (c, backing_zero_ops, 1);
@@ -216,6 +276,21 @@ passthrough (struct cache *c, enum pass_op op, const void *buf, struct fix *x,
   return r;
 }
 
+/* A write-class request [x->off, x->end), piece by piece. */
+static int
+passthrough (struct cache *c, enum pass_op op, struct fix *x, unsigned flags)
+{
+  if (op != PASS_WRITE)
+    flags = durable_flags (c, flags);
+  for (uint64_t p = x->off, pe; p < x->end; p = pe) {
+    pe = piece_end (c, p, x->end);
+    struct fix px = fix_piece (x, p, pe);
+    if (passthrough_piece (c, op, &px, flags) == -1)
+      return -1;
+  }
+  return 0;
+}
+
 int
 direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
               unsigned flags)
@@ -225,7 +300,7 @@ direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
 
   STAT_ADD (c, direct_write_ops, 1);
   STAT_ADD (c, direct_write_bytes, len);
-  return passthrough (c, PASS_WRITE, buf, &x, flags);
+  return passthrough (c, PASS_WRITE, &x, flags);
 }
 
 int
@@ -242,7 +317,7 @@ cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
     return -1;
   }
   STAT_ADD (c, client_zero_bytes, len);
-  return passthrough (c, PASS_ZERO, NULL, &x, flags);
+  return passthrough (c, PASS_ZERO, &x, flags);
 }
 
 /* Trim whole blocks only: the parts of partial blocks keep their data. */
@@ -263,5 +338,5 @@ cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   if (off >= end)
     return 0;
   struct fix x = { .kind = FIX_DROP, .off = off, .end = end };
-  return passthrough (c, PASS_TRIM, NULL, &x, flags);
+  return passthrough (c, PASS_TRIM, &x, flags);
 }

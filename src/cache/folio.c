@@ -191,7 +191,7 @@ folio_mark (struct cache *c, struct folio *f, bool was_marked)
 
   if (marked == was_marked)
     return;
-  lock_or_die (&c->lock);
+  index_lock (c);
   fidx_set_mark (&c->index, f->index, marked);
   if (!marked)
     pthread_cond_broadcast (&c->space_cv);

@@ -52,8 +52,22 @@ iter_window (struct cache_iter *it)
 
   if (fend - fi > c->window)
     fend = fi + c->window;
-  if (iter_begin (it, fi, fend) == -1)
-    return -1;
+  for (;;) {
+    if (iter_begin (it, fi, fend) == -1)
+      return -1;
+    uint64_t busy = (it->flags & CI_STABLE) ? wb_window_busy (c, &it->w)
+                                            : UINT64_MAX;
+    if (busy == UINT64_MAX)
+      break;
+    /* A block to change is being written back: wait for that folio with
+     * no stripe held (its writeback ends under its stripe), then again. */
+    window_end (c, &it->w);
+    if (it->flags & CI_NOWAIT) {
+      errno = EAGAIN;
+      return -1;
+    }
+    wb_wait_folio (c, busy);
+  }
   fend = it->w.end;
   it->held = true;
   it->step_end = folio_pos (c, fend) < it->end ? folio_pos (c, fend)

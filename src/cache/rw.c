@@ -350,7 +350,7 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool grouped = now && !(c->b->caps & BACKING_CAN_FUA);
   if (now && !grouped)
     flags |= CACHE_WRITE_NOW;
-  cache_iter_init (&it, c, off, len, (now ? 0 : CI_THROTTLE)
+  cache_iter_init (&it, c, off, len, CI_STABLE | (now ? 0 : CI_THROTTLE)
                    | (nowait ? CI_NOWAIT : CI_ALLOC));
   while ((r = cache_iter_next (&it)) > 0)
     it.done = write_step (&it, buf, flags);

@@ -105,9 +105,7 @@ cache_block_status (struct cache *c, uint64_t len, uint64_t off,
     uint64_t fend = folio_pos (c, fi + 1) < end ? folio_pos (c, fi + 1) : end;
     pthread_mutex_t *m = stripe_of (c, fi);
     lock_or_die (m);
-    lock_or_die (&c->lock);
-    f = fidx_get (&c->index, fi);
-    unlock_or_die (&c->lock);
+    f = folio_lookup (c, fi);
     r = f ? emit_folio (c, &e, f, fend) : emit_clean (c, &e, fend);
     unlock_or_die (m);
   }

@@ -52,7 +52,7 @@ throttle_dirty (struct cache *c, uint64_t len)
 
   if (STAT_GET (c, dirty_bytes) + len <= c->dirty_limit)
     return 0;
-  lock_or_die (&c->lock);
+  index_lock (c);
   while (STAT_GET (c, dirty_bytes) > 0 &&
          STAT_GET (c, dirty_bytes) + len > c->dirty_limit) {
     int failing = wb_error (c);

@@ -21,8 +21,11 @@ struct wb_walk {
   bool all, wrapped;
   bool over;                    /* nothing left, or the backing is down */
   bool sync_wanted;             /* the owner is to flush the backing */
+  uint64_t busy_from;           /* all: the first folio skipped as busy
+                                 * (UINT64_MAX: none), to come back to */
   unsigned flags;               /* for every write: BACKING_FUA or 0 */
-  unsigned active;              /* threads inside a batch */
+  unsigned active;              /* threads inside a batch, or waiting in
+                                 * walk_next with walk_lock let go */
   int err;                      /* the first error */
   int written;                  /* folios */
 };
@@ -45,10 +48,30 @@ walk_wait (struct cache *c)
     abort ();                   /* only a bug makes it fail */
 }
 
-/* The next batch of the walk into w (walk_lock held; takes stripes).
- * false when the walk is done. */
+/* A pass that must write everything (a flush) comes back to the folios
+ * it skipped as busy: another batch of the walk, a write-through or a
+ * fill held them.  Waits a little first (walk_lock let go: batches end
+ * meanwhile), counted as active so that the pass does not end under it.
+ * false if there is nothing to come back to or the walk is over. */
 static bool
-walk_next (struct cache *c, struct wb_walk *wk, struct window *w)
+walk_come_back (struct cache *c, struct wb_walk *wk)
+{
+  if (!wk->all || wk->busy_from == UINT64_MAX)
+    return false;
+  wk->fi = wk->busy_from;
+  wk->busy_from = UINT64_MAX;
+  wk->active++;
+  cond_wait_ms (&c->walk_cv, &c->walk_lock, 1);
+  wk->active--;
+  if (wk->active == 0)
+    pthread_cond_broadcast (&c->walk_cv);
+  return !wk->over;
+}
+
+/* The next batch of the walk into b (walk_lock held; its stripes are
+ * taken by trylock only).  false when the walk is done. */
+static bool
+walk_next (struct cache *c, struct wb_walk *wk, struct wb_batch *b)
 {
   for (;;) {
     lock_or_die (&c->lock);
@@ -58,20 +81,27 @@ walk_next (struct cache *c, struct wb_walk *wk, struct window *w)
                                  true);
     unlock_or_die (&c->lock);
     if (f == NULL) {
-      if (wk->wrapped || wk->start == 0)
-        return false;
-      wk->wrapped = true;
-      wk->fi = 0;
-      continue;
+      if (!wk->wrapped && wk->start != 0) {
+        wk->wrapped = true;
+        wk->fi = 0;
+        continue;
+      }
+      if (walk_come_back (c, wk))
+        continue;
+      return false;
     }
     if (!wb_wanted (c, f, wk->all)) {
       wk->fi++;                  /* skipped without taking its stripe */
       continue;
     }
-    bool got = wb_batch_begin (c, w, wk->fi, wk->all);
-    wk->fi = got ? w->end : wk->fi + 1;
+    enum wb_begin got = wb_batch_begin (c, b, wk->fi, wk->all);
+    if (got == WB_BUSY && wk->fi < wk->busy_from)
+      wk->busy_from = wk->fi;
+    if (got == WB_GOT && b->cut && b->w.end - 1 < wk->busy_from)
+      wk->busy_from = b->w.end - 1;   /* the rest of its last folio */
+    wk->fi = got == WB_GOT ? b->w.end : wk->fi + 1;
     c->wb_cursor = wk->fi >= c->nr_folios ? 0 : wk->fi;
-    if (got)
+    if (got == WB_GOT)
       return true;
   }
 }
@@ -104,7 +134,7 @@ walk_sync (struct cache *c, struct wb_walk *wk)
     walk_wait (c);
   unlock_or_die (&c->walk_lock);
   (void) wb_stabilize (c);      /* a failure is kept in flush_failing */
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   wk->sync_wanted = false;
   pthread_cond_broadcast (&c->walk_cv);
 }
@@ -130,7 +160,7 @@ static void
 walk_work (struct cache *c, bool owner)
 {
   struct wb_walk *wk;
-  struct window w;
+  struct wb_batch b;
 
   while ((wk = c->walk) != NULL && !wk->over) {
     if (!owner && !walk_wants_helpers (c, wk)) {
@@ -146,19 +176,17 @@ walk_work (struct cache *c, bool owner)
         walk_wait (c);
       continue;
     }
-    if (!walk_next (c, wk, &w)) {
+    if (!walk_next (c, wk, &b)) {
       wk->over = true;
       break;
     }
     wk->active++;
     unlock_or_die (&c->walk_lock);
-    uint32_t bpf = c->blocks_per_folio;
-    int r = wb_window (c, &w, w.start * bpf, w.end * bpf, wk->flags);
+    int r = wb_batch_write (c, &b, wk->flags);
     int err = r == -1 ? errno : 0;
-    window_end (c, &w);
-    lock_or_die (&c->walk_lock);
+    lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
     wk->active--;
-    wk->written += (int) (w.end - w.start);
+    wk->written += (int) (b.w.end - b.w.start);
     if (err && wk->err == 0)
       wk->err = err;
     /* Retry the backing, not each run: a remote that is down has been
@@ -175,10 +203,11 @@ int
 wb_pass (struct cache *c, bool all, unsigned flags, int *err)
 {
   struct wb_walk wk = { .start = all ? 0 : c->wb_cursor, .all = all,
-                        .wrapped = all, .flags = flags };
+                        .wrapped = all, .flags = flags,
+                        .busy_from = UINT64_MAX };
 
   wk.fi = wk.start;
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   c->walk = &wk;
   pthread_cond_broadcast (&c->walk_cv);   /* helpers join */
   walk_work (c, true);
@@ -195,7 +224,7 @@ wb_helper_main (void *arg)
 {
   struct cache *c = arg;
 
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   while (!c->walk_stop) {
     if (c->walk != NULL && !c->walk->over)
       walk_work (c, false);
@@ -226,7 +255,7 @@ wb_helpers_start (struct cache *c)
 void
 wb_helpers_stop (struct cache *c)
 {
-  lock_or_die (&c->walk_lock);
+  lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   c->walk_stop = true;
   pthread_cond_broadcast (&c->walk_cv);
   unlock_or_die (&c->walk_lock);

@@ -12,7 +12,9 @@ stripe_of (struct cache *c, uint64_t fi)
 }
 
 /* Call fn on each stripe of folios [start, end), in ascending stripe
- * order (the only order in which several stripes are taken). */
+ * order (the only order in which several stripes are taken).  At most a
+ * window's worth: a longer range goes a window at a time (direct.c), so
+ * no one ever holds the whole stripe table. */
 static void
 stripes_each (struct cache *c, uint64_t start, uint64_t end,
               void (*fn) (pthread_mutex_t *))
@@ -20,11 +22,7 @@ stripes_each (struct cache *c, uint64_t start, uint64_t end,
   uint64_t n = end - start;
   uint32_t s0 = start % NSTRIPES;
 
-  if (n >= NSTRIPES) {
-    for (uint32_t s = 0; s < NSTRIPES; s++)
-      fn (&c->stripes[s]);
-    return;
-  }
+  assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
       fn (&c->stripes[s]);
@@ -34,16 +32,73 @@ stripes_each (struct cache *c, uint64_t start, uint64_t end,
     fn (&c->stripes[s]);
 }
 
+static void
+stripes_lock (struct cache *c, uint64_t start, uint64_t end)
+{
+  uint64_t n = end - start;
+  uint32_t s0 = start % NSTRIPES;
+
+  assert (n <= WINDOW_MAX);
+  if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
+    for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
+      lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+    n = NSTRIPES - s0;
+  }
+  for (uint32_t s = s0; s < s0 + n; s++)
+    lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+}
+
 void
 range_lock (struct cache *c, uint64_t start, uint64_t end)
 {
-  stripes_each (c, start, end, lock_or_die);
+  stripes_lock (c, start, end);
 }
 
 void
 range_unlock (struct cache *c, uint64_t start, uint64_t end)
 {
   stripes_each (c, start, end, unlock_or_die);
+}
+
+/* ---- the stripe-guarded hash of cached folios (c->buckets) ---- */
+
+static struct folio **
+bucket_of (struct cache *c, uint64_t fi)
+{
+  return &c->buckets[fi % NSTRIPES +
+                     NSTRIPES * ((fi / NSTRIPES) &
+                                 (c->buckets_per_stripe - 1))];
+}
+
+struct folio *
+folio_lookup (struct cache *c, uint64_t fi)
+{
+  struct folio *f = *bucket_of (c, fi);
+
+  while (f != NULL && f->index != fi)
+    f = f->hnext;
+  return f;
+}
+
+/* f (its index set) goes into or out of its bucket; its stripe held. */
+static void
+bucket_add (struct cache *c, struct folio *f)
+{
+  struct folio **b = bucket_of (c, f->index);
+
+  f->hnext = *b;
+  *b = f;
+}
+
+static void
+bucket_del (struct cache *c, struct folio *f)
+{
+  struct folio **p = bucket_of (c, f->index);
+
+  while (*p != f)
+    p = &(*p)->hnext;
+  *p = f->hnext;
+  f->hnext = NULL;
 }
 
 static void
@@ -59,6 +114,12 @@ lru_unlink (struct cache *c, struct folio *f)
 static void
 lru_append (struct cache *c, struct folio *f)
 {
+  uint64_t now = atomic_load_explicit (&c->lru_clock, memory_order_relaxed);
+
+  /* The clock counts appends: now - f->used is about how far f is from
+   * the tail (folio_recent). */
+  atomic_store_explicit (&c->lru_clock, now + 1, memory_order_relaxed);
+  atomic_store_explicit (&f->used, now + 1, memory_order_relaxed);
   f->lru_prev = c->lru_tail;
   f->lru_next = NULL;
   if (c->lru_tail) c->lru_tail->lru_next = f;
@@ -73,11 +134,27 @@ folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
     return -1;
   f->index = fi;
   f->cached = true;
+  bucket_add (c, f);
   if (f->nr_dirty || f->nr_unstable)
     fidx_set_mark (&c->index, fi, true);
   lru_append (c, f);
   return 0;
 }
+
+/* Is f among the folios moved to the LRU's tail last, in its youngest
+ * quarter?  Then a hit need not move it again (nor take the index lock
+ * to do so): the LRU is exact but for the order inside that quarter, far
+ * from the head where eviction takes folios. */
+static bool
+folio_recent (struct cache *c, struct folio *f)
+{
+  uint64_t recent = c->store->nslots / 4;
+
+  return atomic_load_explicit (&c->lru_clock, memory_order_relaxed) -
+         atomic_load_explicit (&f->used, memory_order_relaxed) <
+         (recent ? recent : 1);
+}
+
 
 /* Try to take one clean folio off the LRU (lock held).  Its stripe must be
  * free (trylock), which also keeps us from evicting our own window.  Dirty
@@ -93,16 +170,18 @@ evict_one_locked (struct cache *c, uint64_t min_age)
   while (f != NULL && budget-- > 0) {
     struct folio *next = f->lru_next;
     pthread_mutex_t *m = stripe_of (c, f->index);
-    if (c->lru_clock - f->used < min_age) {
+    if (atomic_load_explicit (&c->lru_clock, memory_order_relaxed) -
+        atomic_load_explicit (&f->used, memory_order_relaxed) < min_age) {
       f = next;                    /* used lately: not for readahead */
       continue;
     }
     if (trylock_or_die (m)) {
-      if (f->nr_dirty == 0 && f->nr_unstable == 0 &&
+      if (f->nr_dirty == 0 && f->nr_unstable == 0 && !f->writeback &&
           store_may_reuse (c->store, f->slot)) {
         if (f->ra)
           ra_dropped (c, f);
         lru_unlink (c, f);
+        bucket_del (c, f);
         fidx_remove (&c->index, f->index);
         f->cached = false;
         folio_reset (c, f);
@@ -141,7 +220,7 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
   }
   f->index = fi;
   f->cached = true;
-  f->used = c->lru_clock;          /* new: not old enough to evict */
+  bucket_add (c, f);
   c->store->ops->set_index (c->store, f->slot, fi);
   lru_append (c, f);
   return 0;
@@ -153,10 +232,12 @@ static int
 window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 {
   for (uint64_t fi = w->start; fi < w->end; fi++) {
-    struct folio *f = fidx_get (&c->index, fi);
+    struct folio *f = w->f[fi - w->start];
     if (f != NULL) {
-      lru_unlink (c, f);
-      lru_append (c, f);
+      if (!folio_recent (c, f)) {
+        lru_unlink (c, f);
+        lru_append (c, f);
+      }
     } else if (alloc) {
       f = slot_take_locked (c);
       if (f == NULL) {
@@ -166,11 +247,27 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
       if (folio_insert_locked (c, f, fi) == -1)
         return -1;
     }
-    if (f != NULL)
-      f->used = ++c->lru_clock;
     w->f[fi - w->start] = f;
   }
   return 0;
+}
+
+/* The hit path: look the window's folios up under its stripes alone (w->f
+ * filled).  true if that is all there is to do: every folio is cached (or
+ * need not be: !alloc) and recent (folio_recent: no LRU move due); else
+ * window_lookup_locked finishes under the index lock. */
+static bool
+window_lookup_fast (struct cache *c, struct window *w, bool alloc)
+{
+  bool done = true;
+
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    struct folio *f = folio_lookup (c, fi);
+    w->f[fi - w->start] = f;
+    if (f == NULL ? alloc : !folio_recent (c, f))
+      done = false;
+  }
+  return done;
 }
 
 int
@@ -182,7 +279,9 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
   w->end = end;
   for (;;) {
     range_lock (c, start, end);
-    lock_or_die (&c->lock);
+    if (window_lookup_fast (c, w, alloc))
+      return 0;
+    index_lock (c);
     if (window_lookup_locked (c, w, alloc) == 0) {
       unlock_or_die (&c->lock);
       return 0;
@@ -224,7 +323,9 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
     errno = EAGAIN;
     return -1;
   }
-  lock_or_die (&c->lock);
+  if (window_lookup_fast (c, w, alloc))
+    return 0;
+  index_lock (c);
   r = window_lookup_locked (c, w, alloc);
   unlock_or_die (&c->lock);
   if (r == -1) {
@@ -244,7 +345,7 @@ window_alloc_free (struct cache *c, struct window *w)
     missing += w->f[fi - w->start] == NULL;
   if (missing == 0)
     return 0;
-  lock_or_die (&c->lock);
+  index_lock (c);
   if (c->nr_free < missing) {
     unlock_or_die (&c->lock);
     errno = EAGAIN;
@@ -260,7 +361,6 @@ window_alloc_free (struct cache *c, struct window *w)
       errno = ENOMEM;
       return -1;
     }
-    f->used = ++c->lru_clock;
     w->f[fi - w->start] = f;
   }
   unlock_or_die (&c->lock);
@@ -285,9 +385,9 @@ window_ra_begin (struct cache *c, struct window *w, uint64_t start,
 
   assert (start < end && end - start <= WINDOW_MAX);
   range_lock (c, start, end);
-  lock_or_die (&c->lock);
+  index_lock (c);
   for (fi = start; fi < end; fi++) {
-    struct folio *f = fidx_get (&c->index, fi);
+    struct folio *f = folio_lookup (c, fi);
     if (f == NULL) {                /* a cached one keeps its LRU place */
       f = ra_slot_take_locked (c);
       if (f == NULL || folio_insert_locked (c, f, fi) == -1)
@@ -316,7 +416,7 @@ window_end (struct cache *c, struct window *w)
 struct folio *
 cached_folio_next (struct cache *c, uint64_t *fi, uint64_t end)
 {
-  lock_or_die (&c->lock);
+  index_lock (c);
   struct folio *f = fidx_find (&c->index, fi, end, false);
   unlock_or_die (&c->lock);
   return f;
@@ -330,7 +430,7 @@ slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
 {
   bool ok;
 
-  lock_or_die (&c->lock);
+  index_lock (c);
   ok = c->nr_free >= n + reserve;
   for (uint32_t i = 0; ok && i < n; i++)
     slots[i] = c->free_slots[--c->nr_free];
@@ -343,7 +443,7 @@ slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
 void
 slots_give_back (struct cache *c, uint32_t n, const uint32_t *slots)
 {
-  lock_or_die (&c->lock);
+  index_lock (c);
   while (n > 0)
     c->free_slots[c->nr_free++] = slots[--n];
   pthread_cond_broadcast (&c->space_cv);
@@ -359,9 +459,10 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
   /* old's slot goes free without store_may_reuse: write preparation
    * (wprep.c) is for stores without a persistence protocol only. */
   assert (old == NULL || !c->persistent);
-  lock_or_die (&c->lock);
+  index_lock (c);
   if (old != NULL) {
     lru_unlink (c, old);
+    bucket_del (c, old);
     fidx_replace (&c->index, fi, nf);
     old->cached = false;
     folio_reset (c, old);
@@ -373,6 +474,7 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
   if (r == 0) {
     nf->index = fi;
     nf->cached = true;
+    bucket_add (c, nf);
     c->store->ops->set_index (c->store, nf->slot, fi);
     lru_append (c, nf);
   }

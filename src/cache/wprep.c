@@ -84,6 +84,22 @@ prep_swap (struct cache *c, struct cache_prep *p, struct window *w)
   return r;
 }
 
+/* The window of folios [start, end), none of them under writeback (the
+ * swap frees the folios it replaces).  0, or -1/errno with nothing held. */
+static int
+prep_window (struct cache *c, struct window *w, uint64_t start, uint64_t end)
+{
+  for (;;) {
+    if (window_begin (c, w, start, end, false) == -1)
+      return -1;
+    uint64_t busy = wb_window_busy (c, w);
+    if (busy == UINT64_MAX)
+      return 0;
+    window_end (c, w);
+    wb_wait_folio (c, busy);
+  }
+}
+
 int
 cache_write_commit (struct cache *c, struct cache_prep *p, unsigned flags)
 {
@@ -97,8 +113,13 @@ cache_write_commit (struct cache *c, struct cache_prep *p, unsigned flags)
       errno = EAGAIN;
       return -1;
     }
+    if (wb_window_busy (c, &w) != UINT64_MAX) {
+      window_end (c, &w);
+      errno = EAGAIN;
+      return -1;
+    }
   } else if (throttle_dirty (c, p->len) == -1 ||
-             window_begin (c, &w, fi, fi + p->n, false) == -1) {
+             prep_window (c, &w, fi, fi + p->n) == -1) {
     int err = errno;
     cache_write_abort (c, p);
     errno = err;

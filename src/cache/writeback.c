@@ -30,10 +30,12 @@ wb_run_contiguous (struct cache *c, struct window *w, uint64_t start,
   return true;
 }
 
-/* Write global blocks [start, end), all dirty and cached in w. */
+/* Send global blocks [start, end), all dirty and cached in w, to the
+ * backing, from the folios' memory (writers of them wait: they are under
+ * writeback or the caller holds their stripes). */
 static int
-wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
-        unsigned flags)
+wb_run_io (struct cache *c, struct window *w, uint64_t start, uint64_t end,
+           unsigned flags)
 {
   uint32_t bpf = c->blocks_per_folio;
   uint64_t off = block_pos (c, start), len = block_pos (c, end - start);
@@ -64,17 +66,46 @@ wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
     return -1;
   }
   atomic_store (&c->wb_failing, 0);
-  /* A persistent store keeps the blocks until the backing has flushed
-   * them, whatever the backing (store-pmem.c). */
-  bool unstable = (c->b->ops->loss_epoch != NULL || c->persistent) &&
-                  !(flags & BACKING_FUA);
-  for (uint64_t b = start; b < end;) {
-    struct folio *g = w->f[b / bpf - w->start];
-    uint32_t i = (uint32_t) (b % bpf);
-    uint32_t cnt = (uint32_t) (bpf - i < end - b ? bpf - i : end - b);
-    folio_written (c, g, i, i + cnt, unstable);
-    b += cnt;
-  }
+  return 0;
+}
+
+/* Blocks written with flags stay unstable until the backing flushes? A
+ * persistent store keeps them until then, whatever the backing
+ * (store-pmem.c). */
+static bool
+wb_unstable (struct cache *c, unsigned flags)
+{
+  return (c->b->ops->loss_epoch != NULL || c->persistent) &&
+         !(flags & BACKING_FUA);
+}
+
+/* Global blocks [start, end) of folio f (its stripe held) reached the
+ * backing: the part inside f is written. */
+static void
+wb_folio_written (struct cache *c, struct folio *f, uint64_t start,
+                  uint64_t end, bool unstable)
+{
+  uint64_t fb = f->index * c->blocks_per_folio;
+  uint64_t fe = fb + c->blocks_per_folio;
+  uint64_t s = start > fb ? start : fb, e = end < fe ? end : fe;
+
+  if (s < e)
+    folio_written (c, f, (uint32_t) (s - fb), (uint32_t) (e - fb), unstable);
+}
+
+/* Write global blocks [start, end), all dirty and cached in the locked
+ * window w. */
+static int
+wb_run (struct cache *c, struct window *w, uint64_t start, uint64_t end,
+        unsigned flags)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  if (wb_run_io (c, w, start, end, flags) == -1)
+    return -1;
+  for (uint64_t fi = start / bpf; fi <= (end - 1) / bpf; fi++)
+    wb_folio_written (c, w->f[fi - w->start], start, end,
+                      wb_unstable (c, flags));
   return 0;
 }
 
@@ -116,14 +147,48 @@ wb_wanted (struct cache *c, const struct folio *f, bool all)
   return f->dirtied_ms + c->cfg.dirty_expire_ms <= now_ms ();
 }
 
-/* Lock the dirty folio fi (blocking) into w, then, while a dirty run
- * reaches the end of the last folio, the next folio too (trylock), so that
- * the run goes out whole wherever the batch started; up to max_io_bytes
- * of folios, so that a stream makes batches the walk's threads write side
- * by side.  Returns false if fi is no longer worth writing. */
-bool
-wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
+/* Cut the dirty runs of the batch's folios (their stripes held), merged
+ * across folios up to max_io_bytes.  Past WB_RUNS_MAX runs the batch ends
+ * with the folio of the last run (the rest of that one is left for a
+ * later batch: b->cut); the folios after it are let go. */
+static void
+wb_batch_cut (struct cache *c, struct wb_batch *b)
 {
+  struct window *w = &b->w;
+  uint32_t bpf = c->blocks_per_folio;
+  uint64_t max_blocks = c->cfg.max_io_bytes >> c->block_shift;
+  uint64_t end = w->end * bpf, blk = w->start * bpf;
+
+  b->nr_runs = 0;
+  b->cut = false;
+  while ((blk = window_next (c, w, FP_DIRTY, true, blk, end)) < end) {
+    if (b->nr_runs == WB_RUNS_MAX) {
+      uint64_t last = (b->run[b->nr_runs - 1].end - 1) / bpf + 1;
+      b->cut = blk < last * bpf;
+      range_unlock (c, last, w->end);
+      w->end = last;
+      return;
+    }
+    uint64_t cap = end - blk > max_blocks ? blk + max_blocks : end;
+    uint64_t run_end = window_next (c, w, FP_DIRTY, false, blk, cap);
+    b->run[b->nr_runs].start = blk;
+    b->run[b->nr_runs].end = run_end;
+    b->nr_runs++;
+    blk = run_end;
+  }
+}
+
+/* Take the dirty folio fi into b->w (trylock: the walk never waits on a
+ * stripe, whose holder may be doing backing I/O, with walk_lock held),
+ * then, while a dirty run reaches the end of the last folio, the next
+ * folio too, so that the run goes out whole wherever the batch started;
+ * up to max_io_bytes of folios, so that a stream makes batches the walk's
+ * threads write side by side.  Then cut the runs, mark the folios under
+ * writeback and let their stripes go. */
+enum wb_begin
+wb_batch_begin (struct cache *c, struct wb_batch *b, uint64_t fi, bool all)
+{
+  struct window *w = &b->w;
   uint32_t last_block = c->blocks_per_folio - 1;
   uint64_t max = c->cfg.max_io_bytes >> c->folio_shift;
 
@@ -131,13 +196,14 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
     max = 2;                    /* a run may always cross one boundary */
   if (max > WINDOW_MAX)
     max = WINDOW_MAX;
-  lock_or_die (stripe_of (c, fi));
-  lock_or_die (&c->lock);
-  struct folio *f = fidx_get (&c->index, fi);
-  unlock_or_die (&c->lock);
-  if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all)) {
+  if (!trylock_or_die (stripe_of (c, fi)))
+    return WB_BUSY;
+  struct folio *f = folio_lookup (c, fi);
+  if (f == NULL || f->nr_dirty == 0 || !wb_wanted (c, f, all) ||
+      f->writeback) {
+    bool busy = f != NULL && f->writeback;
     unlock_or_die (stripe_of (c, fi));
-    return false;
+    return busy ? WB_BUSY : WB_SKIP;
   }
   w->start = fi;
   w->f[0] = f;
@@ -147,17 +213,96 @@ wb_batch_begin (struct cache *c, struct window *w, uint64_t fi, bool all)
     uint64_t next = w->end;
     if (!trylock_or_die (stripe_of (c, next)))
       break;
-    lock_or_die (&c->lock);      /* held stripe: g cannot go away */
-    struct folio *g = fidx_get (&c->index, next);
-    unlock_or_die (&c->lock);
-    if (g == NULL || !folio_block_dirty (c, g, 0)) {
+    struct folio *g = folio_lookup (c, next);
+    if (g == NULL || g->writeback || !folio_block_dirty (c, g, 0)) {
       unlock_or_die (stripe_of (c, next));
       break;
     }
     w->f[next - fi] = g;
     w->end = next + 1;
   }
-  return true;
+  wb_batch_cut (c, b);
+  for (uint64_t i = w->start; i < w->end; i++) {
+    w->f[i - w->start]->writeback = true;
+    unlock_or_die (stripe_of (c, i));
+  }
+  return WB_GOT;
+}
+
+/* The batch's I/O is over: the runs that reached the backing (ok[i]) are
+ * written, and each folio's writeback ends, one stripe at a time. */
+static void
+wb_batch_end (struct cache *c, struct wb_batch *b, const bool *ok,
+              unsigned flags)
+{
+  struct window *w = &b->w;
+  bool unstable = wb_unstable (c, flags);
+  uint32_t bpf = c->blocks_per_folio;
+  unsigned i = 0;
+
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    struct folio *f = w->f[fi - w->start];
+    lock_or_die (stripe_of (c, fi));
+    while (i < b->nr_runs && b->run[i].end <= fi * bpf)
+      i++;                         /* runs are in block order */
+    for (unsigned j = i; j < b->nr_runs && b->run[j].start < (fi + 1) * bpf;
+         j++)
+      if (ok[j])
+        wb_folio_written (c, f, b->run[j].start, b->run[j].end, unstable);
+    f->writeback = false;
+    pthread_cond_broadcast (&c->stripe_cv[fi % NSTRIPES]);
+    unlock_or_die (stripe_of (c, fi));
+  }
+}
+
+int
+wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags)
+{
+  bool ok[WB_RUNS_MAX] = { false };
+  int err = 0;
+
+  for (unsigned i = 0; i < b->nr_runs; i++) {
+    if (wb_run_io (c, &b->w, b->run[i].start, b->run[i].end, flags) == 0)
+      ok[i] = true;
+    else if (err == 0)
+      err = errno;
+    if (backing_unreachable (err))
+      break;                    /* the other runs would only wait too */
+  }
+  wb_batch_end (c, b, ok, flags);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+void
+wb_wait_folio (struct cache *c, uint64_t fi)
+{
+  pthread_mutex_t *m = stripe_of (c, fi);
+  struct folio *f;
+
+  lock_or_die (m);
+  /* Looked up again after every wait: once its writeback ended, the
+   * folio may have been evicted and its slot may hold another folio
+   * (of another stripe) under writeback.  The I/O is bounded by the
+   * backing's timeouts; the wait rechecks every second all the same. */
+  while ((f = folio_lookup (c, fi)) != NULL && f->writeback)
+    cond_wait_ms (&c->stripe_cv[fi % NSTRIPES], m, 1000);
+  unlock_or_die (m);
+}
+
+uint64_t
+wb_window_busy (struct cache *c, const struct window *w)
+{
+  (void) c;
+  for (uint64_t fi = w->start; fi < w->end; fi++) {
+    const struct folio *f = w->f[fi - w->start];
+    if (f != NULL && f->writeback)
+      return fi;
+  }
+  return UINT64_MAX;
 }
 
 /* Apply fn to every cached folio (marked only, if marked), each under its
@@ -174,9 +319,7 @@ folios_each_locked (struct cache *c, bool marked,
     if (f == NULL)
       break;
     lock_or_die (stripe_of (c, fi));
-    lock_or_die (&c->lock);
-    f = fidx_get (&c->index, fi);
-    unlock_or_die (&c->lock);
+    f = folio_lookup (c, fi);
     if (f != NULL)
       fn (c, f, arg);
     unlock_or_die (stripe_of (c, fi));

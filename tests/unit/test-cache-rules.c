@@ -1623,6 +1623,31 @@ test_hot_folio_stays_cached (void **state)
   t_close (&t);
 }
 
+/* A hit on a folio looked up before takes its stripe only: the index
+ * lock, shared by every request, is not taken (CLOCK's referenced bit in
+ * place of moving the folio in the LRU under that lock). */
+static void
+test_hit_takes_no_index_lock (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  t_open (&t, 4 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  assert_int_equal (cache_read (t.c, buf, 4096, 0, 0), 0);     /* miss */
+  assert_int_equal (cache_read (t.c, buf, 4096, 0, 0), 0);     /* referenced */
+  uint64_t taken = stats (&t).lock_taken_index;
+  for (int i = 0; i < 10; i++) {
+    assert_int_equal (cache_read (t.c, buf, 4096, 0, 0), 0);
+    assert_int_equal (cache_read (t.c, buf, 512, 512, CACHE_NOWAIT), 0);
+  }
+  assert_int_equal (stats (&t).lock_taken_index, taken);
+  assert_int_equal (stats (&t).read_hits, 21);
+  t_close (&t);
+}
+
 /* A store supplied by the caller: used as is when its geometry fits,
  * refused when it does not (a pmem store's header may disagree with the
  * configuration), and never freed by the cache. */
@@ -1930,6 +1955,7 @@ main (void)
     cmocka_unit_test (test_stats_match_backing),
     cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
     cmocka_unit_test (test_hot_folio_stays_cached),
+    cmocka_unit_test (test_hit_takes_no_index_lock),
     cmocka_unit_test (test_external_store),
     cmocka_unit_test (test_ram_store_populated),
     cmocka_unit_test (test_ram_store_destroy_populating),

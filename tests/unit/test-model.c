@@ -50,8 +50,10 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -116,6 +118,7 @@ struct model {
   uint64_t burst_off;       /* ... over five folios from here */
   int nested;               /* an op inside pwrite/fetch */
   uint64_t prep_done, prep_refused, prep_aborted, fetch_refused, fetch_raced;
+  uint64_t held_flushes, held_reads; /* reads done while a flush wrote */
 };
 
 static void
@@ -451,6 +454,59 @@ nowait_gave_up (struct model *m, int r, unsigned *flags)
   return true;
 }
 
+/* A flush whose backing writes are held at the fake's gate, in a thread:
+ * meanwhile reads that do not wait (CACHE_NOWAIT) must still answer from
+ * the cache, folios under writeback included, with the reference's
+ * bytes.  Returns the flush's result (errno set). */
+struct held_flush {
+  struct cache *c;
+  int r, err;
+  atomic_bool done;
+};
+
+static void *
+held_flush_main (void *arg)
+{
+  struct held_flush *h = arg;
+
+  h->r = cache_flush (h->c);
+  h->err = errno;
+  atomic_store (&h->done, true);
+  return NULL;
+}
+
+static int
+held_flush (struct model *m)
+{
+  struct held_flush h = { .c = m->c };
+  pthread_t t;
+
+  fake_gate_close (m->fb, FAKE_M (FAKE_WRITE));
+  if (pthread_create (&t, NULL, held_flush_main, &h) != 0) {
+    fake_gate_open (m->fb);
+    return cache_flush (m->c);
+  }
+  /* Until a write waits at the gate, or the flush wrote nothing. */
+  while (!atomic_load (&h.done) && fake_gate_held (m->fb) == 0)
+    usleep (100);
+  if (fake_gate_held (m->fb) > 0) {
+    m->held_flushes++;
+    for (int i = 0; i < 4; i++) {
+      uint64_t off, len;
+      pick_range (m, &off, &len);
+      memset (m->buf, 0xdb, len);
+      if (cache_read (m->c, m->buf, len, off, CACHE_NOWAIT) == 0) {
+        m->held_reads++;
+        ref_check (m, m->buf, len, off, "read during writeback");
+      }
+    }
+  }
+  fake_gate_open (m->fb);
+  pthread_join (t, NULL);
+  errno = h.err;
+  return h.r;
+}
+
 static void do_op (struct model *m, enum op_kind kind);
 
 /* An op between the two halves of a pwrite or a fetch: over [off,
@@ -734,7 +790,7 @@ do_op (struct model *m, enum op_kind kind)
   }
 
   case OP_FLUSH:
-    r = cache_flush (m->c);
+    r = chance (m, 50) ? held_flush (m) : cache_flush (m->c);
     if (r == 0)
       check_backing (m);
     break;
@@ -1097,10 +1153,13 @@ test_model (void **state)
   printf ("async=%d readahead=%d: pwrite prepared/refused/aborted=%" PRIu64
           "/%" PRIu64 "/%" PRIu64
           " fetch refused/raced=%" PRIu64 "/%" PRIu64
-          " readahead bytes=%" PRIu64 " hits=%" PRIu64 "\n", m->async, m->ra,
+          " readahead bytes=%" PRIu64 " hits=%" PRIu64
+          " held flushes=%" PRIu64 " reads during them=%" PRIu64 "\n",
+          m->async, m->ra,
           m->prep_done, m->prep_refused, m->prep_aborted, m->fetch_refused,
           m->fetch_raced,
-          st.readahead_bytes, st.readahead_hits);
+          st.readahead_bytes, st.readahead_hits, m->held_flushes,
+          m->held_reads);
   /* The cache really was too small (the last restart may have come
    * late: its cache need not have evicted yet). */
   if (m->cfg.mode != CACHE_NONE && m->nops >= 10000)

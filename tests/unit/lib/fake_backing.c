@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_backing.h"
@@ -58,6 +59,10 @@ struct fake_backing {
   uint64_t unflushed;   /* see fake_unflushed() */
   int holes_as_zero;
   uint64_t map_max;
+  /* The gate (fake_gate_close): requests of kinds in gate_mask wait on
+   * gate_cv; gate_held counts them. */
+  pthread_cond_t gate_cv;
+  unsigned gate_mask, gate_held;
 };
 
 static void
@@ -275,10 +280,27 @@ request_begin (struct fake_backing *fb, enum fake_op op, uint64_t off,
   return err;
 }
 
+/* Wait at the gate while it is closed for op (the request has not
+ * started: it neither counts nor takes effect until it passes). */
 static void
-delay (struct fake_backing *fb)
+gate (struct fake_backing *fb, enum fake_op op)
+{
+  lock (fb);
+  if (fb->gate_mask & FAKE_M (op)) {
+    fb->gate_held++;
+    pthread_cond_broadcast (&fb->gate_cv);
+    while (fb->gate_mask & FAKE_M (op))
+      pthread_cond_wait (&fb->gate_cv, &fb->lock);
+    fb->gate_held--;
+  }
+  unlock (fb);
+}
+
+static void
+delay (struct fake_backing *fb, enum fake_op op)
 {
   unsigned us;
+  gate (fb, op);
   lock (fb);
   us = fb->delay_us;
   unlock (fb);
@@ -294,7 +316,7 @@ fake_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
   struct fake_backing *fb = (struct fake_backing *) b;
   int err;
 
-  delay (fb);
+  delay (fb, FAKE_READ);
   lock (fb);
   err = request_begin (fb, FAKE_READ, off, len, 0);
   if (err == 0) {
@@ -320,7 +342,7 @@ fake_modify (struct backing *b, enum fake_op op, const void *buf,
   struct fake_backing *fb = (struct fake_backing *) b;
   int err;
 
-  delay (fb);
+  delay (fb, op);
   lock (fb);
   err = request_begin (fb, op, off, len, flags);
   uint64_t n = err == 0 ? len : 0;
@@ -528,6 +550,7 @@ fake_backing_new (uint64_t size)
     return NULL;
   }
   pthread_mutex_init (&fb->lock, NULL);
+  pthread_cond_init (&fb->gate_cv, NULL);
   fb->base.ops = &fake_ops_map;
   fb->base.size = size;
   fb->base.caps = FAKE_DEFAULT_CAPS;
@@ -559,6 +582,7 @@ fake_free (struct fake_backing *fb)
   free (fb->chunks);
   free (fb->log);
   pthread_mutex_destroy (&fb->lock);
+  pthread_cond_destroy (&fb->gate_cv);
   free (fb);
 }
 
@@ -798,4 +822,48 @@ fake_set_map_style (struct fake_backing *fb, int holes_as_zero,
   fb->holes_as_zero = holes_as_zero;
   fb->map_max = max_len;
   unlock (fb);
+}
+
+void
+fake_gate_close (struct fake_backing *fb, unsigned opmask)
+{
+  lock (fb);
+  fb->gate_mask = opmask;
+  unlock (fb);
+}
+
+int
+fake_gate_wait (struct fake_backing *fb, unsigned n)
+{
+  struct timespec end;
+  int r = 0;
+
+  clock_gettime (CLOCK_REALTIME, &end);
+  end.tv_sec += 30;
+  lock (fb);
+  while (fb->gate_held < n && r == 0)
+    r = pthread_cond_timedwait (&fb->gate_cv, &fb->lock, &end);
+  r = fb->gate_held >= n ? 0 : -1;
+  unlock (fb);
+  return r;
+}
+
+void
+fake_gate_open (struct fake_backing *fb)
+{
+  lock (fb);
+  fb->gate_mask = 0;
+  pthread_cond_broadcast (&fb->gate_cv);
+  unlock (fb);
+}
+
+unsigned
+fake_gate_held (struct fake_backing *fb)
+{
+  unsigned n;
+
+  lock (fb);
+  n = fb->gate_held;
+  unlock (fb);
+  return n;
 }

@@ -157,6 +157,17 @@ void fake_set_delay_us (struct fake_backing *fb, unsigned us);
  * so that the answer is stale when it arrives: for race tests. */
 void fake_set_map_delay_us (struct fake_backing *fb, unsigned us);
 
+/* The gate: requests of the kinds in opmask (reads, writes, zeroes,
+ * trims) wait before they start until fake_gate_open, so that a test
+ * can hold the cache inside a backing call and look at what else
+ * proceeds meanwhile.  fake_gate_wait waits (up to 30 s) until n
+ * requests wait at the gate: 0, or -1 if they did not come. */
+void fake_gate_close (struct fake_backing *fb, unsigned opmask);
+int fake_gate_wait (struct fake_backing *fb, unsigned n);
+void fake_gate_open (struct fake_backing *fb);
+/* How many requests wait at the gate now. */
+unsigned fake_gate_held (struct fake_backing *fb);
+
 /* --- small deterministic RNG shared by the tests --- */
 static inline uint64_t
 fake_rand (uint64_t *state)   /* splitmix64 */
