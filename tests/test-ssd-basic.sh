@@ -121,6 +121,45 @@ stop_foliod
 cmp -s -i 12288:0 -n 4096 "$tmp/img" <(printf 'Z%.0s' $(seq 1 4096)) ||
   fail "old log records written over the backing"
 
+# foliod store writeback: after a kill -9, the log's dirty blocks go to
+# the backing offline, and the store is clean.
+start_foliod "${args[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"P" * 70000, 8 << 20); h.flush()' || fail "write P"
+kill9
+timeout 60 "$FOLIOD" store writeback "$tmp/st" > "$tmp/wb" ||
+  fail "foliod store writeback: $(cat "$tmp/wb")"
+grep -q "73728 dirty bytes written back to file:$tmp/img, flushed; the store is clean" \
+  "$tmp/wb" || fail "store writeback said: $(cat "$tmp/wb")"
+cmp -s -i $((8 << 20)):0 -n 70000 "$tmp/img" <(printf 'P%.0s' $(seq 1 70000)) ||
+  fail "store writeback: the backing lacks the writes"
+"$FOLIOD" store inspect "$tmp/st" | grep -q '^state: clean$' ||
+  fail "store writeback did not mark the store clean"
+
+# A record whose data fails its checksum, in a part of the log a later
+# batch says was flushed (media damage, not a torn write): reported with
+# its range, and never written over the backing.
+args2=(--control "$ctl" --pidfile "$pidf"
+  --export "d=file:$tmp/img,store=ssd:$tmp/st2,$slow")
+start_foliod "${args2[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"Q" * 4096, 10 << 20); h.flush()
+h.pwrite(b"R" * 4096, 12 << 20); h.flush()' || fail "write Q, R"
+kill9
+# The first batch: 8 KiB of superblocks, its 4 KiB header, then Q's block.
+printf 'XXXX' | dd of="$tmp/st2" bs=1 seek=$((12288 + 100)) conv=notrunc status=none
+"$FOLIOD" store inspect "$tmp/st2" > "$tmp/inspect" || fail "inspect"
+grep -q "^damaged: export bytes $((10 << 20))-$(((10 << 20) + 4096)) " "$tmp/inspect" ||
+  fail "damage not reported: $(cat "$tmp/inspect")"
+start_foliod "${args2[@]}"
+grep -q "store ssd:$tmp/st2: 4096 dirty bytes failed their checksum" "$FOLIOD_LOG" ||
+  fail "damage not logged: $(tail -5 "$FOLIOD_LOG")"
+stop_foliod
+cmp -s -i $((10 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
+  fail "a damaged record was written over the backing"
+cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" <(printf 'R%.0s' $(seq 1 4096)) ||
+  fail "the sound record after the damaged one was not written back"
+
 # Another geometry: refused, naming it.
 start_refused "another cache-size" "store has another geometry" --export "d=file:$tmp/img,store=ssd:$tmp/st,cache-size=16M"
 echo ok
