@@ -1132,6 +1132,10 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
       (p->formatted && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
       d->ops->flush (d) == -1)
     FAIL (errno, "%s: writing the superblock: %s", path, strerror (errno));
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic push     /* -fanalyzer: &p->s is p (its first member), freed by ssd_destroy */
+#pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
+#endif
   return &p->s;
 
  fail:
@@ -1140,6 +1144,9 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
   ssd_destroy (&p->s);
   errno = r;
   return NULL;
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic pop
+#endif
 }
 
 struct store *
