@@ -401,7 +401,7 @@ op_write (void)
  * durably here (FUA): a clean record may reach the log before the next
  * FLUSH, and one that outlived a backing's lost write would bring back a
  * block older than the last FLUSH (the cache's order to keep, not the
- * store's; see foliod.conf(5)). */
+ * store's: direct.c syncs the store after a FUA one, test-ssd-direct.sh). */
 static void
 op_direct (void)
 {
