@@ -137,6 +137,27 @@ static const struct ssd_dev_ops fdev_ops = {
   fdev_pwrite, fdev_pread, fdev_flush, fdev_close,
 };
 
+static int
+zero_fill (int fd, uint64_t size)
+{
+  const size_t chunk = 1u << 20;
+  void *z;
+  int r = 0;
+
+  if (posix_memalign (&z, SSD_ALIGN, chunk) != 0) {
+    errno = ENOMEM;
+    return -1;
+  }
+  memset (z, 0, chunk);
+  for (uint64_t off = 0; off < size && r == 0; off += chunk) {
+    size_t n = size - off < chunk ? (size_t) (size - off) : chunk;
+    if (pwrite (fd, z, n, (off_t) off) != (ssize_t) n)
+      r = -1;
+  }
+  free (z);
+  return r == 0 ? fdatasync (fd) : -1;
+}
+
 struct ssd_dev *
 ssd_dev_open_file (const char *path, uint64_t create_size, bool readonly,
                    char *err, size_t errlen)
@@ -177,8 +198,13 @@ ssd_dev_open_file (const char *path, uint64_t create_size, bool readonly,
   } else if (S_ISREG (st.st_mode)) {
     f->d.size = (uint64_t) st.st_size;
     if (f->d.size == 0 && !readonly && create_size > 0) {
-      /* Allocated now: a full file system fails here, not at a write. */
+      /* Allocated now: a full file system fails here, not at a write;
+       * and written (zeros): the first lap of the log would otherwise pay
+       * at each flush for the file system's conversion of unwritten
+       * extents (a journal commit per fdatasync). */
       int r = posix_fallocate (fd, 0, (off_t) create_size);
+      if (r == 0 && zero_fill (fd, create_size) == -1)
+        r = errno;
       if (r != 0) {
         snprintf (err, errlen, "%s: allocating %" PRIu64 " bytes: %s", path,
                   create_size, strerror (r));
