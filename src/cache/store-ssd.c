@@ -875,14 +875,22 @@ ssd_recover (struct store *s, store_recover_fn fn, void *arg,
     unsigned char *d = ssd_data (s, slot);
     uint64_t *lg = p->logged + (size_t) slot * p->mwords;
     p->log_folio[slot] = order[k];
-    for (uint32_t b = 0; b < p->bpf; b++) {
+    for (uint32_t b = 0, run_end = 0; b < p->bpf; b++) {
       struct rblock *rb = &f->b[b];
       if (rb->state != R_DATA)
         continue;
-      if (p->dev->ops->pread (p->dev, d + (size_t) b * p->bs, p->bs,
-                              rb->pos) == -1) {
-        ret = -1;
-        break;
+      if (b >= run_end) {
+        /* Blocks next to each other in the log too: one read. */
+        run_end = b + 1;
+        while (run_end < p->bpf && f->b[run_end].state == R_DATA &&
+               f->b[run_end].pos == f->b[run_end - 1].pos + p->bs)
+          run_end++;
+        if (p->dev->ops->pread (p->dev, d + (size_t) b * p->bs,
+                                (size_t) (run_end - b) * p->bs,
+                                rb->pos) == -1) {
+          ret = -1;
+          break;
+        }
       }
       if (ssd_data_crc (d + (size_t) b * p->bs, p->bs) != rb->crc) {
         memset (d + (size_t) b * p->bs, 0, p->bs);
