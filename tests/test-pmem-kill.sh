@@ -12,7 +12,9 @@
 #
 # PMEM_KILL_ROUNDS (100; make check-crash: 1000), PMEM_KILL_SEED=N replays
 # one seed (printed first), STORE=ram runs the same loop on the ram store
-# (it loses acknowledged writes: a demonstration that the test sees it).
+# (it loses acknowledged writes: a demonstration that the test sees it),
+# STORE=ssd on the SSD log store (only FLUSHed and FUA writes must survive
+# there: tests/test-ssd-kill.sh).
 . "$(dirname "$0")/lib.sh"
 lib_init pmem-kill 64
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
@@ -26,13 +28,15 @@ img=$tmp/img
 random_file "$img" 16
 case ${STORE:-pmem} in
 pmem) store=",store=pmem:$tmp/store" ;;
+ssd)  store=",store=ssd:$tmp/store" ;;   # keeps what FLUSH/FUA made durable
 ram)  store="" ;;
-*)    fail "STORE=${STORE}: pmem or ram" ;;
+*)    fail "STORE=${STORE}: pmem, ssd or ram" ;;
 esac
 SOCK=$tmp/sock
 FOLIOD_LOG=$tmp/foliod.log
 driver=(/usr/bin/python3 "$TOP/tests/tools/pmem-kill.py" --socket "$SOCK"
         --backing "$img" --seed "$seed" --tscale "$TSCALE")
+[ "${STORE:-pmem}" = ssd ] && driver+=(--flushed-only)
 
 # The control: nbdkit's file plugin writes to the file before it replies,
 # so a kill loses nothing it acknowledged; the model must agree.

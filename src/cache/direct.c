@@ -272,6 +272,14 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
     x->kind = FIX_FAILED;
   fix_cached (c, x);
   range_unlock (c, start, end);
+  /* A FUA request is answered as durable: on a deferred store the cached
+   * copy's new state (clean, new data) must be durable too, or a crash
+   * brings the store's older dirty version back over the backing. */
+  if (r == 0 && (flags & CACHE_FUA) && (c->store->caps & STORE_DEFERRED) &&
+      cache_store_sync (c) == -1) {
+    err = errno;
+    r = -1;
+  }
   errno = err;
   return r;
 }

@@ -4,9 +4,11 @@
 #include <string.h>
 
 #include "foliod/store.h"
+#include "cache/ssd-layout.h"
 
 static const struct store_kind kinds[] = {
   { "pmem", store_pmem_open, store_pmem_inspect, store_pmem_read_header },
+  { "ssd", store_ssd_open, store_ssd_inspect, store_ssd_read_header },
 };
 
 #define NKINDS (sizeof kinds / sizeof kinds[0])

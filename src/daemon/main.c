@@ -427,8 +427,9 @@ log_store (const struct daemon_export *e)
               (unsigned long long) si.recovered_bytes,
               (unsigned long long) si.recovered_dirty_bytes,
               (unsigned long long) si.recover_ms,
-              si.was_clean ? " (warm: every block kept)"
-                           : " (only dirty blocks trusted)");
+              !si.was_clean ? " (only dirty blocks trusted)"
+              : si.recovered_folios ? " (warm: every block kept)"
+              : " (nothing to replay)");
   if (si.warm_dropped)
     log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
               "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);
@@ -437,6 +438,11 @@ log_store (const struct daemon_export *e)
                "their %llu dirty bytes belong to no known offset and are "
                "written nowhere (DATA LOST)", e->cfg.name, e->cfg.store,
                (unsigned) si.bad_entries,
+               (unsigned long long) si.lost_bytes);
+  else if (si.lost_bytes)
+    log_error ("export %s: store %s: %llu dirty bytes failed their checksum "
+               "and are written nowhere (DATA LOST; 'foliod store inspect' "
+               "lists their ranges)", e->cfg.name, e->cfg.store,
                (unsigned long long) si.lost_bytes);
 }
 

@@ -22,6 +22,11 @@ read back and checked against the model:
   b.  Anything else -- an acknowledged write missing, an overwritten one
   back, data never written to b -- is a failure.
 
+With --flushed-only (a store that keeps only what FLUSH or FUA made
+durable, as store=ssd: does; its memory dies with the process), read
+"acknowledged" above as "durable": acknowledged with FUA, or acknowledged
+before a FLUSH (on any connection) was issued whose reply came back.
+
 "Issued" is taken before the request is handed to libnbd and
 "acknowledged" when the reply has been read, so "issued after
 acknowledged" in the driver implies it on the wire.  Write data are
@@ -73,6 +78,8 @@ def parse():
     p.add_argument("--vary", default="",
                    help="options appended to --export at about half of the "
                         "starts (chosen by the seed), e.g. a dirty-limit")
+    p.add_argument("--flushed-only", action="store_true",
+                   help="only FLUSHed and FUA writes must survive a kill")
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--log", default=None, help="foliod's output (appended)")
@@ -204,6 +211,7 @@ class Run:
         self.size = len(self.model)
         self.proc = None
         self.round = 0
+        self.last_flush = 0
         self.wid = itertools.count(1)
         self.stop = threading.Event()
         self.can_fua = False
@@ -319,6 +327,8 @@ class Run:
                 raise c.exc
             c.h = None                 # closes the handle (refcount)
         writes = [w for c in clients for w in c.writes]
+        self.last_flush = max((f[0] for c in clients for f in c.flushes
+                               if f[1] is not None), default=0)
         self.check_errors(clients, kill_seq)
         h, took = self.start()
         data = self.read_all(h)
@@ -386,10 +396,16 @@ class Run:
                 nxt += 1
             self.verify_segment(data, a, b, active)
 
+    def sure(self, w):
+        """Must w survive the kill?"""
+        if w.ack is None:
+            return False
+        return not self.a.flushed_only or w.fua or self.last_flush > w.ack
+
     def candidates(self, a, active):
         """(label, source bytes, offset in source of byte a) per value the
         segment starting at a may hold."""
-        acked = [w for w in active if w.ack is not None]
+        acked = [w for w in active if self.sure(w)]
         newest_issue = max((w.issue for w in acked), default=-1)
         cands = [] if acked else [("before the round", self.model, a)]
         for w in active:

@@ -1,0 +1,1280 @@
+/* The SSD log store (store=ssd:PATH): folio memory in RAM, as the ram
+ * store, made durable by a write-back log on a file or a block device
+ * (the layout: ssd-layout.h).  The shape of the journals that are fast on
+ * SSDs (jbd2, dm-writecache's SSD mode, Ceph PWL's ssd mode): appended,
+ * sequential, O_DIRECT, one device flush per group commit.
+ *
+ * What persist() names is only noted (STORE_DEFERRED):
+ *  - data of a slot: its blocks are "wanted" in the log;
+ *  - a slot's bitmap: if the set of blocks that must survive a crash
+ *    (dirty or unstable) differs from what the log holds for the slot,
+ *    the slot is queued.
+ * sync() is the group commit: one commit at a time, and every sync()
+ * that arrives while one runs shares the next.  A commit takes the queued
+ * slots under the lock, and for each block decides from the bitmap as it
+ * is then: a block that must survive and is wanted (or not in the log
+ * yet) gets a data record with its data as it is now in RAM; a block the
+ * log holds that no longer must survive (written back and flushed, or
+ * overwritten on the backing directly) gets a "clean" record, so that
+ * recovery never writes an old version over the backing.  Then the
+ * batches go out in one or a few large sequential writes, and one device
+ * flush (fdatasync) makes them durable.  Data is copied at commit time,
+ * not at persist: repeated writes to a block between two FLUSHes cost
+ * one record, and the log's memory is the cache's own.
+ *
+ * Slot reuse (may_reuse): a slot takes a new folio once the log holds
+ * nothing live for its old one and the commit that said so is durable.
+ *
+ * Reclaim (first step, see foliod.conf(5)): before a commit that would
+ * leave less free log than a compaction needs, the commit is a
+ * compaction instead: every block that must survive, of every slot, is
+ * written again at the head, flushed, and then the superblock's
+ * checkpoint moves the log's start to it (a second flush).  The log must
+ * hold two compactions (the open refuses a smaller one); a commit never
+ * waits for space and never fails for want of it.  A live block is at
+ * most the cache's size, so the dirty thresholds of the cache bound the
+ * log too.
+ *
+ * Recovery (open): the newer valid superblock; after a clean stop nothing
+ * is replayed.  Otherwise the batches from the checkpoint on, while each
+ * header is sound and continues the sequence (a bad header ends the log:
+ * a torn tail, never flushed); the newest record of each block wins.  A
+ * block whose data crc fails is damage if a later batch says the log was
+ * flushed past it (reported, counted in lost_blocks, and never written
+ * anywhere: not even an older version of it), else a torn write (the
+ * older version stands).  The folios that hold live blocks go into slots
+ * (the log never holds more live folios than the cache has slots: a slot
+ * is reused only when its old folio's records are dead and durable), dirty.
+ * Every open starts a new epoch in the superblock before the first new
+ * batch: leftovers after the recovered end never continue the log. */
+#define _GNU_SOURCE
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "foliod/store.h"
+#include "cache/ssd-layout.h"
+
+#define WBUF_BYTES (4u << 20)   /* the commit's write buffer */
+
+struct recovered;
+
+struct store_ssd {
+  struct store s;   /* first: the base */
+  struct ssd_dev *dev;
+  const char *path;
+  char *path_buf;
+  unsigned char *data;
+  size_t data_len;
+  uint64_t *bitmaps;
+  uint32_t bpf, bs, mwords;      /* blocks per folio, block size, mask words */
+
+  pthread_mutex_t mu;            /* everything below; never held over I/O */
+  pthread_cond_t cv;
+  /* per slot */
+  uint64_t *log_folio;           /* the folio the log's records name */
+  uint64_t *logged;              /* mwords each: live in the log (or in
+                                  * the commit under way) */
+  uint64_t *want;                /* mwords each: data persisted since */
+  uint32_t *nlogged;
+  uint64_t *slot_commit;         /* the commit that last wrote for it */
+  bool *queued;
+  uint32_t *queue, nqueue;
+  /* commits */
+  bool running;
+  uint64_t started, done;        /* commits begun, and durable */
+  int err;                       /* sticky */
+  /* the log (lsn: offsets in the endless log) */
+  struct ssd_super sb;
+  int sb_cur;
+  bool sb_dirty;                 /* the superblock says clean: unsay it */
+  uint64_t head, next_seq, flushed;
+  uint64_t cmax;                 /* ssd_compaction_max */
+  unsigned char *wbuf;
+  /* what open found */
+  bool formatted, was_clean;
+  struct recovered *rec;
+  struct ssd_stats st;
+};
+
+#define SS(s) ((struct store_ssd *) (s))
+
+static bool
+mtest (const uint64_t *m, uint32_t b)
+{
+  return m[b / 64] & (1ull << (b % 64));
+}
+
+static void
+mset (uint64_t *m, uint32_t b, bool on)
+{
+  if (on)
+    m[b / 64] |= 1ull << (b % 64);
+  else
+    m[b / 64] &= ~(1ull << (b % 64));
+}
+
+static bool
+plane_test (const uint64_t *bits, uint32_t bpf, int plane, uint32_t b)
+{
+  uint32_t i = (uint32_t) plane * bpf + b;
+  return bits[i / 64] & (1ull << (i % 64));
+}
+
+/* Must block b of the slot survive a crash (dirty or unstable)? */
+static bool
+block_live (struct store_ssd *p, uint32_t slot, uint32_t b)
+{
+  const uint64_t *bits = p->bitmaps + (size_t) slot * p->s.bitmap_words;
+  return plane_test (bits, p->bpf, FP_DIRTY, b) ||
+         plane_test (bits, p->bpf, FP_UNSTABLE, b);
+}
+
+static void *
+ssd_data (struct store *s, uint32_t slot)
+{
+  return SS (s)->data + (size_t) slot * s->folio_size;
+}
+
+static uint64_t *
+ssd_bitmap (struct store *s, uint32_t slot)
+{
+  return SS (s)->bitmaps + (size_t) slot * s->bitmap_words;
+}
+
+static void
+queue_slot (struct store_ssd *p, uint32_t slot)
+{
+  if (!p->queued[slot]) {
+    p->queued[slot] = true;
+    p->queue[p->nqueue++] = slot;
+  }
+}
+
+static void
+ssd_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
+{
+  struct store_ssd *p = SS (s);
+
+  pthread_mutex_lock (&p->mu);
+  if (folio_index != STORE_NO_FOLIO) {
+    /* may_reuse allowed it: nothing of the old folio is live. */
+    p->log_folio[slot] = folio_index;
+    memset (p->want + (size_t) slot * p->mwords, 0, p->mwords * 8);
+  }
+  pthread_mutex_unlock (&p->mu);
+}
+
+static int
+ssd_persist (struct store *s, const void *ptr, size_t len)
+{
+  struct store_ssd *p = SS (s);
+  const unsigned char *c = ptr;
+
+  if (len == 0)
+    return 0;
+  pthread_mutex_lock (&p->mu);
+  if (c >= p->data && c < p->data + p->data_len) {
+    size_t off = (size_t) (c - p->data);
+    uint32_t slot = (uint32_t) (off / s->folio_size);
+    uint32_t b0 = (uint32_t) (off % s->folio_size / p->bs);
+    uint32_t b1 = (uint32_t) ((off % s->folio_size + len - 1) / p->bs);
+    uint64_t *w = p->want + (size_t) slot * p->mwords;
+    for (uint32_t b = b0; b <= b1 && b < p->bpf; b++)
+      mset (w, b, true);
+    queue_slot (p, slot);
+  } else {
+    size_t off = (size_t) ((const uint64_t *) ptr - p->bitmaps);
+    uint32_t slot = (uint32_t) (off / s->bitmap_words);
+    const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+    for (uint32_t b = 0; b < p->bpf; b++)
+      if (block_live (p, slot, b) != mtest (lg, b)) {
+        queue_slot (p, slot);
+        break;
+      }
+  }
+  pthread_mutex_unlock (&p->mu);
+  return 0;
+}
+
+static bool
+ssd_may_reuse (struct store *s, uint32_t slot)
+{
+  struct store_ssd *p = SS (s);
+  bool r;
+
+  pthread_mutex_lock (&p->mu);
+  r = p->nlogged[slot] == 0 && p->slot_commit[slot] <= p->done;
+  if (r && p->queued[slot])      /* only if it would log nothing */
+    for (uint32_t b = 0; b < p->bpf && r; b++)
+      r = !block_live (p, slot, b);
+  pthread_mutex_unlock (&p->mu);
+  return r;
+}
+
+/* --- the commit --- */
+
+struct pend {
+  uint64_t folio;
+  uint32_t slot, block;
+  bool clean;
+};
+
+struct plist {
+  struct pend *v;
+  size_t n, cap;
+};
+
+static int
+plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
+           bool clean)
+{
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 1024;
+    struct pend *v = realloc (l->v, cap * sizeof *v);
+    if (v == NULL)
+      return -1;
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = (struct pend) { folio, slot, block, clean };
+  return 0;
+}
+
+/* Under mu: the records slot needs now (all: a compaction, every live
+ * block again), and the log's view of the slot as if they were written.
+ * Clean records go to cl, data records to dl: a commit writes every clean
+ * record before any data record, because a folio evicted from one slot
+ * may be in another already, written again, and the old slot's clean
+ * records must not follow the new slot's data. */
+static int
+collect_slot (struct store_ssd *p, uint32_t slot, bool all, uint64_t commit,
+              struct plist *cl, struct plist *dl)
+{
+  uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+  uint64_t *w = p->want + (size_t) slot * p->mwords;
+  uint64_t fi = p->log_folio[slot];
+  bool wrote = false;
+
+  for (uint32_t b = 0; b < p->bpf; b++) {
+    bool live = block_live (p, slot, b), in = mtest (lg, b);
+    if (live && (all || mtest (w, b) || !in)) {
+      if (plist_add (dl, fi, slot, b, false) == -1)
+        return -1;
+      wrote = true;
+    } else if (!live && in) {
+      if (plist_add (cl, fi, slot, b, true) == -1)
+        return -1;
+      wrote = true;
+    }
+    if (live != in) {
+      mset (lg, b, live);
+      p->nlogged[slot] += live ? 1 : (uint32_t) -1;
+    }
+  }
+  memset (w, 0, p->mwords * 8);
+  if (wrote)
+    p->slot_commit[slot] = commit;
+  return 0;
+}
+
+/* The bytes a batch of n entries with nd data blocks takes. */
+static uint64_t
+batch_bytes (const struct store_ssd *p, uint32_t nd)
+{
+  uint64_t d = (uint64_t) nd * p->bs;
+  return SSD_ALIGN + (d + SSD_ALIGN - 1) / SSD_ALIGN * SSD_ALIGN;
+}
+
+static uint32_t
+batch_data_max (const struct store_ssd *p)
+{
+  uint32_t per = SSD_BATCH_DATA / p->bs;
+  if (per > SSD_ENTRIES)
+    per = SSD_ENTRIES;
+  return per ? per : 1;
+}
+
+/* The batches of l[0, n) appended at p->head: written in runs as large as
+ * the buffer, never across the end of the ring.  Not flushed. */
+static int
+write_batches (struct store_ssd *p, const struct pend *v, size_t n,
+               bool compact, uint64_t *first)
+{
+  uint64_t C = p->sb.log_bytes;
+  uint64_t run_lsn = p->head;   /* where wbuf[0] goes */
+  size_t used = 0, i = 0;
+  uint32_t dmax = batch_data_max (p);
+
+  while (i < n) {
+    /* The next batch: up to SSD_ENTRIES entries, dmax data blocks. */
+    size_t j = i;
+    uint32_t nd = 0;
+    while (j < n && j - i < SSD_ENTRIES && (v[j].clean || nd < dmax))
+      nd += !v[j++].clean;
+    uint64_t len = batch_bytes (p, nd);
+    uint64_t lsn = run_lsn + used;
+    /* A run is one write: it ends at the ring's end and when full. */
+    if (lsn % C + len > C || (used > 0 && lsn % C == 0) ||
+        used + len > WBUF_BYTES) {
+      if (used > 0 &&
+          p->dev->ops->pwrite (p->dev, p->wbuf, used,
+                               p->sb.log_off + run_lsn % C) == -1)
+        return -1;
+      run_lsn += used;
+      used = 0;
+      if (run_lsn % C + len > C)
+        run_lsn += C - run_lsn % C;   /* the next lap */
+      lsn = run_lsn;
+    }
+    if (i == 0)
+      *first = lsn;
+    /* Never over the log's start (commit keeps room: see its check). */
+    assert (lsn + len <= p->sb.tail_lsn + C);
+    struct ssd_batch *h = (struct ssd_batch *) (p->wbuf + used);
+    struct ssd_entry *e = ssd_batch_entries (h);
+    unsigned char *d = p->wbuf + used + SSD_ALIGN;
+    memset (h, 0, SSD_ALIGN);
+    memcpy (h->magic, SSD_BATCH_MAGIC, sizeof h->magic);
+    memcpy (h->uuid, p->sb.uuid, sizeof h->uuid);
+    h->seq = p->next_seq++;
+    h->epoch = p->sb.epoch;
+    h->lsn = lsn;
+    h->flushed_lsn = p->flushed;
+    h->nentries = (uint32_t) (j - i);
+    h->ndata = nd;
+    if (compact)
+      h->flags = (i == 0 ? SSD_BATCH_FIRST : 0) | (j == n ? SSD_BATCH_LAST : 0);
+    for (size_t k = i; k < j; k++, e++) {
+      e->folio = v[k].folio;
+      e->block = v[k].block;
+      if (v[k].clean) {
+        e->flags = SSD_ENT_CLEAN;
+        continue;
+      }
+      /* The block as it is now (a writer may be changing it: its own
+       * persist queued it again). */
+      memcpy (d, p->data + (size_t) v[k].slot * p->s.folio_size +
+              (size_t) v[k].block * p->bs, p->bs);
+      e->crc = ssd_data_crc (d, p->bs);
+      d += p->bs;
+    }
+    memset (d, 0, (size_t) (p->wbuf + used + len - d));
+    h->crc = ssd_batch_crc (h);
+    used += len;
+    p->st.batches++;
+    p->st.records += j - i;
+    i = j;
+  }
+  if (used > 0 &&
+      p->dev->ops->pwrite (p->dev, p->wbuf, used,
+                           p->sb.log_off + run_lsn % C) == -1)
+    return -1;
+  p->head = run_lsn + used;
+  return 0;
+}
+
+static uint64_t
+now_ns (void)
+{
+  struct timespec t;
+  clock_gettime (CLOCK_MONOTONIC, &t);
+  return (uint64_t) t.tv_sec * 1000000000u + (uint64_t) t.tv_nsec;
+}
+
+/* One commit (only one runs at a time: p->running).  0 or -1/errno. */
+static int
+commit (struct store_ssd *p, uint64_t me)
+{
+  struct plist l = { 0 }, dl = { 0 };
+  bool compact, sb_dirty;
+  uint64_t t0 = now_ns (), start;
+  int r = 0;
+
+  pthread_mutex_lock (&p->mu);
+  /* Will what the queue may write fit, leaving room for a compaction? */
+  uint64_t est = (uint64_t) p->nqueue * p->bpf * p->bs +
+                 ((uint64_t) p->nqueue * p->bpf / batch_data_max (p) + 2) *
+                 2 * SSD_ALIGN +
+                 batch_bytes (p, batch_data_max (p));   /* the ring's end */
+  compact = (p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax;
+  for (uint32_t i = 0; i < p->nqueue; i++)
+    p->queued[p->queue[i]] = false;
+  if (compact) {
+    for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
+      r = collect_slot (p, s, true, me, &l, &dl);
+  } else {
+    for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
+      r = collect_slot (p, p->queue[i], false, me, &l, &dl);
+  }
+  for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
+    r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
+  free (dl.v);
+  p->nqueue = 0;
+  /* After a clean stop the superblock says "replay nothing": it says
+   * otherwise before the first record counts. */
+  sb_dirty = p->sb_dirty && l.n > 0;
+  if (sb_dirty)
+    p->sb_dirty = false;
+  pthread_mutex_unlock (&p->mu);
+  if (r == -1) {
+    free (l.v);
+    errno = ENOMEM;
+    return -1;
+  }
+  if (l.n == 0 && !compact) {
+    free (l.v);
+    return 0;                   /* nothing was persisted since */
+  }
+  if (sb_dirty) {               /* the same flush covers both */
+    p->sb.flags &= ~SSD_FLAG_CLEAN;
+    if (ssd_super_write (p->dev, &p->sb, &p->sb_cur) == -1)
+      goto fail;
+  }
+  start = p->head;
+  uint64_t start_seq = p->next_seq;
+  if (write_batches (p, l.v, l.n, compact, &start) == -1 ||
+      p->dev->ops->flush (p->dev) == -1)
+    goto fail;
+  p->flushed = p->head;
+  if (compact) {
+    /* Every live block is in the log from start on: the log begins there. */
+    p->sb.tail_lsn = start;
+    p->sb.tail_seq = start_seq;
+    if (ssd_super_write (p->dev, &p->sb, &p->sb_cur) == -1 ||
+        p->dev->ops->flush (p->dev) == -1)
+      goto fail;
+    p->st.compactions++;
+  }
+  free (l.v);
+  uint64_t dt = now_ns () - t0;
+  p->st.syncs++;
+  p->st.sync_ns_total += dt;
+  if (dt > p->st.sync_ns_max)
+    p->st.sync_ns_max = dt;
+  return 0;
+
+ fail:
+  r = errno;
+  free (l.v);
+  errno = r;
+  return -1;
+}
+
+static int
+ssd_sync (struct store *s)
+{
+  struct store_ssd *p = SS (s);
+  int err;
+
+  pthread_mutex_lock (&p->mu);
+  uint64_t need = p->started + 1;   /* a commit that begins after now */
+  while (p->done < need && p->err == 0) {
+    if (p->running) {
+      pthread_cond_wait (&p->cv, &p->mu);
+      continue;
+    }
+    p->running = true;
+    uint64_t me = ++p->started;
+    pthread_mutex_unlock (&p->mu);
+    int r = commit (p, me), e = errno;
+    pthread_mutex_lock (&p->mu);
+    p->running = false;
+    if (r == 0)
+      p->done = me;
+    else
+      p->err = e ? e : EIO;
+    pthread_cond_broadcast (&p->cv);
+  }
+  err = p->err;
+  pthread_mutex_unlock (&p->mu);
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return 0;
+}
+
+static int
+ssd_mark_clean (struct store *s)
+{
+  struct store_ssd *p = SS (s);
+  int r;
+
+  if (ssd_sync (s) == -1)
+    return -1;
+  pthread_mutex_lock (&p->mu);
+  while (p->running)
+    pthread_cond_wait (&p->cv, &p->mu);
+  p->running = true;            /* no commit meanwhile */
+  pthread_mutex_unlock (&p->mu);
+  /* Everything was written back and the backing flushed: nothing in the
+   * log is live.  The checkpoint says so. */
+  p->sb.flags |= SSD_FLAG_CLEAN;
+  p->sb.tail_lsn = p->head;
+  p->sb.tail_seq = p->next_seq;
+  r = ssd_super_write (p->dev, &p->sb, &p->sb_cur);
+  if (r == 0)
+    r = p->dev->ops->flush (p->dev);
+  int e = errno;
+  pthread_mutex_lock (&p->mu);
+  p->running = false;
+  p->sb_dirty = true;
+  if (r == -1 && p->err == 0)
+    p->err = e;
+  pthread_cond_broadcast (&p->cv);
+  pthread_mutex_unlock (&p->mu);
+  errno = e;
+  return r;
+}
+
+void
+store_ssd_stats (struct store *s, struct ssd_stats *out)
+{
+  struct store_ssd *p = SS (s);
+
+  pthread_mutex_lock (&p->mu);
+  *out = p->st;
+  out->log_used = p->head - p->sb.tail_lsn;
+  out->log_bytes = p->sb.log_bytes;
+  pthread_mutex_unlock (&p->mu);
+}
+
+static void
+ssd_info (struct store *s, struct store_info *out)
+{
+  struct store_ssd *p = SS (s);
+
+  out->granularity = "log";
+  out->formatted = p->formatted;
+  out->was_clean = p->was_clean;
+}
+
+/* --- recovery --- */
+
+enum rstate { R_NONE, R_DATA, R_CLEAN, R_LOST };
+
+struct rblock {
+  uint64_t pos;     /* R_DATA: the data's byte offset on the device */
+  uint32_t crc;
+  uint8_t state;
+};
+
+struct rfolio {
+  uint64_t folio;
+  struct rblock *b;
+};
+
+/* What the scan found: folios by index (open addressing). */
+struct run {
+  uint64_t epoch, flushed;
+};
+
+struct recovered {
+  struct rfolio *t;
+  size_t cap, n;
+  struct run *runs;
+  size_t nruns;
+  uint64_t lost_blocks, batches, records;
+  uint64_t end_lsn;
+  /* the compaction being read, and the last complete one */
+  bool in_comp, comp_sound, comp_found;
+  uint64_t comp_lsn, comp_seq, found_lsn, found_seq;
+};
+
+static uint64_t
+hash64 (uint64_t v)
+{
+  v ^= v >> 33;
+  v *= 0xff51afd7ed558ccdull;
+  v ^= v >> 33;
+  return v;
+}
+
+static struct rfolio *
+rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
+{
+  if (2 * (r->n + 1) > r->cap) {
+    size_t cap = r->cap ? 2 * r->cap : 1024;
+    struct rfolio *t = calloc (cap, sizeof *t);
+    if (t == NULL)
+      return NULL;
+    for (size_t i = 0; i < r->cap; i++)
+      if (r->t[i].b) {
+        size_t h = hash64 (r->t[i].folio) & (cap - 1);
+        while (t[h].b)
+          h = (h + 1) & (cap - 1);
+        t[h] = r->t[i];
+      }
+    free (r->t);
+    r->t = t;
+    r->cap = cap;
+  }
+  size_t h = hash64 (folio) & (r->cap - 1);
+  while (r->t[h].b && r->t[h].folio != folio)
+    h = (h + 1) & (r->cap - 1);
+  if (r->t[h].b == NULL) {
+    r->t[h].b = calloc (bpf, sizeof *r->t[h].b);
+    if (r->t[h].b == NULL)
+      return NULL;
+    r->t[h].folio = folio;
+    r->n++;
+  }
+  return &r->t[h];
+}
+
+static void
+rec_free (struct recovered *r)
+{
+  if (r == NULL)
+    return;
+  for (size_t i = 0; i < r->cap; i++)
+    free (r->t[i].b);
+  free (r->t);
+  free (r->runs);
+  free (r);
+}
+
+/* Is the header at lsn the batch that continues the log?  (*h read.) */
+static bool
+batch_ok (const struct store_ssd *p, const struct ssd_batch *h, uint64_t lsn,
+          uint64_t seq, uint64_t epoch_min)
+{
+  uint64_t C = p->sb.log_bytes;
+
+  return memcmp (h->magic, SSD_BATCH_MAGIC, sizeof h->magic) == 0 &&
+         memcmp (h->uuid, p->sb.uuid, sizeof h->uuid) == 0 &&
+         h->seq == seq && h->lsn == lsn && h->epoch >= epoch_min &&
+         h->epoch <= p->sb.epoch && h->nentries <= SSD_ENTRIES &&
+         h->ndata <= h->nentries &&
+         lsn % C + batch_bytes (p, h->ndata) <= C &&
+         h->crc == ssd_batch_crc (h);
+}
+
+/* Walk the log from the checkpoint: fn for each batch (h in buf, the data
+ * too when with_data).  Returns the number of batches, *end the lsn after
+ * the last; -1 on an I/O error or fn's. */
+typedef int scan_fn (struct store_ssd *p, const struct ssd_batch *h,
+                     const unsigned char *data, void *arg);
+
+static int64_t
+scan (struct store_ssd *p, unsigned char *buf, bool with_data,
+      scan_fn *fn, void *arg, uint64_t *end)
+{
+  uint64_t C = p->sb.log_bytes, lsn = p->sb.tail_lsn, seq = p->sb.tail_seq;
+  uint64_t epoch = 0;
+  int64_t n = 0;
+  struct ssd_batch *h = (struct ssd_batch *) buf;
+
+  while (lsn - p->sb.tail_lsn < C) {
+    bool ok = false;
+    uint64_t at = lsn;
+    for (int tries = 0; tries < 2 && !ok; tries++) {
+      if (tries == 1) {
+        if (lsn % C == 0)
+          break;
+        at = lsn + C - lsn % C;   /* a batch that did not fit: next lap */
+        if (at - p->sb.tail_lsn >= C)
+          break;
+      }
+      if (p->dev->ops->pread (p->dev, buf, SSD_ALIGN,
+                              p->sb.log_off + at % C) == -1)
+        return -1;
+      ok = batch_ok (p, h, at, seq, epoch);
+    }
+    if (!ok)
+      break;                   /* the end: the log goes on from lsn */
+    lsn = at;
+    uint64_t len = batch_bytes (p, h->ndata);
+    if (with_data && len > SSD_ALIGN &&
+        p->dev->ops->pread (p->dev, buf + SSD_ALIGN, len - SSD_ALIGN,
+                            p->sb.log_off + lsn % C + SSD_ALIGN) == -1)
+      return -1;
+    if (fn (p, h, buf + SSD_ALIGN, arg) == -1)
+      return -1;
+    epoch = h->epoch;
+    lsn += len;
+    seq++;
+    n++;
+  }
+  *end = lsn;
+  return n;
+}
+
+/* The first pass: per epoch (one run of foliod), how far its headers say
+ * the log was flushed.  Only a run's own headers count: the next run's
+ * first flushed_lsn covers a torn tail that it found and left. */
+static int
+note_flushed (struct store_ssd *p, const struct ssd_batch *h,
+              const unsigned char *data, void *arg)
+{
+  struct recovered *r = arg;
+
+  (void) p; (void) data;
+  if (r->nruns == 0 || r->runs[r->nruns - 1].epoch != h->epoch) {
+    struct run *v = realloc (r->runs, (r->nruns + 1) * sizeof *v);
+    if (v == NULL)
+      return -1;
+    r->runs = v;
+    r->runs[r->nruns++] = (struct run) { h->epoch, 0 };
+  }
+  if (h->flushed_lsn > r->runs[r->nruns - 1].flushed)
+    r->runs[r->nruns - 1].flushed = h->flushed_lsn;
+  return 0;
+}
+
+static uint64_t
+run_flushed (const struct recovered *r, uint64_t epoch)
+{
+  for (size_t i = 0; i < r->nruns; i++)
+    if (r->runs[i].epoch == epoch)
+      return r->runs[i].flushed;
+  return 0;
+}
+
+static int
+apply_batch (struct store_ssd *p, const struct ssd_batch *h,
+             const unsigned char *data, void *arg)
+{
+  struct recovered *r = arg;
+  const struct ssd_entry *e = ssd_batch_entries ((struct ssd_batch *) h);
+  uint64_t dpos = p->sb.log_off + h->lsn % p->sb.log_bytes + SSD_ALIGN;
+  bool flushed = h->lsn + batch_bytes (p, h->ndata) <=
+                 run_flushed (r, h->epoch);
+
+  r->batches++;
+  if (h->flags & SSD_BATCH_FIRST) {
+    r->in_comp = r->comp_sound = true;
+    r->comp_lsn = h->lsn;
+    r->comp_seq = h->seq;
+  }
+  for (uint32_t i = 0; i < h->nentries; i++, e++) {
+    r->records++;
+    if (e->block >= p->bpf) {
+      errno = EBADMSG;
+      return -1;
+    }
+    struct rfolio *f = rec_get (r, e->folio, p->bpf);
+    if (f == NULL)
+      return -1;
+    struct rblock *b = &f->b[e->block];
+    if (e->flags & SSD_ENT_CLEAN) {
+      b->state = R_CLEAN;
+      continue;
+    }
+    if (ssd_data_crc (data, p->bs) == e->crc) {
+      b->state = R_DATA;
+      b->pos = dpos;
+      b->crc = e->crc;
+    } else if (flushed) {
+      b->state = R_LOST;        /* damage: no version of it is trusted */
+    }                           /* else torn, never flushed: the older stays */
+    if (ssd_data_crc (data, p->bs) != e->crc)
+      r->comp_sound = false;
+    data += p->bs;
+    dpos += p->bs;
+  }
+  if ((h->flags & SSD_BATCH_LAST) && r->in_comp && r->comp_sound) {
+    r->comp_found = true;
+    r->found_lsn = r->comp_lsn;
+    r->found_seq = r->comp_seq;
+  }
+  if (h->flags & SSD_BATCH_LAST)
+    r->in_comp = false;
+  return 0;
+}
+
+/* After an unclean stop: what the log holds, into p->rec. */
+static int
+recover_scan (struct store_ssd *p, char *err, size_t errlen)
+{
+  unsigned char *buf;
+  uint64_t end, end2;
+  int64_t n;
+  size_t blen = batch_bytes (p, batch_data_max (p));
+
+  if (posix_memalign ((void **) &buf, SSD_ALIGN, blen) != 0)
+    goto nomem;
+ again:
+  p->rec = calloc (1, sizeof *p->rec);
+  if (p->rec == NULL) {
+    free (buf);
+    goto nomem;
+  }
+  /* Headers first: how far a later batch says the log was flushed. */
+  n = scan (p, buf, false, note_flushed, p->rec, &end);
+  if (n >= 0)
+    n = scan (p, buf, true, apply_batch, p->rec, &end2);
+  if (n >= 0 && p->rec->comp_found && p->rec->found_lsn != p->sb.tail_lsn) {
+    /* A compaction whose checkpoint was lost: the log starts there (the
+     * open's superblock update records it). */
+    p->sb.tail_lsn = p->rec->found_lsn;
+    p->sb.tail_seq = p->rec->found_seq;
+    rec_free (p->rec);
+    p->rec = NULL;
+    goto again;
+  }
+  free (buf);
+  if (n < 0) {
+    snprintf (err, errlen, "%s: reading the log: %s", p->path,
+              strerror (errno));
+    return -1;
+  }
+  p->rec->end_lsn = end;
+  p->head = p->flushed = end;
+  p->next_seq = p->sb.tail_seq + (uint64_t) n;
+  return 0;
+
+ nomem:
+  snprintf (err, errlen, "%s: out of memory", p->path);
+  errno = ENOMEM;
+  return -1;
+}
+
+static int
+cmp_u64 (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  return x < y ? -1 : x > y;
+}
+
+static int
+ssd_recover (struct store *s, store_recover_fn fn, void *arg,
+             struct store_recovery *out)
+{
+  struct store_ssd *p = SS (s);
+  struct recovered *r = p->rec;
+  uint64_t *order;
+  size_t nf = 0;
+  uint32_t slot = 0;
+  int ret = 0;
+
+  if (r == NULL)
+    return 0;
+  out->lost_blocks = r->lost_blocks;
+  order = malloc ((r->n + 1) * sizeof *order);
+  if (order == NULL)
+    return -1;
+  for (size_t i = 0; i < r->cap; i++)
+    if (r->t[i].b)
+      for (uint32_t b = 0; b < p->bpf; b++)
+        if (r->t[i].b[b].state == R_DATA) {
+          order[nf++] = r->t[i].folio;
+          break;
+        }
+  qsort (order, nf, sizeof *order, cmp_u64);
+  for (size_t k = 0; k < nf && ret == 0; k++, slot++) {
+    struct rfolio *f = rec_get (r, order[k], p->bpf);
+    uint64_t *bits = ssd_bitmap (s, slot);
+    unsigned char *d = ssd_data (s, slot);
+    uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+    p->log_folio[slot] = order[k];
+    for (uint32_t b = 0, run_end = 0; b < p->bpf; b++) {
+      struct rblock *rb = &f->b[b];
+      if (rb->state != R_DATA)
+        continue;
+      if (b >= run_end) {
+        /* Blocks next to each other in the log too: one read. */
+        run_end = b + 1;
+        while (run_end < p->bpf && f->b[run_end].state == R_DATA &&
+               f->b[run_end].pos == f->b[run_end - 1].pos + p->bs)
+          run_end++;
+        if (p->dev->ops->pread (p->dev, d + (size_t) b * p->bs,
+                                (size_t) (run_end - b) * p->bs,
+                                rb->pos) == -1) {
+          ret = -1;
+          break;
+        }
+      }
+      if (ssd_data_crc (d + (size_t) b * p->bs, p->bs) != rb->crc) {
+        memset (d + (size_t) b * p->bs, 0, p->bs);
+        out->lost_blocks++;     /* it changed since the scan: damage */
+        continue;
+      }
+      uint32_t iu = FP_UPTODATE * p->bpf + b, id = FP_DIRTY * p->bpf + b;
+      bits[iu / 64] |= 1ull << (iu % 64);
+      bits[id / 64] |= 1ull << (id % 64);
+      mset (lg, b, true);
+      p->nlogged[slot]++;
+      out->dirty_blocks++;
+    }
+    if (ret == 0 && p->nlogged[slot] > 0) {
+      out->folios++;
+      ret = fn (arg, slot, order[k], bits);
+    }
+  }
+  free (order);
+  rec_free (r);
+  p->rec = NULL;
+  return ret;
+}
+
+/* --- open --- */
+
+static void
+ssd_destroy (struct store *s)
+{
+  struct store_ssd *p = SS (s);
+
+  if (p->dev)
+    p->dev->ops->close (p->dev);
+  if (p->data)
+    munmap (p->data, p->data_len);
+  free (p->bitmaps);
+  free (p->log_folio);
+  free (p->logged);
+  free (p->want);
+  free (p->nlogged);
+  free (p->slot_commit);
+  free (p->queued);
+  free (p->queue);
+  free (p->wbuf);
+  free (p->path_buf);
+  rec_free (p->rec);
+  pthread_mutex_destroy (&p->mu);
+  pthread_cond_destroy (&p->cv);
+  free (p);
+}
+
+static const struct store_ops ssd_ops = {
+  .name = "ssd",
+  .data = ssd_data,
+  .bitmap = ssd_bitmap,
+  .set_index = ssd_set_index,
+  .persist = ssd_persist,
+  .sync = ssd_sync,
+  .may_reuse = ssd_may_reuse,
+  .recover = ssd_recover,
+  .mark_clean = ssd_mark_clean,
+  .info = ssd_info,
+  .destroy = ssd_destroy,
+};
+
+#define FAIL(e, ...) \
+  do { snprintf (err, errlen, __VA_ARGS__); errno = (e); goto fail; } while (0)
+
+static int
+check_match (const struct ssd_super *sb, const struct store_config *cfg,
+             const char *path, char *err, size_t errlen)
+{
+  if (sb->folio_size != cfg->folio_size || sb->block_size != cfg->block_size ||
+      sb->nslots != cfg->nslots || sb->export_size != cfg->export_size) {
+    snprintf (err, errlen, "%s: store has another geometry: folio-size %"
+              PRIu32 ", block-size %" PRIu32 ", %" PRIu32 " slots, export %"
+              PRIu64 " bytes; the export wants %" PRIu32 ", %" PRIu32 ", %"
+              PRIu32 ", %" PRIu64, path, sb->folio_size, sb->block_size,
+              sb->nslots, sb->export_size, cfg->folio_size, cfg->block_size,
+              cfg->nslots, cfg->export_size);
+    errno = EINVAL;
+    return -1;
+  }
+  if (strcmp (sb->backing_spec, cfg->backing_spec) != 0 ||
+      sb->backing_size != cfg->backing_size) {
+    snprintf (err, errlen, "%s: store belongs to another backing: '%s' (%"
+              PRIu64 " bytes), the export has '%s' (%" PRIu64 " bytes)", path,
+              sb->backing_spec, sb->backing_size, cfg->backing_spec,
+              cfg->backing_size);
+    errno = EINVAL;
+    return -1;
+  }
+  if (sb->backing_dev != cfg->backing_dev ||
+      sb->backing_ino != cfg->backing_ino) {
+    snprintf (err, errlen, "%s: store belongs to another backing: '%s' is now "
+              "another file (device/inode %" PRIu64 "/%" PRIu64 ", was %"
+              PRIu64 "/%" PRIu64 ")", path, cfg->backing_spec,
+              cfg->backing_dev, cfg->backing_ino, sb->backing_dev,
+              sb->backing_ino);
+    errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+static void
+super_format (struct ssd_super *sb, const struct store_config *cfg,
+              uint64_t log_bytes)
+{
+  memset (sb, 0, sizeof *sb);
+  memcpy (sb->magic, SSD_MAGIC, sizeof sb->magic);
+  sb->version = SSD_VERSION;
+  sb->super_bytes = sizeof *sb;
+  sb->folio_size = cfg->folio_size;
+  sb->block_size = cfg->block_size;
+  sb->nslots = cfg->nslots;
+  sb->export_size = cfg->export_size;
+  sb->log_off = SSD_LOG_OFF;
+  sb->log_bytes = log_bytes;
+  sb->epoch = 1;
+  sb->backing_size = cfg->backing_size;
+  sb->backing_dev = cfg->backing_dev;
+  sb->backing_ino = cfg->backing_ino;
+  snprintf (sb->backing_spec, sizeof sb->backing_spec, "%s", cfg->backing_spec);
+}
+
+static int
+alloc_state (struct store_ssd *p, const struct store_config *cfg)
+{
+  uint32_t n = cfg->nslots;
+
+  p->data_len = (size_t) n * cfg->folio_size;
+  p->data = mmap (NULL, p->data_len, PROT_READ | PROT_WRITE,
+                  // cppcheck-suppress invalidFunctionArg ; MAP_ANONYMOUS: fd -1
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p->data == MAP_FAILED) {
+    p->data = NULL;
+    return -1;
+  }
+  p->bitmaps = calloc ((size_t) n * p->s.bitmap_words, 8);
+  p->log_folio = malloc ((size_t) n * sizeof *p->log_folio);
+  p->logged = calloc ((size_t) n * p->mwords, 8);
+  p->want = calloc ((size_t) n * p->mwords, 8);
+  p->nlogged = calloc (n, sizeof *p->nlogged);
+  p->slot_commit = calloc (n, sizeof *p->slot_commit);
+  p->queued = calloc (n, sizeof *p->queued);
+  p->queue = calloc (n, sizeof *p->queue);
+  if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
+    p->wbuf = NULL;
+  if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
+      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf)
+    return -1;
+  for (uint32_t i = 0; i < n; i++)
+    p->log_folio[i] = STORE_NO_FOLIO;
+  return 0;
+}
+
+struct store *
+store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
+                    char *err, size_t errlen)
+{
+  struct store_ssd *p = calloc (1, sizeof *p);
+  const char *path = cfg->path ? cfg->path : "ssd store";
+  int r;
+
+  if (p == NULL) {
+    d->ops->close (d);
+    snprintf (err, errlen, "out of memory");
+    errno = ENOMEM;
+    return NULL;
+  }
+  pthread_mutex_init (&p->mu, NULL);
+  pthread_cond_init (&p->cv, NULL);
+  p->dev = d;
+  p->path_buf = strdup (path);
+  p->path = p->path_buf ? p->path_buf : "ssd store";
+  p->s.ops = &ssd_ops;
+  p->s.caps = STORE_PERSISTENT | STORE_DEFERRED;
+  p->s.nslots = cfg->nslots;
+  p->s.folio_size = cfg->folio_size;
+  if (cfg->block_size == 0 || cfg->folio_size % cfg->block_size != 0 ||
+      cfg->block_size % 512 != 0 || cfg->nslots == 0)
+    FAIL (EINVAL, "%s: folio size %" PRIu32 " / block size %" PRIu32
+          " unusable", path, cfg->folio_size, cfg->block_size);
+  p->bs = cfg->block_size;
+  p->bpf = cfg->folio_size / cfg->block_size;
+  p->mwords = (p->bpf + 63) / 64;
+  p->s.bitmap_words = store_bitmap_words (p->bpf);
+  p->cmax = ssd_compaction_max (cfg->nslots, cfg->folio_size, cfg->block_size);
+  if (alloc_state (p, cfg) == -1)
+    FAIL (ENOMEM, "%s: out of memory for %" PRIu32 " slots", path,
+          cfg->nslots);
+
+  r = ssd_super_read (d, &p->sb, &p->sb_cur, path, err, errlen);
+  if (r == -1)
+    goto fail_kept;
+  if (r == 1) {                 /* all zeros: a new store */
+    uint64_t log = (d->size - SSD_LOG_OFF) / SSD_ALIGN * SSD_ALIGN;
+    if (strlen (cfg->backing_spec) >= SSD_SPEC_MAX)
+      FAIL (ENAMETOOLONG, "%s: backing spec longer than %d bytes", path,
+            SSD_SPEC_MAX - 1);
+    super_format (&p->sb, cfg, log);
+    if (getrandom (p->sb.uuid, sizeof p->sb.uuid, 0) != sizeof p->sb.uuid)
+      FAIL (EIO, "%s: getrandom: %s", path, strerror (errno));
+    p->sb_cur = 1;
+    p->formatted = true;
+  } else {
+    if (check_match (&p->sb, cfg, path, err, errlen) == -1)
+      goto fail_kept;
+    p->was_clean = p->sb.flags & SSD_FLAG_CLEAN;
+  }
+  if (p->sb.log_bytes < 2 * p->cmax)
+    FAIL (ENOSPC, "%s: log of %" PRIu64 " bytes too small for a cache of %"
+          PRIu64 " bytes: it needs %" PRIu64 " at least (two compactions; "
+          "default for a new file: 4 times the cache)", path, p->sb.log_bytes,
+          (uint64_t) cfg->nslots * cfg->folio_size, 2 * p->cmax);
+  if (p->formatted || p->was_clean) {
+    p->head = p->flushed = p->sb.tail_lsn;
+    p->next_seq = p->sb.tail_seq;
+  } else if (recover_scan (p, err, errlen) == -1) {
+    goto fail_kept;
+  } else {
+    /* Blocks the log reports lost, and the live folios, counted now: a
+     * log with more live folios than slots is not this cache's. */
+    size_t live = 0;
+    struct recovered *rc = p->rec;
+    for (size_t i = 0; i < rc->cap; i++) {
+      bool any = false;
+      for (uint32_t b = 0; rc->t[i].b && b < p->bpf; b++) {
+        any |= rc->t[i].b[b].state == R_DATA;
+        rc->lost_blocks += rc->t[i].b[b].state == R_LOST;
+      }
+      live += any;
+    }
+    if (live > cfg->nslots)
+      FAIL (EBADMSG, "%s: the log holds %zu dirty folios, more than the "
+            "cache's %" PRIu32 " slots", path, live, cfg->nslots);
+  }
+  /* A new epoch before any new batch: what lies after the log's end
+   * never continues it.  In use from now on (not clean). */
+  p->sb.epoch++;
+  p->sb.flags &= ~SSD_FLAG_CLEAN;
+  p->sb.tail_lsn = p->formatted || p->was_clean ? p->head : p->sb.tail_lsn;
+  p->sb.tail_seq = p->formatted || p->was_clean ? p->next_seq
+                                                : p->sb.tail_seq;
+  if (ssd_super_write (d, &p->sb, &p->sb_cur) == -1 ||
+      (p->formatted && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
+      d->ops->flush (d) == -1)
+    FAIL (errno, "%s: writing the superblock: %s", path, strerror (errno));
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic push     /* -fanalyzer: &p->s is p (its first member), freed by ssd_destroy */
+#pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
+#endif
+  return &p->s;
+
+ fail:
+ fail_kept:
+  r = errno;
+  ssd_destroy (&p->s);
+  errno = r;
+  return NULL;
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic pop
+#endif
+}
+
+struct store *
+store_ssd_open (const struct store_config *cfg, char *err, size_t errlen)
+{
+  uint64_t cache = (uint64_t) cfg->nslots * cfg->folio_size;
+  struct ssd_dev *d = ssd_dev_open_file (cfg->path, SSD_LOG_OFF +
+                                         ssd_log_default (cache), false,
+                                         err, errlen);
+
+  return d ? store_ssd_open_dev (cfg, d, err, errlen) : NULL;
+}
+
+/* --- offline: foliod store inspect, foliod store writeback --- */
+
+/* The device at path read-only, its superblock in p->sb. */
+static int
+offline_open (struct store_ssd *p, const char *path, char *err, size_t errlen)
+{
+  int cur, r;
+
+  memset (p, 0, sizeof *p);
+  p->path = path;
+  p->dev = ssd_dev_open_file (path, 0, true, err, errlen);
+  if (p->dev == NULL)
+    return -1;
+  r = ssd_super_read (p->dev, &p->sb, &cur, path, err, errlen);
+  if (r == 1) {
+    snprintf (err, errlen, "%s: not a foliod store (never formatted)", path);
+    errno = EINVAL;
+  }
+  if (r != 0) {
+    int e = errno;
+    p->dev->ops->close (p->dev);
+    errno = e;
+    return -1;
+  }
+  p->bs = p->sb.block_size;
+  p->bpf = p->sb.folio_size / p->sb.block_size;
+  return 0;
+}
+
+int
+store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
+{
+  struct store_ssd p;
+  const struct ssd_super *sb = &p.sb;
+  uint64_t folios = 0, dirty = 0, lost = 0;
+
+  if (offline_open (&p, path, err, errlen) == -1)
+    return -1;
+  fprintf (out, "store: %s\nkind: ssd (write-back log), layout version %"
+           PRIu32 ", superblock seq %" PRIu64 ", epoch %" PRIu64 "\n", path,
+           sb->version, sb->seq, sb->epoch);
+  fprintf (out, "geometry: folio-size %" PRIu32 ", block-size %" PRIu32
+           ", %" PRIu32 " slots, export %" PRIu64 " bytes\n", sb->folio_size,
+           sb->block_size, sb->nslots, sb->export_size);
+  fprintf (out, "backing: %s, %" PRIu64 " bytes", sb->backing_spec,
+           sb->backing_size);
+  if (sb->backing_dev || sb->backing_ino)
+    fprintf (out, ", device %" PRIu64 " inode %" PRIu64, sb->backing_dev,
+             sb->backing_ino);
+  fprintf (out, "\nlog: %" PRIu64 " bytes, checkpoint at lsn %" PRIu64
+           " seq %" PRIu64 "\nstate: %s\n", sb->log_bytes, sb->tail_lsn,
+           sb->tail_seq, (sb->flags & SSD_FLAG_CLEAN)
+           ? "clean" : "not clean (in use, or a crash)");
+  if (!(sb->flags & SSD_FLAG_CLEAN)) {
+    if (recover_scan (&p, err, errlen) == -1) {
+      int e = errno;
+      rec_free (p.rec);
+      p.dev->ops->close (p.dev);
+      errno = e;
+      return -1;
+    }
+    struct recovered *r = p.rec;
+    for (size_t i = 0; i < r->cap; i++) {
+      bool any = false;
+      for (uint32_t b = 0; r->t[i].b && b < p.bpf; b++) {
+        uint8_t st = r->t[i].b[b].state;
+        any |= st == R_DATA;
+        dirty += st == R_DATA;
+        if (st == R_LOST) {
+          lost++;
+          fprintf (out, "damaged: export bytes %" PRIu64 "-%" PRIu64
+                   " (data checksum; written nowhere)\n",
+                   r->t[i].folio * sb->folio_size + (uint64_t) b * p.bs,
+                   r->t[i].folio * sb->folio_size + (uint64_t) (b + 1) * p.bs);
+        }
+      }
+      folios += any;
+    }
+    fprintf (out, "log used: %" PRIu64 " bytes, %" PRIu64 " batches, %"
+             PRIu64 " records\n", r->end_lsn - sb->tail_lsn, r->batches,
+             r->records);
+    rec_free (p.rec);
+  }
+  fprintf (out, "folios: %" PRIu64 " of %" PRIu32 " slots\n", folios,
+           sb->nslots);
+  fprintf (out, "dirty: %" PRIu64 " bytes\n", dirty * p.bs);
+  if (lost)
+    fprintf (out, "lost: %" PRIu64 " bytes (damaged records)\n", lost * p.bs);
+  p.dev->ops->close (p.dev);
+  return 0;
+}
+
+int
+store_ssd_read_header (const char *path, struct store_header_info *out,
+                       char *err, size_t errlen)
+{
+  struct store_ssd p;
+
+  if (offline_open (&p, path, err, errlen) == -1)
+    return -1;
+  out->nslots = p.sb.nslots;
+  out->folio_size = p.sb.folio_size;
+  out->block_size = p.sb.block_size;
+  out->export_size = p.sb.export_size;
+  out->backing_size = p.sb.backing_size;
+  snprintf (out->backing_spec, sizeof out->backing_spec, "%.*s",
+            (int) sizeof p.sb.backing_spec, p.sb.backing_spec);
+  p.dev->ops->close (p.dev);
+  return 0;
+}

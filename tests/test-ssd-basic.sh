@@ -1,0 +1,165 @@
+#!/bin/bash
+# store=ssd:PATH (issue 25), the write-back log on a file: writes that a
+# FLUSH or FUA acknowledged survive kill -9 though the backing was never
+# written (flush=store, writeback an hour away): they come back from the
+# log, dirty; SIGTERM writes them back and the checkpoint says clean, so
+# the next start replays nothing; foliod store inspect reads the log;
+# a store made for another geometry, and a second foliod on the same
+# store, are refused.
+. "$(dirname "$0")/lib.sh"
+lib_init ssd-basic
+requires nbdsh python3
+
+ctl=$tmp/ctl
+pidf=$tmp/pid
+slow=cache-size=8M,dirty-expire=3600000,writeback-interval=3600000
+truncate -s 16M "$tmp/img"
+args=(--control "$ctl" --pidfile "$pidf"
+  --export "d=file:$tmp/img,store=ssd:$tmp/st,$slow")
+
+stat () {
+  "$FOLIOD" stats --control "$ctl" --prometheus > "$tmp/stats" ||
+    fail "foliod stats"
+  awk -v n="$1{export=\"d\"}" '$1 == n {print $2}' "$tmp/stats"
+}
+kill9 () {
+  kill -KILL "$(cat "$pidf")" || fail "no foliod to kill"
+  wait "$FOLIOD_PID" 2>/dev/null || true
+  FOLIOD_PID=
+}
+
+cat > "$tmp/io.py" <<'EOF'
+import sys
+import nbd
+mode, sock = sys.argv[1], sys.argv[2]
+writes = [(12345, b"A" * 100000), (1048576 + 7, b"B" * 300000),
+          (3 << 20, b"C" * 65536), (5 << 20, b"D" * 1000),
+          (12345 + 4096, b"E" * 512)]       # over A, flushed after it
+h = nbd.NBD()
+h.connect_uri("nbd+unix:///d?socket=%s" % sock)
+if mode == "write":
+    for i, (off, data) in enumerate(writes):
+        h.pwrite(data, off, nbd.CMD_FLAG_FUA if i == 1 else 0)
+        if i in (0, 4):
+            h.flush()
+else:
+    want = bytearray(6 << 20)
+    for off, data in writes:
+        want[off:off + len(data)] = data
+    got = h.pread(6 << 20, 0)
+    if got != bytes(want):
+        bad = next(i for i in range(len(want)) if got[i] != want[i])
+        sys.exit("byte %d does not read back" % bad)
+h.shutdown()
+EOF
+untouched () {
+  cmp -s -n $((6 << 20)) "$tmp/img" /dev/zero
+}
+
+start_foliod "${args[@]}"
+grep -q "export d: store ssd:$tmp/st: new" "$FOLIOD_LOG" ||
+  fail "new store not logged: $(cat "$FOLIOD_LOG")"
+timeout 60 python3 "$tmp/io.py" write "$SOCK" || fail "writes failed"
+[ "$(stat foliod_store_dirty_bytes)" -gt 400000 ] ||
+  fail "store dirty bytes: $(stat foliod_store_dirty_bytes)"
+grep -q '^foliod_store_info{export="d",kind="ssd",granularity="log",flush="store"} 1$' \
+  "$tmp/stats" || fail "no ssd store in stats: $(grep store_info "$tmp/stats")"
+kill9
+untouched || fail "flush=store: the backing was written before writeback"
+"$FOLIOD" store inspect "$tmp/st" > "$tmp/inspect" || fail "inspect"
+grep -q '^state: not clean' "$tmp/inspect" || fail "inspect: $(cat "$tmp/inspect")"
+grep -q '^kind: ssd' "$tmp/inspect" || fail "inspect: $(cat "$tmp/inspect")"
+
+# A second foliod on the same store is refused while the first runs.
+start_foliod "${args[@]}"
+grep -q "export d: store ssd:$tmp/st: last shutdown NOT clean (crash); recovered [1-9][0-9]* folios" \
+  "$FOLIOD_LOG" || fail "recovery not logged: $(tail -5 "$FOLIOD_LOG")"
+[ "$(stat foliod_dirty_bytes)" -gt 400000 ] ||
+  fail "recovered dirty bytes: $(stat foliod_dirty_bytes)"
+timeout 60 python3 "$tmp/io.py" read "$SOCK" || fail "lost writes after kill -9"
+untouched || fail "recovered data written back at once (writeback is slow)"
+truncate -s 16M "$tmp/img2"
+start_refused "a second foliod" "store in use by another process" \
+  --export "d=file:$tmp/img2,store=ssd:$tmp/st,$slow"
+
+# SIGTERM: written back, flushed, the checkpoint says clean.
+stop_foliod
+grep -q "stopped: all data written back" "$FOLIOD_LOG" || fail "not stopped cleanly"
+timeout 60 python3 - "$tmp/img" <<'EOF' || fail "backing differs after SIGTERM"
+import sys
+d = open(sys.argv[1], "rb").read()
+writes = [(12345, b"A" * 100000), (1048576 + 7, b"B" * 300000),
+          (3 << 20, b"C" * 65536), (5 << 20, b"D" * 1000),
+          (12345 + 4096, b"E" * 512)]
+want = bytearray(6 << 20)
+for off, data in writes:
+    want[off:off + len(data)] = data
+sys.exit(0 if d[:6 << 20] == bytes(want) else 1)
+EOF
+"$FOLIOD" store inspect "$tmp/st" > "$tmp/inspect" || fail "inspect"
+grep -q '^state: clean$' "$tmp/inspect" || fail "store not clean: $(cat "$tmp/inspect")"
+grep -q '^dirty: 0 bytes$' "$tmp/inspect" || fail "store still dirty"
+
+# Clean: nothing replayed.  The backing changes meanwhile (as after a
+# clean stop anyone may write it): the log must not write over it.
+printf 'Z%.0s' $(seq 1 4096) | dd of="$tmp/img" bs=4096 seek=3 conv=notrunc status=none
+start_foliod "${args[@]}"
+grep -q "export d: store ssd:$tmp/st: last shutdown clean; recovered 0 folios" \
+  "$FOLIOD_LOG" || fail "clean restart: $(tail -5 "$FOLIOD_LOG")"
+[ "$(stat foliod_dirty_bytes)" = 0 ] || fail "clean restart replayed the log"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'assert h.pread(4096, 12288) == b"Z" * 4096' ||
+  fail "clean restart: the log wrote over the backing"
+kill9
+
+# After that kill, nothing was written since the clean start: nothing comes
+# back and the backing keeps the Z block.
+start_foliod "${args[@]}"
+grep -q "export d: store ssd:$tmp/st: last shutdown NOT clean (crash); recovered 0 folios" \
+  "$FOLIOD_LOG" || fail "kill after clean start: $(tail -5 "$FOLIOD_LOG")"
+stop_foliod
+cmp -s -i 12288:0 -n 4096 "$tmp/img" <(printf 'Z%.0s' $(seq 1 4096)) ||
+  fail "old log records written over the backing"
+
+# foliod store writeback: after a kill -9, the log's dirty blocks go to
+# the backing offline, and the store is clean.
+start_foliod "${args[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"P" * 70000, 8 << 20); h.flush()' || fail "write P"
+kill9
+timeout 60 "$FOLIOD" store writeback "$tmp/st" > "$tmp/wb" ||
+  fail "foliod store writeback: $(cat "$tmp/wb")"
+grep -q "73728 dirty bytes written back to file:$tmp/img, flushed; the store is clean" \
+  "$tmp/wb" || fail "store writeback said: $(cat "$tmp/wb")"
+cmp -s -i $((8 << 20)):0 -n 70000 "$tmp/img" <(printf 'P%.0s' $(seq 1 70000)) ||
+  fail "store writeback: the backing lacks the writes"
+"$FOLIOD" store inspect "$tmp/st" | grep -q '^state: clean$' ||
+  fail "store writeback did not mark the store clean"
+
+# A record whose data fails its checksum, in a part of the log a later
+# batch says was flushed (media damage, not a torn write): reported with
+# its range, and never written over the backing.
+args2=(--control "$ctl" --pidfile "$pidf"
+  --export "d=file:$tmp/img,store=ssd:$tmp/st2,$slow")
+start_foliod "${args2[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"Q" * 4096, 10 << 20); h.flush()
+h.pwrite(b"R" * 4096, 12 << 20); h.flush()' || fail "write Q, R"
+kill9
+# The first batch: 8 KiB of superblocks, its 4 KiB header, then Q's block.
+printf 'XXXX' | dd of="$tmp/st2" bs=1 seek=$((12288 + 100)) conv=notrunc status=none
+"$FOLIOD" store inspect "$tmp/st2" > "$tmp/inspect" || fail "inspect"
+grep -q "^damaged: export bytes $((10 << 20))-$(((10 << 20) + 4096)) " "$tmp/inspect" ||
+  fail "damage not reported: $(cat "$tmp/inspect")"
+start_foliod "${args2[@]}"
+grep -q "store ssd:$tmp/st2: 4096 dirty bytes failed their checksum" "$FOLIOD_LOG" ||
+  fail "damage not logged: $(tail -5 "$FOLIOD_LOG")"
+stop_foliod
+cmp -s -i $((10 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
+  fail "a damaged record was written over the backing"
+cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" <(printf 'R%.0s' $(seq 1 4096)) ||
+  fail "the sound record after the damaged one was not written back"
+
+# Another geometry: refused, naming it.
+start_refused "another cache-size" "store has another geometry" --export "d=file:$tmp/img,store=ssd:$tmp/st,cache-size=16M"
+echo ok
