@@ -6,7 +6,8 @@
 # region of its own (the regions' borders are unaligned, so clients share
 # blocks and folios).  Then every client's data reads back through foliod,
 # SIGTERM writes it all back, and the image read with `rbd export` equals
-# the model byte for byte.  SEED=N replays a run.
+# the model byte for byte.  Before that, block status says where the
+# imported image has data and where it has holes.  SEED=N replays a run.
 . "$(dirname "$0")/lib.sh"
 lib_init rbd-random 200
 . "$(dirname "$0")/lib-ceph.sh"
@@ -86,6 +87,15 @@ rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
 start_foliod --control "$tmp/ctl" --export \
   "disk0=$(rbd_backing),cache-size=4M,dirty-expire=200,writeback-interval=100,request-timeout=60000"
 grep -q "rbd:rbd/img" "$FOLIOD_LOG" || fail "no rbd export in the log"
+# Block status from the image's allocation (whole 4 MiB objects): the
+# imported data at 8M..24M is data, the zeroes around it holes.
+nbdinfo --map "$(uri disk0)" > "$tmp/map"
+cat "$tmp/map"
+awk '$1 == 0 && $2 == 8388608 && $3 == 3 { a = 1 }
+     $1 == 8388608 && $2 == 16777216 && $3 == 0 { b = 1 }
+     $1 == 25165824 && $4 ~ /^hole/ { c = 1 }
+     END { exit !(a && b && c) }' "$tmp/map" ||
+  fail "block status does not follow the image's allocation"
 MODEL=$tmp/model URI=$(uri disk0) \
   timeout $((240 * TSCALE)) /usr/bin/python3 "$tmp/rbd_random_driver.py" ||
   fail "randomized run"

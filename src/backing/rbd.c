@@ -28,10 +28,15 @@
  * the lock to another client that asks); an image whose lock another
  * client holds is refused.  The lock goes with close.
  *
- * Mapping: with the fast-diff feature (object map, valid), block status
- * comes from rbd_diff_iterate2 over whole objects: an object that does
- * not exist reads as zeroes (a hole); one that exists is data.  Without
- * it, every range is data.
+ * Mapping: rbd_diff_iterate2 blocks (it waits behind requests in flight,
+ * with no bound), so it runs once, at open, over the whole image (whole
+ * objects; from the object map with the fast-diff feature): which
+ * object-sized chunks of the image may hold data.  Every write marks its
+ * chunks before it is issued; zero and trim leave them marked (data that
+ * reads as zeroes is still honest).  A chunk never marked reads as zeroes:
+ * a hole.  That stays true because foliod is the image's only writer (the
+ * lock); a read-only export of an image someone else may write, and an
+ * image without fast-diff, say "data" everywhere instead.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -88,7 +93,8 @@ struct rbdb_backing {
   rados_ioctx_t io;
   rbd_image_t image;
   int locked;                   /* we hold the exclusive lock */
-  int can_map;
+  _Atomic uint64_t *chunks;     /* may-hold-data bits, see Mapping */
+  uint64_t chunk_size;          /* the image's object size */
 
   unsigned request_timeout_ms;
   _Atomic uint64_t deadline;    /* shutdown deadline, 0: none */
@@ -111,6 +117,57 @@ static inline struct rbdb_backing *
 to_rbd (struct backing *b)
 {
   return (struct rbdb_backing *) b;
+}
+
+/* ---- the allocation bitmap (see Mapping) ---- */
+
+static int
+chunk_test (struct rbdb_backing *rb, uint64_t i)
+{
+  return (atomic_load (&rb->chunks[i / 64]) >> (i % 64)) & 1;
+}
+
+/* Mark [off, off+len) as possibly holding data. */
+static void
+chunks_mark (struct rbdb_backing *rb, uint64_t off, uint64_t len)
+{
+  uint64_t i;
+
+  if (!rb->chunks || len == 0)
+    return;
+  for (i = off / rb->chunk_size; i <= (off + len - 1) / rb->chunk_size; i++)
+    if (!chunk_test (rb, i))
+      atomic_fetch_or (&rb->chunks[i / 64], (uint64_t) 1 << (i % 64));
+}
+
+static int
+diff_cb (uint64_t off, size_t len, int exists, void *arg)
+{
+  if (exists)
+    chunks_mark (arg, off, len);
+  return 0;
+}
+
+/* Build the bitmap from the image's allocation.  0, or -1: no map. */
+static int
+chunks_load (struct rbdb_backing *rb, uint64_t obj_size)
+{
+  uint64_t n;
+
+  if (obj_size == 0)
+    return -1;
+  rb->chunk_size = obj_size;
+  n = (rb->b.size + obj_size - 1) / obj_size;
+  rb->chunks = calloc (n / 64 + 1, sizeof *rb->chunks);
+  if (!rb->chunks)
+    return -1;
+  if (rbd_diff_iterate2 (rb->image, NULL, 0, rb->b.size, 1, 1, diff_cb,
+                         rb) < 0) {
+    free (rb->chunks);
+    rb->chunks = NULL;
+    return -1;
+  }
+  return 0;
 }
 
 static int
@@ -281,6 +338,8 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
     errno = ENOMEM;
     goto fail;
   }
+  if (q->kind == RREQ_WRITE)
+    chunks_mark (rb, off, q->len);
   q->deadline = deadline_for (rb);
   lock_or_die (&rb->lock);
   q->next = rb->inflight;
@@ -477,34 +536,13 @@ rbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   return write_done (rb, flags, rreq_run (rb, RREQ_TRIM, NULL, len, off));
 }
 
-struct map_walk {
-  uint64_t off, end;            /* asked */
-  uint64_t data_off, data_end;  /* the first run of existing objects */
-};
-
-static int
-map_cb (uint64_t off, size_t len, int exists, void *arg)
-{
-  struct map_walk *m = arg;
-
-  if (!exists)
-    return 0;
-  if (m->data_end == 0 || off > m->data_end) {
-    if (m->data_end != 0)
-      return -ECANCELED;        /* the first run ended: enough */
-    m->data_off = off;
-  }
-  m->data_end = off + len;
-  return 0;
-}
-
 static int
 rbdb_map (struct backing *b, uint64_t off, uint64_t len,
           struct backing_extent *ext)
 {
   struct rbdb_backing *rb = to_rbd (b);
-  struct map_walk m = { off, off + len, 0, 0 };
-  int r;
+  uint64_t i, end;
+  int state;
 
   if (len == 0 || check_range (b, len, off, 0) == -1) {
     errno = EINVAL;
@@ -513,20 +551,16 @@ rbdb_map (struct backing *b, uint64_t off, uint64_t len,
   ext->offset = off;
   ext->length = len;
   ext->type = BACKING_DATA;
-  if (!rb->can_map)
+  if (!rb->chunks)
     return 0;
-  /* From the object map in memory (fast-diff): no round trip. */
-  r = rbd_diff_iterate2 (rb->image, NULL, off, len, 1, 1, map_cb, &m);
-  if (r < 0 && r != -ECANCELED) {
-    errno = -r;
-    return -1;
-  }
-  if (m.data_end == 0)
-    ext->type = BACKING_HOLE;
-  else if (m.data_off > off)
-    ext->length = m.data_off - off, ext->type = BACKING_HOLE;
-  else
-    ext->length = MIN (m.data_end, off + len) - off;
+  /* The run of chunks in the same state as off's. */
+  i = off / rb->chunk_size;
+  state = chunk_test (rb, i);
+  end = (i + 1) * rb->chunk_size;
+  while (end < off + len && chunk_test (rb, end / rb->chunk_size) == state)
+    end += rb->chunk_size;
+  ext->length = MIN (end, off + len) - off;
+  ext->type = state ? BACKING_DATA : BACKING_HOLE;
   return 0;
 }
 
@@ -590,6 +624,7 @@ rbdb_close (struct backing *b)
     rados_shutdown (rb->cluster);
   pthread_mutex_destroy (&rb->lock);
   pthread_cond_destroy (&rb->tick);
+  free (rb->chunks);
   free (rb->name);
   free (rb);
 }
@@ -717,6 +752,7 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
   struct rbdb_backing *rb;
   char *buf = NULL, *pool, *image, *snap;
   uint64_t size, features = 0, flags = 0;
+  rbd_image_info_t info;
   int r, read_only;
 
   if (!o)
@@ -778,13 +814,16 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
     rb->b.caps |= BACKING_READ_ONLY;
   else
     rb->b.caps |= BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_CAN_FAST_ZERO;
-  if (rbd_get_features (rb->image, &features) == 0 &&
+  /* The map needs fast-diff (else diff_iterate reads every object) and
+   * an image nobody else writes (ours, locked, or a snapshot). */
+  if ((rb->locked || snap) &&
+      rbd_get_features (rb->image, &features) == 0 &&
       (features & RBD_FEATURE_FAST_DIFF) &&
       rbd_get_flags (rb->image, &flags) == 0 &&
-      !(flags & (RBD_FLAG_OBJECT_MAP_INVALID | RBD_FLAG_FAST_DIFF_INVALID))) {
-    rb->can_map = 1;
+      !(flags & (RBD_FLAG_OBJECT_MAP_INVALID | RBD_FLAG_FAST_DIFF_INVALID)) &&
+      rbd_stat (rb->image, &info, sizeof info) == 0 &&
+      chunks_load (rb, info.obj_size) == 0)
     rb->b.caps |= BACKING_CAN_MAP;
-  }
   if (pthread_create (&rb->reaper, NULL, reaper_main, rb) != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
