@@ -713,8 +713,28 @@ connect_cluster (struct rbdb_backing *rb, const struct backing_opts *o,
   return 0;
 }
 
-/* One writer per image: take the exclusive lock, unless another client
- * holds it. */
+/* Does the client at addr still watch the image?  A client that died
+ * (foliod killed, its host gone) keeps its lock, but its watch expires
+ * (osd_client_watch_timeout, 30 s by default). */
+static int
+owner_alive (struct rbdb_backing *rb, const char *addr)
+{
+  rbd_image_watcher_t w[16];
+  size_t n = 16, i;
+  int alive = 0;
+
+  if (rbd_watchers_list (rb->image, w, &n) < 0)
+    return 1;                   /* cannot tell: assume it is */
+  for (i = 0; i < n; i++)
+    if (strcmp (w[i].addr, addr) == 0)
+      alive = 1;
+  rbd_watchers_list_cleanup (w, n);
+  return alive;
+}
+
+/* One writer per image: take the exclusive lock, unless another live
+ * client holds it (a dead holder's lock librbd breaks as it acquires,
+ * blocklisting that client). */
 static int
 take_lock (struct rbdb_backing *rb, char *err, size_t errlen)
 {
@@ -724,10 +744,13 @@ take_lock (struct rbdb_backing *rb, char *err, size_t errlen)
   int r;
 
   r = rbd_lock_get_owners (rb->image, &mode, owners, &n);
-  if (r == 0 && n > 0) {
+  if (r == 0 && n > 0 && !owner_alive (rb, owners[0]))
+    rbd_lock_get_owners_cleanup (owners, n);
+  else if (r == 0 && n > 0) {
     snprintf (err, errlen, "rbd:%s: image is in use: client %s holds its "
               "exclusive lock (one writer per image; stop that client or "
-              "open the image read-only)", rb->name, owners[0]);
+              "open the image read-only; a client that died frees it when "
+              "its watch expires, 30 s by default)", rb->name, owners[0]);
     rbd_lock_get_owners_cleanup (owners, n);
     return -1;
   }
