@@ -43,7 +43,13 @@ put () {
 flush_until_ok () {
   local end=$(( SECONDS + $1 ))
   until timeout 60 nbdsh -u "$U" -c 'h.flush()' 2>/dev/null; do
-    [ $SECONDS -lt $end ] || fail "FLUSH still fails $1 s after the OSD came back"
+    if [ $SECONDS -ge $end ]; then
+      # What foliod waits for: its threads, for the log.
+      gdb -p "$(pgrep -P "$FOLIOD_PID" foliod)" -batch \
+        -ex "thread apply all bt 10" 2>/dev/null | grep -E "^#|^Thread" | head -300 || true
+      tail -n 30 "$CEPH_DIR"/log/client.admin.*.log 2>/dev/null || true
+      fail "FLUSH still fails $1 s after the OSD came back"
+    fi
     sleep 0.5
   done
 }

@@ -62,28 +62,32 @@ enum rreq_kind { RREQ_READ, RREQ_WRITE, RREQ_ZERO, RREQ_TRIM, RREQ_FLUSH };
 
 struct rbdb_backing;
 
-/* One librbd request.  Two references: librbd's (dropped in its
- * callback) and the finisher's (dropped once the result is delivered). */
+/* Who waits for a request: a blocked caller (w) or read_async's done. */
+struct rwait {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int finished;
+  int err;                      /* 0 or an errno value */
+};
+
+/* One librbd request.  Owned by librbd once issued: its callback frees
+ * it, always (a request is finished before that by the callback, or by
+ * the reaper at its deadline, which then never touches it again). */
 struct rreq {
   struct rbdb_backing *rb;
   rbd_completion_t c;
   enum rreq_kind kind;
-  atomic_int refs;
-  atomic_int claimed;           /* 1 once finished (callback or reaper) */
-  uint64_t deadline;            /* now_ms() time */
+  int claimed;                  /* finished; under rb->lock */
+  uint64_t deadline;            /* now_ms() time; under rb->lock */
   struct rreq *prev, *next;     /* rb->inflight, under rb->lock */
 
   char *bounce;                 /* reads: librbd writes here */
   void *user_buf;
   uint64_t len;
 
-  /* Delivery: done() for read_async; else the waiter below. */
+  struct rwait *w;              /* a blocked caller, or: */
   void (*done) (void *opaque, int err);
   void *opaque;
-  pthread_mutex_t wlock;
-  pthread_cond_t wcond;
-  int finished;
-  int err;                      /* 0 or an errno value */
 };
 
 struct rbdb_backing {
@@ -177,20 +181,27 @@ write_class (enum rreq_kind k)
 }
 
 static void
-rreq_unref (struct rreq *q)
+rreq_free (struct rreq *q)
 {
-  if (atomic_fetch_sub (&q->refs, 1) != 1)
-    return;
-  pthread_mutex_destroy (&q->wlock);
-  pthread_cond_destroy (&q->wcond);
   free (q->bounce);
   free (q);
 }
 
+/* Under rb->lock. */
+static void
+list_add (struct rbdb_backing *rb, struct rreq *q)
+{
+  q->prev = NULL;
+  q->next = rb->inflight;
+  if (q->next)
+    q->next->prev = q;
+  rb->inflight = q;
+}
+
+/* Under rb->lock. */
 static void
 list_del (struct rbdb_backing *rb, struct rreq *q)
 {
-  lock_or_die (&rb->lock);
   if (q->prev)
     q->prev->next = q->next;
   else if (rb->inflight == q)
@@ -198,33 +209,42 @@ list_del (struct rbdb_backing *rb, struct rreq *q)
   if (q->next)
     q->next->prev = q->prev;
   q->prev = q->next = NULL;
-  unlock_or_die (&rb->lock);
 }
 
-/* Deliver err (0 or an errno value) once; the first caller wins. */
-static int
-rreq_finish (struct rreq *q, int err)
-{
-  int expected = 0;
+/* How to tell the waiter, copied out of the request (the reaper may not
+ * touch the request once it lets go of rb->lock). */
+struct rdeliver {
+  struct rwait *w;
+  void (*done) (void *opaque, int err);
+  void *opaque;
+};
 
-  if (!atomic_compare_exchange_strong (&q->claimed, &expected, 1))
+/* Claim q for finishing; under rb->lock.  1 when it was not yet. */
+static int
+rreq_claim (struct rreq *q, struct rdeliver *d)
+{
+  if (q->claimed)
     return 0;
+  q->claimed = 1;
   list_del (q->rb, q);
-  if (err)
-    atomic_fetch_add (&q->rb->errors, 1);
-  if (q->kind == RREQ_READ && err == 0)
-    memcpy (q->user_buf, q->bounce, q->len);
-  if (q->done) {
-    q->done (q->opaque, err);
-    rreq_unref (q);
-    return 1;
-  }
-  lock_or_die (&q->wlock);
-  q->err = err;
-  q->finished = 1;
-  pthread_cond_signal (&q->wcond);
-  unlock_or_die (&q->wlock);
+  *d = (struct rdeliver) { q->w, q->done, q->opaque };
   return 1;
+}
+
+static void
+deliver (struct rbdb_backing *rb, const struct rdeliver *d, int err)
+{
+  if (err)
+    atomic_fetch_add (&rb->errors, 1);
+  if (d->done) {
+    d->done (d->opaque, err);
+    return;
+  }
+  lock_or_die (&d->w->lock);
+  d->w->err = err;
+  d->w->finished = 1;
+  pthread_cond_signal (&d->w->cond);
+  unlock_or_die (&d->w->lock);
 }
 
 /* librbd's completion callback, on its thread. */
@@ -232,21 +252,31 @@ static void
 rreq_complete (rbd_completion_t c, void *arg)
 {
   struct rreq *q = arg;
+  struct rbdb_backing *rb = q->rb;
+  struct rdeliver d;
   ssize_t r = rbd_aio_get_return_value (c);
-  int err = 0;
+  int err = 0, mine;
 
   if (r < 0)
     err = (int) -r;
   else if (q->kind == RREQ_READ && (uint64_t) r != q->len)
     err = EIO;                  /* a short read from librbd: never seen */
-  if (!rreq_finish (q, err)) {
+  lock_or_die (&rb->lock);
+  mine = rreq_claim (q, &d);
+  if (!mine) {
     /* The reaper gave up on it before: it has ended now. */
     if (write_class (q->kind))
-      atomic_fetch_sub (&q->rb->in_doubt, 1);
-    atomic_fetch_sub (&q->rb->abandoned, 1);
+      atomic_fetch_sub (&rb->in_doubt, 1);
+    atomic_fetch_sub (&rb->abandoned, 1);
+  }
+  unlock_or_die (&rb->lock);
+  if (mine) {
+    if (q->kind == RREQ_READ && err == 0)
+      memcpy (q->user_buf, q->bounce, q->len);
+    deliver (rb, &d, err);
   }
   rbd_aio_release (c);
-  rreq_unref (q);
+  rreq_free (q);
 }
 
 /* The request's deadline: request-timeout, or the shutdown deadline. */
@@ -259,7 +289,8 @@ deadline_for (struct rbdb_backing *rb)
   return d && d < end ? d : end;
 }
 
-/* Finish every request past its deadline with ETIMEDOUT. */
+/* Finish every request past its deadline with ETIMEDOUT: "abandoned",
+ * librbd keeps it (and its memory) until its callback. */
 static void *
 reaper_main (void *arg)
 {
@@ -268,27 +299,21 @@ reaper_main (void *arg)
   lock_or_die (&rb->lock);
   while (!rb->stop) {
     uint64_t now = now_ms ();
-    struct rreq *q, *late = NULL;
+    struct rreq *q;
+    struct rdeliver d;
+    int late = 0;
 
     for (q = rb->inflight; q; q = q->next)
-      if (q->deadline <= now && !atomic_load (&q->claimed)) {
-        late = q;
-        atomic_fetch_add (&q->refs, 1);   /* keep it past the unlock */
+      if (q->deadline <= now) {
+        late = rreq_claim (q, &d);
+        atomic_fetch_add (&rb->abandoned, 1);
+        if (write_class (q->kind))
+          atomic_fetch_add (&rb->in_doubt, 1);
         break;
       }
     if (late) {
       unlock_or_die (&rb->lock);
-      /* Count it abandoned before finishing: its callback may come at
-       * any time after, and subtracts. */
-      atomic_fetch_add (&rb->abandoned, 1);
-      if (write_class (late->kind))
-        atomic_fetch_add (&rb->in_doubt, 1);
-      if (!rreq_finish (late, ETIMEDOUT)) {
-        atomic_fetch_sub (&rb->abandoned, 1);
-        if (write_class (late->kind))
-          atomic_fetch_sub (&rb->in_doubt, 1);
-      }
-      rreq_unref (late);
+      deliver (rb, &d, ETIMEDOUT);
       lock_or_die (&rb->lock);
       continue;
     }
@@ -314,38 +339,29 @@ rreq_new (struct rbdb_backing *rb, enum rreq_kind kind, void *buf,
     free (q);
     return NULL;
   }
-  atomic_init (&q->refs, 2);
-  atomic_init (&q->claimed, 0);
-  pthread_mutex_init (&q->wlock, NULL);
-  if (cond_init_monotonic (&q->wcond) != 0) {
-    pthread_mutex_destroy (&q->wlock);
-    free (q->bounce);
-    free (q);
-    return NULL;
-  }
   return q;
 }
 
-/* Hand q to librbd.  0 when issued (q is then finished exactly once),
- * -1 with errno when not (q freed). */
+/* Hand q to librbd.  0 when issued: q is then finished exactly once (its
+ * waiter told) and freed by librbd's callback.  -1 with errno when not
+ * (q freed, nobody told). */
 static int
 rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
 {
   struct rbdb_backing *rb = q->rb;
-  int r;
+  struct rdeliver d;
+  int r, was_claimed;
 
   if (rbd_aio_create_completion (q, rreq_complete, &q->c) < 0) {
+    rreq_free (q);
     errno = ENOMEM;
-    goto fail;
+    return -1;
   }
   if (q->kind == RREQ_WRITE)
     chunks_mark (rb, off, q->len);
-  q->deadline = deadline_for (rb);
   lock_or_die (&rb->lock);
-  q->next = rb->inflight;
-  if (q->next)
-    q->next->prev = q;
-  rb->inflight = q;
+  q->deadline = deadline_for (rb);
+  list_add (rb, q);
   unlock_or_die (&rb->lock);
 
   switch (q->kind) {
@@ -367,48 +383,55 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
   }
   if (r >= 0)
     return 0;
-  /* Not issued: librbd will not call back. */
-  list_del (rb, q);
+  /* Not issued: librbd will not call back.  Unless the reaper told the
+   * waiter already (then this is a request that failed, reported). */
+  lock_or_die (&rb->lock);
+  was_claimed = !rreq_claim (q, &d);
+  if (was_claimed) {
+    atomic_fetch_sub (&rb->abandoned, 1);
+    if (write_class (q->kind))
+      atomic_fetch_sub (&rb->in_doubt, 1);
+  }
+  unlock_or_die (&rb->lock);
   rbd_aio_release (q->c);
+  rreq_free (q);
+  if (was_claimed)
+    return 0;
   errno = -r;
- fail:
-  q->refs = 1;
-  rreq_unref (q);
   return -1;
 }
 
-/* Issue and wait.  The reaper finishes q by its deadline; the wait's own
- * bound is a second guard. */
+/* Issue and wait.  The reaper finishes the request by its deadline; the
+ * wait is in slices so that a lost wake-up cannot hold it forever. */
 static int
 rreq_run (struct rbdb_backing *rb, enum rreq_kind kind, void *buf,
           uint64_t len, uint64_t off)
 {
+  struct rwait w = { .finished = 0 };
   struct rreq *q = rreq_new (rb, kind, buf, len);
   int err;
 
   if (!q)
     return -1;
-  if (rreq_issue (q, off, buf) == -1)
+  pthread_mutex_init (&w.lock, NULL);
+  if (cond_init_monotonic (&w.cond) != 0) {
+    pthread_mutex_destroy (&w.lock);
+    rreq_free (q);
+    errno = ENOMEM;
     return -1;
-  lock_or_die (&q->wlock);
-  while (!q->finished) {
-    uint64_t now = now_ms ();
-    if (now > q->deadline + 10 * RBD_REAPER_TICK_MS) {
-      unlock_or_die (&q->wlock);
-      if (rreq_finish (q, ETIMEDOUT)) {   /* the reaper did not: odd */
-        atomic_fetch_add (&rb->abandoned, 1);
-        if (write_class (kind))
-          atomic_fetch_add (&rb->in_doubt, 1);
-      }
-      lock_or_die (&q->wlock);
-      continue;
-    }
-    cond_wait_ms (&q->wcond, &q->wlock, q->deadline + 10 * RBD_REAPER_TICK_MS
-                                        + 1 - now);
   }
-  err = q->err;
-  unlock_or_die (&q->wlock);
-  rreq_unref (q);
+  q->w = &w;
+  if (rreq_issue (q, off, buf) == -1)
+    err = errno;
+  else {
+    lock_or_die (&w.lock);
+    while (!w.finished)
+      cond_wait_ms (&w.cond, &w.lock, RBD_REAPER_TICK_MS * 10);
+    err = w.err;
+    unlock_or_die (&w.lock);
+  }
+  pthread_mutex_destroy (&w.lock);
+  pthread_cond_destroy (&w.cond);
   if (err) {
     errno = err;
     return -1;
