@@ -107,6 +107,7 @@ struct rbdb_backing {
   pthread_cond_t tick;
   struct rreq *inflight;
   int stop;
+  int closed;                   /* closer_main is done */
   pthread_t reaper;
   int reaper_started;
 
@@ -614,10 +615,36 @@ rbdb_set_deadline (struct backing *b, uint64_t deadline_ms)
   unlock_or_die (&rb->lock);
 }
 
+/* Release the lock, close the image, disconnect: all of it talks to the
+ * cluster and can wait forever for one that went away. */
+static void *
+closer_main (void *arg)
+{
+  struct rbdb_backing *rb = arg;
+
+  if (rb->image) {
+    if (rb->locked)
+      (void) rbd_lock_release (rb->image);
+    rbd_close (rb->image);
+  }
+  if (rb->io)
+    rados_ioctx_destroy (rb->io);
+  if (rb->cluster)
+    rados_shutdown (rb->cluster);
+  lock_or_die (&rb->lock);
+  rb->closed = 1;
+  pthread_cond_broadcast (&rb->tick);
+  unlock_or_die (&rb->lock);
+  return NULL;
+}
+
 static void
 rbdb_close (struct backing *b)
 {
   struct rbdb_backing *rb = to_rbd (b);
+  uint64_t end = deadline_for (rb), now;
+  pthread_t t;
+  int closed;
 
   if (rb->reaper_started) {
     lock_or_die (&rb->lock);
@@ -636,15 +663,23 @@ rbdb_close (struct backing *b)
              (unsigned long) atomic_load (&rb->abandoned));
     return;
   }
-  if (rb->image) {
-    if (rb->locked)
-      (void) rbd_lock_release (rb->image);
-    rbd_close (rb->image);
+  /* The same for a cluster that is gone: wait for the close until the
+   * shutdown deadline (else request-timeout), then leave it. */
+  if (pthread_create (&t, NULL, closer_main, rb) != 0)
+    closer_main (rb);
+  else
+    pthread_detach (t);
+  lock_or_die (&rb->lock);
+  while (!rb->closed && (now = now_ms ()) < end)
+    cond_wait_ms (&rb->tick, &rb->lock, end - now);
+  closed = rb->closed;
+  unlock_or_die (&rb->lock);
+  if (!closed) {
+    fprintf (stderr, "foliod: rbd:%s: the cluster does not answer: image "
+             "not closed cleanly (its lock frees when its watch expires)\n",
+             rb->name);
+    return;
   }
-  if (rb->io)
-    rados_ioctx_destroy (rb->io);
-  if (rb->cluster)
-    rados_shutdown (rb->cluster);
   pthread_mutex_destroy (&rb->lock);
   pthread_cond_destroy (&rb->tick);
   free (rb->chunks);
