@@ -8,6 +8,7 @@
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
+#   make ceph-up / ceph-down   a one-node Ceph cluster in CEPH_DIR (rbd:)
 #   make check-crash  the kill -9 loop on a pmem store for ROUNDS (1000) rounds
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
@@ -45,6 +46,9 @@ ALLCFLAGS = -std=gnu11 $(WARN) -fPIC -pthread -Iinclude -Isrc $(CFLAGS) \
             $(shell pkg-config --cflags libnbd 2>/dev/null)
 LDLIBS_CORE = -pthread $(shell pkg-config --libs libnbd 2>/dev/null || echo -lnbd) \
               $(shell pkg-config --libs libpmem2 zlib 2>/dev/null || echo -lpmem2 -lz)
+# librbd (src/backing/rbd.c; Debian ships no .pc for it): only the
+# binaries that pull in the rbd backing get it (--as-needed).
+LDLIBS_CORE += -Wl,--as-needed -lrbd -lrados -Wl,--no-as-needed
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
 # The daemon alone: metrics-listen's HTTP server (src/daemon/metrics.c).
 LDLIBS_DAEMON = $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
@@ -180,6 +184,15 @@ check: deps
 	$(MAKE) all
 	$(TEST_ENV) tests/run-tests $(UNIT_BINS) $(sort $(wildcard tests/test-*.sh))
 
+# A one-node Ceph cluster by hand (the rbd tests start their own):
+# make ceph-up prints CEPH_CONF=...; then rbd:rbd/img,ceph-conf=$CEPH_CONF.
+CEPH_DIR ?= /tmp/foliod-ceph
+.PHONY: ceph-up ceph-down
+ceph-up:
+	@tests/ceph/cluster up $(CEPH_DIR)
+ceph-down:
+	@tests/ceph/cluster down $(CEPH_DIR) && rm -rf $(CEPH_DIR)
+
 check-unit: all
 	$(TEST_ENV) tests/run-tests $(UNIT_BINS)
 
@@ -298,7 +311,7 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= core-bench nbd-bench scaling write-amp seed-workload remote-read remote-seqread pmem-bench wb-stall
+BENCHES ?= core-bench nbd-bench scaling write-amp seed-workload remote-read remote-seqread pmem-bench wb-stall ceph-bench
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \

@@ -190,10 +190,15 @@ struct backing_opts {
   int no_locking;         /* file: take no image locks (locking=off) */
   int format_raw;         /* file: serve the bytes without probing for an
                            * image format (format=raw) */
+  const char *ceph_conf;        /* rbd: ceph.conf path (NULL: librados'
+                                 * default search) */
+  const char *ceph_id;          /* rbd: client name without "client."
+                                 * (NULL: admin) */
+  const char *ceph_keyring;     /* rbd: keyring (NULL: the conf's) */
 };
 
 /* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",
- * "nbds://...", "nbd+unix://...", "nbds+unix://...".  On failure returns
+ * "nbds://...", "nbd+unix://...", "nbds+unix://...", "rbd:POOL/IMAGE".  On failure returns
  * NULL and writes a one-line reason into err. */
 struct backing *backing_open (const char *spec, const struct backing_opts *o,
                               char *err, size_t errlen) FOLIOD_WUR;
@@ -203,6 +208,9 @@ struct backing *backing_file_open (const char *path,
                                    const struct backing_opts *o,
                                    char *err, size_t errlen) FOLIOD_WUR;
 struct backing *backing_nbd_open (const char *uri,
+                                  const struct backing_opts *o,
+                                  char *err, size_t errlen) FOLIOD_WUR;
+struct backing *backing_rbd_open (const char *spec,
                                   const struct backing_opts *o,
                                   char *err, size_t errlen) FOLIOD_WUR;
 

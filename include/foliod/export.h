@@ -24,10 +24,13 @@ struct export_config {
   int tls_require;         /* -1: server default, 0 off, 1 require */
   struct cache_config cache;
   struct backing_opts bopts; /* numbers only: export_open points its
-                              * strings at the three below */
+                              * strings at the ones below */
   char *tls_certificates;  /* nbds backing, may be NULL */
   char *tls_psk_file;
   char *tls_username;
+  char *ceph_conf;         /* rbd backing, may be NULL */
+  char *ceph_id;
+  char *ceph_keyring;
 };
 
 /* Defaults: no name, no backing, ram store, cache_config_default(). */
@@ -40,7 +43,8 @@ void export_config_free (struct export_config *cfg) FOLIOD_NONNULL (1);
  *   block-size, direct-threshold, max-io, dirty-background, dirty-limit,
  *   dirty-expire, read-only, description, store (ram|pmem:PATH), flush
  *   (store|backing), connections, retry-timeout,
- *   tls-certificates, tls-psk-file, tls-username, tls.
+ *   tls-certificates, tls-psk-file, tls-username, tls, ceph-conf,
+ *   ceph-id, ceph-keyring.
  * Sizes take K, M, G, T suffixes (powers of 1024).  Returns 0, or -1 with
  * a reason in err (unknown key, bad value). */
 int export_config_set (struct export_config *cfg, const char *key,

@@ -28,6 +28,8 @@ backing_open (const char *spec, const struct backing_opts *o,
   for (i = 0; i < sizeof nbd_schemes / sizeof nbd_schemes[0]; i++)
     if (has_prefix (spec, nbd_schemes[i]))
       return backing_nbd_open (spec, o, err, errlen);
+  if (has_prefix (spec, "rbd:"))
+    return backing_rbd_open (spec + 4, o, err, errlen);
   if (has_prefix (spec, "file://"))
     return backing_file_open (spec + 7, o, err, errlen);
   if (has_prefix (spec, "file:"))
@@ -38,7 +40,7 @@ backing_open (const char *spec, const struct backing_opts *o,
   if (sep != NULL && strchr (spec, '/') > sep) {
     snprintf (err, errlen,
               "unsupported backing scheme \"%.*s\" (use file:PATH, nbd://, "
-              "nbds://, nbd+unix:// or nbds+unix://)",
+              "nbds://, nbd+unix://, nbds+unix:// or rbd:POOL/IMAGE)",
               (int) (sep - spec), spec);
     return NULL;
   }

@@ -691,6 +691,8 @@ backing_file_path (const char *spec)
     return spec + 7;
   if (strncmp (spec, "file:", 5) == 0)
     return spec + 5;
+  if (strncmp (spec, "rbd:", 4) == 0)
+    return NULL;
   sep = strstr (spec, "://");
   return sep && strchr (spec, '/') > sep ? NULL : spec;
 }

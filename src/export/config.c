@@ -12,7 +12,8 @@
 
 const struct export_key_help export_keys[] = {
   { "backing", "where the data lives: file:PATH, nbd://HOST[:PORT]/NAME, "
-               "nbds://..., nbd+unix:///NAME?socket=PATH (required)" },
+               "nbds://..., nbd+unix:///NAME?socket=PATH, "
+               "rbd:POOL/IMAGE[@SNAP] (required)" },
   { "format", "file backing: raw serves the bytes as they are; auto "
               "(default) refuses a file that holds a qcow2, vmdk, ... image" },
   { "locking", "file backing: on (default) locks the image as qemu does, "
@@ -45,8 +46,12 @@ const struct export_key_help export_keys[] = {
   { "connections", "nbd backing: connections to the remote (default 4)" },
   { "retry-timeout", "nbd backing: how long in ms a request waits for a "
                      "lost remote to come back (default 30000)" },
-  { "request-timeout", "nbd backing: a request the remote does not answer "
-                       "in this many ms fails (default 30000)" },
+  { "request-timeout", "nbd and rbd backings: a request the remote does "
+                       "not answer in this many ms fails (default 30000)" },
+  { "ceph-conf", "rbd backing: the cluster's ceph.conf (default: "
+                 "librados' search)" },
+  { "ceph-id", "rbd backing: client name without client. (default admin)" },
+  { "ceph-keyring", "rbd backing: keyring file (default: the conf's)" },
   { "tls-certificates", "nbds backing: directory with ca-cert.pem etc." },
   { "tls-psk-file", "nbds backing: PSK file" },
   { "tls-username", "nbds backing: PSK user name" },
@@ -72,6 +77,9 @@ export_config_free (struct export_config *cfg)
   free (cfg->tls_certificates);
   free (cfg->tls_psk_file);
   free (cfg->tls_username);
+  free (cfg->ceph_conf);
+  free (cfg->ceph_id);
+  free (cfg->ceph_keyring);
   memset (cfg, 0, sizeof *cfg);
 }
 
@@ -234,6 +242,10 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "tls-username"))
     return set_string (&cfg->tls_username, value);
   if (!strcmp (key, "tls")) return set_tls (&cfg->tls_require, value);
+  if (!strcmp (key, "ceph-conf")) return set_string (&cfg->ceph_conf, value);
+  if (!strcmp (key, "ceph-id")) return set_string (&cfg->ceph_id, value);
+  if (!strcmp (key, "ceph-keyring"))
+    return set_string (&cfg->ceph_keyring, value);
   errno = ENOENT;
   return -1;
 }

@@ -10,7 +10,7 @@
 #include "foliod/export.h"
 #include "foliod/util.h"
 
-/* The file a file: backing spec names, or NULL (nbd). */
+/* The file a file: backing spec names, or NULL (nbd, rbd). */
 static const char *
 spec_file_path (const char *spec)
 {
@@ -18,7 +18,7 @@ spec_file_path (const char *spec)
     return spec + 7;
   if (strncmp (spec, "file:", 5) == 0)
     return spec + 5;
-  if (strstr (spec, "://"))
+  if (strstr (spec, "://") || strncmp (spec, "rbd:", 4) == 0)
     return NULL;
   return spec;
 }
@@ -109,6 +109,9 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   bo.tls_certificates = cfg->tls_certificates;
   bo.tls_psk_file = cfg->tls_psk_file;
   bo.tls_username = cfg->tls_username;
+  bo.ceph_conf = cfg->ceph_conf;
+  bo.ceph_id = cfg->ceph_id;
+  bo.ceph_keyring = cfg->ceph_keyring;
   bo.read_only = cfg->read_only;
   bo.direct = cfg->cache.mode == CACHE_NONE || cfg->cache.direct_threshold;
   if (spec_file_path (cfg->backing) &&

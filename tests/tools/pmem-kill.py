@@ -5,6 +5,7 @@ usage: pmem-kill.py (--foliod PATH --export SPEC | --nbdkit-file)
                     --socket PATH --backing FILE
                     [--rounds N] [--seed N] [--log FILE] [--tscale N]
                     [--min-ms N] [--max-ms N] [--vary ,KEY=VALUE...]
+                    [--before-start CMD] [--backing-cmd CMD]
 
 Runs FOLIOD --foreground --unix SOCKET --export SPEC (export disk0 on
 BACKING FILE, its store given in SPEC) and, per round: 2-4 libnbd clients
@@ -39,6 +40,11 @@ Exit 0 on success; on a failure prints the seed, the round, the offset,
 the bytes read and what was allowed there, and exits 1.  --seed replays
 the random choices (round lengths, clients, ranges, data); the timing of
 the threads is not reproducible.
+
+A backing that is not a file (rbd:): --backing-cmd is a shell command
+that copies its contents into FILE, run before FILE is read (at the start
+and after SIGTERM); --before-start is one run before each start of foliod
+(rbd: breaking the lock the killed foliod left behind).
 """
 import argparse
 import ctypes
@@ -84,6 +90,8 @@ def parse():
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--log", default=None, help="foliod's output (appended)")
     p.add_argument("--tscale", type=int, default=1, help="timeout factor")
+    p.add_argument("--before-start", default=None)
+    p.add_argument("--backing-cmd", default=None)
     p.add_argument("--min-ms", type=int, default=150)
     p.add_argument("--max-ms", type=int, default=700)
     return p.parse_args()
@@ -206,6 +214,7 @@ class Run:
         self.rng = random.Random(self.seed)
         self.pool = random.Random(self.seed ^ 0x5eed).randbytes(POOL)
         self.pool_mv = memoryview(self.pool)
+        self.refresh_backing()
         with open(a.backing, "rb") as f:
             self.model = f.read()      # what each byte holds before a round
         self.size = len(self.model)
@@ -235,6 +244,8 @@ class Run:
         except FileNotFoundError:
             pass
         libc = ctypes.CDLL(None, use_errno=True)
+        if a.before_start:
+            subprocess.run(a.before_start, shell=True, check=True)
         t0 = time.monotonic()
         # PR_SET_PDEATHSIG: foliod dies with the driver (a timeout
         # killing the driver must not leave it behind).
@@ -485,7 +496,12 @@ class Run:
                  % (t["acked"], t["bytes"] >> 20, t["fua"], t["unflushed"],
                     t["flushes"], t["inflight"]))
 
+    def refresh_backing(self):
+        if self.a.backing_cmd:
+            subprocess.run(self.a.backing_cmd, shell=True, check=True)
+
     def check_backing(self):
+        self.refresh_backing()
         with open(self.a.backing, "rb") as f:
             disk = f.read()
         if disk != self.model:

@@ -1,0 +1,123 @@
+#!/bin/bash
+# The rbd backing while the cluster's only OSD is stopped and restarted
+# under load (issue 27).  foliod (request-timeout=3000) holds data that
+# was written and flushed; then the OSD hangs (SIGSTOP): new writes land
+# in the cache and stay dirty, FLUSH fails within the bound (the
+# writeback's requests time out; librbd cannot cancel them, so FLUSH
+# keeps failing while one is out), a read that misses fails or answers
+# within the bound, nothing hangs.  The OSD continues (SIGCONT): FLUSH
+# succeeds again and the dirty data is written.  Then the OSD is killed
+# (SIGKILL) and started again while a client writes: the same.  At the
+# end, after SIGTERM, `rbd export` reads the model: nothing acknowledged
+# and flushed was lost, nor anything written while the OSD was away.
+# Last, a foliod with nothing dirty exits 0 in time on SIGTERM after the
+# whole cluster went away.
+. "$(dirname "$0")/lib.sh"
+lib_init rbd-osd
+. "$(dirname "$0")/lib-ceph.sh"
+. "$(dirname "$0")/lib-remote.sh" 2>/dev/null || true
+trap _ceph_cleanup EXIT
+
+ceph_up 64M
+# Data at 16M..20M that foliod has not read: a miss goes to the OSD.
+truncate -s 64M "$tmp/model"
+head -c 4M /dev/urandom | dd of="$tmp/model" bs=1M seek=16 conv=notrunc status=none
+rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
+rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
+start_foliod --control "$tmp/ctl" --export \
+  "disk0=$(rbd_backing),cache-size=32M,request-timeout=3000,dirty-expire=200,writeback-interval=100"
+U=$(uri disk0)
+
+# put FILE OFFSET [SECONDS]: write FILE at OFFSET through foliod and into
+# the model; a write that fails (the dirty limit reached while writeback
+# cannot go on) is repeated for up to SECONDS (default: not).
+put () {
+  local end=$(( SECONDS + ${3:-0} ))
+  until timeout 60 nbdsh -u "$U" -c "h.pwrite(open('$1', 'rb').read(), $2)"; do
+    [ $SECONDS -lt $end ] || fail "write of $1 at $2"
+    sleep 0.5
+  done
+  dd if="$1" of="$tmp/model" bs=1M seek=$(( $2 >> 20 )) conv=notrunc \
+    status=none
+}
+
+# flush_until_ok SECONDS: FLUSH until one succeeds.
+flush_until_ok () {
+  local end=$(( SECONDS + $1 ))
+  until timeout 60 nbdsh -u "$U" -c 'h.flush()' 2>/dev/null; do
+    if [ $SECONDS -ge $end ]; then
+      # What foliod waits for: its threads, for the log.
+      gdb -p "$(pgrep -P "$FOLIOD_PID" foliod)" -batch \
+        -ex "thread apply all bt 10" 2>/dev/null | grep -E "^#|^Thread" | head -300 || true
+      tail -n 30 "$CEPH_DIR"/log/client.admin.*.log 2>/dev/null || true
+      fail "FLUSH still fails $1 s after the OSD came back"
+    fi
+    sleep 0.5
+  done
+}
+
+random_file "$tmp/a" 4
+put "$tmp/a" 0
+nbdsh -u "$U" -c 'h.flush()' || fail "first flush"
+
+echo "== OSD stopped (SIGSTOP)"
+"$CLUSTER" osd-stop "$CEPH_DIR"
+random_file "$tmp/b" 4
+put "$tmp/b" $(( 4 << 20 ))
+start=$SECONDS
+timeout $((60 * TSCALE)) nbdsh -u "$U" -c '
+try:
+    h.flush()
+    raise SystemExit("FLUSH succeeded while the OSD is stopped")
+except nbd.Error as e:
+    print("flush failed as it must:", e)
+' || fail "FLUSH while the OSD is stopped did not fail in time"
+echo "flush answered after $(( SECONDS - start )) s"
+dirty=$(foliod_stat "$tmp/ctl" foliod_dirty_bytes)
+echo "dirty $dirty"
+[ "$dirty" -gt 0 ] || fail "no dirty data while the OSD is stopped"
+# Cached data still reads; a miss answers (data or an error) in time.
+timeout $((60 * TSCALE)) nbdsh -u "$U" -c "
+assert h.pread(4096, 4 << 20) == open('$tmp/b', 'rb').read(4096)
+try:
+    assert h.pread(65536, 16 << 20) == open('$tmp/model', 'rb').read()[16 << 20:(16 << 20) + 65536]
+    print('miss answered')
+except nbd.Error as e:
+    print('miss failed:', e)
+" || fail "a read while the OSD is stopped did not answer in time"
+foliod_alive
+
+echo "== OSD continued (SIGCONT)"
+"$CLUSTER" osd-cont "$CEPH_DIR"
+flush_until_ok 120
+dirty=$(foliod_stat "$tmp/ctl" foliod_dirty_bytes)
+[ "$dirty" -eq 0 ] || fail "dirty $dirty after a successful FLUSH"
+
+echo "== OSD killed (SIGKILL) and started again"
+"$CLUSTER" osd-kill "$CEPH_DIR"
+random_file "$tmp/c" 4
+put "$tmp/c" $(( 8 << 20 ))
+timeout $((60 * TSCALE)) nbdsh -u "$U" -c '
+try:
+    h.flush()
+    raise SystemExit("FLUSH succeeded while the OSD is dead")
+except nbd.Error as e:
+    print("flush failed as it must:", e)
+' || fail "FLUSH while the OSD is dead did not fail in time"
+"$CLUSTER" osd-start "$CEPH_DIR" || fail "the OSD did not come back"
+random_file "$tmp/d" 4
+put "$tmp/d" $(( 12 << 20 )) 120
+flush_until_ok 120
+foliod_alive
+stop_foliod
+rbd_cmd export --no-progress rbd/img "$tmp/exported" || fail "rbd export"
+same_file "$tmp/exported" "$tmp/model" ||
+  fail "the image differs from the model"
+
+echo "== the whole cluster gone, then SIGTERM"
+# Nothing dirty: foliod must still exit 0 in time (releasing the lock and
+# closing the image wait for a cluster that is not there: given up).
+start_foliod --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000"
+"$CLUSTER" down "$CEPH_DIR"
+stop_foliod
+echo OK
