@@ -16,31 +16,38 @@
  *      locks).  The daemon (control, closers, metrics) likewise calls
  *      the cache with none of its state locked.
  *   2. cache writeback (src/cache/cache-int.h): wb_mutex, then walk_lock.
- *      walk_lock is held while a batch's stripes are taken, and so waits
- *      for a stripe another thread holds across backing I/O.
- *   3. cache stripes, several only in ascending order (range_lock),
- *      otherwise by trylock.  Held across backing I/O: every lock of the
- *      backing (line 6) may be taken under a stripe.
- *   4. the cache's index lock (c->lock); with a page store, the store's
- *      sync_lock under it (set_index -> pmem_reuse_wait) and under a
- *      stripe (pmem_unclean), held across msync.
+ *      walk_lock is held while a batch is cut, its stripes taken by
+ *      trylock only: it never waits for a stripe.
+ *   3. cache stripes, several only in ascending order (range_lock), a
+ *      window's worth at most, otherwise by trylock.  Held across the
+ *      backing I/O of fills, passthrough pieces and a write's own
+ *      write-through, never across writeback (a batch marks its folios
+ *      and drops their stripes): every lock of the backing (line 6) may
+ *      be taken under a stripe.
+ *   4. the cache's index lock (c->lock), never held across I/O nor a
+ *      store sync (set_index and store_may_reuse never wait; store_sync
+ *      runs with no cache lock held).  A page store's sync_lock is taken
+ *      under a stripe or c->lock only by pmem_unclean, at the first
+ *      change after a clean mark (a header write, no msync of data).
  *   5. cache leaves: flush_group.lock, readahead's ra->lock, taken with
  *      no other cache lock held (flush-group.h, readahead.c).
- *   6. backing (src/backing/): nbd: a connection's rwlock (read by a
- *      loop issuing a parked miss: cache_fetch holds no cache lock
- *      then), and under it, one at a time, poller_lock, async_lock and
- *      libnbd's own handle lock; fork_lock before poller_lock; ext_lock
+ *   6. backing (src/backing/): nbd: a connection's rwlock (tried, never
+ *      waited for, by a loop issuing a parked miss: cache_fetch holds no
+ *      cache lock then), and under it, one at a time, poller_lock,
+ *      async_lock and libnbd's own handle lock; fork_lock before poller_lock; ext_lock
  *      a leaf.  libnbd runs completion callbacks under its handle lock:
  *      a parked miss's completion then takes its loop's sloop.lock
  *      (line 1's leaves may be taken under anything).  file: rmw_lock[]
- *      (two at most, lower address first) and pool_lock, leaves.
+ *      (two at most, lower address first) and pool_lock, leaves.  rbd:
+ *      the backing's lock (in-flight list) and a waiter's lock, leaves.
+ *      The ssd store's mu (store-ssd.c) is a leaf, never held over I/O.
  *   7. log_lock (src/daemon/log.c): innermost; any thread may log under
  *      any of the above.
  *
  * A loop thread takes cache locks only through CACHE_NOWAIT calls
- * (stripes by trylock, then line 4), so it waits at most for c->lock
- * (with a page store, an msync under it) and for an nbd connection's
- * rwlock during a reconnect.
+ * (stripes by trylock, then line 4), so it waits at most for c->lock,
+ * which no thread holds across I/O; the nbd backing's async path takes
+ * its rwlock and poller lock by trylock (busy: EAGAIN, a worker).
  */
 #ifndef FOLIOD_LOCK_H
 #define FOLIOD_LOCK_H
