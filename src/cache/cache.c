@@ -650,6 +650,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
 #undef G
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);
+  store_get_stats (c->store, &s->store);
   lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;
