@@ -59,6 +59,9 @@ untouched () {
 start_foliod "${args[@]}"
 grep -q "export d: store ssd:$tmp/st: new" "$FOLIOD_LOG" ||
   fail "new store not logged: $(cat "$FOLIOD_LOG")"
+# The store line says how the store makes writes durable (no msync here).
+grep -q "export d: store ssd:$tmp/st granularity=log (log write, fdatasync) power-safe at FLUSH/FUA; flush=store" \
+  "$FOLIOD_LOG" || fail "store line: $(grep 'store ssd' "$FOLIOD_LOG")"
 # The log's live counters (issue 25): they move with the writes and syncs.
 syncs0=$(stat foliod_store_syncs_total)
 records0=$(stat foliod_store_log_records_total)

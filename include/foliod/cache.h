@@ -271,6 +271,7 @@ void cache_get_stats (struct cache *c, struct cache_stats *st)
 struct cache_store_info {
   const char *kind;           /* "ram" or "pmem" */
   const char *granularity;    /* pmem: "cache-line", "byte" or "page" */
+  const char *mechanism;      /* the store's: what makes writes durable */
   int power_safe_per_write;   /* pmem: each write, else at FLUSH/FUA */
   int devdax;                 /* pmem: a device-DAX character device */
   int formatted;              /* pmem: a new store, nothing recovered */

@@ -75,6 +75,7 @@ struct store;
 /* What a persistent store tells about itself (stats, the log line). */
 struct store_info {
   const char *granularity;   /* pmem: "cache-line", "byte" or "page" */
+  const char *mechanism;     /* what makes writes durable: "msync", ... */
   bool devdax;               /* pmem: a device-DAX character device */
   bool formatted;            /* new store: nothing to recover */
   bool was_clean;            /* shut down cleanly: every bit is trusted */

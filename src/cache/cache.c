@@ -228,6 +228,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   }
   store_get_info (c->store, &info);
   si->granularity = info.granularity;
+  si->mechanism = info.mechanism ? info.mechanism : "?";
   si->power_safe_per_write = !(c->store->caps & STORE_DEFERRED);
   si->devdax = info.devdax;
   si->formatted = info.formatted;

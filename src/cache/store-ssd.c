@@ -565,6 +565,7 @@ ssd_info (struct store *s, struct store_info *out)
   struct store_ssd *p = SS (s);
 
   out->granularity = "log";
+  out->mechanism = "log write, fdatasync";
   out->formatted = p->formatted;
   out->was_clean = p->was_clean;
 }
