@@ -9,7 +9,8 @@
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make ceph-up / ceph-down   a one-node Ceph cluster in CEPH_DIR (rbd:)
-#   make check-crash  the kill -9 loop on a pmem store for ROUNDS (1000) rounds
+#   make check-crash  the kill -9 loops on a pmem and an ssd store, ROUNDS
+#                     (1000) rounds each
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -276,8 +277,9 @@ check-vm-pmem: deps
 ROUNDS ?= 1000
 check-crash: deps
 	$(MAKE) $(FOLIOD)
-	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 4 + 300 )) \
-	  tests/run-tests tests/test-pmem-kill.sh
+	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) SSD_KILL_ROUNDS=$(ROUNDS) \
+	  TEST_TIMEOUT=$$(( $(ROUNDS) * 4 + 300 )) \
+	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.

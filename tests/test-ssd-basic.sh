@@ -59,7 +59,26 @@ untouched () {
 start_foliod "${args[@]}"
 grep -q "export d: store ssd:$tmp/st: new" "$FOLIOD_LOG" ||
   fail "new store not logged: $(cat "$FOLIOD_LOG")"
+# The store line says how the store makes writes durable (no msync here).
+grep -q "export d: store ssd:$tmp/st granularity=log (log write, fdatasync) power-safe at FLUSH/FUA; flush=store" \
+  "$FOLIOD_LOG" || fail "store line: $(grep 'store ssd' "$FOLIOD_LOG")"
+# The log's live counters (issue 25): they move with the writes and syncs.
+syncs0=$(stat foliod_store_syncs_total)
+records0=$(stat foliod_store_log_records_total)
+[ -n "$syncs0" ] && [ -n "$records0" ] ||
+  fail "no store log metrics: $(grep foliod_store "$tmp/stats")"
 timeout 60 python3 "$tmp/io.py" write "$SOCK" || fail "writes failed"
+[ "$(stat foliod_store_syncs_total)" -gt "$syncs0" ] ||
+  fail "store syncs did not move: $(grep foliod_store "$tmp/stats")"
+[ "$(stat foliod_store_log_records_total)" -gt "$records0" ] ||
+  fail "store log records did not move: $(grep foliod_store "$tmp/stats")"
+[ "$(stat foliod_store_log_used_bytes)" -gt 400000 ] ||
+  fail "store log used: $(grep foliod_store "$tmp/stats")"
+[ "$(stat foliod_store_log_size_bytes)" -gt "$(stat foliod_store_log_used_bytes)" ] ||
+  fail "store log size: $(grep foliod_store "$tmp/stats")"
+awk '$1 == "foliod_store_sync_seconds_total{export=\"d\"}" && $2 > 0 {ok=1}
+     END {exit !ok}' "$tmp/stats" ||
+  fail "store sync seconds: $(grep foliod_store "$tmp/stats")"
 [ "$(stat foliod_store_dirty_bytes)" -gt 400000 ] ||
   fail "store dirty bytes: $(stat foliod_store_dirty_bytes)"
 grep -q '^foliod_store_info{export="d",kind="ssd",granularity="log",flush="store"} 1$' \

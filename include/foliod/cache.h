@@ -121,6 +121,7 @@ struct cache_stats {
    * flush_ops: their mean latencies.  flush_ns is each flush's own wait,
    * a pass shared with other flushes included. */
   uint64_t backing_write_ns, backing_flush_ns, flush_ns;
+  struct store_stats store;   /* the store's own (store_get_stats) */
   /* The dirty thresholds in force (bytes): writeback starts above the
    * first, writers wait above the second. */
   uint64_t dirty_background_bytes, dirty_limit_bytes;
@@ -270,6 +271,7 @@ void cache_get_stats (struct cache *c, struct cache_stats *st)
 struct cache_store_info {
   const char *kind;           /* "ram" or "pmem" */
   const char *granularity;    /* pmem: "cache-line", "byte" or "page" */
+  const char *mechanism;      /* the store's: what makes writes durable */
   int power_safe_per_write;   /* pmem: each write, else at FLUSH/FUA */
   int devdax;                 /* pmem: a device-DAX character device */
   int formatted;              /* pmem: a new store, nothing recovered */

@@ -36,6 +36,7 @@
  *    unstable ones come back dirty), frees the others.
  *  - mark_clean(): at shutdown, after everything was written back and the
  *    backing flushed: the next open trusts every uptodate block.
+ *  - stats(): live counters for foliod stats and /metrics; any thread.
  * Optional operations may be NULL: the wrappers below answer for them.
  */
 #ifndef FOLIOD_STORE_H
@@ -74,10 +75,20 @@ struct store;
 /* What a persistent store tells about itself (stats, the log line). */
 struct store_info {
   const char *granularity;   /* pmem: "cache-line", "byte" or "page" */
+  const char *mechanism;     /* what makes writes durable: "msync", ... */
   bool devdax;               /* pmem: a device-DAX character device */
   bool formatted;            /* new store: nothing to recover */
   bool was_clean;            /* shut down cleanly: every bit is trusted */
   const char *warm_dropped;  /* shut down cleanly but not trusted: why */
+};
+
+/* What a store did, read live (stats, /metrics); 0 where it has no such
+ * thing (the pmem store keeps no log). */
+struct store_stats {
+  uint64_t log_used, log_bytes;  /* a log store: bytes in use, its size */
+  uint64_t records;              /* a log store: block records appended */
+  uint64_t syncs;                /* sync()s completed */
+  uint64_t sync_ns;              /* the time they took */
 };
 
 /* Called by recover for each slot that holds a folio, in folio order,
@@ -121,6 +132,8 @@ struct store_ops {
    * set_index marks it in use again.  NULL: 0. */
   int (*mark_clean) (struct store *s);
   void (*info) (struct store *s, struct store_info *out);   /* NULL: zeros */
+  /* Any thread, while the store is open.  NULL: zeros. */
+  void (*stats) (struct store *s, struct store_stats *out);
   void (*destroy) (struct store *s);
 };
 
@@ -175,6 +188,14 @@ store_get_info (struct store *s, struct store_info *out)
   memset (out, 0, sizeof *out);
   if (s->ops->info)
     s->ops->info (s, out);
+}
+
+static inline void
+store_get_stats (struct store *s, struct store_stats *out)
+{
+  memset (out, 0, sizeof *out);
+  if (s->ops->stats)
+    s->ops->stats (s, out);
 }
 
 /* Anonymous memory for nslots folios of folio_size with block_size blocks,

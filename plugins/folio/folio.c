@@ -191,8 +191,8 @@ folio_log_store (void)
   if (folio_export->store == NULL)
     return;
   cache_get_store_info (folio_export->cache, &si);
-  nbdkit_debug ("folio: store %s granularity=%s power-safe %s; flush=%s",
-                folio_cfg.store, si.granularity,
+  nbdkit_debug ("folio: store %s granularity=%s (%s) power-safe %s; "
+                "flush=%s", folio_cfg.store, si.granularity, si.mechanism,
                 si.power_safe_per_write ? "at each write" : "at FLUSH/FUA",
                 si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
   if (!si.formatted)

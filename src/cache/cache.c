@@ -228,6 +228,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   }
   store_get_info (c->store, &info);
   si->granularity = info.granularity;
+  si->mechanism = info.mechanism ? info.mechanism : "?";
   si->power_safe_per_write = !(c->store->caps & STORE_DEFERRED);
   si->devdax = info.devdax;
   si->formatted = info.formatted;
@@ -650,6 +651,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
 #undef G
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);
+  store_get_stats (c->store, &s->store);
   lock_or_die (&c->lock);
   s->cached_bytes = (uint64_t) (c->store->nslots - c->nr_free)
                     << c->folio_shift;

@@ -151,12 +151,10 @@ uint64_t ssd_log_default (uint64_t cache_bytes);
 uint64_t ssd_compaction_max (uint32_t nslots, uint32_t folio_size,
                              uint32_t block_size);
 
-/* What the store did, for tests and inspect. */
+/* What the store did (its stats op says part of it). */
 struct ssd_stats {
   uint64_t syncs, batches, records, compactions;
-  uint64_t log_used, log_bytes;
   uint64_t sync_ns_total, sync_ns_max;
 };
-void store_ssd_stats (struct store *s, struct ssd_stats *out);
 
 #endif /* FOLIOD_SSD_LAYOUT_H */

@@ -414,6 +414,8 @@ pmem_info (struct store *s, struct store_info *info)
 
   info->granularity = pmem_map_granularity_name (p->map.gran);
   info->devdax = p->map.devdax;
+  info->mechanism = p->map.devdax ? "device-DAX"
+                    : !(s->caps & STORE_DEFERRED) ? "MAP_SYNC" : "msync";
   info->formatted = p->formatted;
   info->was_clean = p->was_clean;
   info->warm_dropped = p->warm_dropped;

@@ -100,7 +100,8 @@ struct store_ssd {
   /* what open found */
   bool formatted, was_clean;
   struct recovered *rec;
-  struct ssd_stats st;
+  struct ssd_stats st;           /* the committer's (p->running) */
+  struct store_stats pub;        /* under mu: what stats reads */
 };
 
 #define SS(s) ((struct store_ssd *) (s))
@@ -388,6 +389,18 @@ now_ns (void)
   return (uint64_t) t.tv_sec * 1000000000u + (uint64_t) t.tv_nsec;
 }
 
+/* The log and its counters change outside mu, by the one committer
+ * (p->running): it publishes them, mu held, when it is done. */
+static void
+publish_stats (struct store_ssd *p)
+{
+  p->pub.log_used = p->head - p->sb.tail_lsn;
+  p->pub.log_bytes = p->sb.log_bytes;
+  p->pub.records = p->st.records;
+  p->pub.syncs = p->st.syncs;
+  p->pub.sync_ns = p->st.sync_ns_total;
+}
+
 /* One commit (only one runs at a time: p->running).  0 or -1/errno. */
 static int
 commit (struct store_ssd *p, uint64_t me)
@@ -486,6 +499,7 @@ ssd_sync (struct store *s)
     int r = commit (p, me), e = errno;
     pthread_mutex_lock (&p->mu);
     p->running = false;
+    publish_stats (p);
     if (r == 0)
       p->done = me;
     else
@@ -525,6 +539,7 @@ ssd_mark_clean (struct store *s)
   int e = errno;
   pthread_mutex_lock (&p->mu);
   p->running = false;
+  publish_stats (p);
   p->sb_dirty = true;
   if (r == -1 && p->err == 0)
     p->err = e;
@@ -534,15 +549,13 @@ ssd_mark_clean (struct store *s)
   return r;
 }
 
-void
-store_ssd_stats (struct store *s, struct ssd_stats *out)
+static void
+ssd_stats_op (struct store *s, struct store_stats *out)
 {
   struct store_ssd *p = SS (s);
 
   pthread_mutex_lock (&p->mu);
-  *out = p->st;
-  out->log_used = p->head - p->sb.tail_lsn;
-  out->log_bytes = p->sb.log_bytes;
+  *out = p->pub;
   pthread_mutex_unlock (&p->mu);
 }
 
@@ -552,6 +565,7 @@ ssd_info (struct store *s, struct store_info *out)
   struct store_ssd *p = SS (s);
 
   out->granularity = "log";
+  out->mechanism = "log write, fdatasync";
   out->formatted = p->formatted;
   out->was_clean = p->was_clean;
 }
@@ -953,6 +967,7 @@ static const struct store_ops ssd_ops = {
   .recover = ssd_recover,
   .mark_clean = ssd_mark_clean,
   .info = ssd_info,
+  .stats = ssd_stats_op,
   .destroy = ssd_destroy,
 };
 
@@ -1140,6 +1155,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
       (p->formatted && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
       d->ops->flush (d) == -1)
     FAIL (errno, "%s: writing the superblock: %s", path, strerror (errno));
+  publish_stats (p);            /* no other thread yet */
 #if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic push     /* -fanalyzer: &p->s is p (its first member), freed by ssd_destroy */
 #pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"

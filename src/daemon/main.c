@@ -397,7 +397,8 @@ log_direct (const struct daemon_export *e)
               "requests use buffered I/O", e->cfg.name);
 }
 
-/* Say which persistence a pmem store got, and what it brought back. */
+/* Say which persistence a store got (the store names its mechanism), and
+ * what it brought back. */
 static void
 log_store (const struct daemon_export *e)
 {
@@ -410,8 +411,7 @@ log_store (const struct daemon_export *e)
   cache_get_stats (e->ex->cache, &st);
   log_info ("export %s: store %s granularity=%s (%s) power-safe %s; "
             "flush=%s", e->cfg.name, e->cfg.store, si.granularity,
-            si.devdax ? "device-DAX"
-            : si.power_safe_per_write ? "MAP_SYNC" : "msync",
+            si.mechanism,
             si.power_safe_per_write ? "at each write" : "at FLUSH/FUA",
             si.flush == CACHE_FLUSH_STORE ? "store" : "backing");
   if (si.formatted)

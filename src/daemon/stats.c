@@ -26,7 +26,8 @@ enum metric_id {
   M_FLUSH_PASSES, M_SIZE, M_STORE_DIRTY, M_RA_BYTES, M_RA_WINDOWS,
   M_RA_HITS, M_RA_WASTED, M_BACKING_WRITE_OPS, M_BACKING_WRITE_SECONDS,
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
-  M_IN_DOUBT, M_COUNT
+  M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
+  M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_COUNT
 };
 
 static const struct {
@@ -124,6 +125,21 @@ static const struct {
   [M_DIRTY_LIMIT] = { "foliod_dirty_limit_bytes", "gauge",
                       "Dirty bytes above which writers wait for writeback "
                       "(dirty-limit, or the whole-export minimum)." },
+  [M_STORE_LOG_USED] = { "foliod_store_log_used_bytes", "gauge",
+                         "Bytes of the store's log in use (ssd store; 0 "
+                         "for the others)." },
+  [M_STORE_LOG_SIZE] = { "foliod_store_log_size_bytes", "gauge",
+                         "Size of the store's log (ssd store)." },
+  [M_STORE_RECORDS] = { "foliod_store_log_records_total", "counter",
+                        "Block records the store appended to its log "
+                        "(ssd store)." },
+  [M_STORE_SYNCS] = { "foliod_store_syncs_total", "counter",
+                      "Syncs of the store that wrote something (ssd "
+                      "store)." },
+  [M_STORE_SYNC_SECONDS] = { "foliod_store_sync_seconds_total", "counter",
+                             "Time those syncs took; over "
+                             "foliod_store_syncs_total, their mean "
+                             "latency." },
 };
 
 /* Kept in nanoseconds, said in seconds. */
@@ -131,7 +147,7 @@ static bool
 seconds_metric (int m)
 {
   return m == M_BACKING_WRITE_SECONDS || m == M_BACKING_FLUSH_SECONDS ||
-         m == M_FLUSH_SECONDS;
+         m == M_FLUSH_SECONDS || m == M_STORE_SYNC_SECONDS;
 }
 
 struct export_values {
@@ -182,6 +198,11 @@ export_values (struct export *ex, struct export_values *out)
   v[M_FLUSH_SECONDS] = st.flush_ns;
   v[M_DIRTY_BACKGROUND] = st.dirty_background_bytes;
   v[M_DIRTY_LIMIT] = st.dirty_limit_bytes;
+  v[M_STORE_LOG_USED] = st.store.log_used;
+  v[M_STORE_LOG_SIZE] = st.store.log_bytes;
+  v[M_STORE_RECORDS] = st.store.records;
+  v[M_STORE_SYNCS] = st.store.syncs;
+  v[M_STORE_SYNC_SECONDS] = st.store.sync_ns;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }
