@@ -116,8 +116,11 @@ same_file "$tmp/exported" "$tmp/model" ||
 
 echo "== the whole cluster gone, then SIGTERM"
 # Nothing dirty: foliod must still exit 0 in time (releasing the lock and
-# closing the image wait for a cluster that is not there: given up).
-start_foliod --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000"
+# closing the image wait for a cluster that is not there: given up).  The
+# image given up is never closed, so librbd's objects for it stay
+# allocated at exit: LeakSanitizer off for this foliod alone (under
+# make check-asan it reported exactly those, allocated inside librbd).
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 start_foliod --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000"
 "$CLUSTER" down "$CEPH_DIR"
 stop_foliod
 echo OK
