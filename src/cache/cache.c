@@ -117,6 +117,7 @@ cache_init_slots (struct cache *c)
   c->buckets_per_stripe = 1;
   while (c->buckets_per_stripe * NSTRIPES < n)
     c->buckets_per_stripe *= 2;
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   c->buckets = calloc (c->buckets_per_stripe * NSTRIPES, sizeof *c->buckets);
   if (c->folios == NULL || c->free_slots == NULL || c->buckets == NULL)
     return -1;
