@@ -221,6 +221,24 @@ backing_clear_doubt (struct backing *b)
   return b->ops->clear_doubt ? b->ops->clear_doubt (b) : 0;
 }
 
+/* For the remote backings' ops: a request of len bytes at off must lie
+ * inside the export, and a write (write != 0) needs a writable one.  0,
+ * or -1 with errno EINVAL or EROFS. */
+static inline int
+backing_check_range (const struct backing *b, uint64_t len, uint64_t off,
+                     int write)
+{
+  if (write && (b->caps & BACKING_READ_ONLY)) {
+    errno = EROFS;
+    return -1;
+  }
+  if (off > b->size || len > b->size - off) {
+    errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
 static inline void
 backing_set_deadline (struct backing *b, uint64_t deadline_ms)
 {

@@ -194,20 +194,6 @@ call_flush (struct nbd_handle *h, void *arg, nbd_completion_callback cb)
   return nbd_aio_flush (h, cb, 0);
 }
 
-static int
-check_range (struct backing *b, uint64_t len, uint64_t off, int write)
-{
-  if (write && (b->caps & BACKING_READ_ONLY)) {
-    errno = EROFS;
-    return -1;
-  }
-  if (off > b->size || len > b->size - off) {
-    errno = EINVAL;
-    return -1;
-  }
-  return 0;
-}
-
 /* Split [off, off+len) into requests of at most chunk bytes. */
 static int
 nbdb_chunked (struct nbdb_backing *nb, nbdb_issue fn, char *buf, uint64_t len,
@@ -315,7 +301,7 @@ nbdb_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 {
   struct nbdb_backing *nb = to_nbd (b);
 
-  if (check_range (b, len, off, 0) == -1)
+  if (backing_check_range (b, len, off, 0) == -1)
     return -1;
   return nbdb_chunked (nb, call_pread, buf, len, off, 0, nb->max_io);
 }
@@ -328,7 +314,7 @@ nbdb_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
   struct nbdb_backing *nb = to_nbd (b);
   struct io_req r = { buf, len, off, 0 };
 
-  if (check_range (b, len, off, 0) == -1)
+  if (backing_check_range (b, len, off, 0) == -1)
     return -1;
   if (len == 0 || len > nb->max_io) {
     errno = EINVAL;
@@ -344,7 +330,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   struct nbdb_backing *nb = to_nbd (b);
   int r;
 
-  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
+  if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
                     fua_flag (nb, flags), nb->max_io);
@@ -373,7 +359,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   uint32_t f = fua_flag (nb, flags);
   int r;
 
-  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
+  if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   if ((flags & BACKING_FAST_ZERO) && !nb->can_fast_zero) {
     errno = ENOTSUP;
@@ -400,7 +386,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   struct nbdb_backing *nb = to_nbd (b);
   int r;
 
-  if (check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
+  if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
@@ -477,7 +463,7 @@ nbdb_map (struct backing *b, uint64_t off, uint64_t len,
   uint64_t gen, epoch;
   unsigned i;
 
-  if (len == 0 || check_range (b, len, off, 0) == -1) {
+  if (len == 0 || backing_check_range (b, len, off, 0) == -1) {
     errno = EINVAL;
     return -1;
   }
@@ -578,7 +564,7 @@ nbdb_map_cached (struct backing *b, uint64_t off, uint64_t len,
 {
   struct nbdb_backing *nb = to_nbd (b);
 
-  if (len == 0 || check_range (b, len, off, 0) == -1) {
+  if (len == 0 || backing_check_range (b, len, off, 0) == -1) {
     errno = EINVAL;
     return -1;
   }

@@ -441,20 +441,6 @@ rreq_run (struct rbdb_backing *rb, enum rreq_kind kind, void *buf,
 }
 
 static int
-check_range (struct backing *b, uint64_t len, uint64_t off, int write)
-{
-  if (write && (b->caps & BACKING_READ_ONLY)) {
-    errno = EROFS;
-    return -1;
-  }
-  if (off > b->size || len > b->size - off) {
-    errno = EINVAL;
-    return -1;
-  }
-  return 0;
-}
-
-static int
 rbdb_flush (struct backing *b)
 {
   struct rbdb_backing *rb = to_rbd (b);
@@ -494,7 +480,7 @@ write_done (struct rbdb_backing *rb, unsigned flags, int r)
 static int
 rbdb_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
 {
-  if (check_range (b, len, off, 0) == -1)
+  if (backing_check_range (b, len, off, 0) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -507,7 +493,7 @@ rbdb_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
 {
   struct rreq *q;
 
-  if (check_range (b, len, off, 0) == -1)
+  if (backing_check_range (b, len, off, 0) == -1)
     return -1;
   if (len == 0) {
     errno = EINVAL;
@@ -527,7 +513,7 @@ rbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 {
   struct rbdb_backing *rb = to_rbd (b);
 
-  if (check_range (b, len, off, 1) == -1)
+  if (backing_check_range (b, len, off, 1) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -540,7 +526,7 @@ rbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct rbdb_backing *rb = to_rbd (b);
 
-  if (check_range (b, len, off, 1) == -1)
+  if (backing_check_range (b, len, off, 1) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -553,7 +539,7 @@ rbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct rbdb_backing *rb = to_rbd (b);
 
-  if (check_range (b, len, off, 1) == -1)
+  if (backing_check_range (b, len, off, 1) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -568,7 +554,7 @@ rbdb_map (struct backing *b, uint64_t off, uint64_t len,
   uint64_t i, end;
   int state;
 
-  if (len == 0 || check_range (b, len, off, 0) == -1) {
+  if (len == 0 || backing_check_range (b, len, off, 0) == -1) {
     errno = EINVAL;
     return -1;
   }
