@@ -24,6 +24,10 @@ is_power_of_2 (uint64_t v)
  * a log line), and at most outsize - 1 bytes come out, the last three "..."
  * when cut short.  Returns out.  ESCAPED_MAX is a good outsize. */
 #define ESCAPED_MAX 260
+/* Replace the string *field by a copy of value (the old one freed); -1
+ * and errno ENOMEM, *field unchanged, if the copy fails. */
+int str_replace (char **field, const char *value);
+
 const char *str_escape (char *out, size_t outsize, const void *in,
                         size_t inlen);
 

@@ -141,45 +141,6 @@ buf_aligned (struct file_backing *fb, const void *p)
   return (uintptr_t) p % fb->mem_align == 0;
 }
 
-/* O_DIRECT read of [off, off+len), all below direct_end. */
-static int
-dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
-{
-  const uint64_t a = fb->dio_align, end = off + len;
-  uint64_t pos = off;
-  char *bounce = NULL;
-  int ret = 0;
-
-  while (pos < end) {
-    char *dst = buf + (pos - off);
-    uint64_t body = ROUND_DOWN (end - pos, a);
-
-    if (pos % a == 0 && body > 0 && buf_aligned (fb, dst)) {
-      if (pread_exact (fb->fd_dio, dst, body, pos) == -1)
-        goto fail;
-      pos += body;
-      continue;
-    }
-    /* Bounce one window [ws, we) around pos. */
-    uint64_t ws = ROUND_DOWN (pos, a);
-    uint64_t we = MIN (ws + FILE_BOUNCE_SIZE, ROUND_UP (end, a));
-    uint64_t cend = MIN (end, we);
-    if (!bounce && !(bounce = bounce_get (fb)))
-      goto fail;
-    if (pread_exact (fb->fd_dio, bounce, we - ws, ws) == -1)
-      goto fail;
-    memcpy (dst, bounce + (pos - ws), cend - pos);
-    pos = cend;
-  }
- out:
-  if (bounce)
-    bounce_put (fb, bounce);
-  return ret;
- fail:
-  ret = -1;
-  goto out;
-}
-
 static pthread_mutex_t *
 rmw_lock_for (struct file_backing *fb, uint64_t sector_off)
 {
@@ -230,10 +191,23 @@ dio_write_window (struct file_backing *fb, char *bounce, const char *src,
   return ret;
 }
 
-/* O_DIRECT write of [off, off+len), all below direct_end. */
+/* Bounce one window [ws, we) of a read around [pos, cend). */
 static int
-dio_write (struct file_backing *fb, const char *buf, uint64_t len,
-           uint64_t off)
+dio_read_window (struct file_backing *fb, char *bounce, char *dst,
+                 uint64_t pos, uint64_t cend, uint64_t ws, uint64_t we)
+{
+  if (pread_exact (fb->fd_dio, bounce, we - ws, ws) == -1)
+    return -1;
+  memcpy (dst, bounce + (pos - ws), cend - pos);
+  return 0;
+}
+
+/* O_DIRECT read or write of [off, off+len), all below direct_end: the
+ * aligned body straight from or to buf when buf is aligned too, the rest
+ * a bounce window (FILE_BOUNCE_SIZE) at a time. */
+static int
+dio_walk (struct file_backing *fb, bool write, char *buf, uint64_t len,
+          uint64_t off)
 {
   const uint64_t a = fb->dio_align, end = off + len;
   uint64_t pos = off;
@@ -241,11 +215,12 @@ dio_write (struct file_backing *fb, const char *buf, uint64_t len,
   int ret = 0;
 
   while (pos < end) {
-    const char *src = buf + (pos - off);
+    char *p = buf + (pos - off);
     uint64_t body = ROUND_DOWN (end - pos, a);
 
-    if (pos % a == 0 && body > 0 && buf_aligned (fb, src)) {
-      if (pwrite_exact (fb->fd_dio, src, body, pos) == -1)
+    if (pos % a == 0 && body > 0 && buf_aligned (fb, p)) {
+      if ((write ? pwrite_exact (fb->fd_dio, p, body, pos)
+                 : pread_exact (fb->fd_dio, p, body, pos)) == -1)
         goto fail;
       pos += body;
       continue;
@@ -255,7 +230,8 @@ dio_write (struct file_backing *fb, const char *buf, uint64_t len,
     uint64_t cend = MIN (end, we);
     if (!bounce && !(bounce = bounce_get (fb)))
       goto fail;
-    if (dio_write_window (fb, bounce, src, pos, cend, ws, we) == -1)
+    if ((write ? dio_write_window (fb, bounce, p, pos, cend, ws, we)
+               : dio_read_window (fb, bounce, p, pos, cend, ws, we)) == -1)
       goto fail;
     pos = cend;
   }
@@ -266,6 +242,20 @@ dio_write (struct file_backing *fb, const char *buf, uint64_t len,
  fail:
   ret = -1;
   goto out;
+}
+
+static int
+dio_read (struct file_backing *fb, char *buf, uint64_t len, uint64_t off)
+{
+  return dio_walk (fb, false, buf, len, off);
+}
+
+/* The walk does not write to buf when it writes. */
+static int
+dio_write (struct file_backing *fb, const char *buf, uint64_t len,
+           uint64_t off)
+{
+  return dio_walk (fb, true, (char *) buf, len, off);
 }
 
 static int

@@ -117,18 +117,6 @@ strv_push (char ***v, size_t *n, const char *s)
   return 0;
 }
 
-static int
-set_string (char **field, const char *value)
-{
-  char *copy = strdup (value);
-
-  if (copy == NULL)
-    return -1;
-  free (*field);
-  *field = copy;
-  return 0;
-}
-
 /* Unsigned integer in [min, max], decimal. */
 static int
 parse_uint (const char *s, unsigned min, unsigned max, unsigned *out)
@@ -230,7 +218,7 @@ set_metrics_listen (struct daemon_config *c, const char *value, char *err,
 
   if (metrics_addr_parse (value, &a, err, errlen) == -1)
     return -1;
-  return set_string (&c->metrics_listen, value);
+  return str_replace (&c->metrics_listen, value);
 }
 
 static int
@@ -260,10 +248,10 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_UNIX:
     r = *value ? strv_push (&c->unix_paths, &c->n_unix, value) : -1;
     break;
-  case K_CONTROL: r = set_string (&c->control, value); break;
+  case K_CONTROL: r = str_replace (&c->control, value); break;
   case K_METRICS_LISTEN: return set_metrics_listen (c, value, err, errlen);
-  case K_STATE_DIR: r = set_string (&c->state_dir, value); break;
-  case K_PIDFILE: r = set_string (&c->pidfile, value); break;
+  case K_STATE_DIR: r = str_replace (&c->state_dir, value); break;
+  case K_PIDFILE: r = str_replace (&c->pidfile, value); break;
   case K_WORKERS: r = parse_uint (value, 1, 1024, &c->workers); break;
   case K_LOOPS: r = parse_uint (value, 1, 64, &c->loops); break;
   case K_MAX_CONNECTIONS:
@@ -281,11 +269,11 @@ daemon_config_set (struct daemon_config *c, const char *key,
   case K_IDLE_TIMEOUT: r = parse_seconds (value, 0, 7 * 86400,
                                              &c->idle_timeout_s); break;
   case K_TLS: r = set_tls (c, value); break;
-  case K_TLS_CERTIFICATES: r = set_string (&c->tls_certificates, value); break;
+  case K_TLS_CERTIFICATES: r = str_replace (&c->tls_certificates, value); break;
   case K_TLS_VERIFY_PEER: r = parse_bool (value, &c->tls_verify_peer); break;
-  case K_TLS_PSK: r = set_string (&c->tls_psk, value); break;
+  case K_TLS_PSK: r = str_replace (&c->tls_psk, value); break;
   case K_LOG_LEVEL: r = log_level_parse (value, &c->log_level); break;
-  case K_LOG_FILE: r = set_string (&c->log_file, value); break;
+  case K_LOG_FILE: r = str_replace (&c->log_file, value); break;
   case K_SHUTDOWN_TIMEOUT:
     r = parse_uint (value, 1, 86400, &c->shutdown_timeout_s);
     break;

@@ -84,18 +84,6 @@ export_config_free (struct export_config *cfg)
 }
 
 static int
-set_string (char **dst, const char *value)
-{
-  char *s = strdup (value);
-
-  if (s == NULL)
-    return -1;
-  free (*dst);
-  *dst = s;
-  return 0;
-}
-
-static int
 set_u32_size (uint32_t *dst, const char *value)
 {
   uint64_t v;
@@ -200,7 +188,7 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   struct cache_config *cc = &cfg->cache;
   struct backing_opts *bo = &cfg->bopts;
 
-  if (!strcmp (key, "backing")) return set_string (&cfg->backing, value);
+  if (!strcmp (key, "backing")) return str_replace (&cfg->backing, value);
   if (!strcmp (key, "format")) return set_format (&bo->format_raw, value);
   if (!strcmp (key, "locking")) return set_locking (&bo->no_locking, value);
   if (!strcmp (key, "cache")) return set_mode (&cc->mode, value);
@@ -226,8 +214,8 @@ set_key (struct export_config *cfg, const char *key, const char *value)
     return set_uint (&cc->writeback_interval_ms, value, 3600000);
   if (!strcmp (key, "read-only")) return parse_bool (value, &cfg->read_only);
   if (!strcmp (key, "description"))
-    return set_string (&cfg->description, value);
-  if (!strcmp (key, "store")) return set_string (&cfg->store, value);
+    return str_replace (&cfg->description, value);
+  if (!strcmp (key, "store")) return str_replace (&cfg->store, value);
   if (!strcmp (key, "flush")) return set_flush (&cc->flush, value);
   if (!strcmp (key, "connections"))
     return set_uint (&bo->connections, value, 64);
@@ -236,16 +224,16 @@ set_key (struct export_config *cfg, const char *key, const char *value)
   if (!strcmp (key, "request-timeout"))
     return set_uint (&bo->request_timeout_ms, value, 86400000);
   if (!strcmp (key, "tls-certificates"))
-    return set_string (&cfg->tls_certificates, value);
+    return str_replace (&cfg->tls_certificates, value);
   if (!strcmp (key, "tls-psk-file"))
-    return set_string (&cfg->tls_psk_file, value);
+    return str_replace (&cfg->tls_psk_file, value);
   if (!strcmp (key, "tls-username"))
-    return set_string (&cfg->tls_username, value);
+    return str_replace (&cfg->tls_username, value);
   if (!strcmp (key, "tls")) return set_tls (&cfg->tls_require, value);
-  if (!strcmp (key, "ceph-conf")) return set_string (&cfg->ceph_conf, value);
-  if (!strcmp (key, "ceph-id")) return set_string (&cfg->ceph_id, value);
+  if (!strcmp (key, "ceph-conf")) return str_replace (&cfg->ceph_conf, value);
+  if (!strcmp (key, "ceph-id")) return str_replace (&cfg->ceph_id, value);
   if (!strcmp (key, "ceph-keyring"))
-    return set_string (&cfg->ceph_keyring, value);
+    return str_replace (&cfg->ceph_keyring, value);
   errno = ENOENT;
   return -1;
 }

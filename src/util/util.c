@@ -88,6 +88,18 @@ now_ms (void)
   return now_ns () / 1000000u;
 }
 
+int
+str_replace (char **field, const char *value)
+{
+  char *copy = strdup (value);
+
+  if (copy == NULL)
+    return -1;
+  free (*field);
+  *field = copy;
+  return 0;
+}
+
 const char *
 str_escape (char *out, size_t outsize, const void *in, size_t inlen)
 {
