@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,8 +58,9 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Written once at start-up (and by SIGHUP later), read by every thread;
  * a stale read only changes whether one line is printed. */
-static volatile int log_max_level = LOG_LVL_INFO;
-static volatile int log_journal = -1; /* -1: not checked yet */
+/* Read by every thread that logs (relaxed: a level orders nothing). */
+static _Atomic int log_max_level = LOG_LVL_INFO;
+static _Atomic int log_journal = -1; /* -1: not checked yet */
 /* Where lines go: log_fd (stderr, or log-file), or syslog.  Set once when
  * foliod is ready, before the worker threads have anything to log. */
 static int log_fd = STDERR_FILENO;

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +126,7 @@ on_status_timer (struct ev_loop *loop, ev_timer *w, int revents)
  * and shells signal the child and then its whole process group), not a
  * user insisting; only a later one forces the exit. */
 #define FORCE_DEBOUNCE_NS 1000000000ull
-static volatile uint64_t first_stop_ns;
+static _Atomic uint64_t first_stop_ns; /* read by force_exit, a handler */
 
 static int
 is_repeat_of_first (void)
