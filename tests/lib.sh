@@ -22,6 +22,8 @@ export PATH=/usr/bin:$PATH
 if [ "${SAN:-}" = 1 ]; then TSCALE=3; else TSCALE=1; fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# The Python clients import tests/py (modelclient: seed and model).
+export PYTHONPATH=$TOP/tests/py${PYTHONPATH:+:$PYTHONPATH}
 
 _lib_pids=()          # every background process a test started
 FOLIOD_PID=           # the foliod started last

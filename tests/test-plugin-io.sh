@@ -24,15 +24,14 @@ make_image () {
 }
 
 cat > "$tmp/io.py" <<'EOF'
-import errno, os, random, sys
+import errno, os, sys
 import nbd
+from modelclient import seeded_rng
 
 uri, img, out = os.environ["URI"], os.environ["IMG"], os.environ["MODEL"]
 block = int(os.environ["BLOCK"])
 nops = int(os.environ.get("NOPS", "300"))
-seed = int(os.environ.get("SEED") or random.randrange(1 << 30))
-print("seed", seed, "(set SEED= to replay)")
-rng = random.Random(seed)
+seed, rng = seeded_rng()
 MiB = 1 << 20
 
 h = nbd.NBD()

@@ -17,11 +17,11 @@ lib_init rbd-random 200
 cat > "$tmp/rbd_random_driver.py" <<'PY'
 import os, random, sys, threading, time
 import nbd
+from modelclient import seeded_rng, load_model
 
 env = os.environ
-seed = int(env.get("SEED") or random.randrange(1 << 30))
-print("seed", seed)
-model = bytearray(open(env["MODEL"], "rb").read())
+seed, _ = seeded_rng()
+model = load_model()
 size = len(model)
 clients = 4
 duration = float(env.get("DURATION", "8"))

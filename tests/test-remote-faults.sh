@@ -22,14 +22,13 @@ start_remote "$tmp/remote.sock" --filter=error file "$img" \
 start_foliod --control "$ctl" --export "disk0=$(remote_uri),cache-size=32M,block-size=4K,dirty-expire=600000,dirty-background=90,dirty-limit=95"
 
 cat > "$tmp/errors.py" <<'PY'
-import errno, os, random, subprocess
+import errno, os, subprocess
 import nbd
+from modelclient import seeded_rng, load_model
 
 env = os.environ
-seed = int(env.get("SEED") or random.randrange(1 << 30))
-print("seed", seed)
-rng = random.Random(seed)
-model = bytearray(open(env["MODEL"], "rb").read())
+seed, rng = seeded_rng()
+model = load_model()
 errfile = env["ERRFILE"]
 
 def stat(name):
@@ -115,15 +114,14 @@ echo "error filter: remote == client data"
 start_remote "$tmp/remote.sock" --filter=delay file "$img" rdelay=2ms wdelay=2ms
 start_foliod --export "disk0=$(remote_uri),cache-size=2M,folio-size=64K,block-size=4K"
 cat > "$tmp/slow.py" <<'PY'
-import os, random
+import os
 import nbd
+from modelclient import seeded_rng, load_model
 
 env = os.environ
-seed = int(env.get("SEED") or random.randrange(1 << 30)) + int(env["LO"])
-print("seed", seed)
-rng = random.Random(seed)
 lo, hi = int(env["LO"]), int(env["HI"])
-model = bytearray(open(env["MODEL"], "rb").read())
+seed, rng = seeded_rng(salt=lo)
+model = load_model()
 h = nbd.NBD()
 h.connect_uri(env["URI"])
 for i in range(200):

@@ -17,13 +17,12 @@ lib_init remote-random
 cat > "$tmp/random.py" <<'PY'
 import errno, os, random, threading, time
 import nbd
+from modelclient import seeded_rng, load_model
 
 env = os.environ
-seed = int(env.get("SEED") or random.randrange(1 << 30))
-print("seed", seed)
-rng = random.Random(seed)
+seed, rng = seeded_rng()
 errfile = env["ERRFILE"]
-model = bytearray(open(env["MODEL"], "rb").read())
+model = load_model()
 duration = float(env.get("DURATION", "5"))
 stop = threading.Event()
 toggles = 0

@@ -23,12 +23,11 @@ start_foliod --control "$ctl" \
 cat > "$tmp/client.py" <<'PY'
 import os, random, time
 import nbd
+from modelclient import seeded_rng, load_model
 
 env = os.environ
-seed = int(env.get("SEED") or random.randrange(1 << 30))
-print("seed", seed)
-rng = random.Random(seed)
-model = bytearray(open(env["MODEL"], "rb").read())
+seed, rng = seeded_rng()
+model = load_model()
 h = nbd.NBD()
 h.connect_uri(env["URI"])
 size = h.get_size()

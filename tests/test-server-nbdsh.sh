@@ -19,14 +19,13 @@ start_foliod --export "disk0=file:$tmp/img,cache-size=4M,folio-size=64K,block-si
              --export "ro=file:$tmp/ro,read-only=true"
 
 cat > "$tmp/t.py" <<'PY'
-import errno, os, random
+import errno, os
 import nbd
+from modelclient import seeded_rng, load_model
 
 uri, ro_uri, mpath = os.environ["URI"], os.environ["RO_URI"], os.environ["MODEL"]
-seed = int(os.environ.get("SEED") or random.randrange(1 << 30))
-print("seed", seed)
-rng = random.Random(seed)
-model = bytearray(open(mpath, "rb").read())
+seed, rng = seeded_rng()
+model = load_model(mpath)
 known = bytearray(b"\1" * len(model))  # 0 where a trim made contents undefined
 
 h = nbd.NBD()
