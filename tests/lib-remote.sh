@@ -50,14 +50,10 @@ start_remote () {
 # stop_remote [SIGNAL]: signal the remote (default TERM), wait for it to
 # exit (its stats/log filters write their files then) and remove its socket.
 stop_remote () {
-  local sig=${1:-TERM} i
+  local sig=${1:-TERM}
   [ -n "$REMOTE_PID" ] || return 0
   kill -"$sig" "$REMOTE_PID" 2>/dev/null || true
-  for ((i = 0; i < 300 * TSCALE; i++)); do
-    kill -0 "$REMOTE_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$REMOTE_PID" 2>/dev/null && fail "nbdkit still running after SIG$sig"
+  wait_gone "$REMOTE_PID" 300 || fail "nbdkit still running after SIG$sig"
   wait "$REMOTE_PID" 2>/dev/null || true
   REMOTE_PID=
   rm -f "$REMOTE_SOCK"

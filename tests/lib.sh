@@ -123,18 +123,26 @@ start_foliod () {
   wait_for_socket "$SOCK" $(( 20 * TSCALE ))
 }
 
+# wait_gone PID TENTHS: wait up to TENTHS tenths of a second (scaled) for
+# PID to exit; 1 if it still runs then.  PID must be one the test
+# started (pids are reused quickly on a busy machine).
+wait_gone () {
+  local pid=$1 tenths=$2 i
+  for ((i = 0; i < tenths * TSCALE; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  ! kill -0 "$pid" 2>/dev/null
+}
+
 # stop_foliod [SIGNAL]: signal foliod (default TERM) and wait for it; fails
 # the test unless it exits 0 within 60 s (scaled) and its log holds no
 # sanitizer report.
 stop_foliod () {
-  local sig=${1:-TERM} i rc=0
+  local sig=${1:-TERM} rc=0
   [ -n "$FOLIOD_PID" ] || return 0
   kill -"$sig" "$FOLIOD_PID" 2>/dev/null || true
-  for ((i = 0; i < 600 * TSCALE; i++)); do
-    kill -0 "$FOLIOD_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$FOLIOD_PID" 2>/dev/null && fail "foliod still running after SIG$sig"
+  wait_gone "$FOLIOD_PID" 600 || fail "foliod still running after SIG$sig"
   wait "$FOLIOD_PID" || rc=$?
   FOLIOD_PID=
   check_sanitizer_log "$FOLIOD_LOG"

@@ -103,8 +103,7 @@ nbdinfo "nbd+unix:///disk0?socket=$tmp/sock" >/dev/null ||
 [ "$(ps -o ppid= -p "$pid" | tr -d ' ')" != "$$" ] ||
   fail "daemon did not detach"
 kill -TERM "$pid"
-for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && fail "detached daemon ignores SIGTERM"
+wait_gone "$pid" 100 || fail "detached daemon ignores SIGTERM"
 [ ! -e "$tmp/pid" ] || fail "pidfile left behind"
 
 # Log format: timestamps on a terminal/file, syslog priorities and no

@@ -65,8 +65,7 @@ for ((i = 0; i < 100 * TSCALE; i++)); do
   sleep 0.1
 done
 kill -TERM "$pid"
-for ((i = 0; i < 600 * TSCALE; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$pid" 2>/dev/null && fail "detached foliod still running after SIGTERM"
+wait_gone "$pid" 600 || fail "detached foliod still running after SIGTERM"
 cat "$tmp/later.log"
 [ "$(stat -c %s "$tmp/term")" -eq "$before" ] ||
   fail "detached foliod wrote to the terminal after ready: $(tail -c +$((before + 1)) "$tmp/term")"
@@ -85,7 +84,7 @@ before=$(stat -c %s "$tmp/term2")
 nbdinfo "$(uri disk0 "$tmp/sock")" >/dev/null || fail "detached foliod does not serve"
 kill -USR1 "$pid"
 kill -TERM "$pid"
-for ((i = 0; i < 600 * TSCALE; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+wait_gone "$pid" 600 || true
 [ "$(stat -c %s "$tmp/term2")" -eq "$before" ] ||
   fail "detached foliod wrote to the terminal after ready: $(tail -c +$((before + 1)) "$tmp/term2")"
 echo OK

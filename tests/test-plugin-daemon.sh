@@ -35,8 +35,7 @@ on_disk () {
 }
 stop () {
   kill -TERM "$pid"
-  for _ in $(seq $((600 * TSCALE))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then echo "nbdkit did not exit on SIGTERM"; exit 1; fi
+  wait_gone "$pid" 600 || { echo "nbdkit did not exit on SIGTERM"; exit 1; }
   pid=
 }
 

@@ -38,8 +38,7 @@ cat "$tmp/run.out"
 pid=$(cat "$tmp/run/demo/foliod.pid" 2>/dev/null || true)
 if [ -n "$pid" ]; then
   track "$pid"
-  for ((i = 0; i < 600 * TSCALE; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && fail "the quick start's foliod did not stop"
+  wait_gone "$pid" 600 || fail "the quick start's foliod did not stop"
 fi
 grep -q "stopped: all data written back" "$tmp/run/demo/foliod.log" ||
   fail "the quick start's foliod did not stop cleanly: $(cat "$tmp/run/demo/foliod.log")"
