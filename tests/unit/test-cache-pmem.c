@@ -47,43 +47,14 @@
 #define SIZE ((uint64_t) NF * FOLIO)
 
 static struct pmem_layout lay;
-static uint64_t *live, *media, *snap;
-static long persists_left;
-static bool power_off;
+static struct pmem_sim_media sim;  /* the store's memory (pmem-sim.h) */
 static unsigned seed;
 static char err[512];
-static bool page_mode;    /* PAGE granularity: persistent at a sync only */
 
 static void
 sim_commit (const void *p, size_t len)
 {
-  if (persists_left == 0 && !power_off) {
-    power_off = true;
-    memcpy (snap, live, lay.total_size);
-  }
-  if (power_off)
-    return;
-  if (persists_left > 0)
-    persists_left--;
-  size_t off = (size_t) ((const unsigned char *) p - (unsigned char *) live);
-  size_t w = off / 8, end = (off + len + 7) / 8;
-  memcpy (media + w, live + w, (end - w) * 8);
-}
-
-/* Each word (page store: 512-byte sector) written since its last persist
- * is old or new at random. */
-static void
-sim_crash (void)
-{
-  size_t n = page_mode ? 512 / 8 : 1;
-
-  for (size_t w = 0; w < lay.total_size / 8; w += n) {
-    if (memcmp (snap + w, media + w, n * 8) != 0 && (rand_r (&seed) & 1))
-      memcpy (media + w, snap + w, n * 8);
-    memcpy (live + w, media + w, n * 8);
-  }
-  persists_left = -1;
-  power_off = false;
+  pmem_sim_media_commit (&sim, p, len);
 }
 
 static const struct store_config scfg = {
@@ -97,9 +68,9 @@ sim_open (void)
 {
   struct pmem_map m;
 
-  pmem_sim_map (&m, live, lay.total_size,
-                page_mode ? PMEM2_GRANULARITY_PAGE
-                          : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
+  pmem_sim_map (&m, sim.live, lay.total_size,
+                sim.page_mode ? PMEM2_GRANULARITY_PAGE
+                              : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
   struct store *s = store_pmem_open_map (&m, &scfg, err, sizeof err);
   if (s == NULL)
     fail_msg ("open: %s", err);
@@ -127,7 +98,7 @@ cache_open (struct fake_backing *fb, struct store *s,
   c = cache_create (fake_backing_base (fb), s, &cfg, err, sizeof err);
   if (c == NULL)
     fail_msg ("cache_create: %s", err);
-  if (!page_mode)
+  if (!sim.page_mode)
     cache_stop_writeback (c);
   return c;
 }
@@ -176,7 +147,7 @@ one_op (struct cache *c, unsigned *stamp)
   }
   if (rc != 0)
     fail_msg ("request failed: %s", strerror (errno));
-  if (power_off)
+  if (sim.power_off)
     return 1;
   if (data)
     memcpy (model + in_off, inflight + in_off, in_len);
@@ -193,7 +164,7 @@ check_content (const unsigned char *got, const char *what, int round)
   for (uint64_t i = 0; i < SIZE; i++) {
     bool flying = i >= in_off && i < in_off + in_len;
     if (got[i] == model[i] || (flying && got[i] == inflight[i]) ||
-        (page_mode && loose[i]))
+        (sim.page_mode && loose[i]))
       continue;
     fail_msg ("round %d (seed %u): %s byte %llu is %u, acknowledged %u%s",
               round, seed, what, (unsigned long long) i, got[i], model[i],
@@ -209,24 +180,26 @@ one_round (int round)
                                             : CACHE_FLUSH_STORE;
   unsigned stamp = 0;
 
-  memset (live, 0, lay.total_size);
-  memset (media, 0, lay.total_size);
+  memset (sim.live, 0, lay.total_size);
+  memset (sim.media, 0, lay.total_size);
   memset (model, 0, sizeof model);
   memset (loose, 0, sizeof loose);
   in_len = 0;
   fake_set_log (fb, 0);
-  persists_left = -1;
+  sim.persists_left = -1;
   struct store *s = sim_open ();
   struct cache *c = cache_open (fb, s, fm);
-  persists_left = 1 + rand_r (&seed) % (page_mode ? 80 : 3000);
-  for (int op = 0; op < 400 && !power_off; op++)
+  sim.persists_left = 1 + rand_r (&seed) % (sim.page_mode ? 80 : 3000);
+  for (int op = 0; op < 400 && !sim.power_off; op++)
     if (one_op (c, &stamp))
       break;
-  /* The process dies: nothing written back, nothing more persisted. */
-  power_off = true;
+  /* The power goes (if it has not): nothing written back, nothing more
+   * persisted; each word (page store: 512-byte sector) written since its
+   * last persist comes back old or new at random. */
+  pmem_sim_media_power_off (&sim);
   assert_int_equal (cache_destroy (c), 0);
   store_destroy (s);
-  sim_crash ();
+  pmem_sim_media_crash (&sim, false);
 
   s = sim_open ();
   c = cache_open (fb, s, fm);
@@ -256,19 +229,12 @@ test_cache_pmem_crashes (void **state)
   seed = sd ? (unsigned) atoi (sd) : (unsigned) time (NULL);
   printf ("seed %u (SEED= replays), %d crashes\n", seed, rounds);
   assert_int_equal (pmem_layout_compute (&lay, &g, err, sizeof err), 0);
-  live = aligned_alloc (4096, lay.total_size);
-  media = aligned_alloc (4096, lay.total_size);
-  snap = aligned_alloc (4096, lay.total_size);
-  assert_non_null (live);
-  assert_non_null (media);
-  assert_non_null (snap);
+  assert_int_equal (pmem_sim_media_init (&sim, lay.total_size, &seed), 0);
   for (int r = 0; r < rounds; r++) {
-    page_mode = r % 2;
+    sim.page_mode = r % 2;
     one_round (r);
   }
-  free (live);
-  free (media);
-  free (snap);
+  pmem_sim_media_free (&sim);
 }
 
 int

@@ -49,80 +49,15 @@
 #define WORDS (BLOCK / 8)
 
 static struct pmem_layout lay;
-static uint64_t *live, *media;   /* the store, as seen and as persisted */
-static uint64_t *snap;           /* live when the power went */
-static long persists_left;       /* the power goes at the persist finding 0 */
-static bool power_off;           /* since then: no persist, no reply */
+static struct pmem_sim_media sim; /* the store's memory (pmem-sim.h) */
 static unsigned seed;
 static char err[512];
-static bool page_mode;           /* PAGE granularity: msync at FLUSH */
 static unsigned store_seed;      /* STORE_SEED, or the time */
-
-/* The parts of the store the test uses: metadata, then folio data. */
-static void
-sim_regions (uint64_t r[2][2])
-{
-  r[0][0] = 0;
-  r[0][1] = lay.bitmaps_off + SLOTS * lay.bitmap_stride;
-  r[1][0] = lay.data_off;
-  r[1][1] = lay.total_size;
-}
-
-static void
-sim_snapshot (void)
-{
-  uint64_t r[2][2];
-
-  sim_regions (r);
-  for (int i = 0; i < 2; i++)
-    memcpy (snap + r[i][0] / 8, live + r[i][0] / 8, r[i][1] - r[i][0]);
-}
 
 static void
 sim_commit (const void *p, size_t len)
 {
-  if (persists_left == 0 && !power_off) {
-    power_off = true;
-    sim_snapshot ();
-  }
-  if (power_off)
-    return;
-  if (persists_left > 0)
-    persists_left--;
-  size_t off = (size_t) ((const unsigned char *) p - (unsigned char *) live);
-  size_t w = off / 8, end = (off + len + 7) / 8;
-  memcpy (media + w, live + w, (end - w) * 8);
-}
-
-/* The power goes: each unpersisted word (page store: sector) is new or
- * old, at random. */
-static void
-sim_crash_region (uint64_t from, uint64_t to)
-{
-  size_t n = page_mode ? 512 / 8 : 1;
-
-  for (uint64_t w = from / 8; w < to / 8; w += n) {
-    if (memcmp (snap + w, media + w, n * 8) != 0 && (rand_r (&seed) & 1))
-      memcpy (media + w, snap + w, n * 8);
-    memcpy (live + w, media + w, n * 8);
-  }
-}
-
-/* The power went, or foliod was killed (page store: the shared mapping
- * keeps memory as it was then; the media only what reached it). */
-static void
-sim_crash (bool kill)
-{
-  uint64_t r[2][2];
-
-  persists_left = -1;
-  power_off = false;
-  sim_regions (r);
-  for (int i = 0; i < 2; i++)
-    if (kill)
-      memcpy (live + r[i][0] / 8, snap + r[i][0] / 8, r[i][1] - r[i][0]);
-    else
-      sim_crash_region (r[i][0], r[i][1]);
+  pmem_sim_media_commit (&sim, p, len);
 }
 
 static const struct store_config cfg = {
@@ -136,9 +71,9 @@ sim_open (void)
 {
   struct pmem_map m;
 
-  pmem_sim_map (&m, live, lay.total_size,
-                page_mode ? PMEM2_GRANULARITY_PAGE
-                          : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
+  pmem_sim_map (&m, sim.live, lay.total_size,
+                sim.page_mode ? PMEM2_GRANULARITY_PAGE
+                              : PMEM2_GRANULARITY_CACHE_LINE, sim_commit);
   struct store *s = store_pmem_open_map (&m, &cfg, err, sizeof err);
   if (s == NULL)
     fail_msg ("open: %s", err);
@@ -232,7 +167,7 @@ op_writeback (int slot)
 static void
 op_backing_flush (void)
 {
-  if (power_off)
+  if (sim.power_off)
     return;   /* the host died before it asked */
   for (int f = 0; f < NF; f++)
     for (int b = 0; b < BPF; b++)
@@ -276,7 +211,7 @@ slot_get (int f)
     }
   }
   if (slot < 0) {   /* the power went during that writeback */
-    assert_true (power_off);
+    assert_true (sim.power_off);
     return -1;
   }
   if (folio_of[slot] < 0) {
@@ -307,12 +242,12 @@ op_write (int f, int b)
   inflight.f = f;
   inflight.b = b;
   inflight.v = v;
-  since_sync[f][b] = page_mode;
+  since_sync[f][b] = sim.page_mode;
   store_write (st, block_of (slot, b), buf, BLOCK);
   bit_set (slot, FP_UPTODATE, b, true);
   bit_set (slot, FP_DIRTY, b, true);
   bits_persist (slot);
-  if (power_off)
+  if (sim.power_off)
     return;
   acked[f][b] = v;      /* the reply */
   inflight.v = 0;
@@ -323,7 +258,7 @@ static void
 op_flush (void)
 {
   assert_int_equal (store_sync (st), 0);
-  if (!power_off)       /* the reply */
+  if (!sim.power_off)   /* the reply */
     memset (since_sync, 0, sizeof since_sync);
 }
 
@@ -361,7 +296,7 @@ static void
 count_torn (void)
 {
   struct pmem_meta pm = { .l = lay };
-  struct pmem_map m = { .base = (unsigned char *) live };
+  struct pmem_map m = { .base = (unsigned char *) sim.live };
 
   pm.m = &m;
   for (uint32_t i = 0; i < SLOTS; i++)
@@ -383,19 +318,19 @@ reopen (long round)
     for (int i = 0; i < SLOTS; i++)
       folio_of[i] = -1;
     count_torn ();
-    persists_left = rand_r (&seed) % 4 == 0 ? rand_r (&seed) % 6 : -1;
+    sim.persists_left = rand_r (&seed) % 4 == 0 ? rand_r (&seed) % 6 : -1;
     st = sim_open ();
     assert_int_equal (store_recover (st, recovered, NULL, &rec), 0);
     if (rec.bad_entries)
       fail_msg ("STORE_SEED=%u crash %ld: recovery found %u damaged slot "
                 "entries (%llu dirty blocks lost) after a crash", store_seed,
                 round, rec.bad_entries, (unsigned long long) rec.lost_blocks);
-    if (!power_off)
+    if (!sim.power_off)
       break;
-    sim_crash (false);
+    pmem_sim_media_crash (&sim, false);
     store_destroy (st);
   }
-  persists_left = -1;
+  sim.persists_left = -1;
 }
 
 #define TORN UINT32_MAX   /* an overwrite cut short: old and new words */
@@ -488,7 +423,6 @@ run_crashes (bool page)
   struct pmem_geometry g = { FOLIO, BLOCK, SLOTS, (uint64_t) NF * FOLIO };
 
   seed = store_seed;
-  page_mode = page;
   next_version = 0;
   memset (acked, 0, sizeof acked);
   memset (backing, 0, sizeof backing);
@@ -497,27 +431,32 @@ run_crashes (bool page)
   inflight.v = 0;
   torn_entries = 0;
   assert_int_equal (pmem_layout_compute (&lay, &g, err, sizeof err), 0);
-  live = aligned_alloc (4096, lay.total_size);
-  media = aligned_alloc (4096, lay.total_size);
-  snap = aligned_alloc (4096, lay.total_size);
-  assert_true (live && media && snap);
-  memset (live, 0, lay.total_size);
-  memset (media, 0, lay.total_size);
-  persists_left = -1;
+  assert_int_equal (pmem_sim_media_init (&sim, lay.total_size, &seed), 0);
+  sim.page_mode = page;
+  /* Only the parts of the store the test uses are torn at a crash:
+   * metadata, then the folio data. */
+  sim.region[0][0] = 0;
+  sim.region[0][1] = lay.bitmaps_off + SLOTS * lay.bitmap_stride;
+  sim.region[1][0] = lay.data_off;
+  sim.region[1][1] = lay.total_size;
+  sim.nregions = 2;
   st = sim_open ();
   for (int f = 0; f < NF; f++)
     slot_of[f] = -1;
   for (int i = 0; i < SLOTS; i++)
     folio_of[i] = -1;
   for (long round = 0; round < crashes; round++) {
-    persists_left = rand_r (&seed) % (page_mode ? 8 : 80);
-    while (!power_off) {
+    sim.persists_left = rand_r (&seed) % (sim.page_mode ? 8 : 80);
+    while (!sim.power_off) {
       op_random ();
       total_ops++;
     }
     store_destroy (st);   /* the power is off: its sync reaches nothing */
-    bool kill = page_mode && rand_r (&seed) % 4 == 0;
-    sim_crash (kill);
+    bool kill = sim.page_mode && rand_r (&seed) % 4 == 0;
+    /* The power went, or foliod was killed (page store: the shared
+     * mapping keeps memory as it was then; the media only what reached
+     * it). */
+    pmem_sim_media_crash (&sim, kill);
     kills += kill;
     memset (has_unflushed, 0, sizeof has_unflushed);   /* the backing lost them */
     reopen (round);
@@ -532,9 +471,7 @@ run_crashes (bool page)
   if (!page && crashes >= 1000)
     assert_true (torn_entries > 0);
   store_destroy (st);
-  free (live);
-  free (media);
-  free (snap);
+  pmem_sim_media_free (&sim);
 }
 
 static void
