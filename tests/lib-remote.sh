@@ -64,15 +64,6 @@ remote_uri () {
   echo "nbd+unix:///?socket=${1:-$REMOTE_SOCK}"
 }
 
-# foliod_stat CONTROL NAME: one Prometheus counter of export disk0 (or of
-# the server when it has no label), from  foliod stats --control CONTROL.
-foliod_stat () {
-  "$FOLIOD" stats --control "$1" --prometheus > "$tmp/stats.prom" ||
-    fail "foliod stats"
-  awk -v n="$2" '$1 == n "{export=\"disk0\"}" || $1 == n {print $2}' \
-    "$tmp/stats.prom"
-}
-
 # same_file A B: fail unless the files are equal; names the first
 # differing 4 KiB blocks.
 same_file () {

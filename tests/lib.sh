@@ -149,6 +149,25 @@ stop_foliod () {
   [ "$rc" -eq 0 ] || fail "foliod exited with status $rc"
 }
 
+# kill9_foliod PIDFILE: SIGKILL the foliod whose pid file that is (it may
+# have daemonised: FOLIOD_PID is then its parent) and reap the one we
+# started.
+kill9_foliod () {
+  kill -KILL "$(cat "$1")" || fail "no foliod to kill"
+  wait "$FOLIOD_PID" 2>/dev/null || true
+  FOLIOD_PID=
+}
+
+# foliod_stat CONTROL NAME [EXPORT]: a value of foliod stats --prometheus,
+# the export's (default disk0) or one without a label; the whole output
+# stays in $tmp/stats.prom.
+foliod_stat () {
+  "$FOLIOD" stats --control "$1" --prometheus > "$tmp/stats.prom" ||
+    fail "foliod stats"
+  awk -v n="$2" -v e="${3:-disk0}" \
+    '$1 == n "{export=\"" e "\"}" || $1 == n {print $2}' "$tmp/stats.prom"
+}
+
 # foliod_alive: fail unless the foliod started last still runs.
 foliod_alive () {
   kill -0 "$FOLIOD_PID" 2>/dev/null || fail "foliod died"

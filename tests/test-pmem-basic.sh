@@ -21,19 +21,8 @@ args=(--control "$ctl" --pidfile "$pidf"
   --export "w=file:$tmp/img-w,store=pmem:$tmp/st-w,cache=writethrough,$slow"
   --export "n=file:$tmp/img-n,store=pmem:$tmp/st-n,cache=none,$slow")
 
-# stat NAME [EXPORT]: a counter of foliod stats.
-stat () {
-  "$FOLIOD" stats --control "$ctl" --prometheus > "$tmp/stats" ||
-    fail "foliod stats"
-  awk -v n="$1{export=\"${2:-d}\"}" '$1 == n {print $2}' "$tmp/stats"
-}
-
-# kill9: SIGKILL the foliod (its pid file) and reap it.
-kill9 () {
-  kill -KILL "$(cat "$pidf")" || fail "no foliod to kill"
-  wait "$FOLIOD_PID" 2>/dev/null || true
-  FOLIOD_PID=
-}
+# stat NAME [EXPORT]: a counter of foliod stats (export d).
+stat () { foliod_stat "$ctl" "$1" "${2:-d}"; }
 
 # The writes: unaligned, with FLUSH, with FUA, and one never flushed (safe
 # against the death of the process: the store is a shared mapping).
@@ -83,10 +72,10 @@ timeout 60 python3 "$tmp/io.py" write "$SOCK" || fail "writes failed"
 [ "$(stat foliod_store_dirty_bytes)" -gt 400000 ] ||
   fail "store dirty bytes: $(stat foliod_store_dirty_bytes)"
 grep -qE '^foliod_store_info\{export="d",kind="pmem",granularity="(page|cache-line)",flush="store"\} 1$' \
-  "$tmp/stats" || fail "no store info in stats: $(grep store_info "$tmp/stats")"
-grep -q 'export="b",kind="pmem",.*flush="backing"' "$tmp/stats" ||
+  "$tmp/stats.prom" || fail "no store info in stats: $(grep store_info "$tmp/stats.prom")"
+grep -q 'export="b",kind="pmem",.*flush="backing"' "$tmp/stats.prom" ||
   fail "export b: flush=backing not in stats"
-kill9
+kill9_foliod "$pidf"
 
 # flush=store: FLUSH and FUA were answered by the store alone.
 untouched d || fail "flush=store: the backing was written before writeback"

@@ -16,9 +16,7 @@ truncate -s 8M "$img"
 start_foliod --pidfile "$tmp/pid" --export "d=file:$img,$keys"
 timeout 30 nbdsh -u "$(uri d)" -c 'h.pwrite(b"D" * 4096, 8192); h.flush()' ||
   fail "write"
-kill -KILL "$(cat "$tmp/pid")"
-wait "$FOLIOD_PID" 2>/dev/null || true
-FOLIOD_PID=
+kill9_foliod "$tmp/pid"
 
 # Slot 0 holds folio 0 (the first slot handed out); its entry is the
 # first of the slot table, 8 KiB into the store: flip bit 0 of its folio

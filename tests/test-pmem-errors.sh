@@ -32,9 +32,7 @@ dirty_of () {
 start_foliod --pidfile "$tmp/pid" --export "d=file:$tmp/img,store=pmem:$st,$keys"
 timeout 30 nbdsh -u "$(uri d)" -c 'h.pwrite(b"x" * 20000, 3000); h.flush()' ||
   fail "write"
-kill -KILL "$(cat "$tmp/pid")"
-wait "$FOLIOD_PID" 2>/dev/null || true
-FOLIOD_PID=
+kill9_foliod "$tmp/pid"
 dirty=$(dirty_of "$st")
 [ "$dirty" -gt 0 ] || fail "no dirty data in the store"
 

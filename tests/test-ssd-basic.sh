@@ -17,17 +17,7 @@ truncate -s 16M "$tmp/img"
 args=(--control "$ctl" --pidfile "$pidf"
   --export "d=file:$tmp/img,store=ssd:$tmp/st,$slow")
 
-stat () {
-  "$FOLIOD" stats --control "$ctl" --prometheus > "$tmp/stats" ||
-    fail "foliod stats"
-  awk -v n="$1{export=\"d\"}" '$1 == n {print $2}' "$tmp/stats"
-}
-kill9 () {
-  kill -KILL "$(cat "$pidf")" || fail "no foliod to kill"
-  wait "$FOLIOD_PID" 2>/dev/null || true
-  FOLIOD_PID=
-}
-
+stat () { foliod_stat "$ctl" "$1" d; }
 cat > "$tmp/io.py" <<'EOF'
 import sys
 import nbd
@@ -66,24 +56,24 @@ grep -q "export d: store ssd:$tmp/st granularity=log (log write, fdatasync) powe
 syncs0=$(stat foliod_store_syncs_total)
 records0=$(stat foliod_store_log_records_total)
 [ -n "$syncs0" ] && [ -n "$records0" ] ||
-  fail "no store log metrics: $(grep foliod_store "$tmp/stats")"
+  fail "no store log metrics: $(grep foliod_store "$tmp/stats.prom")"
 timeout 60 python3 "$tmp/io.py" write "$SOCK" || fail "writes failed"
 [ "$(stat foliod_store_syncs_total)" -gt "$syncs0" ] ||
-  fail "store syncs did not move: $(grep foliod_store "$tmp/stats")"
+  fail "store syncs did not move: $(grep foliod_store "$tmp/stats.prom")"
 [ "$(stat foliod_store_log_records_total)" -gt "$records0" ] ||
-  fail "store log records did not move: $(grep foliod_store "$tmp/stats")"
+  fail "store log records did not move: $(grep foliod_store "$tmp/stats.prom")"
 [ "$(stat foliod_store_log_used_bytes)" -gt 400000 ] ||
-  fail "store log used: $(grep foliod_store "$tmp/stats")"
+  fail "store log used: $(grep foliod_store "$tmp/stats.prom")"
 [ "$(stat foliod_store_log_size_bytes)" -gt "$(stat foliod_store_log_used_bytes)" ] ||
-  fail "store log size: $(grep foliod_store "$tmp/stats")"
+  fail "store log size: $(grep foliod_store "$tmp/stats.prom")"
 awk '$1 == "foliod_store_sync_seconds_total{export=\"d\"}" && $2 > 0 {ok=1}
-     END {exit !ok}' "$tmp/stats" ||
-  fail "store sync seconds: $(grep foliod_store "$tmp/stats")"
+     END {exit !ok}' "$tmp/stats.prom" ||
+  fail "store sync seconds: $(grep foliod_store "$tmp/stats.prom")"
 [ "$(stat foliod_store_dirty_bytes)" -gt 400000 ] ||
   fail "store dirty bytes: $(stat foliod_store_dirty_bytes)"
 grep -q '^foliod_store_info{export="d",kind="ssd",granularity="log",flush="store"} 1$' \
-  "$tmp/stats" || fail "no ssd store in stats: $(grep store_info "$tmp/stats")"
-kill9
+  "$tmp/stats.prom" || fail "no ssd store in stats: $(grep store_info "$tmp/stats.prom")"
+kill9_foliod "$pidf"
 untouched || fail "flush=store: the backing was written before writeback"
 "$FOLIOD" store inspect "$tmp/st" > "$tmp/inspect" || fail "inspect"
 grep -q '^state: not clean' "$tmp/inspect" || fail "inspect: $(cat "$tmp/inspect")"
@@ -129,7 +119,7 @@ grep -q "export d: store ssd:$tmp/st: last shutdown clean; recovered 0 folios" \
 timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
   -c 'assert h.pread(4096, 12288) == b"Z" * 4096' ||
   fail "clean restart: the log wrote over the backing"
-kill9
+kill9_foliod "$pidf"
 
 # After that kill, nothing was written since the clean start: nothing comes
 # back and the backing keeps the Z block.
@@ -145,7 +135,7 @@ cmp -s -i 12288:0 -n 4096 "$tmp/img" <(printf 'Z%.0s' $(seq 1 4096)) ||
 start_foliod "${args[@]}"
 timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
   -c 'h.pwrite(b"P" * 70000, 8 << 20); h.flush()' || fail "write P"
-kill9
+kill9_foliod "$pidf"
 timeout 60 "$FOLIOD" store writeback "$tmp/st" > "$tmp/wb" ||
   fail "foliod store writeback: $(cat "$tmp/wb")"
 grep -q "73728 dirty bytes written back to file:$tmp/img, flushed; the store is clean" \
@@ -164,7 +154,7 @@ start_foliod "${args2[@]}"
 timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
   -c 'h.pwrite(b"Q" * 4096, 10 << 20); h.flush()
 h.pwrite(b"R" * 4096, 12 << 20); h.flush()' || fail "write Q, R"
-kill9
+kill9_foliod "$pidf"
 # The first batch: 8 KiB of superblocks, its 4 KiB header, then Q's block.
 printf 'XXXX' | dd of="$tmp/st2" bs=1 seek=$((12288 + 100)) conv=notrunc status=none
 "$FOLIOD" store inspect "$tmp/st2" > "$tmp/inspect" || fail "inspect"

@@ -13,12 +13,6 @@ slow=cache-size=8M,dirty-expire=3600000,writeback-interval=3600000
 truncate -s 16M "$tmp/img"
 args=(--pidfile "$pidf"
   --export "d=file:$tmp/img,store=ssd:$tmp/st,direct-threshold=128K,$slow")
-kill9 () {
-  kill -KILL "$(cat "$pidf")" || fail "no foliod to kill"
-  wait "$FOLIOD_PID" 2>/dev/null || true
-  FOLIOD_PID=
-}
-
 start_foliod "${args[@]}"
 timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" -c '
 h.pwrite(b"A" * 4096, 0)
@@ -28,7 +22,7 @@ h.pwrite(b"B" * (128 << 10), 0, nbd.CMD_FLAG_FUA)
 h.zero(128 << 10, 1 << 20, nbd.CMD_FLAG_FUA)
 assert h.pread(4096, 0) == b"B" * 4096
 assert h.pread(4096, 1 << 20) == bytes(4096)' || fail "writes"
-kill9
+kill9_foliod "$pidf"
 start_foliod "${args[@]}"
 timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" -c '
 assert h.pread(4096, 0) == b"B" * 4096, "FUA direct write lost: the old record came back"
