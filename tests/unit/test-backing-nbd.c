@@ -108,6 +108,30 @@ remote_start (struct fx *f, const char *const *args)
   remote_spawn (f, args, 0);
 }
 
+/* An nbdkit memory remote behind the error filter: while errors are on
+ * (errors_on: f->errfile exists) every request fails with error, an
+ * errno name. */
+static void
+remote_start_with_errors (struct fx *f, const char *error)
+{
+  char err_arg[64], file_arg[128];
+  const char *args[] = { "--filter=error", "memory", "8M", err_arg,
+                         "error-rate=100%", file_arg, NULL };
+
+  snprintf (err_arg, sizeof err_arg, "error=%s", error);
+  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
+  remote_start (f, args);
+}
+
+static void
+errors_on (struct fx *f)
+{
+  int fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
+
+  assert_true (fd >= 0);
+  close (fd);
+}
+
 static void
 remote_kill (struct fx *f)
 {
@@ -458,23 +482,16 @@ static void
 test_eshutdown_retried (void **state)
 {
   struct fx *f = *state;
-  char file_arg[128];
-  const char *args[] = { "--filter=error", "memory", "8M", "error=ESHUTDOWN",
-                         "error-rate=100%", file_arg, NULL };
   struct backing *b;
   struct backing_stats st;
   uint8_t w[4096], r[4096];
   pthread_t th;
-  int fd;
 
-  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
-  remote_start (f, args);
+  remote_start_with_errors (f, "ESHUTDOWN");
   b = open_nbd (f, 10000);
   fill (w, sizeof w, 8);
   assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
-  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  close (fd);
+  errors_on (f);
   assert_int_equal (pthread_create (&th, NULL, unlink_later, f->errfile), 0);
   assert_int_equal (b->ops->read (b, r, sizeof r, 0), 0);
   assert_memory_equal (r, w, sizeof r);
@@ -972,9 +989,6 @@ static void
 test_eshutdown_no_doubt (void **state)
 {
   struct fx *f = *state;
-  char file_arg[128];
-  const char *args[] = { "--filter=error", "memory", "8M", "error=ESHUTDOWN",
-                         "error-rate=100%", file_arg, NULL };
   struct backing_opts o = { .connections = 1, .retry_timeout_ms = 10000 };
   char err[256] = "";
   struct backing *b;
@@ -982,16 +996,12 @@ test_eshutdown_no_doubt (void **state)
   enum { N = 6 };
   struct esh_arg a[N];
   pthread_t th[N], ul;
-  int fd;
 
-  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
-  remote_start (f, args);
+  remote_start_with_errors (f, "ESHUTDOWN");
   b = backing_open (f->uri, &o, err, sizeof err);
   if (!b)
     fail_msg ("open: %s", err);
-  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  close (fd);
+  errors_on (f);
   assert_int_equal (pthread_create (&ul, NULL, unlink_later, f->errfile), 0);
   for (int t = 0; t < N; t++) {
     a[t] = (struct esh_arg) { b, t, 0 };
@@ -1042,24 +1052,17 @@ static void
 test_remote_errors (void **state)
 {
   struct fx *f = *state;
-  char file_arg[128];
-  const char *args[] = { "--filter=error", "memory", "8M", "error=EIO",
-                         "error-rate=100%", file_arg, NULL };
   struct backing *b;
   struct backing_stats st;
   uint8_t w[8192], r[8192];
   uint64_t t0;
-  int fd;
 
-  snprintf (file_arg, sizeof file_arg, "error-file=%s", f->errfile);
-  remote_start (f, args);
+  remote_start_with_errors (f, "EIO");
   b = open_nbd (f, 5000);
   fill (w, sizeof w, 5);
   assert_int_equal (b->ops->write (b, w, sizeof w, 4096, 0), 0);
 
-  fd = open (f->errfile, O_WRONLY | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  close (fd);
+  errors_on (f);
   t0 = ms_now ();
   assert_int_equal (b->ops->read (b, r, sizeof r, 4096), -1);
   assert_int_equal (errno, EIO);
