@@ -168,6 +168,18 @@ foliod_stat () {
     '$1 == n "{export=\"" e "\"}" || $1 == n {print $2}' "$tmp/stats.prom"
 }
 
+# wait_for_text FILE REGEX WHAT [TENTHS]: wait up to TENTHS tenths of a
+# second (100; scaled) until a line of FILE matches REGEX (a log line, a
+# background client saying it is up); else fail with WHAT and FILE's end.
+wait_for_text () {
+  local i
+  for ((i = 0; i < ${4:-100} * TSCALE; i++)); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  fail "$3: $(tail -n 20 "$1")"
+}
+
 # foliod_alive: fail unless the foliod started last still runs.
 foliod_alive () {
   kill -0 "$FOLIOD_PID" 2>/dev/null || fail "foliod died"

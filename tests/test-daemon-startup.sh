@@ -35,12 +35,8 @@ grep -q "Address already in use" "$tmp/busy.log" || fail "no 'Address already in
 truncate -s 64M "$tmp/disk.img"
 start_foliod --export "disk0=file:$tmp/disk.img,cache-size=1G"
 nbdsh -u "$(uri disk0)" -c 'h.pwrite(b"x" * 4096, 0); assert h.pread(4096, 0) == b"x" * 4096'
-for ((i = 0; i < 600 * TSCALE; i++)); do
-  grep -q "cache populated" "$FOLIOD_LOG" && break
-  sleep 0.1
-done
-grep -q "export disk0: cache populated: 1073741824 bytes" "$FOLIOD_LOG" ||
-  fail "no 'cache populated' line for the whole cache"
+wait_for_text "$FOLIOD_LOG" "export disk0: cache populated: 1073741824 bytes" \
+  "no 'cache populated' line for the whole cache" 600
 ready=$(grep -n "ready:" "$FOLIOD_LOG" | head -n1 | cut -d: -f1)
 populated=$(grep -n "cache populated" "$FOLIOD_LOG" | head -n1 | cut -d: -f1)
 [ "$ready" -lt "$populated" ] || fail "populated (line $populated) before ready (line $ready)"

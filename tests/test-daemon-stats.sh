@@ -101,8 +101,8 @@ grep -q '^#\|_total' "$tmp/table" && fail "Prometheus text in the table"
 
 # SIGUSR1 logs the counters (to foliod itself, not the timeout wrapper).
 kill -USR1 "$(cat "$tmp/pid")"
-for i in $(seq 50); do grep -q "export disk0: hits 2 misses 1" "$FOLIOD_LOG" && break; sleep 0.1; done
-grep -q "export disk0: hits 2 misses 1 client-written $written written-back $written" \
-  "$FOLIOD_LOG" || fail "SIGUSR1 did not log the counters"
+wait_for_text "$FOLIOD_LOG" \
+  "export disk0: hits 2 misses 1 client-written $written written-back $written" \
+  "SIGUSR1 did not log the counters" 50
 stop_foliod
 echo OK

@@ -83,12 +83,8 @@ except nbd.Error:
     pass
 ' || fail "doubt cleared by itself"
 # The daemon said so (its status timer looks every 10 s).
-for ((i = 0; i < 300 * TSCALE; i++)); do
-  grep -q "in doubt.*clear-doubt disk0" "$FOLIOD_LOG" && break
-  sleep 0.1
-done
-grep -q "in doubt.*clear-doubt disk0" "$FOLIOD_LOG" ||
-  fail "no log line about the write in doubt"
+wait_for_text "$FOLIOD_LOG" "in doubt.*clear-doubt disk0" \
+  "no log line about the write in doubt" 300
 
 [ "$(foliod_stat "$ctl" foliod_backing_writes_in_doubt)" = 1 ] ||
   fail "foliod_backing_writes_in_doubt is not 1"

@@ -50,11 +50,7 @@ track "$holder"
 for ((i = 0; i < 200; i++)); do [ -e "$tmp/held" ] && break; sleep 0.05; done
 [ -e "$tmp/held" ] || fail "could not open the connections"
 # Let foliod reach EMFILE.
-for ((i = 0; i < 100; i++)); do
-  grep -q "Too many open files" "$FOLIOD_LOG" && break
-  sleep 0.1
-done
-grep -q "Too many open files" "$FOLIOD_LOG" || fail "accept never hit EMFILE"
+wait_for_text "$FOLIOD_LOG" "Too many open files" "accept never hit EMFILE"
 
 ticks () { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
 t0=$(ticks)

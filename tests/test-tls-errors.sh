@@ -90,11 +90,7 @@ print('still served', flush=True)
 " >"$tmp/long.out" 2>&1 &
 long=$!
 track $long
-for i in $(seq 100); do
-  grep -q up "$tmp/long.out" 2>/dev/null && break
-  sleep 0.1
-done
-grep -q up "$tmp/long.out" || fail "long client: $(cat "$tmp/long.out")"
+wait_for_text "$tmp/long.out" up "long client"
 
 # New credentials from the other CA; SIGHUP.
 _tls_sign "$tmp/c/ca2" localhost serverAuth "$srv/server-key.pem.new" \
@@ -118,12 +114,8 @@ fi
 # A broken set is refused on reload; the server keeps the last good one.
 echo "not a key" >"$srv/server-key.pem"
 hup
-for i in $(seq 50); do
-  grep -q "TLS reload failed" "$FOLIOD_LOG" && break
-  sleep 0.1
-done
-grep -q "TLS reload failed.*server-key.pem" "$FOLIOD_LOG" ||
-  fail "bad reload not reported"
+wait_for_text "$FOLIOD_LOG" "TLS reload failed.*server-key.pem" \
+  "bad reload not reported" 50
 info "$tmp/c/cli-other" >"$tmp/info" 2>&1 ||
   fail "after a failed reload: $(cat "$tmp/info")"
 

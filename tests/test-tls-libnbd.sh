@@ -35,11 +35,7 @@ print('still served', flush=True)
 " >"$tmp/long.out" 2>&1 &
 long=$!
 track $long
-for i in $(seq 100); do
-  grep -q up "$tmp/long.out" 2>/dev/null && break
-  sleep 0.1
-done
-grep -q up "$tmp/long.out" || fail "long client: $(cat "$tmp/long.out")"
+wait_for_text "$tmp/long.out" up "long client"
 
 # nbdsh: unaligned write and read back over TLS, structured replies.
 tls_nbdsh "$tmp/c/cli" disk0 "
