@@ -104,23 +104,34 @@ struct folio {
                                (see the top of this file); stripe */
 };
 
-/* Counters (relaxed atomics, any thread). */
-struct cache_counters {
+/* Counters (foliod/stat.h).  Those a request bumps are sharded
+ * (c->opst, OPSTAT_ADD): threads serving requests count without sharing
+ * a line. */
+struct cache_op_counters {
   _Atomic uint64_t read_ops, read_hits, read_misses;
   _Atomic uint64_t client_read_bytes, client_write_bytes;
   _Atomic uint64_t client_zero_bytes, client_trim_bytes;
   _Atomic uint64_t backing_read_ops, backing_read_bytes;
   _Atomic uint64_t backing_write_ops, backing_write_bytes;
   _Atomic uint64_t backing_zero_ops, backing_zero_bytes;
-  _Atomic uint64_t backing_trim_ops, backing_flush_ops;
+  _Atomic uint64_t backing_trim_ops;
   _Atomic uint64_t direct_read_ops, direct_read_bytes;
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
+  _Atomic uint64_t evictions, read_errors;
+  _Atomic uint64_t lock_waits_index, lock_waits_stripe;
+  _Atomic uint64_t readahead_bytes, readahead_hits, readahead_wasted;
+  _Atomic uint64_t backing_write_ns;
+};
+
+/* The gauges the throttle and writeback decide by, and events off the
+ * request path: one relaxed atomic each (c->st, STAT_ADD).  The gauges
+ * change when a block goes from clean to dirty or back, not on every
+ * write (a write to a dirty block leaves them alone). */
+struct cache_counters {
   _Atomic uint64_t dirty_bytes, unstable_bytes;
-  _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
-  _Atomic uint64_t lock_waits_index, lock_waits_stripe, lock_waits_walk;
-  _Atomic uint64_t readahead_bytes, readahead_windows;
-  _Atomic uint64_t readahead_hits, readahead_wasted;
-  _Atomic uint64_t backing_write_ns, backing_flush_ns, flush_ns;
+  _Atomic uint64_t backing_flush_ops, writeback_errors, throttle_waits;
+  _Atomic uint64_t lock_waits_walk, readahead_windows;
+  _Atomic uint64_t backing_flush_ns, flush_ns;
 };
 
 struct cache {
@@ -202,6 +213,7 @@ struct cache {
   struct cache_store_info sinfo;
 
   struct cache_counters st;
+  STAT_SHARDED (struct cache_op_counters) *opst;
   struct readahead *ra;     /* NULL: no readahead (readahead.c) */
 };
 
@@ -284,7 +296,7 @@ void folio_settle (struct cache *c, struct folio *f, bool lost);
 static inline void
 index_lock (struct cache *c)
 {
-  lock_counted (&c->lock, &c->st.lock_waits_index);
+  lock_counted (&c->lock, OPSTAT_PTR (c, lock_waits_index));
   c->lock_taken++;
 }
 

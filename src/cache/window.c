@@ -41,11 +41,11 @@ stripes_lock (struct cache *c, uint64_t start, uint64_t end)
   assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+      lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
     n = NSTRIPES - s0;
   }
   for (uint32_t s = s0; s < s0 + n; s++)
-    lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+    lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
 }
 
 void
@@ -187,7 +187,7 @@ evict_one_locked (struct cache *c, uint64_t min_age)
         folio_reset (c, f);
         c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
         unlock_or_die (m);
-        STAT_ADD (c, evictions, 1);
+        OPSTAT_ADD (c, evictions, 1);
         return f;
       }
       unlock_or_die (m);
