@@ -14,11 +14,22 @@
  *                      through it.  Several stripes are taken in ascending
  *                      stripe order only (range_lock), a window's worth at
  *                      most; anything else uses trylock.
- *   3. lock            the index, the LRU, the free slots, marks, waits.
+ *   3. lock            the index, the replacement policy's lists (lru.c),
+ *                      the free slots, marks, waits.  Taken by misses,
+ *                      evictions (which take stripes by trylock only), a
+ *                      folio's clean<->dirty change (its mark) and the
+ *                      writeback's lookups; never by a read hit nor a
+ *                      write to dirty blocks: those hold their window's
+ *                      stripes only, look the folios up in the
+ *                      stripe-guarded buckets and count themselves in each
+ *                      folio (f->refs, a relaxed atomic the evictor reads
+ *                      and lowers under lock).
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
  * is held while it is, and it is not held across a flush's pass.  So is
  * readahead's lock (readahead.c): a client read notes itself there, with
  * no other lock held, and the readahead threads take stripes without it.
+ * Counters take no lock: those a request bumps are per-thread shards
+ * (c->opst, foliod/stat.h), the gauges single atomics (c->st).
  *
  * Writeback does not hold a stripe across its backing write (the kernel's
  * folio_start_writeback, then folio_unlock): the batch's dirty runs are
