@@ -11,6 +11,10 @@
  * shared folios, ops/s per thread, and the waits on each lock class.
  *
  *   build/bench/core-bench [writes] [folio_size] [block_size]
+ *
+ * CORE_THREADS_MS (500) and CORE_THREADS_REGION_MIB (1) set the threads
+ * rows' length and working set a thread; CORE_THREADS_ONLY=1 runs only
+ * them (for perf).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -290,6 +294,8 @@ main (int argc, char **argv)
   uint32_t block = argc > 3 ? (uint32_t) atoi (argv[3]) : 4096;
   struct result sub, nosub;
 
+  if (getenv ("CORE_THREADS_ONLY") != NULL)     /* for profiles of them */
+    goto threads;
   if (run (writes, folio, block, &sub) == -1 ||
       run (writes, folio, folio, &nosub) == -1) {
     fprintf (stderr, "core-bench: run failed\n");
@@ -312,6 +318,7 @@ main (int argc, char **argv)
   printf ("file_write_mib_s=%.0f backing_flushes=%" PRIu64
           " (128 MiB of 64K writes through a 32 MiB cache to a file, "
           "then flush)\n", mib_s, flushes);
+ threads:;
   const char *tms = getenv ("CORE_THREADS_MS");
   const char *treg = getenv ("CORE_THREADS_REGION_MIB");
   if (treg != NULL && atoi (treg) > 0)

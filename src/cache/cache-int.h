@@ -14,11 +14,22 @@
  *                      through it.  Several stripes are taken in ascending
  *                      stripe order only (range_lock), a window's worth at
  *                      most; anything else uses trylock.
- *   3. lock            the index, the LRU, the free slots, marks, waits.
+ *   3. lock            the index, the replacement policy's lists (lru.c),
+ *                      the free slots, marks, waits.  Taken by misses,
+ *                      evictions (which take stripes by trylock only), a
+ *                      folio's clean<->dirty change (its mark) and the
+ *                      writeback's lookups; never by a read hit nor a
+ *                      write to dirty blocks: those hold their window's
+ *                      stripes only, look the folios up in the
+ *                      stripe-guarded buckets and count themselves in each
+ *                      folio (f->refs, a relaxed atomic the evictor reads
+ *                      and lowers under lock).
  * flush_group.lock is a leaf apart from them (flush-group.h): no other lock
  * is held while it is, and it is not held across a flush's pass.  So is
  * readahead's lock (readahead.c): a client read notes itself there, with
  * no other lock held, and the readahead threads take stripes without it.
+ * Counters take no lock: those a request bumps are per-thread shards
+ * (c->opst, foliod/stat.h), the gauges single atomics (c->st).
  *
  * Writeback does not hold a stripe across its backing write (the kernel's
  * folio_start_writeback, then folio_unlock): the batch's dirty runs are
@@ -89,38 +100,57 @@ struct folio {
   /* When it went from clean to dirty; written under the stripe, read
    * without it by the writeback scan (a hint, rechecked under the stripe). */
   _Atomic uint64_t dirtied_ms;
-  struct folio *lru_prev, *lru_next; /* lock */
+  struct folio *lru_prev, *lru_next; /* on c->lru[lru]; lock */
   struct folio *hnext;      /* the next in its bucket (folio_lookup); stripe */
   bool cached;              /* in the index; lock */
   unsigned char *data;      /* folio_size bytes from the store */
   uint64_t *bits;           /* state bitmap from the store */
-  /* c->lru_clock when a request last moved it to the LRU's tail (or
-   * put it there new); written under lock, read without it by the hit
-   * path (folio_recent). */
-  _Atomic uint64_t used;
+  /* Requests that looked it up since the replacement policy last looked
+   * (lru.c), 0 to 2: raised by hits without the index lock
+   * (folio_mark_accessed), read and lowered under it. */
+  _Atomic unsigned char refs;
+  unsigned char lru;        /* enum lru_kind: the list it is on; lock */
   bool ra;                  /* filled by readahead, not read by a client
                                since (counted in readahead.unread); stripe */
   bool writeback;           /* a batch is writing its dirty blocks back
                                (see the top of this file); stripe */
 };
 
-/* Counters (relaxed atomics, any thread). */
-struct cache_counters {
+/* The replacement policy's lists (lru.c), oldest first. */
+enum lru_kind { LRU_INACTIVE, LRU_ACTIVE };
+struct lru_list {
+  struct folio *head, *tail;
+  uint32_t n;
+};
+
+/* Counters (foliod/stat.h).  Those a request bumps are sharded
+ * (c->opst, OPSTAT_ADD): threads serving requests count without sharing
+ * a line. */
+struct cache_op_counters {
   _Atomic uint64_t read_ops, read_hits, read_misses;
   _Atomic uint64_t client_read_bytes, client_write_bytes;
   _Atomic uint64_t client_zero_bytes, client_trim_bytes;
   _Atomic uint64_t backing_read_ops, backing_read_bytes;
   _Atomic uint64_t backing_write_ops, backing_write_bytes;
   _Atomic uint64_t backing_zero_ops, backing_zero_bytes;
-  _Atomic uint64_t backing_trim_ops, backing_flush_ops;
+  _Atomic uint64_t backing_trim_ops;
   _Atomic uint64_t direct_read_ops, direct_read_bytes;
   _Atomic uint64_t direct_write_ops, direct_write_bytes;
+  _Atomic uint64_t evictions, read_errors;
+  _Atomic uint64_t lock_waits_index, lock_waits_stripe;
+  _Atomic uint64_t readahead_bytes, readahead_hits, readahead_wasted;
+  _Atomic uint64_t backing_write_ns;
+};
+
+/* The gauges the throttle and writeback decide by, and events off the
+ * request path: one relaxed atomic each (c->st, STAT_ADD).  The gauges
+ * change when a block goes from clean to dirty or back, not on every
+ * write (a write to a dirty block leaves them alone). */
+struct cache_counters {
   _Atomic uint64_t dirty_bytes, unstable_bytes;
-  _Atomic uint64_t evictions, writeback_errors, read_errors, throttle_waits;
-  _Atomic uint64_t lock_waits_index, lock_waits_stripe, lock_waits_walk;
-  _Atomic uint64_t readahead_bytes, readahead_windows;
-  _Atomic uint64_t readahead_hits, readahead_wasted;
-  _Atomic uint64_t backing_write_ns, backing_flush_ns, flush_ns;
+  _Atomic uint64_t backing_flush_ops, writeback_errors, throttle_waits;
+  _Atomic uint64_t lock_waits_walk, readahead_windows;
+  _Atomic uint64_t backing_flush_ns, flush_ns;
 };
 
 struct cache {
@@ -151,10 +181,7 @@ struct cache {
   struct folio *folios;     /* nslots, one per store slot */
   uint32_t *free_slots;     /* stack of free slot numbers */
   uint32_t nr_free;
-  struct folio *lru_head, *lru_tail; /* cached folios, oldest first */
-  /* Moves of folios to the LRU's tail by requests (and new folios);
-   * written under lock, read without it by the hit path. */
-  _Atomic uint64_t lru_clock;
+  struct lru_list lru[2];   /* cached folios by enum lru_kind; lock */
   _Atomic unsigned space_waiters; /* threads waiting for room */
 
   /* Writeback. */
@@ -202,6 +229,7 @@ struct cache {
   struct cache_store_info sinfo;
 
   struct cache_counters st;
+  STAT_SHARDED (struct cache_op_counters) *opst;
   struct readahead *ra;     /* NULL: no readahead (readahead.c) */
 };
 
@@ -284,9 +312,41 @@ void folio_settle (struct cache *c, struct folio *f, bool lost);
 static inline void
 index_lock (struct cache *c)
 {
-  lock_counted (&c->lock, &c->st.lock_waits_index);
+  lock_counted (&c->lock, OPSTAT_PTR (c, lock_waits_index));
   c->lock_taken++;
 }
+
+/* --- the replacement policy (lru.c; its rules are at the top there) --- */
+/* A request looked f up (its stripe held, the index lock not needed):
+ * the kernel's folio_mark_accessed.  The looks of one burst count once:
+ * those of a thread that looked at f last (a stream reading or writing
+ * it a block at a time) only bring f's count to 1.  Loads first and
+ * stores only a new count, so that hits on a hot folio write nothing
+ * another core must fetch again. */
+extern _Thread_local const struct folio *lru_last_seen;
+static inline void
+folio_mark_accessed (struct folio *f)
+{
+  unsigned r = atomic_load_explicit (&f->refs, memory_order_relaxed);
+  unsigned want = f == lru_last_seen ? 1 : r + 1;
+
+  if (want > r && r < 2)
+    atomic_store_explicit (&f->refs, (unsigned char) want,
+                           memory_order_relaxed);
+  lru_last_seen = f;
+}
+/* A folio put in the index goes on the inactive list, one taken out goes
+ * off its list (c->lock held). */
+void lru_add_locked (struct cache *c, struct folio *f);
+void lru_del_locked (struct cache *c, struct folio *f);
+/* Evict a clean folio (c->lock held; takes its stripe by trylock, so
+ * never one of the caller's window) and return it, its slot free for
+ * reuse; NULL if none was found among the few looked at.  ra: for
+ * readahead, which leaves unread readahead folios alone. */
+struct folio *lru_evict_locked (struct cache *c, bool ra);
+/* Take f, clean and stable, out of the index, its list and its bucket,
+ * its state reset and its slot told (c->lock and f's stripe held). */
+void folio_uncache_locked (struct cache *c, struct folio *f);
 
 /* --- locking and windows (window.c) --- */
 /* Lock or unlock the stripes of folios [start, end). */
@@ -303,10 +363,9 @@ int window_begin (struct cache *c, struct window *w, uint64_t start,
 int window_try_begin (struct cache *c, struct window *w, uint64_t start,
                       uint64_t end, bool alloc);
 /* Readahead's window: the folios of [start, end) that are cached or fit
- * in free room or in a clean folio not put at the LRU's tail (new, or
- * looked up when not recent) among the last nslots / 2 there (another
- * stream's working set stays); never waits
- * for room.  The window ends before the first folio that does not fit:
+ * in free room or in a clean folio the replacement policy gives up
+ * (lru_evict_locked: never one of the active list, nor another stream's
+ * unread readahead); never waits for room.  The window ends before the first folio that does not fit:
  * 0 with w->end <= end, or -1/EAGAIN with nothing held if none fits. */
 int window_ra_begin (struct cache *c, struct window *w, uint64_t start,
                      uint64_t end);

@@ -316,6 +316,9 @@ cache_create (struct backing *b, struct store *store,
   c = calloc (1, sizeof *c);
   if (c == NULL)
     goto nomem;
+  c->opst = stat_shards_new (sizeof *c->opst);
+  if (c->opst == NULL)
+    goto nomem;
   c->b = b;
   c->cfg = *cfg;
   if (c->cfg.max_io_bytes < cfg->block_size) /* a request is one block at least */
@@ -419,6 +422,7 @@ cache_free (struct cache *c)
   free (c->free_slots);
   free (c->buckets);
   free (c->zero_block);
+  free (c->opst);
   store_destroy (c->own_store);
   if (c->bounce_key_ok) {
     free (pthread_getspecific (c->bounce_key));
@@ -634,21 +638,23 @@ void
 cache_get_stats (struct cache *c, struct cache_stats *s)
 {
 #define G(f) s->f = STAT_GET (c, f)
-  G (read_ops); G (read_hits); G (read_misses);
-  G (client_read_bytes); G (client_write_bytes);
-  G (client_zero_bytes); G (client_trim_bytes);
-  G (backing_read_ops); G (backing_read_bytes);
-  G (backing_write_ops); G (backing_write_bytes);
-  G (backing_zero_ops); G (backing_zero_bytes);
-  G (backing_trim_ops); G (backing_flush_ops);
-  G (direct_read_ops); G (direct_read_bytes);
-  G (direct_write_ops); G (direct_write_bytes);
-  G (dirty_bytes); G (unstable_bytes); G (evictions); G (writeback_errors); G (read_errors);
-  G (throttle_waits);
-  G (lock_waits_index); G (lock_waits_stripe); G (lock_waits_walk);
-  G (readahead_bytes); G (readahead_windows);
-  G (readahead_hits); G (readahead_wasted);
-  G (backing_write_ns); G (backing_flush_ns); G (flush_ns);
+#define S(f) s->f = OPSTAT_GET (c, f)
+  S (read_ops); S (read_hits); S (read_misses);
+  S (client_read_bytes); S (client_write_bytes);
+  S (client_zero_bytes); S (client_trim_bytes);
+  S (backing_read_ops); S (backing_read_bytes);
+  S (backing_write_ops); S (backing_write_bytes);
+  S (backing_zero_ops); S (backing_zero_bytes);
+  S (backing_trim_ops); G (backing_flush_ops);
+  S (direct_read_ops); S (direct_read_bytes);
+  S (direct_write_ops); S (direct_write_bytes);
+  G (dirty_bytes); G (unstable_bytes); S (evictions); G (writeback_errors);
+  S (read_errors); G (throttle_waits);
+  S (lock_waits_index); S (lock_waits_stripe); G (lock_waits_walk);
+  S (readahead_bytes); G (readahead_windows);
+  S (readahead_hits); S (readahead_wasted);
+  S (backing_write_ns); G (backing_flush_ns); G (flush_ns);
+#undef S
 #undef G
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);

@@ -188,8 +188,8 @@ direct_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
   struct fix x = { .kind = FIX_OVERLAY, .off = off, .end = off + len,
                    .dst = buf };
 
-  STAT_ADD (c, direct_read_ops, 1);
-  STAT_ADD (c, direct_read_bytes, len);
+  OPSTAT_ADD (c, direct_read_ops, 1);
+  OPSTAT_ADD (c, direct_read_bytes, len);
   for (uint64_t p = off, pe; p < x.end; p = pe) {
     pe = piece_end (c, p, x.end);
     struct fix px = fix_piece (&x, p, pe);
@@ -248,12 +248,12 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
     r = io_write (c, x->src, len, off, backing_flags (flags));
     break;
   case PASS_ZERO:
-    STAT_ADD (c, backing_zero_ops, 1);
-    STAT_ADD (c, backing_zero_bytes, len);
+    OPSTAT_ADD (c, backing_zero_ops, 1);
+    OPSTAT_ADD (c, backing_zero_bytes, len);
     r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
     break;
   case PASS_TRIM:
-    STAT_ADD (c, backing_trim_ops, 1);
+    OPSTAT_ADD (c, backing_trim_ops, 1);
     r = c->b->ops->trim (c->b, len, off, backing_flags (flags));
     break;
   default:
@@ -306,8 +306,8 @@ direct_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   struct fix x = { .kind = FIX_WRITE, .off = off, .end = off + len,
                    .src = buf };
 
-  STAT_ADD (c, direct_write_ops, 1);
-  STAT_ADD (c, direct_write_bytes, len);
+  OPSTAT_ADD (c, direct_write_ops, 1);
+  OPSTAT_ADD (c, direct_write_bytes, len);
   return passthrough (c, PASS_WRITE, &x, flags);
 }
 
@@ -324,7 +324,7 @@ cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
     errno = ENOTSUP;
     return -1;
   }
-  STAT_ADD (c, client_zero_bytes, len);
+  OPSTAT_ADD (c, client_zero_bytes, len);
   return passthrough (c, PASS_ZERO, &x, flags);
 }
 
@@ -337,7 +337,7 @@ cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
 
   if (range_check (c, len, off) == -1 || writable_check (c) == -1)
     return -1;
-  STAT_ADD (c, client_trim_bytes, len);
+  OPSTAT_ADD (c, client_trim_bytes, len);
   if (!(c->b->caps & BACKING_CAN_TRIM))
     return 0;                      /* advisory: nothing to do */
   off = (off + bmask) & ~bmask;

@@ -152,8 +152,8 @@ cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
                                   fe - fs, fs, done, opaque) == -1)
     return -1;
   else {
-    STAT_ADD (c, backing_read_ops, 1);
-    STAT_ADD (c, backing_read_bytes, fe - fs);
+    OPSTAT_ADD (c, backing_read_ops, 1);
+    OPSTAT_ADD (c, backing_read_bytes, fe - fs);
   }
   /* As cache_read notes a miss before it waits: the window past it is
    * fetched meanwhile. */

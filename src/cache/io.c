@@ -33,10 +33,10 @@ io_read (struct cache *c, void *buf, uint64_t len, uint64_t off)
     memset ((char *) buf + n, 0, len - n);
   if (n == 0)
     return 0;
-  STAT_ADD (c, backing_read_ops, 1);
-  STAT_ADD (c, backing_read_bytes, n);
+  OPSTAT_ADD (c, backing_read_ops, 1);
+  OPSTAT_ADD (c, backing_read_bytes, n);
   if (c->b->ops->read (c->b, buf, n, off) == -1) {
-    STAT_ADD (c, read_errors, 1);
+    OPSTAT_ADD (c, read_errors, 1);
     return -1;
   }
   return 0;
@@ -50,14 +50,14 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     return 0;
   if (off + len > c->size)
     len = c->size - off;
-  STAT_ADD (c, backing_write_ops, 1);
-  STAT_ADD (c, backing_write_bytes, len);
+  OPSTAT_ADD (c, backing_write_ops, 1);
+  OPSTAT_ADD (c, backing_write_bytes, len);
   if (!(flags & BACKING_FUA))
     atomic_store (&c->backing_unflushed, true);
   uint64_t t0 = now_ns ();
   int r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;
-  STAT_ADD (c, backing_write_ns, now_ns () - t0);
+  OPSTAT_ADD (c, backing_write_ns, now_ns () - t0);
   backing_written (c, off, len);             /* failed: maybe partly */
   errno = err;
   return r;

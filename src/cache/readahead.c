@@ -232,7 +232,7 @@ ra_read (struct cache *c, struct folio *f)
 {
   f->ra = false;
   atomic_fetch_sub (&c->ra->unread, 1);
-  STAT_ADD (c, readahead_hits, 1);
+  OPSTAT_ADD (c, readahead_hits, 1);
 }
 
 void
@@ -240,5 +240,5 @@ ra_dropped (struct cache *c, struct folio *f)
 {
   f->ra = false;
   atomic_fetch_sub (&c->ra->unread, 1);
-  STAT_ADD (c, readahead_wasted, 1);
+  OPSTAT_ADD (c, readahead_wasted, 1);
 }

@@ -130,7 +130,7 @@ readahead_step (struct cache_iter *it)
     uint32_t got = f->nr_uptodate - before[i];
     if (got == 0)
       continue;
-    STAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
+    OPSTAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
     if (!f->ra)
       ra_filled (c, f);
   }
@@ -166,8 +166,8 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
     return -1;
   }
   if (buf != NULL && !nowait) {
-    STAT_ADD (c, read_ops, 1);
-    STAT_ADD (c, client_read_bytes, len);
+    OPSTAT_ADD (c, read_ops, 1);
+    OPSTAT_ADD (c, client_read_bytes, len);
   }
   if (use_direct (c, len, flags))
     return buf ? direct_read (c, buf, len, off) : 0;
@@ -180,13 +180,13 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   while ((r = cache_iter_next (&it)) > 0)
     it.done = read_step (&it, buf, &missed);
   if (buf != NULL && nowait && r == 0) {
-    STAT_ADD (c, read_ops, 1);
-    STAT_ADD (c, client_read_bytes, len);
+    OPSTAT_ADD (c, read_ops, 1);
+    OPSTAT_ADD (c, client_read_bytes, len);
     ra_note (c, off, len);
   }
   if (buf != NULL) {
-    if (missed) STAT_ADD (c, read_misses, 1);
-    else if (r == 0) STAT_ADD (c, read_hits, 1);
+    if (missed) OPSTAT_ADD (c, read_misses, 1);
+    else if (r == 0) OPSTAT_ADD (c, read_hits, 1);
   }
   return r;
 }
@@ -216,10 +216,10 @@ cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
   if (r == -1 && (flags & CACHE_NOWAIT))
     fx->end = fx->off;
   if (r == 0) {                 /* readahead was told at the fetch */
-    STAT_ADD (c, read_ops, 1);
-    STAT_ADD (c, client_read_bytes, len);
-    if (missed) STAT_ADD (c, read_misses, 1);
-    else STAT_ADD (c, read_hits, 1);
+    OPSTAT_ADD (c, read_ops, 1);
+    OPSTAT_ADD (c, client_read_bytes, len);
+    if (missed) OPSTAT_ADD (c, read_misses, 1);
+    else OPSTAT_ADD (c, read_hits, 1);
   }
   return r;
 }
@@ -336,7 +336,7 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     return -1;
   }
   if (!nowait)
-    STAT_ADD (c, client_write_bytes, len);
+    OPSTAT_ADD (c, client_write_bytes, len);
   if (use_direct (c, len, flags))
     return direct_write (c, buf, len, off, flags);
   /* Writethrough, and FUA unless flush=store (then the store sync below
@@ -359,6 +359,6 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   else if (r == 0 && (flags & CACHE_FUA))
     r = cache_store_sync (c);
   if (nowait && r == 0)
-    STAT_ADD (c, client_write_bytes, len);
+    OPSTAT_ADD (c, client_write_bytes, len);
   return r;
 }

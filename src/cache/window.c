@@ -1,5 +1,6 @@
-/* Range locks, folio lookup and allocation, the LRU and eviction.  See the
- * lock order in cache-int.h; the waits for room are in throttle.c. */
+/* Range locks, folio lookup and allocation.  See the lock order in
+ * cache-int.h; the waits for room are in throttle.c, which folio to evict
+ * in lru.c. */
 #include <assert.h>
 #include <errno.h>
 
@@ -41,11 +42,11 @@ stripes_lock (struct cache *c, uint64_t start, uint64_t end)
   assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+      lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
     n = NSTRIPES - s0;
   }
   for (uint32_t s = s0; s < s0 + n; s++)
-    lock_counted (&c->stripes[s], &c->st.lock_waits_stripe);
+    lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
 }
 
 void
@@ -101,30 +102,15 @@ bucket_del (struct cache *c, struct folio *f)
   f->hnext = NULL;
 }
 
-static void
-lru_unlink (struct cache *c, struct folio *f)
+void
+folio_uncache_locked (struct cache *c, struct folio *f)
 {
-  if (f->lru_prev) f->lru_prev->lru_next = f->lru_next;
-  else c->lru_head = f->lru_next;
-  if (f->lru_next) f->lru_next->lru_prev = f->lru_prev;
-  else c->lru_tail = f->lru_prev;
-  f->lru_prev = f->lru_next = NULL;
-}
-
-static void
-lru_append (struct cache *c, struct folio *f)
-{
-  uint64_t now = atomic_load_explicit (&c->lru_clock, memory_order_relaxed);
-
-  /* The clock counts appends: now - f->used is about how far f is from
-   * the tail (folio_recent). */
-  atomic_store_explicit (&c->lru_clock, now + 1, memory_order_relaxed);
-  atomic_store_explicit (&f->used, now + 1, memory_order_relaxed);
-  f->lru_prev = c->lru_tail;
-  f->lru_next = NULL;
-  if (c->lru_tail) c->lru_tail->lru_next = f;
-  else c->lru_head = f;
-  c->lru_tail = f;
+  lru_del_locked (c, f);
+  bucket_del (c, f);
+  fidx_remove (&c->index, f->index);
+  f->cached = false;
+  folio_reset (c, f);
+  c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
 }
 
 int
@@ -137,66 +123,8 @@ folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
   bucket_add (c, f);
   if (f->nr_dirty || f->nr_unstable)
     fidx_set_mark (&c->index, fi, true);
-  lru_append (c, f);
+  lru_add_locked (c, f);
   return 0;
-}
-
-/* Is f among the folios moved to the LRU's tail last, in its youngest
- * quarter?  Then a hit need not move it again (nor take the index lock
- * to do so): the LRU is exact but for the order inside that quarter, far
- * from the head where eviction takes folios. */
-static bool
-folio_recent (struct cache *c, struct folio *f)
-{
-  uint64_t recent = c->store->nslots / 4;
-
-  return atomic_load_explicit (&c->lru_clock, memory_order_relaxed) -
-         atomic_load_explicit (&f->used, memory_order_relaxed) <
-         (recent ? recent : 1);
-}
-
-
-/* Try to take one clean folio off the LRU (lock held).  Its stripe must be
- * free (trylock), which also keeps us from evicting our own window.  Dirty
- * folios met on the way get a second chance at the tail, and so do those
- * whose slot the store may not reuse yet (a page store: the sync after
- * its last clear has not completed).  Never waits for the store. */
-static struct folio *
-evict_one_locked (struct cache *c, uint64_t min_age)
-{
-  unsigned budget = 2 * c->window + 16;
-  struct folio *f = c->lru_head;
-
-  while (f != NULL && budget-- > 0) {
-    struct folio *next = f->lru_next;
-    pthread_mutex_t *m = stripe_of (c, f->index);
-    if (atomic_load_explicit (&c->lru_clock, memory_order_relaxed) -
-        atomic_load_explicit (&f->used, memory_order_relaxed) < min_age) {
-      f = next;                    /* used lately: not for readahead */
-      continue;
-    }
-    if (trylock_or_die (m)) {
-      if (f->nr_dirty == 0 && f->nr_unstable == 0 && !f->writeback &&
-          store_may_reuse (c->store, f->slot)) {
-        if (f->ra)
-          ra_dropped (c, f);
-        lru_unlink (c, f);
-        bucket_del (c, f);
-        fidx_remove (&c->index, f->index);
-        f->cached = false;
-        folio_reset (c, f);
-        c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
-        unlock_or_die (m);
-        STAT_ADD (c, evictions, 1);
-        return f;
-      }
-      unlock_or_die (m);
-      lru_unlink (c, f);
-      lru_append (c, f);
-    }
-    f = next;
-  }
-  return NULL;
 }
 
 /* A free slot, else an evicted one.  A free slot may always be reused:
@@ -207,7 +135,7 @@ slot_take_locked (struct cache *c)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return evict_one_locked (c, 0);
+  return lru_evict_locked (c, false);
 }
 
 /* Put a new folio for number fi in the index (lock held). */
@@ -222,23 +150,19 @@ folio_insert_locked (struct cache *c, struct folio *f, uint64_t fi)
   f->cached = true;
   bucket_add (c, f);
   c->store->ops->set_index (c->store, f->slot, fi);
-  lru_append (c, f);
+  lru_add_locked (c, f);
   return 0;
 }
 
-/* Look up (and with alloc, create) the window's folios.  Lock held.
- * Returns 0, or -1 with errno EAGAIN when memory must be cleaned first. */
+/* Create the window's folios that window_lookup_fast did not find (lock
+ * held).  Returns 0, or -1 with errno EAGAIN when memory must be cleaned
+ * first. */
 static int
-window_lookup_locked (struct cache *c, struct window *w, bool alloc)
+window_create_locked (struct cache *c, struct window *w)
 {
   for (uint64_t fi = w->start; fi < w->end; fi++) {
     struct folio *f = w->f[fi - w->start];
-    if (f != NULL) {
-      if (!folio_recent (c, f)) {
-        lru_unlink (c, f);
-        lru_append (c, f);
-      }
-    } else if (alloc) {
+    if (f == NULL) {
       f = slot_take_locked (c);
       if (f == NULL) {
         errno = EAGAIN;
@@ -246,6 +170,7 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
       }
       if (folio_insert_locked (c, f, fi) == -1)
         return -1;
+      folio_mark_accessed (f);     /* this request's look */
     }
     w->f[fi - w->start] = f;
   }
@@ -253,9 +178,10 @@ window_lookup_locked (struct cache *c, struct window *w, bool alloc)
 }
 
 /* The hit path: look the window's folios up under its stripes alone (w->f
- * filled).  true if that is all there is to do: every folio is cached (or
- * need not be: !alloc) and recent (folio_recent: no LRU move due); else
- * window_lookup_locked finishes under the index lock. */
+ * filled), marking them accessed (the replacement policy's only news of a
+ * hit).  true if that is all there is to do: every folio is cached, or
+ * need not be (!alloc); else window_create_locked finishes under the
+ * index lock. */
 static bool
 window_lookup_fast (struct cache *c, struct window *w, bool alloc)
 {
@@ -264,7 +190,9 @@ window_lookup_fast (struct cache *c, struct window *w, bool alloc)
   for (uint64_t fi = w->start; fi < w->end; fi++) {
     struct folio *f = folio_lookup (c, fi);
     w->f[fi - w->start] = f;
-    if (f == NULL ? alloc : !folio_recent (c, f))
+    if (f != NULL)
+      folio_mark_accessed (f);
+    else if (alloc)
       done = false;
   }
   return done;
@@ -282,7 +210,7 @@ window_begin (struct cache *c, struct window *w, uint64_t start,
     if (window_lookup_fast (c, w, alloc))
       return 0;
     index_lock (c);
-    if (window_lookup_locked (c, w, alloc) == 0) {
+    if (window_create_locked (c, w) == 0) {
       unlock_or_die (&c->lock);
       return 0;
     }
@@ -326,7 +254,7 @@ window_try_begin (struct cache *c, struct window *w, uint64_t start,
   if (window_lookup_fast (c, w, alloc))
     return 0;
   index_lock (c);
-  r = window_lookup_locked (c, w, alloc);
+  r = window_create_locked (c, w);
   unlock_or_die (&c->lock);
   if (r == -1) {
     int err = errno;
@@ -361,20 +289,21 @@ window_alloc_free (struct cache *c, struct window *w)
       errno = ENOMEM;
       return -1;
     }
+    folio_mark_accessed (f);
     w->f[fi - w->start] = f;
   }
   unlock_or_die (&c->lock);
   return 0;
 }
 
-/* Readahead takes a free slot, else a clean folio that no request looked
- * up lately. */
+/* Readahead takes a free slot, else what the replacement policy gives up
+ * from its inactive list but another stream's unread readahead. */
 static struct folio *
 ra_slot_take_locked (struct cache *c)
 {
   if (c->nr_free > 0)
     return &c->folios[c->free_slots[--c->nr_free]];
-  return evict_one_locked (c, c->store->nslots / 2 + 1);
+  return lru_evict_locked (c, true);
 }
 
 int
@@ -461,7 +390,7 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
   assert (old == NULL || !c->persistent);
   index_lock (c);
   if (old != NULL) {
-    lru_unlink (c, old);
+    lru_del_locked (c, old);
     bucket_del (c, old);
     fidx_replace (&c->index, fi, nf);
     old->cached = false;
@@ -476,7 +405,8 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
     nf->cached = true;
     bucket_add (c, nf);
     c->store->ops->set_index (c->store, nf->slot, fi);
-    lru_append (c, nf);
+    lru_add_locked (c, nf);
+    folio_mark_accessed (nf);    /* a request's write */
   }
   unlock_or_die (&c->lock);
   return r;

@@ -131,6 +131,6 @@ cache_write_commit (struct cache *c, struct cache_prep *p, unsigned flags)
     errno = ENOMEM;
     return -1;
   }
-  STAT_ADD (c, client_write_bytes, p->len);
+  OPSTAT_ADD (c, client_write_bytes, p->len);
   return 0;
 }

@@ -1648,6 +1648,76 @@ test_hit_takes_no_index_lock (void **state)
   t_close (&t);
 }
 
+/* Hits on every folio of a full cache take no index lock either: a hit
+ * only counts itself in its folio (lru.c), whatever its place in the
+ * replacement policy's lists. */
+static void
+test_hits_over_full_cache_take_no_index_lock (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[4096];
+
+  cfg_small (&cfg);
+  cfg.cache_size = 16 * 64 * KiB;
+  t_open (&t, 4 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 4 * MiB, 0, 1);
+  for (int i = 0; i < 16; i++)                                 /* misses */
+    assert_int_equal (cache_read (t.c, buf, 4096, i * 65536ull, 0), 0);
+  uint64_t taken = stats (&t).lock_taken_index;
+  uint64_t reads = totals (&t).ops[FAKE_READ];
+  for (int round = 0; round < 4; round++)
+    for (int i = 0; i < 16; i++)
+      assert_int_equal (cache_read (t.c, buf, 4096, i * 65536ull, 0), 0);
+  assert_int_equal (totals (&t).ops[FAKE_READ], reads);        /* all hits */
+  assert_int_equal (stats (&t).read_hits, 64);
+  assert_int_equal (stats (&t).lock_taken_index, taken);
+  t_close (&t);
+}
+
+/* Scan resistance: a hot set read again and again survives streams of
+ * folios read once and written once that are more than the cache holds
+ * between its reads (an LRU would evict the hot set every round: its
+ * reuse distance is beyond the cache). */
+static void
+test_hot_set_survives_streams (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[65536];
+  const uint64_t hot = 24 * MiB, nhot = 6, nstream = 6;
+  uint64_t next = 0, hot_misses = 0;
+
+  cfg_small (&cfg);
+  cfg.cache_size = 16 * 64 * KiB;       /* 16 folios < 6 hot + 2 x 6 */
+  t_open (&t, 32 * MiB, &cfg);
+  fake_fill_pattern (t.fb, 32 * MiB, 0, 1);
+  fill (buf, sizeof buf, 9);
+  for (int round = 0; round < 20; round++) {
+    fake_reset_log (t.fb);
+    for (int pass = 0; pass < 2; pass++)
+      for (uint64_t i = 0; i < nhot; i++)
+        assert_int_equal (cache_read (t.c, buf, 4096, hot + i * 65536, 0),
+                          0);
+    if (round > 0)      /* the first round brings the hot set in */
+      for (size_t j = 0; j < fake_log_len (t.fb); j++) {
+        struct fake_req r;
+        assert_int_equal (fake_log_get (t.fb, j, &r), 0);
+        hot_misses += r.op == FAKE_READ && r.off >= hot &&
+                      r.off < hot + nhot * 65536;
+      }
+    for (uint64_t i = 0; i < nstream; i++, next += 2 * 65536) {
+      assert_int_equal (cache_read (t.c, buf, 65536, next, 0), 0);
+      assert_int_equal (cache_write (t.c, buf, 65536, next + 65536, 0), 0);
+    }
+    assert_int_equal (cache_flush (t.c), 0);    /* the writes go clean */
+  }
+  assert_true (next < hot);
+  assert_true (stats (&t).evictions > 100);
+  assert_int_equal (hot_misses, 0);
+  t_close (&t);
+}
+
 /* A store supplied by the caller: used as is when its geometry fits,
  * refused when it does not (a pmem store's header may disagree with the
  * configuration), and never freed by the cache. */
@@ -1955,6 +2025,8 @@ main (void)
     cmocka_unit_test (test_stats_match_backing),
     cmocka_unit_test (test_flush_reaches_backing_after_background_writes),
     cmocka_unit_test (test_hot_folio_stays_cached),
+    cmocka_unit_test (test_hits_over_full_cache_take_no_index_lock),
+    cmocka_unit_test (test_hot_set_survives_streams),
     cmocka_unit_test (test_hit_takes_no_index_lock),
     cmocka_unit_test (test_external_store),
     cmocka_unit_test (test_ram_store_populated),
