@@ -25,15 +25,23 @@
  * Slot reuse (may_reuse): a slot takes a new folio once the log holds
  * nothing live for its old one and the commit that said so is durable.
  *
- * Reclaim (first step, see foliod.conf(5)): before a commit that would
- * leave less free log than a compaction needs, the commit is a
- * compaction instead: every block that must survive, of every slot, is
- * written again at the head, flushed, and then the superblock's
- * checkpoint moves the log's start to it (a second flush).  The log must
- * hold two compactions (the open refuses a smaller one); a commit never
- * waits for space and never fails for want of it.  A live block is at
- * most the cache's size, so the dirty thresholds of the cache bound the
- * log too.
+ * Reclaim (see foliod.conf(5)): a record is dead once a newer one covers
+ * its block, or its block no longer must survive (written back and the
+ * backing flushed it: a clean record says so).  Every commit keeps room
+ * in the log for a compaction (every live block once, ssd_compaction_max),
+ * so that the next commit fits whatever it writes; one that would not
+ * keep it reclaims first, in the same write: the log is cut into 64
+ * segments, and the log's start moves past the oldest ones, their few
+ * live blocks (those whose newest record lies there) copied forward with
+ * the commit's records.  Once the batches are durable the superblock's
+ * checkpoint moves (a second flush; a crash before it scans from the old
+ * start, where the copies are newer).  Only when no start short of the
+ * head keeps the room is the commit a compaction (every live block again:
+ * the log restarts there).  The log must hold two compactions (the open
+ * refuses a smaller one); a commit never fails for want of space: a full
+ * log makes it slower (writers wait on their FLUSH), never fail.  Live
+ * data is at most the cache's size, so the dirty thresholds of the cache
+ * bound the log too.
  *
  * Recovery (open): the newer valid superblock; after a clean stop nothing
  * is replayed.  Otherwise the batches from the checkpoint on, while each
@@ -97,6 +105,14 @@ struct store_ssd {
   uint64_t head, next_seq, flushed;
   uint64_t cmax;                 /* ssd_compaction_max */
   unsigned char *wbuf;
+  /* reclaim (the committer's: p->running) */
+  uint64_t *rec_lsn;             /* slot * bpf + block: the batch of the
+                                  * block's newest data record */
+  uint64_t seg;                  /* segment bytes */
+  uint32_t nseg;
+  struct segstart { uint64_t lsn, seq; } *segs;   /* the first batch of
+                                  * segment k (lsn / seg) at k % nseg */
+  uint64_t *seg_live;            /* scratch: live blocks per segment */
   /* what open found */
   bool formatted, was_clean;
   struct recovered *rec;
@@ -248,24 +264,28 @@ plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
   return 0;
 }
 
-/* Under mu: the records slot needs now (all: a compaction, every live
- * block again), and the log's view of the slot as if they were written.
+/* Under mu: the records slot needs now, and the log's view of the slot
+ * as if they were written.  A live block gets a data record when it was
+ * written since, is not in the log yet, or its newest record lies before
+ * cut (a reclaim copies it forward; UINT64_MAX: a compaction, every live
+ * block again).
  * Clean records go to cl, data records to dl: a commit writes every clean
  * record before any data record, because a folio evicted from one slot
  * may be in another already, written again, and the old slot's clean
  * records must not follow the new slot's data. */
 static int
-collect_slot (struct store_ssd *p, uint32_t slot, bool all, uint64_t commit,
-              struct plist *cl, struct plist *dl)
+collect_slot (struct store_ssd *p, uint32_t slot, uint64_t cut,
+              uint64_t commit, struct plist *cl, struct plist *dl)
 {
   uint64_t *lg = p->logged + (size_t) slot * p->mwords;
   uint64_t *w = p->want + (size_t) slot * p->mwords;
+  const uint64_t *rl = p->rec_lsn + (size_t) slot * p->bpf;
   uint64_t fi = p->log_folio[slot];
   bool wrote = false;
 
   for (uint32_t b = 0; b < p->bpf; b++) {
     bool live = block_live (p, slot, b), in = mtest (lg, b);
-    if (live && (all || mtest (w, b) || !in)) {
+    if (live && (mtest (w, b) || !in || rl[b] < cut)) {
       if (plist_add (dl, fi, slot, b, false) == -1)
         return -1;
       wrote = true;
@@ -285,6 +305,21 @@ collect_slot (struct store_ssd *p, uint32_t slot, bool all, uint64_t commit,
   return 0;
 }
 
+/* Under mu: the records collect_slot (cut 0) would write for slot. */
+static uint32_t
+slot_records (struct store_ssd *p, uint32_t slot)
+{
+  const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+  const uint64_t *w = p->want + (size_t) slot * p->mwords;
+  uint32_t n = 0;
+
+  for (uint32_t b = 0; b < p->bpf; b++) {
+    bool live = block_live (p, slot, b), in = mtest (lg, b);
+    n += (live && (mtest (w, b) || !in)) || (!live && in);
+  }
+  return n;
+}
+
 /* The bytes a batch of n entries with nd data blocks takes. */
 static uint64_t
 batch_bytes (const struct store_ssd *p, uint32_t nd)
@@ -300,6 +335,80 @@ batch_data_max (const struct store_ssd *p)
   if (per > SSD_ENTRIES)
     per = SSD_ENTRIES;
   return per ? per : 1;
+}
+
+/* The batch at lsn, sequence seq, was written (or found by recovery):
+ * the first one of its segment is where a reclaim may move the log's
+ * start to. */
+static void
+note_seg (struct store_ssd *p, uint64_t lsn, uint64_t seq)
+{
+  uint64_t k = lsn / p->seg;
+  struct segstart *e = &p->segs[k % p->nseg];
+
+  if (e->lsn / p->seg != k || e->lsn > lsn)
+    *e = (struct segstart) { lsn, seq };
+}
+
+/* The bytes n data records take at most (their headers, and a clean
+ * record's header for each, and the jump at the ring's end). */
+static uint64_t
+records_bytes (const struct store_ssd *p, uint64_t n)
+{
+  uint32_t per = batch_data_max (p);
+  return n * p->bs + (n + per - 1) / per * 2 * SSD_ALIGN +
+         batch_bytes (p, per);
+}
+
+/* Under mu, when a commit of est bytes would leave less free log than a
+ * compaction needs (the room every commit keeps, so that the next one
+ * fits whatever it writes): where the log's start moves to.  Segment by
+ * segment from the oldest, the live blocks whose newest record lies
+ * before the new start are copied forward (few: most of an old segment
+ * was overwritten or written back since); the first start that leaves a
+ * quarter of the spare room free, else the first that keeps the room,
+ * else (*compact) every live block again and the log starts there. */
+static void
+choose_cut (struct store_ssd *p, uint64_t est, uint64_t *cut, uint64_t *tail,
+            uint64_t *tail_seq, bool *compact)
+{
+  uint64_t C = p->sb.log_bytes, t = p->sb.tail_lsn;
+  uint64_t room = C - p->cmax, good = room - (room - p->cmax) / 4;
+  uint64_t copies = 0;
+  bool ok = false;
+
+  memset (p->seg_live, 0, p->nseg * sizeof *p->seg_live);
+  for (uint32_t s = 0; s < p->s.nslots; s++) {
+    if (p->nlogged[s] == 0)
+      continue;
+    const uint64_t *lg = p->logged + (size_t) s * p->mwords;
+    const uint64_t *rl = p->rec_lsn + (size_t) s * p->bpf;
+    for (uint32_t b = 0; b < p->bpf; b++)
+      if (mtest (lg, b) && block_live (p, s, b))
+        p->seg_live[(rl[b] >= t ? rl[b] : t) / p->seg % p->nseg]++;
+  }
+  *compact = false;
+  for (uint64_t k = t / p->seg + 1; k <= p->head / p->seg; k++) {
+    const struct segstart *e = &p->segs[k % p->nseg];
+    copies += p->seg_live[(k - 1) % p->nseg];
+    if (e->lsn / p->seg != k || e->lsn <= t || e->lsn > p->head)
+      continue;                 /* no batch starts there (yet) */
+    uint64_t used = p->head + records_bytes (p, copies) + est - e->lsn;
+    if (used <= room && !ok) {
+      ok = true;
+      *cut = *tail = e->lsn;
+      *tail_seq = e->seq;
+    }
+    if (used <= good) {
+      *cut = *tail = e->lsn;
+      *tail_seq = e->seq;
+      return;
+    }
+  }
+  if (!ok) {
+    *compact = true;
+    *cut = UINT64_MAX;
+  }
 }
 
 /* The batches of l[0, n) appended at p->head: written in runs as large as
@@ -336,6 +445,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
     }
     if (i == 0)
       *first = lsn;
+    note_seg (p, lsn, p->next_seq);
     /* Never over the log's start (commit keeps room: see its check). */
     assert (lsn + len <= p->sb.tail_lsn + C);
     struct ssd_batch *h = (struct ssd_batch *) (p->wbuf + used);
@@ -364,6 +474,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
       memcpy (d, p->data + (size_t) v[k].slot * p->s.folio_size +
               (size_t) v[k].block * p->bs, p->bs);
       e->crc = ssd_data_crc (d, p->bs);
+      p->rec_lsn[(size_t) v[k].slot * p->bpf + v[k].block] = lsn;
       d += p->bs;
     }
     memset (d, 0, (size_t) (p->wbuf + used + len - d));
@@ -399,6 +510,9 @@ publish_stats (struct store_ssd *p)
   p->pub.records = p->st.records;
   p->pub.syncs = p->st.syncs;
   p->pub.sync_ns = p->st.sync_ns_total;
+  p->pub.reclaims = p->st.reclaims;
+  p->pub.reclaimed_bytes = p->st.reclaimed;
+  p->pub.compactions = p->st.compactions;
 }
 
 /* One commit (only one runs at a time: p->running).  0 or -1/errno. */
@@ -406,25 +520,28 @@ static int
 commit (struct store_ssd *p, uint64_t me)
 {
   struct plist l = { 0 }, dl = { 0 };
-  bool compact, sb_dirty;
+  bool compact = false, sb_dirty;
   uint64_t t0 = now_ns (), start;
+  uint64_t old_tail = p->sb.tail_lsn;
+  uint64_t cut = 0, tail = old_tail, tail_seq = p->sb.tail_seq;
   int r = 0;
 
   pthread_mutex_lock (&p->mu);
-  /* Will what the queue may write fit, leaving room for a compaction? */
-  uint64_t est = (uint64_t) p->nqueue * p->bpf * p->bs +
-                 ((uint64_t) p->nqueue * p->bpf / batch_data_max (p) + 2) *
-                 2 * SSD_ALIGN +
-                 batch_bytes (p, batch_data_max (p));   /* the ring's end */
-  compact = (p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax;
+  /* Will what the queue writes fit, leaving room for a compaction? */
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < p->nqueue; i++)
+    n += slot_records (p, p->queue[i]);
+  uint64_t est = records_bytes (p, n);
+  if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
+    choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
   for (uint32_t i = 0; i < p->nqueue; i++)
     p->queued[p->queue[i]] = false;
-  if (compact) {
+  if (cut > 0) {                /* a reclaim: every slot may have copies */
     for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
-      r = collect_slot (p, s, true, me, &l, &dl);
+      r = collect_slot (p, s, cut, me, &l, &dl);
   } else {
     for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
-      r = collect_slot (p, p->queue[i], false, me, &l, &dl);
+      r = collect_slot (p, p->queue[i], 0, me, &l, &dl);
   }
   for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
     r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
@@ -441,7 +558,7 @@ commit (struct store_ssd *p, uint64_t me)
     errno = ENOMEM;
     return -1;
   }
-  if (l.n == 0 && !compact) {
+  if (l.n == 0 && cut == 0) {
     free (l.v);
     return 0;                   /* nothing was persisted since */
   }
@@ -458,12 +575,21 @@ commit (struct store_ssd *p, uint64_t me)
   p->flushed = p->head;
   if (compact) {
     /* Every live block is in the log from start on: the log begins there. */
-    p->sb.tail_lsn = start;
-    p->sb.tail_seq = start_seq;
+    tail = start;
+    tail_seq = start_seq;
+    p->st.compactions++;
+  }
+  if (cut > 0) {
+    /* Every live block with a record before tail has a newer one now,
+     * durable: the checkpoint moves the log's start (a crash before it
+     * is durable scans from the old start: the copies are newer). */
+    p->sb.tail_lsn = tail;
+    p->sb.tail_seq = tail_seq;
     if (ssd_super_write (p->dev, &p->sb, &p->sb_cur) == -1 ||
         p->dev->ops->flush (p->dev) == -1)
       goto fail;
-    p->st.compactions++;
+    p->st.reclaims++;
+    p->st.reclaimed += tail - old_tail;
   }
   free (l.v);
   uint64_t dt = now_ns () - t0;
@@ -576,6 +702,7 @@ enum rstate { R_NONE, R_DATA, R_CLEAN, R_LOST };
 
 struct rblock {
   uint64_t pos;     /* R_DATA: the data's byte offset on the device */
+  uint64_t lsn;     /* R_DATA: its batch */
   uint32_t crc;
   uint8_t state;
 };
@@ -763,6 +890,8 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
                  run_flushed (r, h->epoch);
 
   r->batches++;
+  if (p->segs)                  /* the store's (not an offline reader's) */
+    note_seg (p, h->lsn, h->seq);
   if (h->flags & SSD_BATCH_FIRST) {
     r->in_comp = r->comp_sound = true;
     r->comp_lsn = h->lsn;
@@ -785,6 +914,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
     if (ssd_data_crc (data, p->bs) == e->crc) {
       b->state = R_DATA;
       b->pos = dpos;
+      b->lsn = h->lsn;
       b->crc = e->crc;
     } else if (flushed) {
       b->state = R_LOST;        /* damage: no version of it is trusted */
@@ -916,6 +1046,7 @@ ssd_recover (struct store *s, store_recover_fn fn, void *arg,
       bits[id / 64] |= 1ull << (id % 64);
       mset (lg, b, true);
       p->nlogged[slot]++;
+      p->rec_lsn[(size_t) slot * p->bpf + b] = rb->lsn;
       out->dirty_blocks++;
     }
     if (ret == 0 && p->nlogged[slot] > 0) {
@@ -949,6 +1080,9 @@ ssd_destroy (struct store *s)
   free (p->queued);
   free (p->queue);
   free (p->wbuf);
+  free (p->rec_lsn);
+  free (p->segs);
+  free (p->seg_live);
   free (p->path_buf);
   rec_free (p->rec);
   pthread_mutex_destroy (&p->mu);
@@ -1053,10 +1187,12 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   p->slot_commit = calloc (n, sizeof *p->slot_commit);
   p->queued = calloc (n, sizeof *p->queued);
   p->queue = calloc (n, sizeof *p->queue);
+  p->rec_lsn = calloc ((size_t) n * p->bpf, sizeof *p->rec_lsn);
   if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
     p->wbuf = NULL;
   if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
-      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf)
+      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf ||
+      !p->rec_lsn)
     return -1;
   for (uint32_t i = 0; i < n; i++)
     p->log_folio[i] = STORE_NO_FOLIO;
@@ -1122,6 +1258,17 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
           PRIu64 " bytes: it needs %" PRIu64 " at least (two compactions; "
           "default for a new file: 4 times the cache)", path, p->sb.log_bytes,
           (uint64_t) cfg->nslots * cfg->folio_size, 2 * p->cmax);
+  /* Reclaim's segments: a 64th of the log (16 KiB at least). */
+  p->seg = p->sb.log_bytes / 64 / SSD_ALIGN * SSD_ALIGN;
+  if (p->seg < 4 * SSD_ALIGN)
+    p->seg = 4 * SSD_ALIGN;
+  p->nseg = (uint32_t) (p->sb.log_bytes / p->seg + 2);
+  p->segs = malloc (p->nseg * sizeof *p->segs);
+  p->seg_live = calloc (p->nseg, sizeof *p->seg_live);
+  if (p->segs == NULL || p->seg_live == NULL)
+    FAIL (ENOMEM, "%s: out of memory", path);
+  for (uint32_t i = 0; i < p->nseg; i++)
+    p->segs[i].lsn = UINT64_MAX;        /* no batch yet */
   if (p->formatted || p->was_clean) {
     p->head = p->flushed = p->sb.tail_lsn;
     p->next_seq = p->sb.tail_seq;
