@@ -28,7 +28,11 @@ img=$tmp/img
 random_file "$img" 16
 case ${STORE:-pmem} in
 pmem) store=",store=pmem:$tmp/store" ;;
-ssd)  store=",store=ssd:$tmp/store" ;;   # keeps what FLUSH/FUA made durable
+ssd)  store=",store=ssd:$tmp/store"     # keeps what FLUSH/FUA made durable
+      # A log of 12 MiB (a file made beforehand is used at its size) for
+      # the 4 MiB cache: the loop's writes fill it, so that kills land in
+      # the middle of reclaims.
+      truncate -s 12M "$tmp/store" ;;
 ram)  store="" ;;
 *)    fail "STORE=${STORE}: pmem, ssd or ram" ;;
 esac
