@@ -615,7 +615,11 @@ ssd_sync (struct store *s)
   int err;
 
   pthread_mutex_lock (&p->mu);
-  uint64_t need = p->started + 1;   /* a commit that begins after now */
+  /* The commit that takes what was persisted until now: the one under
+   * way (or the last) if the queue is empty (it took everything when it
+   * began), else the next.  A FLUSH that follows its writes closely
+   * waits for the commit that took them, not for one more. */
+  uint64_t need = p->started + (p->nqueue > 0);
   while (p->done < need && p->err == 0) {
     if (p->running) {
       pthread_cond_wait (&p->cv, &p->mu);
