@@ -28,7 +28,11 @@ img=$tmp/img
 random_file "$img" 16
 case ${STORE:-pmem} in
 pmem) store=",store=pmem:$tmp/store" ;;
-ssd)  store=",store=ssd:$tmp/store" ;;   # keeps what FLUSH/FUA made durable
+ssd)  store=",store=ssd:$tmp/store"     # keeps what FLUSH/FUA made durable
+      # A log of 12 MiB (a file made beforehand is used at its size) for
+      # the 4 MiB cache: the loop's writes fill it, so that kills land in
+      # the middle of reclaims.
+      truncate -s 12M "$tmp/store" ;;
 ram)  store="" ;;
 *)    fail "STORE=${STORE}: pmem, ssd or ram" ;;
 esac
@@ -54,4 +58,14 @@ timeout --signal=KILL $(( (rounds * 3 + 60) * TSCALE )) \
   --rounds "$rounds" --log "$FOLIOD_LOG" ||
   fail "kill -9 loop failed (seed $seed; see above)"
 check_sanitizer_log "$FOLIOD_LOG"
+if [ "${STORE:-pmem}" = ssd ]; then
+  # The log went round: its start moved past the end of the ring, which
+  # only a reclaim does between kills (a crash's restart keeps it).
+  "$FOLIOD" store inspect "$tmp/store" > "$tmp/inspect" ||
+    fail "store inspect: $(cat "$tmp/inspect")"
+  lsn=$(sed -n 's/.*checkpoint at lsn \([0-9]*\) .*/\1/p' "$tmp/inspect")
+  echo "log checkpoint at lsn ${lsn:-?} (12 MiB store)"
+  [ "${lsn:-0}" -gt $((12 << 20)) ] ||
+    fail "the kill loop never filled the log: no kill during a reclaim"
+fi
 echo "ok"

@@ -89,6 +89,9 @@ struct store_stats {
   uint64_t records;              /* a log store: block records appended */
   uint64_t syncs;                /* sync()s completed */
   uint64_t sync_ns;              /* the time they took */
+  uint64_t reclaims;             /* a log store: moves of the log's start */
+  uint64_t reclaimed_bytes;      /* the log bytes they freed */
+  uint64_t compactions;          /* reclaims that rewrote every live block */
 };
 
 /* Called by recover for each slot that holds a folio, in folio order,

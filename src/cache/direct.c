@@ -25,6 +25,8 @@ struct fix {
   uint64_t off, end;         /* the request */
   const unsigned char *src;  /* FIX_WRITE: data at off */
   unsigned char *dst;        /* FIX_OVERLAY: buffer at off */
+  bool unflushed;            /* FIX_WRITE, FIX_ZERO: the backing may still
+                              * lose it (not FUA) */
 };
 
 /* The store's copy of [s, e) inside folio f changed. */
@@ -57,10 +59,18 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
     fix_persist_bytes (c, f, s, e);
-    if (whole) {
-      folio_set_uptodate (c, f, i, i + 1);
+    if (!whole)
+      return;
+    folio_set_uptodate (c, f, i, i + 1);
+    /* A persistent store answers for a dirty block after a crash: until
+     * the backing has flushed what replaced it, the block stays in the
+     * store as written back but unstable (its new data, persisted above),
+     * as a writeback leaves it; clean, a crash that lost the backing's
+     * write would bring back neither version. */
+    if (x->unflushed && c->persistent && folio_block_dirty (c, f, i))
+      folio_written (c, f, i, i + 1, true);
+    else
       folio_clear_dirty (c, f, i, i + 1);
-    }
     return;
   case FIX_DROP:
     /* Unstable too: after a trim the block may read as anything, so a
@@ -270,6 +280,7 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   }
   if (r == -1)
     x->kind = FIX_FAILED;
+  x->unflushed = !(flags & CACHE_FUA);
   fix_cached (c, x);
   range_unlock (c, start, end);
   /* A FUA request is answered as durable: on a deferred store the cached

@@ -25,18 +25,28 @@
  * Slot reuse (may_reuse): a slot takes a new folio once the log holds
  * nothing live for its old one and the commit that said so is durable.
  *
- * Reclaim (first step, see foliod.conf(5)): before a commit that would
- * leave less free log than a compaction needs, the commit is a
- * compaction instead: every block that must survive, of every slot, is
- * written again at the head, flushed, and then the superblock's
- * checkpoint moves the log's start to it (a second flush).  The log must
- * hold two compactions (the open refuses a smaller one); a commit never
- * waits for space and never fails for want of it.  A live block is at
- * most the cache's size, so the dirty thresholds of the cache bound the
- * log too.
+ * Reclaim (see foliod.conf(5)): a record is dead once a newer one covers
+ * its block, or its block no longer must survive (written back and the
+ * backing flushed it: a clean record says so).  Every commit keeps room
+ * in the log for a compaction (every live block once, ssd_compaction_max),
+ * so that the next commit fits whatever it writes; one that would not
+ * keep it reclaims first, in the same write: the log is cut into 64
+ * segments, and the log's start moves past the oldest ones, their few
+ * live blocks (those whose newest record lies there) copied forward with
+ * the commit's records.  Once the batches are durable the superblock's
+ * checkpoint moves (a second flush; a crash before it scans from the old
+ * start, where the copies are newer).  Only when no start short of the
+ * head keeps the room is the commit a compaction (every live block again:
+ * the log restarts there).  The log must hold two compactions (the open
+ * refuses a smaller one); a commit never fails for want of space: a full
+ * log makes it slower (writers wait on their FLUSH), never fail.  Live
+ * data is at most the cache's size, so the dirty thresholds of the cache
+ * bound the log too.
  *
  * Recovery (open): the newer valid superblock; after a clean stop nothing
- * is replayed.  Otherwise the batches from the checkpoint on, while each
+ * is replayed.  Otherwise the batches from the checkpoint on (one pass,
+ * read in large sequential pieces; the live blocks are then read back in
+ * log order), while each
  * header is sound and continues the sequence (a bad header ends the log:
  * a torn tail, never flushed); the newest record of each block wins.  A
  * block whose data crc fails is damage if a later batch says the log was
@@ -97,6 +107,14 @@ struct store_ssd {
   uint64_t head, next_seq, flushed;
   uint64_t cmax;                 /* ssd_compaction_max */
   unsigned char *wbuf;
+  /* reclaim (the committer's: p->running) */
+  uint64_t *rec_lsn;             /* slot * bpf + block: the batch of the
+                                  * block's newest data record */
+  uint64_t seg;                  /* segment bytes */
+  uint32_t nseg;
+  struct segstart { uint64_t lsn, seq; } *segs;   /* the first batch of
+                                  * segment k (lsn / seg) at k % nseg */
+  uint64_t *seg_live;            /* scratch: live blocks per segment */
   /* what open found */
   bool formatted, was_clean;
   struct recovered *rec;
@@ -248,24 +266,28 @@ plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
   return 0;
 }
 
-/* Under mu: the records slot needs now (all: a compaction, every live
- * block again), and the log's view of the slot as if they were written.
+/* Under mu: the records slot needs now, and the log's view of the slot
+ * as if they were written.  A live block gets a data record when it was
+ * written since, is not in the log yet, or its newest record lies before
+ * cut (a reclaim copies it forward; UINT64_MAX: a compaction, every live
+ * block again).
  * Clean records go to cl, data records to dl: a commit writes every clean
  * record before any data record, because a folio evicted from one slot
  * may be in another already, written again, and the old slot's clean
  * records must not follow the new slot's data. */
 static int
-collect_slot (struct store_ssd *p, uint32_t slot, bool all, uint64_t commit,
-              struct plist *cl, struct plist *dl)
+collect_slot (struct store_ssd *p, uint32_t slot, uint64_t cut,
+              uint64_t commit, struct plist *cl, struct plist *dl)
 {
   uint64_t *lg = p->logged + (size_t) slot * p->mwords;
   uint64_t *w = p->want + (size_t) slot * p->mwords;
+  const uint64_t *rl = p->rec_lsn + (size_t) slot * p->bpf;
   uint64_t fi = p->log_folio[slot];
   bool wrote = false;
 
   for (uint32_t b = 0; b < p->bpf; b++) {
     bool live = block_live (p, slot, b), in = mtest (lg, b);
-    if (live && (all || mtest (w, b) || !in)) {
+    if (live && (mtest (w, b) || !in || rl[b] < cut)) {
       if (plist_add (dl, fi, slot, b, false) == -1)
         return -1;
       wrote = true;
@@ -285,6 +307,21 @@ collect_slot (struct store_ssd *p, uint32_t slot, bool all, uint64_t commit,
   return 0;
 }
 
+/* Under mu: the records collect_slot (cut 0) would write for slot. */
+static uint32_t
+slot_records (struct store_ssd *p, uint32_t slot)
+{
+  const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+  const uint64_t *w = p->want + (size_t) slot * p->mwords;
+  uint32_t n = 0;
+
+  for (uint32_t b = 0; b < p->bpf; b++) {
+    bool live = block_live (p, slot, b), in = mtest (lg, b);
+    n += (live && (mtest (w, b) || !in)) || (!live && in);
+  }
+  return n;
+}
+
 /* The bytes a batch of n entries with nd data blocks takes. */
 static uint64_t
 batch_bytes (const struct store_ssd *p, uint32_t nd)
@@ -300,6 +337,80 @@ batch_data_max (const struct store_ssd *p)
   if (per > SSD_ENTRIES)
     per = SSD_ENTRIES;
   return per ? per : 1;
+}
+
+/* The batch at lsn, sequence seq, was written (or found by recovery):
+ * the first one of its segment is where a reclaim may move the log's
+ * start to. */
+static void
+note_seg (struct store_ssd *p, uint64_t lsn, uint64_t seq)
+{
+  uint64_t k = lsn / p->seg;
+  struct segstart *e = &p->segs[k % p->nseg];
+
+  if (e->lsn / p->seg != k || e->lsn > lsn)
+    *e = (struct segstart) { lsn, seq };
+}
+
+/* The bytes n data records take at most (their headers, and a clean
+ * record's header for each, and the jump at the ring's end). */
+static uint64_t
+records_bytes (const struct store_ssd *p, uint64_t n)
+{
+  uint32_t per = batch_data_max (p);
+  return n * p->bs + (n + per - 1) / per * 2 * SSD_ALIGN +
+         batch_bytes (p, per);
+}
+
+/* Under mu, when a commit of est bytes would leave less free log than a
+ * compaction needs (the room every commit keeps, so that the next one
+ * fits whatever it writes): where the log's start moves to.  Segment by
+ * segment from the oldest, the live blocks whose newest record lies
+ * before the new start are copied forward (few: most of an old segment
+ * was overwritten or written back since); the first start that leaves a
+ * quarter of the spare room free, else the first that keeps the room,
+ * else (*compact) every live block again and the log starts there. */
+static void
+choose_cut (struct store_ssd *p, uint64_t est, uint64_t *cut, uint64_t *tail,
+            uint64_t *tail_seq, bool *compact)
+{
+  uint64_t C = p->sb.log_bytes, t = p->sb.tail_lsn;
+  uint64_t room = C - p->cmax, good = room - (room - p->cmax) / 4;
+  uint64_t copies = 0;
+  bool ok = false;
+
+  memset (p->seg_live, 0, p->nseg * sizeof *p->seg_live);
+  for (uint32_t s = 0; s < p->s.nslots; s++) {
+    if (p->nlogged[s] == 0)
+      continue;
+    const uint64_t *lg = p->logged + (size_t) s * p->mwords;
+    const uint64_t *rl = p->rec_lsn + (size_t) s * p->bpf;
+    for (uint32_t b = 0; b < p->bpf; b++)
+      if (mtest (lg, b) && block_live (p, s, b))
+        p->seg_live[(rl[b] >= t ? rl[b] : t) / p->seg % p->nseg]++;
+  }
+  *compact = false;
+  for (uint64_t k = t / p->seg + 1; k <= p->head / p->seg; k++) {
+    const struct segstart *e = &p->segs[k % p->nseg];
+    copies += p->seg_live[(k - 1) % p->nseg];
+    if (e->lsn / p->seg != k || e->lsn <= t || e->lsn > p->head)
+      continue;                 /* no batch starts there (yet) */
+    uint64_t used = p->head + records_bytes (p, copies) + est - e->lsn;
+    if (used <= room && !ok) {
+      ok = true;
+      *cut = *tail = e->lsn;
+      *tail_seq = e->seq;
+    }
+    if (used <= good) {
+      *cut = *tail = e->lsn;
+      *tail_seq = e->seq;
+      return;
+    }
+  }
+  if (!ok) {
+    *compact = true;
+    *cut = UINT64_MAX;
+  }
 }
 
 /* The batches of l[0, n) appended at p->head: written in runs as large as
@@ -336,6 +447,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
     }
     if (i == 0)
       *first = lsn;
+    note_seg (p, lsn, p->next_seq);
     /* Never over the log's start (commit keeps room: see its check). */
     assert (lsn + len <= p->sb.tail_lsn + C);
     struct ssd_batch *h = (struct ssd_batch *) (p->wbuf + used);
@@ -364,6 +476,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
       memcpy (d, p->data + (size_t) v[k].slot * p->s.folio_size +
               (size_t) v[k].block * p->bs, p->bs);
       e->crc = ssd_data_crc (d, p->bs);
+      p->rec_lsn[(size_t) v[k].slot * p->bpf + v[k].block] = lsn;
       d += p->bs;
     }
     memset (d, 0, (size_t) (p->wbuf + used + len - d));
@@ -399,6 +512,9 @@ publish_stats (struct store_ssd *p)
   p->pub.records = p->st.records;
   p->pub.syncs = p->st.syncs;
   p->pub.sync_ns = p->st.sync_ns_total;
+  p->pub.reclaims = p->st.reclaims;
+  p->pub.reclaimed_bytes = p->st.reclaimed;
+  p->pub.compactions = p->st.compactions;
 }
 
 /* One commit (only one runs at a time: p->running).  0 or -1/errno. */
@@ -406,25 +522,28 @@ static int
 commit (struct store_ssd *p, uint64_t me)
 {
   struct plist l = { 0 }, dl = { 0 };
-  bool compact, sb_dirty;
+  bool compact = false, sb_dirty;
   uint64_t t0 = now_ns (), start;
+  uint64_t old_tail = p->sb.tail_lsn;
+  uint64_t cut = 0, tail = old_tail, tail_seq = p->sb.tail_seq;
   int r = 0;
 
   pthread_mutex_lock (&p->mu);
-  /* Will what the queue may write fit, leaving room for a compaction? */
-  uint64_t est = (uint64_t) p->nqueue * p->bpf * p->bs +
-                 ((uint64_t) p->nqueue * p->bpf / batch_data_max (p) + 2) *
-                 2 * SSD_ALIGN +
-                 batch_bytes (p, batch_data_max (p));   /* the ring's end */
-  compact = (p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax;
+  /* Will what the queue writes fit, leaving room for a compaction? */
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < p->nqueue; i++)
+    n += slot_records (p, p->queue[i]);
+  uint64_t est = records_bytes (p, n);
+  if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
+    choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
   for (uint32_t i = 0; i < p->nqueue; i++)
     p->queued[p->queue[i]] = false;
-  if (compact) {
+  if (cut > 0) {                /* a reclaim: every slot may have copies */
     for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
-      r = collect_slot (p, s, true, me, &l, &dl);
+      r = collect_slot (p, s, cut, me, &l, &dl);
   } else {
     for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
-      r = collect_slot (p, p->queue[i], false, me, &l, &dl);
+      r = collect_slot (p, p->queue[i], 0, me, &l, &dl);
   }
   for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
     r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
@@ -441,7 +560,7 @@ commit (struct store_ssd *p, uint64_t me)
     errno = ENOMEM;
     return -1;
   }
-  if (l.n == 0 && !compact) {
+  if (l.n == 0 && cut == 0) {
     free (l.v);
     return 0;                   /* nothing was persisted since */
   }
@@ -458,12 +577,21 @@ commit (struct store_ssd *p, uint64_t me)
   p->flushed = p->head;
   if (compact) {
     /* Every live block is in the log from start on: the log begins there. */
-    p->sb.tail_lsn = start;
-    p->sb.tail_seq = start_seq;
+    tail = start;
+    tail_seq = start_seq;
+    p->st.compactions++;
+  }
+  if (cut > 0) {
+    /* Every live block with a record before tail has a newer one now,
+     * durable: the checkpoint moves the log's start (a crash before it
+     * is durable scans from the old start: the copies are newer). */
+    p->sb.tail_lsn = tail;
+    p->sb.tail_seq = tail_seq;
     if (ssd_super_write (p->dev, &p->sb, &p->sb_cur) == -1 ||
         p->dev->ops->flush (p->dev) == -1)
       goto fail;
-    p->st.compactions++;
+    p->st.reclaims++;
+    p->st.reclaimed += tail - old_tail;
   }
   free (l.v);
   uint64_t dt = now_ns () - t0;
@@ -487,7 +615,11 @@ ssd_sync (struct store *s)
   int err;
 
   pthread_mutex_lock (&p->mu);
-  uint64_t need = p->started + 1;   /* a commit that begins after now */
+  /* The commit that takes what was persisted until now: the one under
+   * way (or the last) if the queue is empty (it took everything when it
+   * began), else the next.  A FLUSH that follows its writes closely
+   * waits for the commit that took them, not for one more. */
+  uint64_t need = p->started + (p->nqueue > 0);
   while (p->done < need && p->err == 0) {
     if (p->running) {
       pthread_cond_wait (&p->cv, &p->mu);
@@ -576,6 +708,10 @@ enum rstate { R_NONE, R_DATA, R_CLEAN, R_LOST };
 
 struct rblock {
   uint64_t pos;     /* R_DATA: the data's byte offset on the device */
+  uint64_t lsn;     /* R_DATA: its batch */
+  uint64_t bad_end, bad_epoch;   /* a newer record whose data crc failed:
+                                  * damage if its run's headers say the log
+                                  * was flushed past bad_end (0: none) */
   uint32_t crc;
   uint8_t state;
 };
@@ -634,10 +770,10 @@ rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
   while (r->t[h].b && r->t[h].folio != folio)
     h = (h + 1) & (r->cap - 1);
   if (r->t[h].b == NULL) {
-    r->t[h].b = calloc (bpf, sizeof *r->t[h].b);
-    if (r->t[h].b == NULL)
+    struct rblock *b = calloc (bpf, sizeof *b);
+    if (b == NULL)
       return NULL;
-    r->t[h].folio = folio;
+    r->t[h] = (struct rfolio) { folio, b };
     r->n++;
   }
   return &r->t[h];
@@ -671,22 +807,54 @@ batch_ok (const struct store_ssd *p, const struct ssd_batch *h, uint64_t lsn,
          h->crc == ssd_batch_crc (h);
 }
 
-/* Walk the log from the checkpoint: fn for each batch (h in buf, the data
- * too when with_data).  Returns the number of batches, *end the lsn after
- * the last; -1 on an I/O error or fn's. */
+/* The log read in large sequential pieces (O_DIRECT reads no ahead):
+ * at recovery a full log of 1 GiB is read in about the time the disk
+ * takes to stream it, not at a device round trip per batch. */
+#define READ_CHUNK (8u << 20)
+
+struct reader {
+  unsigned char *buf;
+  uint64_t off, len;        /* device bytes [off, off + len) in buf */
+};
+
+/* Device bytes [off, off + len) (len <= READ_CHUNK - SSD_ALIGN), reading on from off
+ * up to want_end (at least off + len; within the device) when they are
+ * not in the buffer.  NULL on an I/O error. */
+static const unsigned char *
+reader_get (struct store_ssd *p, struct reader *rd, uint64_t off,
+            uint64_t len, uint64_t want_end)
+{
+  if (off >= rd->off && off + len <= rd->off + rd->len)
+    return rd->buf + (off - rd->off);
+  uint64_t start = off / SSD_ALIGN * SSD_ALIGN;   /* O_DIRECT */
+  uint64_t e = want_end > off + len ? want_end : off + len;
+  e = (e + SSD_ALIGN - 1) / SSD_ALIGN * SSD_ALIGN;
+  if (e - start > READ_CHUNK)
+    e = start + READ_CHUNK;
+  assert (off + len <= e);
+  if (p->dev->ops->pread (p->dev, rd->buf, e - start, start) == -1)
+    return NULL;
+  rd->off = start;
+  rd->len = e - start;
+  return rd->buf + (off - start);
+}
+
+/* Walk the log from the checkpoint: fn for each batch (its header and
+ * data).  Returns the number of batches, *end the lsn after the last; -1
+ * on an I/O error or fn's. */
 typedef int scan_fn (struct store_ssd *p, const struct ssd_batch *h,
                      const unsigned char *data, void *arg);
 
 static int64_t
-scan (struct store_ssd *p, unsigned char *buf, bool with_data,
-      scan_fn *fn, void *arg, uint64_t *end)
+scan (struct store_ssd *p, struct reader *rd, scan_fn *fn, void *arg,
+      uint64_t *end)
 {
   uint64_t C = p->sb.log_bytes, lsn = p->sb.tail_lsn, seq = p->sb.tail_seq;
   uint64_t epoch = 0;
   int64_t n = 0;
-  struct ssd_batch *h = (struct ssd_batch *) buf;
 
   while (lsn - p->sb.tail_lsn < C) {
+    const struct ssd_batch *h = NULL;
     bool ok = false;
     uint64_t at = lsn;
     for (int tries = 0; tries < 2 && !ok; tries++) {
@@ -697,8 +865,10 @@ scan (struct store_ssd *p, unsigned char *buf, bool with_data,
         if (at - p->sb.tail_lsn >= C)
           break;
       }
-      if (p->dev->ops->pread (p->dev, buf, SSD_ALIGN,
-                              p->sb.log_off + at % C) == -1)
+      uint64_t off = p->sb.log_off + at % C;
+      h = (const struct ssd_batch *) reader_get (p, rd, off, SSD_ALIGN,
+                                                 p->sb.log_off + C);
+      if (h == NULL)
         return -1;
       ok = batch_ok (p, h, at, seq, epoch);
     }
@@ -706,11 +876,12 @@ scan (struct store_ssd *p, unsigned char *buf, bool with_data,
       break;                   /* the end: the log goes on from lsn */
     lsn = at;
     uint64_t len = batch_bytes (p, h->ndata);
-    if (with_data && len > SSD_ALIGN &&
-        p->dev->ops->pread (p->dev, buf + SSD_ALIGN, len - SSD_ALIGN,
-                            p->sb.log_off + lsn % C + SSD_ALIGN) == -1)
+    uint64_t off = p->sb.log_off + lsn % C;
+    const unsigned char *b = reader_get (p, rd, off, len, p->sb.log_off + C);
+    if (b == NULL)
       return -1;
-    if (fn (p, h, buf + SSD_ALIGN, arg) == -1)
+    h = (const struct ssd_batch *) b;
+    if (fn (p, h, b + SSD_ALIGN, arg) == -1)
       return -1;
     epoch = h->epoch;
     lsn += len;
@@ -721,8 +892,8 @@ scan (struct store_ssd *p, unsigned char *buf, bool with_data,
   return n;
 }
 
-/* The first pass: per epoch (one run of foliod), how far its headers say
- * the log was flushed.  Only a run's own headers count: the next run's
+/* Per epoch (one run of foliod), how far its headers say the log was
+ * flushed.  Only a run's own headers count: the next run's
  * first flushed_lsn covers a torn tail that it found and left. */
 static int
 note_flushed (struct store_ssd *p, const struct ssd_batch *h,
@@ -752,6 +923,12 @@ run_flushed (const struct recovered *r, uint64_t epoch)
   return 0;
 }
 
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic push     /* -fanalyzer: rec_get's blocks belong to
+                                 * r->t (rec_free frees them); it loses them
+                                 * after note_flushed's realloc of r->runs */
+#pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
+#endif
 static int
 apply_batch (struct store_ssd *p, const struct ssd_batch *h,
              const unsigned char *data, void *arg)
@@ -759,10 +936,13 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
   struct recovered *r = arg;
   const struct ssd_entry *e = ssd_batch_entries ((struct ssd_batch *) h);
   uint64_t dpos = p->sb.log_off + h->lsn % p->sb.log_bytes + SSD_ALIGN;
-  bool flushed = h->lsn + batch_bytes (p, h->ndata) <=
-                 run_flushed (r, h->epoch);
+  uint64_t bend = h->lsn + batch_bytes (p, h->ndata);
 
+  if (note_flushed (p, h, data, arg) == -1)
+    return -1;
   r->batches++;
+  if (p->segs)                  /* the store's (not an offline reader's) */
+    note_seg (p, h->lsn, h->seq);
   if (h->flags & SSD_BATCH_FIRST) {
     r->in_comp = r->comp_sound = true;
     r->comp_lsn = h->lsn;
@@ -778,6 +958,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
     if (f == NULL)
       return -1;
     struct rblock *b = &f->b[e->block];
+    b->bad_end = 0;             /* a newer record: the failed one is moot */
     if (e->flags & SSD_ENT_CLEAN) {
       b->state = R_CLEAN;
       continue;
@@ -785,12 +966,17 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
     if (ssd_data_crc (data, p->bs) == e->crc) {
       b->state = R_DATA;
       b->pos = dpos;
+      b->lsn = h->lsn;
       b->crc = e->crc;
-    } else if (flushed) {
-      b->state = R_LOST;        /* damage: no version of it is trusted */
-    }                           /* else torn, never flushed: the older stays */
-    if (ssd_data_crc (data, p->bs) != e->crc)
+    } else {
+      /* Damage if a later header of its run says the log was flushed
+       * past it (no version of the block is trusted then), else a torn
+       * write never flushed (the older version stands): decided once the
+       * whole log was read (settle_damage). */
+      b->bad_end = bend;
+      b->bad_epoch = h->epoch;
       r->comp_sound = false;
+    }
     data += p->bs;
     dpos += p->bs;
   }
@@ -804,27 +990,44 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
   return 0;
 }
 
+#if defined __GNUC__ && !defined __clang__
+#pragma GCC diagnostic pop
+#endif
+
+/* After the scan: the records whose data crc failed and that no newer
+ * record covers are damage where their run flushed past them. */
+static void
+settle_damage (struct store_ssd *p, struct recovered *r)
+{
+  for (size_t i = 0; i < r->cap; i++)
+    for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
+      struct rblock *rb = &r->t[i].b[b];
+      if (rb->bad_end && rb->bad_end <= run_flushed (r, rb->bad_epoch))
+        rb->state = R_LOST;
+      rb->bad_end = 0;
+    }
+}
+
 /* After an unclean stop: what the log holds, into p->rec. */
 static int
 recover_scan (struct store_ssd *p, char *err, size_t errlen)
 {
   unsigned char *buf;
-  uint64_t end, end2;
+  uint64_t end;
   int64_t n;
-  size_t blen = batch_bytes (p, batch_data_max (p));
 
-  if (posix_memalign ((void **) &buf, SSD_ALIGN, blen) != 0)
+  if (posix_memalign ((void **) &buf, SSD_ALIGN, READ_CHUNK) != 0)
     goto nomem;
- again:
+ again:;
+  struct reader rd = { buf, 0, 0 };
   p->rec = calloc (1, sizeof *p->rec);
   if (p->rec == NULL) {
     free (buf);
     goto nomem;
   }
-  /* Headers first: how far a later batch says the log was flushed. */
-  n = scan (p, buf, false, note_flushed, p->rec, &end);
+  n = scan (p, &rd, apply_batch, p->rec, &end);
   if (n >= 0)
-    n = scan (p, buf, true, apply_batch, p->rec, &end2);
+    settle_damage (p, p->rec);
   if (n >= 0 && p->rec->comp_found && p->rec->found_lsn != p->sb.tail_lsn) {
     /* A compaction whose checkpoint was lost: the log starts there (the
      * open's superblock update records it). */
@@ -852,9 +1055,24 @@ recover_scan (struct store_ssd *p, char *err, size_t errlen)
 }
 
 static int
-cmp_u64 (const void *a, const void *b)
+cmp_rfolio (const void *a, const void *b)
 {
-  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  uint64_t x = (*(const struct rfolio *const *) a)->folio;
+  uint64_t y = (*(const struct rfolio *const *) b)->folio;
+  return x < y ? -1 : x > y;
+}
+
+/* A live block to read back at recovery: where it is in the log, where
+ * it goes. */
+struct rjob {
+  uint64_t pos, lsn;
+  uint32_t slot, block, crc;
+};
+
+static int
+cmp_rjob (const void *a, const void *b)
+{
+  uint64_t x = ((const struct rjob *) a)->pos, y = ((const struct rjob *) b)->pos;
   return x < y ? -1 : x > y;
 }
 
@@ -864,65 +1082,92 @@ ssd_recover (struct store *s, store_recover_fn fn, void *arg,
 {
   struct store_ssd *p = SS (s);
   struct recovered *r = p->rec;
-  uint64_t *order;
-  size_t nf = 0;
-  uint32_t slot = 0;
+  struct rfolio **order;
+  struct rjob *jobs = NULL;
+  unsigned char *buf = NULL;
+  size_t nf = 0, nj = 0;
   int ret = 0;
 
   if (r == NULL)
     return 0;
   out->lost_blocks = r->lost_blocks;
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   order = malloc ((r->n + 1) * sizeof *order);
   if (order == NULL)
     return -1;
+  size_t ndata = 0;
   for (size_t i = 0; i < r->cap; i++)
-    if (r->t[i].b)
+    if (r->t[i].b) {
+      bool any = false;
       for (uint32_t b = 0; b < p->bpf; b++)
         if (r->t[i].b[b].state == R_DATA) {
-          order[nf++] = r->t[i].folio;
-          break;
+          any = true;
+          ndata++;
         }
-  qsort (order, nf, sizeof *order, cmp_u64);
-  for (size_t k = 0; k < nf && ret == 0; k++, slot++) {
-    struct rfolio *f = rec_get (r, order[k], p->bpf);
-    uint64_t *bits = ssd_bitmap (s, slot);
-    unsigned char *d = ssd_data (s, slot);
-    uint64_t *lg = p->logged + (size_t) slot * p->mwords;
-    p->log_folio[slot] = order[k];
-    for (uint32_t b = 0, run_end = 0; b < p->bpf; b++) {
-      struct rblock *rb = &f->b[b];
-      if (rb->state != R_DATA)
-        continue;
-      if (b >= run_end) {
-        /* Blocks next to each other in the log too: one read. */
-        run_end = b + 1;
-        while (run_end < p->bpf && f->b[run_end].state == R_DATA &&
-               f->b[run_end].pos == f->b[run_end - 1].pos + p->bs)
-          run_end++;
-        if (p->dev->ops->pread (p->dev, d + (size_t) b * p->bs,
-                                (size_t) (run_end - b) * p->bs,
-                                rb->pos) == -1) {
-          ret = -1;
-          break;
-        }
-      }
-      if (ssd_data_crc (d + (size_t) b * p->bs, p->bs) != rb->crc) {
-        memset (d + (size_t) b * p->bs, 0, p->bs);
-        out->lost_blocks++;     /* it changed since the scan: damage */
-        continue;
-      }
-      uint32_t iu = FP_UPTODATE * p->bpf + b, id = FP_DIRTY * p->bpf + b;
-      bits[iu / 64] |= 1ull << (iu % 64);
-      bits[id / 64] |= 1ull << (id % 64);
-      mset (lg, b, true);
-      p->nlogged[slot]++;
-      out->dirty_blocks++;
+      if (any)
+        order[nf++] = &r->t[i];
     }
-    if (ret == 0 && p->nlogged[slot] > 0) {
-      out->folios++;
-      ret = fn (arg, slot, order[k], bits);
-    }
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
+  qsort (order, nf, sizeof *order, cmp_rfolio);
+  jobs = malloc ((ndata + 1) * sizeof *jobs);
+  if (jobs == NULL || posix_memalign ((void **) &buf, SSD_ALIGN,
+                                      READ_CHUNK) != 0) {
+    free (order);
+    free (jobs);
+    errno = ENOMEM;
+    return -1;
   }
+  /* Slot k holds the k-th folio; its live blocks are read in log order,
+   * in large pieces. */
+  for (size_t k = 0; k < nf; k++) {
+    const struct rfolio *f = order[k];
+    p->log_folio[k] = f->folio;
+    for (uint32_t b = 0; b < p->bpf; b++)
+      if (f->b[b].state == R_DATA)
+        jobs[nj++] = (struct rjob) { f->b[b].pos, f->b[b].lsn,
+                                     (uint32_t) k, b, f->b[b].crc };
+  }
+  qsort (jobs, nj, sizeof *jobs, cmp_rjob);
+  struct reader rd = { buf, 0, 0 };
+  for (size_t i = 0, j = 0; i < nj && ret == 0; i++) {
+    const struct rjob *jb = &jobs[i];
+    /* Read on as far as the live blocks of the next piece go. */
+    if (j <= i)
+      j = i + 1;
+    while (j < nj && jobs[j].pos + p->bs - jb->pos <= READ_CHUNK - SSD_ALIGN)
+      j++;
+    const unsigned char *src = reader_get (p, &rd, jb->pos, p->bs,
+                                           jobs[j - 1].pos + p->bs);
+    if (src == NULL) {
+      ret = -1;
+      break;
+    }
+    unsigned char *d = (unsigned char *) ssd_data (s, jb->slot) +
+                       (size_t) jb->block * p->bs;
+    memcpy (d, src, p->bs);
+    if (ssd_data_crc (d, p->bs) != jb->crc) {
+      memset (d, 0, p->bs);
+      out->lost_blocks++;     /* it changed since the scan: damage */
+      continue;
+    }
+    uint64_t *bits = ssd_bitmap (s, jb->slot);
+    uint32_t iu = FP_UPTODATE * p->bpf + jb->block;
+    uint32_t id = FP_DIRTY * p->bpf + jb->block;
+    bits[iu / 64] |= 1ull << (iu % 64);
+    bits[id / 64] |= 1ull << (id % 64);
+    mset (p->logged + (size_t) jb->slot * p->mwords, jb->block, true);
+    p->nlogged[jb->slot]++;
+    p->rec_lsn[(size_t) jb->slot * p->bpf + jb->block] = jb->lsn;
+    out->dirty_blocks++;
+  }
+  for (size_t k = 0; k < nf && ret == 0; k++)
+    if (p->nlogged[k] > 0) {
+      out->folios++;
+      ret = fn (arg, (uint32_t) k, order[k]->folio,
+                ssd_bitmap (s, (uint32_t) k));
+    }
+  free (buf);
+  free (jobs);
   free (order);
   rec_free (r);
   p->rec = NULL;
@@ -949,6 +1194,9 @@ ssd_destroy (struct store *s)
   free (p->queued);
   free (p->queue);
   free (p->wbuf);
+  free (p->rec_lsn);
+  free (p->segs);
+  free (p->seg_live);
   free (p->path_buf);
   rec_free (p->rec);
   pthread_mutex_destroy (&p->mu);
@@ -1053,10 +1301,12 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   p->slot_commit = calloc (n, sizeof *p->slot_commit);
   p->queued = calloc (n, sizeof *p->queued);
   p->queue = calloc (n, sizeof *p->queue);
+  p->rec_lsn = calloc ((size_t) n * p->bpf, sizeof *p->rec_lsn);
   if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
     p->wbuf = NULL;
   if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
-      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf)
+      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf ||
+      !p->rec_lsn)
     return -1;
   for (uint32_t i = 0; i < n; i++)
     p->log_folio[i] = STORE_NO_FOLIO;
@@ -1122,6 +1372,17 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
           PRIu64 " bytes: it needs %" PRIu64 " at least (two compactions; "
           "default for a new file: 4 times the cache)", path, p->sb.log_bytes,
           (uint64_t) cfg->nslots * cfg->folio_size, 2 * p->cmax);
+  /* Reclaim's segments: a 64th of the log (16 KiB at least). */
+  p->seg = p->sb.log_bytes / 64 / SSD_ALIGN * SSD_ALIGN;
+  if (p->seg < 4 * SSD_ALIGN)
+    p->seg = 4 * SSD_ALIGN;
+  p->nseg = (uint32_t) (p->sb.log_bytes / p->seg + 2);
+  p->segs = malloc (p->nseg * sizeof *p->segs);
+  p->seg_live = calloc (p->nseg, sizeof *p->seg_live);
+  if (p->segs == NULL || p->seg_live == NULL)
+    FAIL (ENOMEM, "%s: out of memory", path);
+  for (uint32_t i = 0; i < p->nseg; i++)
+    p->segs[i].lsn = UINT64_MAX;        /* no batch yet */
   if (p->formatted || p->was_clean) {
     p->head = p->flushed = p->sb.tail_lsn;
     p->next_seq = p->sb.tail_seq;

@@ -27,7 +27,8 @@ enum metric_id {
   M_RA_HITS, M_RA_WASTED, M_BACKING_WRITE_OPS, M_BACKING_WRITE_SECONDS,
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
-  M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_COUNT
+  M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
+  M_STORE_COMPACTIONS, M_COUNT
 };
 
 static const struct {
@@ -133,6 +134,15 @@ static const struct {
   [M_STORE_RECORDS] = { "foliod_store_log_records_total", "counter",
                         "Block records the store appended to its log "
                         "(ssd store)." },
+  [M_STORE_RECLAIMS] = { "foliod_store_log_reclaims_total", "counter",
+                         "Moves of the start of the store's log (ssd "
+                         "store)." },
+  [M_STORE_RECLAIMED] = { "foliod_store_log_reclaimed_bytes_total",
+                          "counter", "Log bytes those moves freed (ssd "
+                          "store)." },
+  [M_STORE_COMPACTIONS] = { "foliod_store_log_compactions_total", "counter",
+                            "Moves that wrote every dirty block again "
+                            "(ssd store)." },
   [M_STORE_SYNCS] = { "foliod_store_syncs_total", "counter",
                       "Syncs of the store that wrote something (ssd "
                       "store)." },
@@ -203,6 +213,9 @@ export_values (struct export *ex, struct export_values *out)
   v[M_STORE_RECORDS] = st.store.records;
   v[M_STORE_SYNCS] = st.store.syncs;
   v[M_STORE_SYNC_SECONDS] = st.store.sync_ns;
+  v[M_STORE_RECLAIMS] = st.store.reclaims;
+  v[M_STORE_RECLAIMED] = st.store.reclaimed_bytes;
+  v[M_STORE_COMPACTIONS] = st.store.compactions;
   out->wa = st.client_write_bytes
     ? (double) st.backing_write_bytes / (double) st.client_write_bytes : 0;
 }

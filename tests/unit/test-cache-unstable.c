@@ -12,6 +12,8 @@
 #include <cmocka.h>
 
 #include "foliod/cache.h"
+#include "foliod/store.h"
+#include "cache/ssd-layout.h"
 
 #define SIZE (4u << 20)
 
@@ -255,6 +257,121 @@ test_failed_direct_write_over_unstable (void **state)
   assert_int_equal (cache_destroy (c), 0);
 }
 
+
+/* An ssd store's device in memory: every write is durable at once (a
+ * kill -9 of foliod, the disk survives), copied for a "crash". */
+#define DEV_SIZE (16u << 20)
+static unsigned char dev_mem[DEV_SIZE], dev_copy[DEV_SIZE];
+static char err[256];
+
+static int
+m_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
+{
+  memcpy ((unsigned char *) (d + 1) + off, buf, len);
+  return 0;
+}
+
+static int
+m_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
+{
+  memcpy (buf, (unsigned char *) (d + 1) + off, len);
+  return 0;
+}
+
+static int m_flush (struct ssd_dev *d) { (void) d; return 0; }
+static void m_close (struct ssd_dev *d) { (void) d; }
+
+static const struct ssd_dev_ops mem_ops = {
+  m_pwrite, m_pread, m_flush, m_close,
+};
+
+/* The device header and its memory: d + 1 is the first byte. */
+static struct ssd_dev *
+mem_dev (unsigned char *mem)
+{
+  struct ssd_dev *d = (struct ssd_dev *) mem;
+
+  d->ops = &mem_ops;
+  d->size = DEV_SIZE - sizeof *d;
+  return d;
+}
+
+static const struct store_config ssd_cfg = {
+  .path = "(memory)", .nslots = 16, .folio_size = 65536, .block_size = 4096,
+  .export_size = SIZE, .backing_spec = "volatile", .backing_size = SIZE,
+};
+
+static unsigned char rec_block[4096];
+static bool rec_found;
+
+static int
+rec_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
+{
+  struct store *s = arg;
+
+  if (fi == 0 && (bits[0] & (1ull << (FP_DIRTY * 16)))) {  /* block 0 dirty */
+    rec_found = true;
+    memcpy (rec_block, s->ops->data (s, slot), sizeof rec_block);
+  }
+  return 0;
+}
+
+/* A direct (passthrough) write, not FUA, over a block that a persistent
+ * store holds dirty and durable: the backing may still lose the write
+ * (crash before its flush), so the store must keep its record of the
+ * block until the backing has flushed.  The cache used to mark the block
+ * clean at once: the next store sync (here a FUA write elsewhere; the
+ * background writeback thread syncs too) logged it clean, and after a
+ * crash that lost the backing's write the block read neither version. */
+static void
+test_direct_over_dirty_persistent (void **state)
+{
+  static struct vol v;
+  struct cache_config cfg;
+  unsigned char a[4096], b[4096];
+
+  memset (&v, 0, sizeof v);
+  v.b.ops = &vol_ops;
+  v.b.size = SIZE;
+  v.b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  memset (dev_mem, 0, sizeof dev_mem);
+  struct store *s = store_ssd_open_dev (&ssd_cfg, mem_dev (dev_mem), err,
+                                        sizeof err);
+  assert_non_null (s);
+  cache_config_default (&cfg);
+  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
+  cfg.folio_size = ssd_cfg.folio_size;
+  cfg.block_size = ssd_cfg.block_size;
+  cfg.dirty_expire_ms = 3600000;
+  cfg.writeback_interval_ms = 3600000;
+  struct cache *c = cache_create (&v.b, s, &cfg, err, sizeof err);
+  assert_non_null (c);
+  cache_stop_writeback (c);
+
+  memset (a, 'A', sizeof a);
+  memset (b, 'B', sizeof b);
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  assert_int_equal (cache_flush (c), 0);             /* A: in the store */
+  assert_int_equal (cache_write (c, b, sizeof b, 0, CACHE_DIRECT), 0);
+  assert_int_equal (cache_write (c, a, sizeof a, 1 << 20, CACHE_FUA), 0);
+  /* The crash: foliod dies, the backing loses what it did not flush. */
+  memcpy (dev_copy, dev_mem, sizeof dev_copy);
+  memcpy (v.acked, v.durable, SIZE);
+  struct store *s2 = store_ssd_open_dev (&ssd_cfg, mem_dev (dev_copy), err,
+                                         sizeof err);
+  assert_non_null (s2);
+  struct store_recovery out = { 0 };
+  rec_found = false;
+  assert_int_equal (s2->ops->recover (s2, rec_one, s2, &out), 0);
+  if (rec_found)
+    assert_true (memcmp (rec_block, a, sizeof a) == 0 ||
+                 memcmp (rec_block, b, sizeof b) == 0);
+  else
+    assert_memory_equal (v.durable, b, sizeof b);   /* "neither A nor B" */
+  s2->ops->destroy (s2);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
 int
 main (void)
 {
@@ -264,6 +381,7 @@ main (void)
     cmocka_unit_test (test_lost_passthrough_fails_flush),
     cmocka_unit_test (test_trim_drops_unstable),
     cmocka_unit_test (test_failed_direct_write_over_unstable),
+    cmocka_unit_test (test_direct_over_dirty_persistent),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
