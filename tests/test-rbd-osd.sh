@@ -11,7 +11,10 @@
 # end, after SIGTERM, `rbd export` reads the model: nothing acknowledged
 # and flushed was lost, nor anything written while the OSD was away.
 # Last, a foliod with nothing dirty exits 0 in time on SIGTERM after the
-# whole cluster went away.
+# whole cluster went away.  A foliod started while the OSD is stopped, and
+# one started while the whole cluster is down, each exit with a clear
+# error within their request-timeout (1 s: the test waits 20 s) instead of
+# hanging in rbd_open or waiting 30 s for the monitors.
 . "$(dirname "$0")/lib.sh"
 lib_init rbd-osd
 . "$(dirname "$0")/lib-ceph.sh"
@@ -24,6 +27,7 @@ truncate -s 64M "$tmp/model"
 head -c 4M /dev/urandom | dd of="$tmp/model" bs=1M seek=16 conv=notrunc status=none
 rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
 rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
+rbd_cmd create --size 8M rbd/img2 || fail "rbd create img2"
 start_foliod --control "$tmp/ctl" --export \
   "disk0=$(rbd_backing),cache-size=32M,request-timeout=3000,dirty-expire=200,writeback-interval=100"
 U=$(uri disk0)
@@ -39,6 +43,26 @@ put () {
   done
   dd if="$1" of="$tmp/model" bs=1M seek=$(( $2 >> 20 )) conv=notrunc \
     status=none
+}
+
+# start_unreachable WHAT: a second foliod, on rbd/img2 with
+# request-timeout=1000, must give up opening it within 20 s (scaled), exit
+# non-zero and say why.
+start_unreachable () {
+  local rc=0 out=$tmp/unreachable.out
+  # An open given up on leaves librbd objects allocated at exit (as at
+  # the end): LeakSanitizer off for it.
+  ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 \
+  timeout -s KILL $(( 20 * TSCALE )) "$FOLIOD" --foreground \
+    --unix "$tmp/sock.unreachable" --export \
+    "disk1=$(rbd_backing img2),cache-size=4M,request-timeout=1000" \
+    >"$out" 2>&1 || rc=$?
+  cat "$out"
+  [ $rc -ne 0 ] || fail "$1: foliod started"
+  [ $rc -ne 137 ] || fail "$1: foliod still opening rbd/img2 after 20 s"
+  check_sanitizer_log "$out"
+  grep -E -q "rbd:rbd/img2: .*request-timeout" "$out" ||
+    fail "$1: no clear error"
 }
 
 # flush_until_ok SECONDS: FLUSH until one succeeds.
@@ -86,6 +110,7 @@ except nbd.Error as e:
     print('miss failed:', e)
 " || fail "a read while the OSD is stopped did not answer in time"
 foliod_alive
+start_unreachable "the OSD stopped"
 
 echo "== OSD continued (SIGCONT)"
 "$CLUSTER" osd-cont "$CEPH_DIR"
@@ -123,4 +148,5 @@ echo "== the whole cluster gone, then SIGTERM"
 ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 start_foliod --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000"
 "$CLUSTER" down "$CEPH_DIR"
 stop_foliod
+start_unreachable "the cluster down"
 echo OK
