@@ -70,6 +70,20 @@ flush_until_ok () {
   local end=$(( SECONDS + $1 ))
   until timeout 60 nbdsh -u "$U" -c 'h.flush()' 2>/dev/null; do
     if [ $SECONDS -ge $end ]; then
+      # Why, for the log (a flake once in ~7 runs, never reproduced by
+      # hand): the last FLUSH's error, foliod's counters (writes in
+      # doubt: librbd never ended an abandoned request; writeback errors:
+      # every write fails, e.g. the image's lock lost) and its log, who
+      # holds the lock and watches the image, the cluster's state,
+      # librbd's own log, and what foliod's threads wait for.
+      timeout 60 nbdsh -u "$U" -c 'h.flush()' 2>&1 | tail -n 2 || true
+      "$FOLIOD" stats --control "$tmp/ctl" --prometheus 2>&1 |
+        grep -E "doubt|error|dirty|flush|retries|reconnect" | grep -v "^#" || true
+      tail -n 40 "$FOLIOD_LOG" || true
+      rbd_cmd lock ls rbd/img || true
+      rbd_cmd status rbd/img || true
+      timeout 60 ceph -c "$CEPH_CONF" -s || true
+      timeout 60 ceph -c "$CEPH_CONF" osd blocklist ls || true
       # What foliod waits for: its threads, for the log.
       gdb -p "$(pgrep -P "$FOLIOD_PID" foliod)" -batch \
         -ex "thread apply all bt 10" 2>/dev/null | grep -E "^#|^Thread" | head -300 || true
