@@ -23,6 +23,10 @@
  * writes moves the loss epoch (the cache writes those blocks again), as a
  * failed fdatasync does on the file backing.
  *
+ * Opening and closing wait for the cluster without a bound inside
+ * librados: each runs on a thread of its own, waited for request-timeout
+ * (opening: see struct rbd_opening) or the shutdown deadline (closing).
+ *
  * One writer per image: a writable image is opened with its exclusive
  * lock taken (rbd_lock_acquire, which also makes librbd refuse to hand
  * the lock to another client that asks); an image whose lock another
