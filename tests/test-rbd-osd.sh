@@ -100,6 +100,7 @@ nbdsh -u "$U" -c 'h.flush()' || fail "first flush"
 
 echo "== OSD stopped (SIGSTOP)"
 "$CLUSTER" osd-stop "$CEPH_DIR"
+stopped=$SECONDS
 random_file "$tmp/b" 4
 put "$tmp/b" $(( 4 << 20 ))
 start=$SECONDS
@@ -125,6 +126,12 @@ except nbd.Error as e:
 " || fail "a read while the OSD is stopped did not answer in time"
 foliod_alive
 start_unreachable "the OSD stopped"
+# Stopped for longer than a PG's read lease (16 s by default), as an OSD
+# that hangs for a while under load: every run, not only a slow one.  With
+# requests waiting, Ceph 16.2's OSD could then keep a PG "laggy" for good
+# after SIGCONT (its requests "waiting for readable" forever; the flake of
+# this test): tests/ceph/cluster gives its PGs a longer lease.
+while [ $(( SECONDS - stopped )) -lt 20 ]; do sleep 1; done
 
 echo "== OSD continued (SIGCONT)"
 "$CLUSTER" osd-cont "$CEPH_DIR"
