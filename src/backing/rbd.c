@@ -23,6 +23,10 @@
  * writes moves the loss epoch (the cache writes those blocks again), as a
  * failed fdatasync does on the file backing.
  *
+ * Opening and closing wait for the cluster without a bound inside
+ * librados: each runs on a thread of its own, waited for request-timeout
+ * (opening: see struct rbd_opening) or the shutdown deadline (closing).
+ *
  * One writer per image: a writable image is opened with its exclusive
  * lock taken (rbd_lock_acquire, which also makes librbd refuse to hand
  * the lock to another client that asks); an image whose lock another
@@ -56,7 +60,6 @@
 
 #define RBD_DEFAULT_REQUEST_MS 30000
 #define RBD_REAPER_TICK_MS     100
-#define RBD_MOUNT_TIMEOUT_S    "30"   /* rados_connect gives up after this */
 
 enum rreq_kind { RREQ_READ, RREQ_WRITE, RREQ_ZERO, RREQ_TRIM, RREQ_FLUSH };
 
@@ -710,48 +713,107 @@ parse_spec (char *buf, char **pool, char **image, char **snap)
   return **image && !strchr (*image, '/') ? 0 : -1;
 }
 
-static int
-connect_cluster (struct rbdb_backing *rb, const struct backing_opts *o,
-                 char *err, size_t errlen)
+/* Opening talks to the cluster at every step: the monitors (connect),
+ * then the OSDs (the image's header, its lock, its object map), and
+ * librados waits for an OSD that does not answer without a bound.  So the
+ * steps run on a thread of their own, which the opener waits for until
+ * request-timeout: a cluster that is down is a clear error in that time,
+ * not a foliod hanging at start.  The opener and the thread share this,
+ * the last one to let go frees it; an opening given up on is finished by
+ * its thread alone, which then closes what it got (rbdb_close: the
+ * image's lock is not kept by a foliod that said it failed). */
+struct rbd_opening {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int refs;                     /* the opener and the thread; under lock */
+  int finished, given_up;       /* under lock */
+  const char *stage;            /* what the thread waits for; under lock */
+  struct rbdb_backing *rb;
+  char *buf, *pool, *image, *snap;   /* the spec's parts, in buf */
+  int read_only;
+  char *ceph_conf, *ceph_id, *ceph_keyring;   /* copies of the options */
+  int r;                        /* the steps' result: 0 or -1 with err */
+  char err[512];
+};
+
+static void
+opening_stage (struct rbd_opening *op, const char *stage)
 {
-  const char *id = o->ceph_id ? o->ceph_id : "admin";
+  lock_or_die (&op->lock);
+  op->stage = stage;
+  unlock_or_die (&op->lock);
+}
+
+/* Let go of op; the last one frees it. */
+static void
+opening_put (struct rbd_opening *op)
+{
+  int last;
+
+  lock_or_die (&op->lock);
+  last = --op->refs == 0;
+  unlock_or_die (&op->lock);
+  if (!last)
+    return;
+  pthread_mutex_destroy (&op->lock);
+  pthread_cond_destroy (&op->cond);
+  free (op->buf);
+  free (op->ceph_conf);
+  free (op->ceph_id);
+  free (op->ceph_keyring);
+  free (op);
+}
+
+static int
+connect_cluster (struct rbd_opening *op)
+{
+  struct rbdb_backing *rb = op->rb;
+  const char *id = op->ceph_id ? op->ceph_id : "admin";
+  char mount_timeout[16];
   int r;
 
   r = rados_create (&rb->cluster, id);
   if (r < 0) {
-    snprintf (err, errlen, "rbd:%s: rados_create: %s", rb->name,
+    snprintf (op->err, sizeof op->err, "rbd:%s: rados_create: %s", rb->name,
               strerror (-r));
     return -1;
   }
-  r = rados_conf_read_file (rb->cluster, o->ceph_conf);
+  r = rados_conf_read_file (rb->cluster, op->ceph_conf);
   if (r < 0) {
-    snprintf (err, errlen, "rbd:%s: cannot read ceph config %s: %s",
-              rb->name, o->ceph_conf ? o->ceph_conf : "(default search)",
+    snprintf (op->err, sizeof op->err, "rbd:%s: cannot read ceph config "
+              "%s: %s", rb->name,
+              op->ceph_conf ? op->ceph_conf : "(default search)",
               strerror (-r));
     return -1;
   }
-  if (o->ceph_keyring &&
-      (r = rados_conf_set (rb->cluster, "keyring", o->ceph_keyring)) < 0) {
-    snprintf (err, errlen, "rbd:%s: keyring %s: %s", rb->name,
-              o->ceph_keyring, strerror (-r));
+  if (op->ceph_keyring &&
+      (r = rados_conf_set (rb->cluster, "keyring", op->ceph_keyring)) < 0) {
+    snprintf (op->err, sizeof op->err, "rbd:%s: keyring %s: %s", rb->name,
+              op->ceph_keyring, strerror (-r));
     return -1;
   }
   /* foliod is the cache: librbd's would hold a second copy of the data
    * and make completed writes volatile.  Writes are copied by librbd (a
    * request abandoned at its timeout must not read the caller's buffer
-   * afterwards). */
+   * afterwards).  rados_connect gives up on the monitors by itself at
+   * request-timeout too (so that a thread given up on ends). */
+  snprintf (mount_timeout, sizeof mount_timeout, "%u",
+            (rb->request_timeout_ms + 999) / 1000);
   if (rados_conf_set (rb->cluster, "rbd_cache", "false") < 0 ||
       rados_conf_set (rb->cluster, "rbd_disable_zero_copy_writes", "true") < 0 ||
       rados_conf_set (rb->cluster, "client_mount_timeout",
-                      RBD_MOUNT_TIMEOUT_S) < 0) {
-    snprintf (err, errlen, "rbd:%s: cannot set librbd options", rb->name);
+                      mount_timeout) < 0) {
+    snprintf (op->err, sizeof op->err, "rbd:%s: cannot set librbd options",
+              rb->name);
     return -1;
   }
   r = rados_connect (rb->cluster);
   if (r < 0) {
-    snprintf (err, errlen, "rbd:%s: cannot connect to the cluster as "
-              "client.%s (config %s): %s", rb->name, id,
-              o->ceph_conf ? o->ceph_conf : "default", strerror (-r));
+    snprintf (op->err, sizeof op->err, "rbd:%s: cannot connect to the "
+              "cluster as client.%s (config %s): %s%s", rb->name, id,
+              op->ceph_conf ? op->ceph_conf : "default", strerror (-r),
+              r == -ETIMEDOUT ? " (no monitor answered within "
+              "request-timeout)" : "");
     return -1;
   }
   return 0;
@@ -811,25 +873,143 @@ take_lock (struct rbdb_backing *rb, char *err, size_t errlen)
   return 0;
 }
 
+/* The steps of opening, on the opening's thread (see struct
+ * rbd_opening): connect, open the image, take its lock, read its size
+ * and allocation.  0, or -1 with op->err. */
+static int
+open_steps (struct rbd_opening *op)
+{
+  struct rbdb_backing *rb = op->rb;
+  const char *spec = rb->name;
+  uint64_t size, features = 0, flags = 0;
+  rbd_image_info_t info;
+  int r;
+
+  if (connect_cluster (op) == -1)
+    return -1;
+  r = rados_ioctx_create (rb->cluster, op->pool, &rb->io);
+  if (r < 0) {
+    snprintf (op->err, sizeof op->err, "rbd:%s: pool %s: %s", spec,
+              op->pool, strerror (-r));
+    return -1;
+  }
+  opening_stage (op, "opening the image");
+  r = op->read_only
+      ? rbd_open_read_only (rb->io, op->image, &rb->image, op->snap)
+      : rbd_open (rb->io, op->image, &rb->image, NULL);
+  if (r < 0) {
+    rb->image = NULL;
+    snprintf (op->err, sizeof op->err, "rbd:%s: cannot open image %s%s%s "
+              "in pool %s: %s", spec, op->image, op->snap ? "@" : "",
+              op->snap ? op->snap : "", op->pool, strerror (-r));
+    return -1;
+  }
+  opening_stage (op, "taking the image's exclusive lock");
+  if (!op->read_only && take_lock (rb, op->err, sizeof op->err) == -1)
+    return -1;
+  opening_stage (op, "reading the image's size and allocation");
+  r = rbd_get_size (rb->image, &size);
+  if (r < 0) {
+    snprintf (op->err, sizeof op->err, "rbd:%s: size: %s", spec,
+              strerror (-r));
+    return -1;
+  }
+  rb->b.size = size;
+  rb->b.io_align = 1;
+  rb->b.caps = BACKING_REMOTE;
+  if (op->read_only)
+    rb->b.caps |= BACKING_READ_ONLY;
+  else
+    rb->b.caps |= BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_CAN_FAST_ZERO;
+  /* The map needs fast-diff (else diff_iterate reads every object) and
+   * an image nobody else writes (ours, locked, or a snapshot). */
+  if ((rb->locked || op->snap) &&
+      rbd_get_features (rb->image, &features) == 0 &&
+      (features & RBD_FEATURE_FAST_DIFF) &&
+      rbd_get_flags (rb->image, &flags) == 0 &&
+      !(flags & (RBD_FLAG_OBJECT_MAP_INVALID | RBD_FLAG_FAST_DIFF_INVALID)) &&
+      rbd_stat (rb->image, &info, sizeof info) == 0 &&
+      chunks_load (rb, info.obj_size) == 0)
+    rb->b.caps |= BACKING_CAN_MAP;
+  return 0;
+}
+
+static void *
+opening_main (void *arg)
+{
+  struct rbd_opening *op = arg;
+  int r = open_steps (op), given_up;
+
+  lock_or_die (&op->lock);
+  op->r = r;
+  op->finished = 1;
+  given_up = op->given_up;
+  pthread_cond_signal (&op->cond);
+  unlock_or_die (&op->lock);
+  if (given_up)
+    rbdb_close (&op->rb->b);    /* nobody else will: see rbd_opening */
+  opening_put (op);
+  return NULL;
+}
+
+static char *
+strdup_or_null (const char *s, int *failed)
+{
+  char *d = s ? strdup (s) : NULL;
+
+  if (s && !d)
+    *failed = 1;
+  return d;
+}
+
+/* The opening's state, with copies of what its thread needs; NULL when
+ * out of memory. */
+static struct rbd_opening *
+opening_new (struct rbdb_backing *rb, const char *spec,
+             const struct backing_opts *o)
+{
+  struct rbd_opening *op = calloc (1, sizeof *op);
+  int failed = 0;
+
+  if (!op)
+    return NULL;
+  op->rb = rb;
+  op->refs = 2;
+  op->stage = "connecting to the monitors";
+  op->buf = strdup_or_null (spec, &failed);
+  op->ceph_conf = strdup_or_null (o->ceph_conf, &failed);
+  op->ceph_id = strdup_or_null (o->ceph_id, &failed);
+  op->ceph_keyring = strdup_or_null (o->ceph_keyring, &failed);
+  pthread_mutex_init (&op->lock, NULL);
+  if (failed || cond_init_monotonic (&op->cond) != 0) {
+    pthread_mutex_destroy (&op->lock);
+    free (op->buf);
+    free (op->ceph_conf);
+    free (op->ceph_id);
+    free (op->ceph_keyring);
+    free (op);
+    return NULL;
+  }
+  return op;
+}
+
 struct backing *
 backing_rbd_open (const char *spec, const struct backing_opts *o,
                   char *err, size_t errlen)
 {
   static const struct backing_opts defaults;
   struct rbdb_backing *rb;
-  char *buf = NULL, *pool, *image, *snap;
-  uint64_t size, features = 0, flags = 0;
-  rbd_image_info_t info;
-  int r, read_only;
+  struct rbd_opening *op = NULL;
+  pthread_t t;
+  uint64_t end, now;
+  int finished;
 
   if (!o)
     o = &defaults;
   rb = calloc (1, sizeof *rb);
-  if (!rb || !(rb->name = strdup (spec)) || !(buf = strdup (spec))) {
+  if (!rb || !(rb->name = strdup (spec))) {
     snprintf (err, errlen, "rbd:%s: out of memory", spec);
-    free (rb ? rb->name : NULL);
     free (rb);
-    free (buf);
     return NULL;
   }
   rb->b.ops = &rbdb_ops;
@@ -839,68 +1019,64 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
     pthread_mutex_destroy (&rb->lock);
     free (rb->name);
     free (rb);
-    free (buf);
     return NULL;
   }
   rb->request_timeout_ms = o->request_timeout_ms ? o->request_timeout_ms
                                                  : RBD_DEFAULT_REQUEST_MS;
-  if (parse_spec (buf, &pool, &image, &snap) == -1) {
+  op = opening_new (rb, spec, o);
+  if (!op) {
+    snprintf (err, errlen, "rbd:%s: out of memory", spec);
+    goto fail;
+  }
+  if (parse_spec (op->buf, &op->pool, &op->image, &op->snap) == -1) {
     snprintf (err, errlen, "bad rbd backing \"rbd:%s\" (use rbd:POOL/IMAGE "
               "or rbd:POOL/IMAGE@SNAPSHOT)", spec);
     goto fail;
   }
-  read_only = o->read_only || snap != NULL;
+  op->read_only = o->read_only || op->snap != NULL;
+  if (pthread_create (&t, NULL, opening_main, op) != 0) {
+    snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
+    goto fail;
+  }
+  pthread_detach (t);
 
-  if (connect_cluster (rb, o, err, errlen) == -1)
-    goto fail;
-  r = rados_ioctx_create (rb->cluster, pool, &rb->io);
-  if (r < 0) {
-    snprintf (err, errlen, "rbd:%s: pool %s: %s", spec, pool, strerror (-r));
+  end = now_ms () + rb->request_timeout_ms;
+  lock_or_die (&op->lock);
+  while (!op->finished && (now = now_ms ()) < end)
+    cond_wait_ms (&op->cond, &op->lock, end - now);
+  finished = op->finished;
+  if (!finished) {
+    op->given_up = 1;           /* the thread closes rb when it ends */
+    snprintf (err, errlen, "rbd:%s: the cluster did not answer within "
+              "request-timeout (%u ms) while %s", spec,
+              rb->request_timeout_ms, op->stage);
+  }
+  unlock_or_die (&op->lock);
+  if (!finished) {
+    opening_put (op);
+    return NULL;
+  }
+  if (op->r == -1) {
+    snprintf (err, errlen, "%s", op->err);
     goto fail;
   }
-  r = read_only ? rbd_open_read_only (rb->io, image, &rb->image, snap)
-                : rbd_open (rb->io, image, &rb->image, NULL);
-  if (r < 0) {
-    rb->image = NULL;
-    snprintf (err, errlen, "rbd:%s: cannot open image %s%s%s in pool %s: %s",
-              spec, image, snap ? "@" : "", snap ? snap : "", pool,
-              strerror (-r));
-    goto fail;
-  }
-  if (!read_only && take_lock (rb, err, errlen) == -1)
-    goto fail;
-  r = rbd_get_size (rb->image, &size);
-  if (r < 0) {
-    snprintf (err, errlen, "rbd:%s: size: %s", spec, strerror (-r));
-    goto fail;
-  }
-  rb->b.size = size;
-  rb->b.io_align = 1;
-  rb->b.caps = BACKING_REMOTE;
-  if (read_only)
-    rb->b.caps |= BACKING_READ_ONLY;
-  else
-    rb->b.caps |= BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_CAN_FAST_ZERO;
-  /* The map needs fast-diff (else diff_iterate reads every object) and
-   * an image nobody else writes (ours, locked, or a snapshot). */
-  if ((rb->locked || snap) &&
-      rbd_get_features (rb->image, &features) == 0 &&
-      (features & RBD_FEATURE_FAST_DIFF) &&
-      rbd_get_flags (rb->image, &flags) == 0 &&
-      !(flags & (RBD_FLAG_OBJECT_MAP_INVALID | RBD_FLAG_FAST_DIFF_INVALID)) &&
-      rbd_stat (rb->image, &info, sizeof info) == 0 &&
-      chunks_load (rb, info.obj_size) == 0)
-    rb->b.caps |= BACKING_CAN_MAP;
+  opening_put (op);
+  op = NULL;
   if (pthread_create (&rb->reaper, NULL, reaper_main, rb) != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
   }
   rb->reaper_started = 1;
-  free (buf);
   return &rb->b;
 
  fail:
-  free (buf);
+  if (op) {
+    lock_or_die (&op->lock);
+    if (!op->finished)
+      op->refs--;               /* no thread was started */
+    unlock_or_die (&op->lock);
+    opening_put (op);
+  }
   rbdb_close (&rb->b);
   return NULL;
 }
