@@ -156,6 +156,14 @@ struct cache {
    * written under lock, read without it by the hit path. */
   _Atomic uint64_t lru_clock;
   _Atomic unsigned space_waiters; /* threads waiting for room */
+  /* Writers waiting on the dirty limit, first come first served
+   * (throttle.c; lock): only the first is woken, and only when there is
+   * room for it.  throttle_queued is their number, read without the lock
+   * by writers that would otherwise pass them. */
+  struct throttle_waiter *throttle_head, *throttle_tail;
+  _Atomic unsigned throttle_queued;
+  /* Of them, wake-ups by a signal that found no room (lock; tests). */
+  uint64_t throttle_futile;
 
   /* Writeback. */
   pthread_mutex_t walk_lock;
@@ -401,8 +409,11 @@ int cache_iter_map (struct cache_iter *it, uint64_t off,
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
 int throttle_dirty (struct cache *c, uint64_t len);
-/* Would throttle_dirty (c, len) wait now? */
+/* Would throttle_dirty (c, len) wait now?  Also while others wait. */
 bool throttle_would_wait (struct cache *c, uint64_t len);
+/* Dirty data went down (c->lock held): wake the first writer waiting on
+ * the dirty limit if there is room for it (or writeback is failing). */
+void throttle_wake_locked (struct cache *c);
 /* A window could not be looked up (errno err; c->lock held, no stripe):
  * when it lacked room (EAGAIN), wait up to 100 ms for writeback to make
  * some and return 0 (try again), else -1 with errno (also when writeback

@@ -521,6 +521,7 @@ cache_flush_pass (void *arg)
   unlock_or_die (&c->wb_mutex);
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
+  throttle_wake_locked (c);
   unlock_or_die (&c->lock);
   return err;
 }

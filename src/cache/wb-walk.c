@@ -122,6 +122,7 @@ walk_progress (struct cache *c, struct wb_walk *wk)
     wk->sync_wanted = true;
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
+  throttle_wake_locked (c);
   unlock_or_die (&c->lock);
 }
 
