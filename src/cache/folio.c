@@ -193,11 +193,11 @@ folio_mark (struct cache *c, struct folio *f, bool was_marked)
     return;
   index_lock (c);
   fidx_set_mark (&c->index, f->index, marked);
-  if (!marked) {
+  if (!marked)
     pthread_cond_broadcast (&c->space_cv);
-    throttle_wake_locked (c);
-  }
   unlock_or_die (&c->lock);
+  if (!marked)
+    throttle_wake (c);
 }
 
 void

@@ -3,12 +3,15 @@
  * balance_dirty_pages, and give up when writeback is failing.
  *
  * Writers over the dirty limit queue in arrival order, each on its own
- * condition variable.  Writeback wakes the first one only when there is
- * room for it (throttle_wake_locked), and each one let through wakes the
- * next if room is left.  Waking them all after every batch of writeback
- * (as before) woke a herd that took the index lock one by one to find, all
- * but one, no room: 95% of the wake-ups at 16 writer threads, with new
- * writers passing the ones that waited, whose p99 grew to 100 ms. */
+ * condition variable.  When writeback has cleaned some (every batch,
+ * throttle_wake), the queue's first ones are let through, as many
+ * as there is room for, each woken with its turn granted: none wakes to
+ * find no room, none waits behind a later one, and they wake side by
+ * side rather than one after the other.  Waking them all after every
+ * batch (as before) woke a herd that took the index lock one by one to
+ * find, all but one, no room: 95% of the wake-ups at 16 writer threads,
+ * with new writers passing the ones that waited, whose p99 grew to
+ * 100 ms. */
 #include <errno.h>
 
 #include "cache/cache-int.h"
@@ -19,6 +22,8 @@ struct throttle_waiter {
   struct throttle_waiter *next;
   pthread_cond_t cv;
   uint64_t len;
+  bool granted;                 /* let through (out of the queue) */
+  int err;                      /* writeback failing when let through */
 };
 
 void
@@ -52,36 +57,62 @@ throttle_room_locked (struct cache *c, int err)
   return 0;
 }
 
-/* May a write of len bytes dirty the cache now, queue aside? */
+/* Is there room for len more bytes of dirty data after ahead bytes that
+ * writers let through have not dirtied yet?  A writer always may when
+ * nothing is dirty (a write larger than the limit). */
 static bool
-dirty_room (struct cache *c, uint64_t len)
+dirty_room (struct cache *c, uint64_t ahead, uint64_t len)
 {
   uint64_t dirty = STAT_GET (c, dirty_bytes);
 
-  return dirty == 0 || dirty + len <= c->dirty_limit;
+  return (dirty == 0 && ahead == 0) || dirty + ahead + len <= c->dirty_limit;
 }
 
 bool
 throttle_would_wait (struct cache *c, uint64_t len)
 {
-  return atomic_load (&c->throttle_queued) > 0 || !dirty_room (c, len);
+  return atomic_load (&c->throttle_queued) > 0 || !dirty_room (c, 0, len);
 }
 
-/* Wake the first waiter if there is room for it besides the ahead bytes
- * that writers let through have not dirtied yet. */
 static void
-wake_first (struct cache *c, uint64_t ahead)
+wb_kick (struct cache *c)
 {
-  struct throttle_waiter *w = c->throttle_head;
+  lock_or_die (&c->lock);
+  wb_kick_locked (c);
+  unlock_or_die (&c->lock);
+}
 
-  if (w != NULL && (dirty_room (c, ahead + w->len) || wb_error (c)))
+/* Let the queue's first writers through, in order, as many as there is
+ * room for together (all of them when writeback is failing: they return
+ * its error).  throttle_lock held. */
+static void
+grant_fitting (struct cache *c)
+{
+  int failing = wb_error (c);
+  uint64_t ahead = 0;
+  struct throttle_waiter *w;
+
+  while ((w = c->throttle_head) != NULL &&
+         (failing || dirty_room (c, ahead, w->len))) {
+    ahead += w->len;
+    c->throttle_head = w->next;
+    if (c->throttle_head == NULL)
+      c->throttle_tail = NULL;
+    atomic_fetch_sub (&c->throttle_queued, 1);
+    w->granted = true;
+    w->err = failing;
     pthread_cond_signal (&w->cv);
+  }
 }
 
 void
-throttle_wake_locked (struct cache *c)
+throttle_wake (struct cache *c)
 {
-  wake_first (c, 0);
+  if (atomic_load (&c->throttle_queued) == 0)
+    return;                     /* one that comes now looks for itself */
+  lock_or_die (&c->throttle_lock);
+  grant_fitting (c);
+  unlock_or_die (&c->throttle_lock);
 }
 
 static void
@@ -96,61 +127,45 @@ queue_add (struct cache *c, struct throttle_waiter *w)
   atomic_fetch_add (&c->throttle_queued, 1);
 }
 
-/* Take w out of the queue (anywhere in it: one that gives up on an error
- * need not be first), then pass the turn on: to the next one if there is
- * room for it too, w's write counted (it dirties the cache after we
- * return) when w goes through. */
-static void
-queue_remove (struct cache *c, struct throttle_waiter *w, bool through)
-{
-  struct throttle_waiter **p = &c->throttle_head, *prev = NULL;
-
-  while (*p != w) {
-    prev = *p;
-    p = &(*p)->next;
-  }
-  *p = w->next;
-  if (c->throttle_tail == w)
-    c->throttle_tail = prev;
-  atomic_fetch_sub (&c->throttle_queued, 1);
-  wake_first (c, through ? w->len : 0);
-}
-
 int
 throttle_dirty (struct cache *c, uint64_t len)
 {
   struct throttle_waiter w = { .len = len };
-  int failing = 0;
-  bool woken = false;
 
   if (!throttle_would_wait (c, len))
     return 0;
-  index_lock (c);
-  if (c->throttle_head == NULL && dirty_room (c, len)) {
-    unlock_or_die (&c->lock);
-    return 0;
-  }
+  if (atomic_load (&c->space_waiters) == 0)
+    wb_kick (c);                /* else a writer waiting has kicked it */
   if (cond_init_monotonic (&w.cv) != 0)
     abort ();                   /* no resources: nothing to do but stop */
-  STAT_ADD (c, throttle_waits, 1);
+  lock_or_die (&c->throttle_lock);
   queue_add (c, &w);
-  while (c->throttle_head != &w || !dirty_room (c, len)) {
-    if ((failing = wb_error (c)) != 0)
-      break;
-    if (woken)
-      c->throttle_futile++;
-    /* Up to 100 ms, then look again (and kick writeback again): every
-     * wait bounded, whatever wake-up a path that frees room forgets. */
+  grant_fitting (c);            /* room now, none ahead: through at once */
+  if (!w.granted) {
+    STAT_ADD (c, throttle_waits, 1);
     c->space_waiters++;
-    wb_kick_locked (c);
-    woken = cond_wait_ms (&w.cv, &c->lock, 100) == 0;
+    while (!w.granted) {
+      /* Up to 100 ms, then kick writeback again (not under throttle_lock:
+       * c->lock comes first) and look for ourselves: every wait bounded,
+       * whatever wake-up a path that cleans forgets. */
+      bool woken = cond_wait_ms (&w.cv, &c->throttle_lock, 100) == 0;
+      if (w.granted)
+        break;
+      if (woken)
+        c->throttle_futile++;
+      else {
+        unlock_or_die (&c->throttle_lock);
+        wb_kick (c);
+        lock_or_die (&c->throttle_lock);
+        grant_fitting (c);
+      }
+    }
     c->space_waiters--;
   }
-  queue_remove (c, &w, failing == 0);
-  unlock_or_die (&c->lock);
+  unlock_or_die (&c->throttle_lock);
   pthread_cond_destroy (&w.cv);
-  if (failing) {
-    errno = failing;
+  if (w.err) {
+    errno = w.err;
     return -1;
   }
   return 0;

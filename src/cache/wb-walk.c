@@ -122,8 +122,8 @@ walk_progress (struct cache *c, struct wb_walk *wk)
     wk->sync_wanted = true;
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
-  throttle_wake_locked (c);
   unlock_or_die (&c->lock);
+  throttle_wake (c);
 }
 
 /* The owner's flush in the middle of its pass (walk_lock held): once no

@@ -441,8 +441,8 @@ wb_thread_main (void *arg)
       if (c->space_waiters > 0 && cache_store_sync (c) == 0) {
         lock_or_die (&c->lock);   /* page store: cleaned slots reusable */
         pthread_cond_broadcast (&c->space_cv);
-        throttle_wake_locked (c);
         unlock_or_die (&c->lock);
+        throttle_wake (c);
       }
       continue;
     }
@@ -461,8 +461,8 @@ wb_thread_main (void *arg)
       err = errno;
     lock_or_die (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
-    throttle_wake_locked (c);
     unlock_or_die (&c->lock);
+    throttle_wake (c);
     if (err)
       backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
                               : 100;

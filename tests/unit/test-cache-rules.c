@@ -1176,9 +1176,9 @@ test_dirty_limit_wakes_only_with_room (void **state)
     assert_int_equal (pthread_join (th[i], NULL), 0);
     assert_int_equal (w[i].r, 0);
   }
-  lock_or_die (&t.c->lock);
+  lock_or_die (&t.c->throttle_lock);
   uint64_t futile = t.c->throttle_futile;
-  unlock_or_die (&t.c->lock);
+  unlock_or_die (&t.c->throttle_lock);
   /* At most one: the second can be woken for room that the first, let
    * through but not yet written, takes after all. */
   assert_true (futile <= 1);
