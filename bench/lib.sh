@@ -131,6 +131,13 @@ cpu_ticks() {
   echo $(( ${12} + ${13} ))        # fields 14 and 15 of stat
 }
 
+# runq_ns PID: nanoseconds the process's live threads have spent runnable
+# but waiting for a CPU (the second field of each thread's schedstat; the
+# threads that have exited are not counted).
+runq_ns() {
+  cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $2 } END { printf "%.0f", s }'
+}
+
 # Random image of N bytes (urandom, 1 MiB blocks).
 make_random_image() {
   local path=$1 bytes=$2
@@ -238,8 +245,10 @@ run_loadgen() {
   }'
 }
 
-# Results: RES[workload.server]=value, CPU[workload.server]=us/op.
-declare -A RES CPU OPS
+# Results: RES[workload.server]=value, CPU[workload.server]=us/op,
+# RUNQ[workload.server]=the server's threads waiting for a CPU, on average
+# over the run (runq_ns).
+declare -A RES CPU OPS RUNQ
 
 # measure WORKLOAD SERVER PID UNIT CMD...: run CMD (run_fio or run_loadgen),
 # store its IOPS (UNIT=iops) or MB/s (UNIT=mbps) and the server's CPU
@@ -275,8 +284,10 @@ perf_stop() {
 }
 
 measure() {
-  local wl=$1 srv=$2 pid=$3 unit=$4 c0 c1 out ops iops bw
+  local wl=$1 srv=$2 pid=$3 unit=$4 c0 c1 q0 q1 t0 t1 out ops iops bw
   shift 4
+  q0=$(runq_ns "$pid")
+  t0=$(date +%s%N)
   c0=$(cpu_ticks "$pid")
   perf_start "$wl" "$srv" "$pid"
   if ! out=$("$@"); then
@@ -285,6 +296,8 @@ measure() {
     return 0
   fi
   c1=$(cpu_ticks "$pid")
+  q1=$(runq_ns "$pid")
+  t1=$(date +%s%N)
   perf_stop
   read -r ops iops bw _ <<<"$out"
   local val cpu old=${RES[$wl.$srv]:-}
@@ -304,6 +317,8 @@ measure() {
   RES[$wl.$srv]=$val
   CPU[$wl.$srv]=$cpu
   OPS[$wl.$srv]=$ops
+  RUNQ[$wl.$srv]=$(awk -v q=$((q1 - q0)) -v t=$((t1 - t0)) \
+    'BEGIN { if (t > 0) printf "%.2f", q / t; else print "n/a" }')
 }
 
 # ratio A B: A/B with two decimals, n/a unless both are numbers.

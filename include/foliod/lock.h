@@ -29,6 +29,9 @@
  *      runs with no cache lock held).  A page store's sync_lock is taken
  *      under a stripe or c->lock only by pmem_unclean, at the first
  *      change after a clean mark (a header write, no msync of data).
+ *      throttle_lock (the dirty limit's queue, throttle.c) is a leaf:
+ *      taken under a stripe or walk_lock, never under c->lock, by those
+ *      who clean; the writers waiting in its queue hold nothing else.
  *   5. cache leaves: flush_group.lock, readahead's ra->lock, taken with
  *      no other cache lock held (flush-group.h, readahead.c).
  *   6. backing (src/backing/): nbd: a connection's rwlock (tried, never

@@ -183,6 +183,17 @@ struct cache {
   uint32_t nr_free;
   struct lru_list lru[2];   /* cached folios by enum lru_kind; lock */
   _Atomic unsigned space_waiters; /* threads waiting for room */
+  /* Writers waiting on the dirty limit, first come first served
+   * (throttle.c): woken only when there is room for them.  Under
+   * throttle_lock, a leaf, taken with no other cache lock held (the
+   * writers stay off c->lock: they were half its acquisitions at 16
+   * writer threads).  throttle_queued is their
+   * number, read without the lock by writers that would pass them. */
+  pthread_mutex_t throttle_lock;
+  struct throttle_waiter *throttle_head, *throttle_tail;
+  _Atomic unsigned throttle_queued;
+  /* Of them, wake-ups by a signal that found no room (throttle_lock). */
+  uint64_t throttle_futile;
 
   /* Writeback. */
   pthread_mutex_t walk_lock;
@@ -460,8 +471,12 @@ int cache_iter_map (struct cache_iter *it, uint64_t off,
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
 int throttle_dirty (struct cache *c, uint64_t len);
-/* Would throttle_dirty (c, len) wait now? */
+/* Would throttle_dirty (c, len) wait now?  Also while others wait. */
 bool throttle_would_wait (struct cache *c, uint64_t len);
+/* Dirty data went down: let through the writers waiting on the dirty
+ * limit that there is room for now (all if writeback is failing).  Takes
+ * throttle_lock; call it after letting c->lock go (it signals them). */
+void throttle_wake (struct cache *c);
 /* A window could not be looked up (errno err; c->lock held, no stripe):
  * when it lacked room (EAGAIN), wait up to 100 ms for writeback to make
  * some and return 0 (try again), else -1 with errno (also when writeback

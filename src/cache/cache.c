@@ -92,6 +92,7 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
   bad |= pthread_mutex_init (&c->walk_lock, &ma);
   bad |= pthread_mutex_init (&c->wlog_lock, &ma);
+  bad |= pthread_mutex_init (&c->throttle_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
@@ -526,6 +527,7 @@ cache_flush_pass (void *arg)
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
   unlock_or_die (&c->lock);
+  throttle_wake (c);
   return err;
 }
 

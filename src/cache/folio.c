@@ -196,6 +196,8 @@ folio_mark (struct cache *c, struct folio *f, bool was_marked)
   if (!marked)
     pthread_cond_broadcast (&c->space_cv);
   unlock_or_die (&c->lock);
+  if (!marked)
+    throttle_wake (c);
 }
 
 void

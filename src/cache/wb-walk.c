@@ -123,6 +123,7 @@ walk_progress (struct cache *c, struct wb_walk *wk)
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
   unlock_or_die (&c->lock);
+  throttle_wake (c);
 }
 
 /* The owner's flush in the middle of its pass (walk_lock held): once no

@@ -442,6 +442,7 @@ wb_thread_main (void *arg)
         lock_or_die (&c->lock);   /* page store: cleaned slots reusable */
         pthread_cond_broadcast (&c->space_cv);
         unlock_or_die (&c->lock);
+        throttle_wake (c);
       }
       continue;
     }
@@ -461,6 +462,7 @@ wb_thread_main (void *arg)
     lock_or_die (&c->lock);
     pthread_cond_broadcast (&c->space_cv);
     unlock_or_die (&c->lock);
+    throttle_wake (c);
     if (err)
       backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
                               : 100;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "cache/cache-int.h"     /* space_waiters, throttle_futile */
 #include "foliod/export.h"
 #include "lib/cachetest.h"
 
@@ -1113,6 +1114,82 @@ test_dirty_limit_and_background_threshold (void **state)
   t_close (&t);
 }
 
+struct big_writer {
+  struct cache *c;
+  uint64_t off;
+  uint8_t buf[64 * KiB];
+  int r;
+};
+
+static void *
+big_writer_main (void *arg)
+{
+  struct big_writer *w = arg;
+
+  w->r = cache_write (w->c, w->buf, sizeof w->buf, w->off, 0);
+  return NULL;
+}
+
+/* Writers waiting on the dirty limit are woken when there is room for
+ * them, not every time writeback cleans a little: two 64 KiB writers wait
+ * while writeback, held at the gate, then cleans 4 KiB a batch (one
+ * dirty block every other folio, batches of two folios); they are not
+ * woken to find no room (before: every batch woke both, 16 to 37 times
+ * in all). */
+static void
+test_dirty_limit_wakes_only_with_room (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  struct big_writer *w = calloc (2, sizeof *w);
+  pthread_t th[2];
+  uint8_t blk[4096];
+  uint64_t limit, off = 0;
+
+  cfg_small (&cfg);
+  cfg.folio_size = 4 * KiB;
+  cfg.max_io_bytes = 8 * KiB;          /* a batch: two folios, 4 KiB dirty */
+  cfg.dirty_auto = false;
+  cfg.dirty_background_pct = 5;
+  cfg.dirty_limit_pct = 10;
+  cfg.dirty_expire_ms = 600000;
+  cfg.writeback_interval_ms = 600000;
+  t_open (&t, 16 * MiB, &cfg);
+  limit = cfg.cache_size * cfg.dirty_limit_pct / 100;
+  fill (blk, sizeof blk, 9);
+  fake_gate_close (t.fb, FAKE_M (FAKE_WRITE));
+  while (stats (&t).dirty_bytes + sizeof blk <= limit) {
+    assert_int_equal (cache_write (t.c, blk, sizeof blk, off, 0), 0);
+    off += 2 * sizeof blk;
+  }
+  for (int i = 0; i < 2; i++) {
+    w[i].c = t.c;
+    w[i].off = 8 * MiB + i * 1 * MiB;
+    fill (w[i].buf, sizeof w[i].buf, (uint8_t) (20 + i));
+    assert_int_equal (pthread_create (&th[i], NULL, big_writer_main, &w[i]), 0);
+  }
+  while (atomic_load (&t.c->space_waiters) < 2)
+    usleep (1000);
+  fake_set_delay_us (t.fb, 2000);      /* batches slower than wake-ups */
+  fake_gate_open (t.fb);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal (pthread_join (th[i], NULL), 0);
+    assert_int_equal (w[i].r, 0);
+  }
+  lock_or_die (&t.c->throttle_lock);
+  uint64_t futile = t.c->throttle_futile;
+  unlock_or_die (&t.c->throttle_lock);
+  /* At most one: the second can be woken for room that the first, let
+   * through but not yet written, takes after all. */
+  assert_true (futile <= 1);
+  assert_true (stats (&t).throttle_waits >= 2);
+  assert_int_equal (cache_flush (t.c), 0);
+  for (int i = 0; i < 2; i++)
+    expect_backing (&t, w[i].buf, sizeof w[i].buf, w[i].off);
+  free (w);
+  t_close (&t);
+}
+
 /* Write the whole of a 4 MiB export in 64 KiB pieces, give the writeback
  * thread a few wake-ups, and return the bytes it wrote meanwhile. */
 static uint64_t
@@ -2011,6 +2088,7 @@ main (void)
     cmocka_unit_test (test_idle_flush_1tib),
     cmocka_unit_test (test_background_writeback_expiry),
     cmocka_unit_test (test_dirty_limit_and_background_threshold),
+    cmocka_unit_test (test_dirty_limit_wakes_only_with_room),
     cmocka_unit_test (test_whole_export_cached_keeps_dirty),
     cmocka_unit_test (test_dirty_options_clear_auto),
     cmocka_unit_test (test_prepared_write_swaps_folios),
