@@ -50,13 +50,16 @@ walk_wait (struct cache *c)
 
 /* A pass that must write everything (a flush) comes back to the folios
  * it skipped as busy: another batch of the walk, a write-through or a
- * fill held them.  Waits a little first (walk_lock let go: batches end
- * meanwhile), counted as active so that the pass does not end under it.
- * false if there is nothing to come back to or the walk is over. */
+ * fill held them, or a batch was cut short of the rest of its last
+ * folio.  Waits a little first (walk_lock let go: batches end meanwhile),
+ * counted as active so that the pass does not end under it.  false if
+ * there is nothing to come back to or the walk is over, or once a batch
+ * failed: the flush fails anyway, and a cut folio's runs, still dirty,
+ * would be written again (and fail again) for ever. */
 static bool
 walk_come_back (struct cache *c, struct wb_walk *wk)
 {
-  if (!wk->all || wk->busy_from == UINT64_MAX)
+  if (!wk->all || wk->err != 0 || wk->busy_from == UINT64_MAX)
     return false;
   wk->fi = wk->busy_from;
   wk->busy_from = UINT64_MAX;

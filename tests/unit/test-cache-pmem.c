@@ -77,13 +77,16 @@ sim_open (void)
   return s;
 }
 
-/* The cache, its writeback thread stopped: the test writes back itself,
- * so that everything runs in one thread, in a replayable order.  A page
- * store keeps it: a slot whose cleaned bits are not synced yet is reused
- * after the thread's sync (it runs only while a writer waits for room). */
+/* The cache.  Until the crash its writeback thread is stopped (own_wb):
+ * the test writes back itself, so that everything runs in one thread, in
+ * a replayable order.  A page store keeps it: a slot whose cleaned bits
+ * are not synced yet is reused after the thread's sync (it runs only
+ * while a writer waits for room).  The recovered cache keeps it too: all
+ * its slots may come back dirty, and reading the rest of the export needs
+ * room that only writeback makes (nothing is replayed after a crash). */
 static struct cache *
 cache_open (struct fake_backing *fb, struct store *s,
-            enum cache_flush_mode flush)
+            enum cache_flush_mode flush, bool own_wb)
 {
   struct cache_config cfg;
   struct cache *c;
@@ -98,7 +101,7 @@ cache_open (struct fake_backing *fb, struct store *s,
   c = cache_create (fake_backing_base (fb), s, &cfg, err, sizeof err);
   if (c == NULL)
     fail_msg ("cache_create: %s", err);
-  if (!sim.page_mode)
+  if (own_wb && !sim.page_mode)
     cache_stop_writeback (c);
   return c;
 }
@@ -188,7 +191,7 @@ one_round (int round)
   fake_set_log (fb, 0);
   sim.persists_left = -1;
   struct store *s = sim_open ();
-  struct cache *c = cache_open (fb, s, fm);
+  struct cache *c = cache_open (fb, s, fm, true);
   sim.persists_left = 1 + rand_r (&seed) % (sim.page_mode ? 80 : 3000);
   for (int op = 0; op < 400 && !sim.power_off; op++)
     if (one_op (c, &stamp))
@@ -202,7 +205,7 @@ one_round (int round)
   pmem_sim_media_crash (&sim, false);
 
   s = sim_open ();
-  c = cache_open (fb, s, fm);
+  c = cache_open (fb, s, fm, false);
   assert_int_equal (cache_read (c, buf, SIZE, 0, 0), 0);
   check_content (buf, "recovered", round);
   /* What was read is now the truth (the in-flight bytes settled). */

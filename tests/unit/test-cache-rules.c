@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -526,6 +528,58 @@ test_flush_error_keeps_data_dirty (void **state)
   expect_one (&t, FAKE_WRITE, 40960, 8192);
   assert_int_equal (stats (&t).dirty_bytes, 0);
   expect_backing (&t, buf, 8192, 40960);
+  t_close (&t);
+}
+
+/* A flush over a folio with more dirty runs than a batch takes (its batch
+ * is cut, and the pass comes back for the rest) while every backing write
+ * fails: the flush fails with EIO, once.  It used to come back to the cut
+ * folio for ever, rewriting the same failing runs (test-model,
+ * MODEL_SEED=1796427009157604). */
+struct flush_bg {
+  struct cache *c;
+  int r, err;
+  _Atomic bool done;
+};
+
+static void *
+flush_bg_main (void *arg)
+{
+  struct flush_bg *f = arg;
+
+  f->r = cache_flush (f->c);
+  f->err = errno;
+  atomic_store (&f->done, true);
+  return NULL;
+}
+
+static void
+test_flush_error_cut_batch_ends (void **state)
+{
+  struct t t;
+  struct cache_config cfg;
+  uint8_t buf[512];
+  pthread_t th;
+
+  cfg_small (&cfg);
+  cfg.folio_size = 128 * KiB;
+  cfg.block_size = 512;           /* 256 blocks: 128 runs, over WB_RUNS_MAX */
+  t_open (&t, 4 * MiB, &cfg);
+  fill (buf, sizeof buf, 7);
+  for (uint64_t off = 0; off < 128 * KiB; off += 1024)
+    assert_int_equal (cache_write (t.c, buf, sizeof buf, off, 0), 0);
+  fake_fail_range (t.fb, FAKE_M (FAKE_WRITE), 0, 4 * MiB, EIO);
+  struct flush_bg f = { .c = t.c };
+  assert_int_equal (pthread_create (&th, NULL, flush_bg_main, &f), 0);
+  for (int i = 0; i < 3000 && !atomic_load (&f.done); i++)
+    usleep (10000);
+  if (!atomic_load (&f.done))
+    fail_msg ("the flush did not end within 30 s with every write failing");
+  pthread_join (th, NULL);
+  assert_int_equal (f.r, -1);
+  assert_int_equal (f.err, EIO);
+  assert_int_equal (stats (&t).dirty_bytes, 128 * 512);
+  fake_clear_faults (t.fb);
   t_close (&t);
 }
 
@@ -2068,6 +2122,7 @@ main (void)
     cmocka_unit_test (test_writeback_cap_splits),
     cmocka_unit_test (test_write_amplification_one),
     cmocka_unit_test (test_flush_error_keeps_data_dirty),
+    cmocka_unit_test (test_flush_error_cut_batch_ends),
     cmocka_unit_test (test_flush_error_writes_the_rest),
     cmocka_unit_test (test_backing_flush_error_reported),
     cmocka_unit_test (test_small_flush_writes_fua),
