@@ -79,7 +79,7 @@ for d in docs:
         if p not in code:
             bad.append(f"{name}: {p} is not a path the units, config or package use")
     for t in set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", text)):
-        if t not in targets and t not in ("install", "uninstall") | targets:
+        if t not in targets | {"install", "uninstall"}:
             bad.append(f"{name}: make {t}: no such target")
     for m in re.finditer(r"(?<![\w/.$-])((?:%s)/[A-Za-z0-9_.+/-]*[A-Za-z0-9_])" % "|".join(tree), text):
         p = m.group(1)
