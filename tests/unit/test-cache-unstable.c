@@ -370,6 +370,7 @@ test_direct_over_dirty_persistent (void **state)
     assert_memory_equal (v.durable, b, sizeof b);   /* "neither A nor B" */
   s2->ops->destroy (s2);
   assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);            /* a store passed in is the caller's */
 }
 
 int
