@@ -12,9 +12,10 @@
  *
  *   build/bench/core-bench [writes] [folio_size] [block_size]
  *
- * CORE_THREADS_MS (500) and CORE_THREADS_REGION_MIB (1) set the threads
- * rows' length and working set a thread; CORE_THREADS_ONLY=1 runs only
- * them (for perf).
+ * CORE_THREADS_MS (500) and CORE_THREADS_REGION_MIB (1; fractions in
+ * 64 KiB steps, 0.25 is four folios a thread, the two threads' folios
+ * then neighbours in every structure) set the threads rows' length and
+ * working set a thread; CORE_THREADS_ONLY=1 runs only them (for perf).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -321,8 +322,8 @@ main (int argc, char **argv)
  threads:;
   const char *tms = getenv ("CORE_THREADS_MS");
   const char *treg = getenv ("CORE_THREADS_REGION_MIB");
-  if (treg != NULL && atoi (treg) > 0)
-    T_REGION = (uint64_t) atoi (treg) << 20;
+  if (treg != NULL && atof (treg) >= 1.0 / 16)
+    T_REGION = ((uint64_t) (atof (treg) * 16) << 16);
   if (run_threads (tms ? (unsigned) atoi (tms) : 500) == -1) {
     fprintf (stderr, "core-bench: threads run failed\n");
     return 1;

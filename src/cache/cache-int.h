@@ -36,7 +36,7 @@
  * cut and its folios marked f->writeback under their stripes, which are
  * then dropped.  Readers and fills of other blocks proceed meanwhile;
  * whatever would change a block in flight (a write, a passthrough write,
- * zero or trim, a prepared folio's swap) waits on stripe_cv, with no
+ * zero or trim, a prepared folio's swap) waits on its stripe's wb_done, with no
  * stripe held, until the mark is gone (wb_wait_folio: the kernel's
  * folio_wait_stable); eviction and other batches skip marked folios.  The
  * data written is thus the blocks as they were when the batch was cut,
@@ -81,6 +81,16 @@
 /* range_lock takes each stripe of a window once only because a window
  * has fewer folios than there are stripes. */
 _Static_assert (WINDOW_MAX < NSTRIPES, "a window must not wrap the stripes");
+
+/* A range lock's stripe (see the lock order above), on lines of its own:
+ * threads working on neighbouring folios (a stripe a folio) must not
+ * write each other's lines when they take their own stripes.  The cache
+ * is allocated aligned for it (cache_create). */
+struct stripe {
+  _Alignas (64) pthread_mutex_t lock;
+  /* Under lock: the writeback of a folio of this stripe ended. */
+  pthread_cond_t wb_done;
+};
 
 /* Every mutex call of the cache goes through foliod/lock.h (the
  * mutexes are error-checking, see cache_init_locks). */
@@ -165,9 +175,7 @@ struct cache {
   uint32_t window;          /* folios per range lock, <= WINDOW_MAX */
   uint64_t dirty_limit, dirty_background; /* bytes */
 
-  pthread_mutex_t stripes[NSTRIPES];
-  /* With stripes[i]: the writeback of a folio of stripe i ended. */
-  pthread_cond_t stripe_cv[NSTRIPES];
+  struct stripe stripes[NSTRIPES];
 
   pthread_mutex_t lock;
   uint64_t lock_taken;      /* index_lock calls (stats); lock */

@@ -85,8 +85,8 @@ cache_init_locks (struct cache *c)
     return -1;
   bad |= pthread_mutexattr_settype (&ma, PTHREAD_MUTEX_ERRORCHECK);
   for (unsigned i = 0; i < NSTRIPES; i++) {
-    bad |= pthread_mutex_init (&c->stripes[i], &ma);
-    bad |= cond_init_monotonic (&c->stripe_cv[i]);
+    bad |= pthread_mutex_init (&c->stripes[i].lock, &ma);
+    bad |= cond_init_monotonic (&c->stripes[i].wb_done);
   }
   bad |= pthread_mutex_init (&c->lock, &ma);
   bad |= pthread_mutex_init (&c->wb_mutex, &ma);
@@ -314,9 +314,10 @@ cache_create (struct backing *b, struct store *store,
   if (cache_config_check (cfg, err, errlen) == -1 ||
       (store && store_check (store, cfg, err, errlen) == -1))
     return NULL;
-  c = calloc (1, sizeof *c);
+  c = aligned_alloc (_Alignof (struct cache), sizeof *c); /* the stripes */
   if (c == NULL)
     goto nomem;
+  memset (c, 0, sizeof *c);
   c->opst = stat_shards_new (sizeof *c->opst);
   if (c->opst == NULL)
     goto nomem;

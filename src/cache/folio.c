@@ -25,8 +25,10 @@ bits_assign (uint64_t *bits, uint32_t start, uint32_t end, bool on)
     uint32_t w = start / 64, hi = end - w * 64 < 64 ? end - w * 64 : 64;
     uint64_t m = word_mask (start % 64, hi);
     uint64_t flip = (on ? ~bits[w] : bits[w]) & m;
-    changed += (uint32_t) __builtin_popcountll (flip);
-    bits[w] ^= flip;
+    if (flip != 0) {           /* no store: the line stays shared */
+      changed += (uint32_t) __builtin_popcountll (flip);
+      bits[w] ^= flip;
+    }
     start = w * 64 + hi;
   }
   return changed;
@@ -149,6 +151,8 @@ folio_all (const struct cache *c, const struct folio *f, enum folio_plane p,
 static void
 folio_count (const struct cache *c, uint32_t *nr, uint32_t changed, bool on)
 {
+  if (changed == 0)
+    return;
   assert (on || *nr >= changed);
   *nr = on ? *nr + changed : *nr - changed;
   assert (*nr <= c->blocks_per_folio);

@@ -9,7 +9,7 @@
 pthread_mutex_t *
 stripe_of (struct cache *c, uint64_t fi)
 {
-  return &c->stripes[fi % NSTRIPES];
+  return &c->stripes[fi % NSTRIPES].lock;
 }
 
 /* Call fn on each stripe of folios [start, end), in ascending stripe
@@ -26,11 +26,11 @@ stripes_each (struct cache *c, uint64_t start, uint64_t end,
   assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      fn (&c->stripes[s]);
+      fn (&c->stripes[s].lock);
     n = NSTRIPES - s0;
   }
   for (uint32_t s = s0; s < s0 + n; s++)
-    fn (&c->stripes[s]);
+    fn (&c->stripes[s].lock);
 }
 
 static void
@@ -42,11 +42,11 @@ stripes_lock (struct cache *c, uint64_t start, uint64_t end)
   assert (n <= WINDOW_MAX);
   if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
     for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
+      lock_counted (&c->stripes[s].lock, OPSTAT_PTR (c, lock_waits_stripe));
     n = NSTRIPES - s0;
   }
   for (uint32_t s = s0; s < s0 + n; s++)
-    lock_counted (&c->stripes[s], OPSTAT_PTR (c, lock_waits_stripe));
+    lock_counted (&c->stripes[s].lock, OPSTAT_PTR (c, lock_waits_stripe));
 }
 
 void

@@ -250,7 +250,7 @@ wb_batch_end (struct cache *c, struct wb_batch *b, const bool *ok,
       if (ok[j])
         wb_folio_written (c, f, b->run[j].start, b->run[j].end, unstable);
     f->writeback = false;
-    pthread_cond_broadcast (&c->stripe_cv[fi % NSTRIPES]);
+    pthread_cond_broadcast (&c->stripes[fi % NSTRIPES].wb_done);
     unlock_or_die (stripe_of (c, fi));
   }
 }
@@ -289,7 +289,7 @@ wb_wait_folio (struct cache *c, uint64_t fi)
    * (of another stripe) under writeback.  The I/O is bounded by the
    * backing's timeouts; the wait rechecks every second all the same. */
   while ((f = folio_lookup (c, fi)) != NULL && f->writeback)
-    cond_wait_ms (&c->stripe_cv[fi % NSTRIPES], m, 1000);
+    cond_wait_ms (&c->stripes[fi % NSTRIPES].wb_done, m, 1000);
   unlock_or_die (m);
 }
 
