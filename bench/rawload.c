@@ -14,10 +14,14 @@
  * --qd requests in flight on each of --conns connections (one thread
  * each), and NBD_CMD_DISC at the end.  Every reply is checked: its magic,
  * a cookie that is in flight, error 0; with --pattern every byte read
- * must be that byte.  Any failure: a message on stderr, exit 1.
+ * must be that byte.  Any failure: a message on stderr, exit 1.  After an
+ * error reply or wrong data the connection stops issuing, drains its
+ * replies and disconnects cleanly (a client that vanishes with requests
+ * in flight is another test: nbdkit 1.32 aborts on it).
  *
  * Output: one line on stdout, e.g.
- *   ops=123 reads=0 writes=123 seconds=3.000 ops_per_s=41 mb_per_s=0.17
+ *   ops=123 reads=0 writes=123 errors=0 seconds=3.000 ops_per_s=41
+ *   mb_per_s=0.17
  *   client_cpu_us_per_op=1.9
  * (client_cpu_us_per_op: this process's user+system CPU from getrusage
  * over the ops, so a bench can show how little of the machine it takes).
@@ -114,7 +118,8 @@ struct rl_conn {
   size_t rsize, rlen, rpos;
   /* results */
   uint64_t reads, writes, bytes;
-  int failed;
+  uint64_t errors;             /* error replies */
+  int failed;                  /* an error: the run fails */
 };
 
 static uint64_t
@@ -500,12 +505,14 @@ conn_send(struct rl_conn *c)
 }
 
 /* Checks the data of the read in slot s against --pattern (wbuf holds
- * it).  Returns 0, or -1 after a message. */
+ * it).  Returns 0, or -1 (with a message, the connection's first). */
 static int
 conn_check_data(const struct rl_conn *c, unsigned s, const unsigned char *p)
 {
   if (memcmp(p, c->wbuf, c->o->bs_bytes) == 0)
     return 0;
+  if (c->failed)
+    return -1;                       /* one message per connection */
   uint64_t i = 0;
   while (p[i] == (unsigned char) c->o->pattern)
     i++;
@@ -515,8 +522,10 @@ conn_check_data(const struct rl_conn *c, unsigned s, const unsigned char *p)
   return -1;
 }
 
-/* Parses every complete reply in rbuf.  Returns 0, or -1 after a
- * message. */
+/* Parses every complete reply in rbuf.  An error reply or wrong data
+ * marks the connection failed (it drains and disconnects); a reply that
+ * is not one (magic, cookie) cannot be parsed past.  Returns 0, or -1
+ * after a message. */
 static int
 conn_parse(struct rl_conn *c)
 {
@@ -538,24 +547,32 @@ conn_parse(struct rl_conn *c)
               ", which is not in flight\n", c->id, cookie);
       return -1;
     }
-    if (error != 0) {
-      fprintf(stderr, "rawload: conn %u: %s failed: error %" PRIu32 " (%s)\n",
-              c->id, is_read ? "read" : "write", error, nbd_errname(error));
-      return -1;
-    }
-    size_t need = RL_REPLY_BYTES + (is_read ? o->bs_bytes : 0);
+    /* A read that failed carries no data. */
+    size_t need = RL_REPLY_BYTES + (is_read && error == 0 ? o->bs_bytes : 0);
     if (c->rlen - c->rpos < need)
       break;                         /* its data is still on the way */
-    if (is_read && o->pattern >= 0 &&
-        conn_check_data(c, (unsigned) cookie, p + RL_REPLY_BYTES) == -1)
-      return -1;
+    if (error != 0) {
+      /* The stream is still in step: stop issuing, drain what is in
+       * flight and disconnect cleanly (the run fails).  The first error
+       * is the one worth reading. */
+      if (c->errors++ == 0)
+        fprintf(stderr, "rawload: conn %u: %s at offset %" PRIu64
+                " failed: error %" PRIu32 " (%s)\n", c->id,
+                is_read ? "read" : "write", c->offsets[cookie], error,
+                nbd_errname(error));
+      c->failed = 1;
+    }
+    else if (is_read && o->pattern >= 0 &&
+             conn_check_data(c, (unsigned) cookie, p + RL_REPLY_BYTES) == -1)
+      c->failed = 1;                 /* the data was wrong, as above */
     c->rpos += need;
     c->busy[cookie] = false;
     c->free_slots[c->nfree++] = (unsigned) cookie;
     c->inflight--;
   }
   /* Keep the partial reply at the front: it is at most one reply. */
-  memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+  if (c->rpos > 0)
+    memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
   c->rlen -= c->rpos;
   c->rpos = 0;
   return 0;
@@ -668,7 +685,7 @@ conn_run(void *arg)
     if (conn_recv(c) == -1)
       goto fail;
   }
-  conn_disconnect(c);
+  conn_disconnect(c);                /* also after an error reply */
   return NULL;
 
 fail:
@@ -810,18 +827,20 @@ main(int argc, char **argv)
   double cpu = cpu_seconds() - cpu0;
 
   int rc = 0;
-  uint64_t reads = 0, writes = 0, bytes = 0;
+  uint64_t reads = 0, writes = 0, bytes = 0, errors = 0;
   for (unsigned i = 0; i < o.conns; i++) {
     reads += conns[i].reads;
     writes += conns[i].writes;
     bytes += conns[i].bytes;
+    errors += conns[i].errors;
     if (conns[i].failed)
       rc = 1;
   }
   uint64_t ops = reads + writes;
   printf("ops=%" PRIu64 " reads=%" PRIu64 " writes=%" PRIu64
-         " seconds=%.3f ops_per_s=%.0f mb_per_s=%.2f client_cpu_us_per_op=%.2f\n",
-         ops, reads, writes, secs, (double) ops / secs,
+         " errors=%" PRIu64 " seconds=%.3f ops_per_s=%.0f mb_per_s=%.2f"
+         " client_cpu_us_per_op=%.2f\n",
+         ops, reads, writes, errors, secs, (double) ops / secs,
          (double) bytes / secs / 1e6, ops ? cpu * 1e6 / (double) ops : 0.0);
   return rc;
 }
