@@ -784,51 +784,40 @@ cpu_seconds(void)
          (double) ru.ru_stime.tv_sec + (double) ru.ru_stime.tv_usec / 1e6;
 }
 
-int
-main(int argc, char **argv)
+/* Frees what conn_setup allocated and closes the socket if it is still
+ * open (a connection that failed, or was never run). */
+static void
+conn_free(struct rl_conn *c)
 {
-  struct rl_opts o;
-  if (parse_args(argc, argv, &o) == -1)
-    return 2;
+  if (c->fd >= 0)
+    close(c->fd);
+  free(c->hdrs);
+  free(c->busy);
+  free(c->offsets);
+  free(c->free_slots);
+  free(c->iov);
+  free(c->rbuf);
+  free(c->wbuf);
+}
 
-  struct rl_conn *conns = calloc(o.conns, sizeof *conns);
-  pthread_t *tids = calloc(o.conns, sizeof *tids);
-  if (conns == NULL || tids == NULL)
-    return 1;
+static void
+opts_free(struct rl_opts *o)
+{
+  free(o->host);
+  free(o->port);
+  free(o->export_name);
+}
 
-  for (unsigned i = 0; i < o.conns; i++) {
-    struct rl_conn *c = &conns[i];
-    c->o = &o;
-    c->id = i;
-    c->fd = -1;
-    c->rng = (o.seed + 1) * 0x9E3779B97F4A7C15ULL + i * 0xBF58476D1CE4E5B9ULL;
-    if (c->rng == 0)
-      c->rng = 1;
-    if (conn_setup(c) == -1)
-      return 1;
-    if (o.ops_total)
-      c->ops_budget = o.ops_total / o.conns + (i < o.ops_total % o.conns);
-  }
-
-  double cpu0 = cpu_seconds();
-  uint64_t t0 = now_ns();
-  for (unsigned i = 0; i < o.conns; i++) {
-    /* With --ops the deadline is already past: a connection whose share
-     * is 0 issues nothing. */
-    conns[i].deadline_ns = o.ops_total ? 0 : t0 + (uint64_t) (o.seconds * 1e9);
-    if (pthread_create(&tids[i], NULL, conn_run, &conns[i]) != 0) {
-      fprintf(stderr, "rawload: pthread_create failed\n");
-      return 1;
-    }
-  }
-  for (unsigned i = 0; i < o.conns; i++)
-    pthread_join(tids[i], NULL);
-  double secs = (double) (now_ns() - t0) / 1e9;
-  double cpu = cpu_seconds() - cpu0;
-
+/* Prints the result line.  Returns the exit status: 1 if a connection
+ * failed. */
+static int
+report(const struct rl_opts *o, const struct rl_conn *conns, double secs,
+       double cpu)
+{
   int rc = 0;
   uint64_t reads = 0, writes = 0, bytes = 0, errors = 0;
-  for (unsigned i = 0; i < o.conns; i++) {
+
+  for (unsigned i = 0; i < o->conns; i++) {
     reads += conns[i].reads;
     writes += conns[i].writes;
     bytes += conns[i].bytes;
@@ -842,5 +831,65 @@ main(int argc, char **argv)
          " client_cpu_us_per_op=%.2f\n",
          ops, reads, writes, errors, secs, (double) ops / secs,
          (double) bytes / secs / 1e6, ops ? cpu * 1e6 / (double) ops : 0.0);
+  return rc;
+}
+
+int
+main(int argc, char **argv)
+{
+  struct rl_opts o;
+  struct rl_conn *conns = NULL;
+  pthread_t *tids = NULL;
+  unsigned started = 0;
+  int rc = 1;
+
+  if (parse_args(argc, argv, &o) == -1) {
+    opts_free(&o);
+    return 2;
+  }
+  conns = calloc(o.conns, sizeof *conns);
+  tids = calloc(o.conns, sizeof *tids);
+  if (conns == NULL || tids == NULL)
+    goto out;
+  for (unsigned i = 0; i < o.conns; i++)
+    conns[i].fd = -1;
+
+  /* Every connection is set up before any starts, so that they all run
+   * for the same time. */
+  for (unsigned i = 0; i < o.conns; i++) {
+    struct rl_conn *c = &conns[i];
+    c->o = &o;
+    c->id = i;
+    c->rng = (o.seed + 1) * 0x9E3779B97F4A7C15ULL + i * 0xBF58476D1CE4E5B9ULL;
+    if (c->rng == 0)
+      c->rng = 1;
+    if (conn_setup(c) == -1)
+      goto out;
+    if (o.ops_total)
+      c->ops_budget = o.ops_total / o.conns + (i < o.ops_total % o.conns);
+  }
+
+  double cpu0 = cpu_seconds();
+  uint64_t t0 = now_ns();
+  for (; started < o.conns; started++) {
+    /* With --ops the deadline is already past: a connection whose share
+     * is 0 issues nothing. */
+    conns[started].deadline_ns = o.ops_total ? 0 : t0 + (uint64_t) (o.seconds * 1e9);
+    if (pthread_create(&tids[started], NULL, conn_run, &conns[started]) != 0) {
+      fprintf(stderr, "rawload: pthread_create failed\n");
+      break;
+    }
+  }
+  for (unsigned i = 0; i < started; i++)
+    pthread_join(tids[i], NULL);
+  if (started == o.conns)
+    rc = report(&o, conns, (double) (now_ns() - t0) / 1e9, cpu_seconds() - cpu0);
+
+out:
+  for (unsigned i = 0; conns != NULL && i < o.conns; i++)
+    conn_free(&conns[i]);
+  free(conns);
+  free(tids);
+  opts_free(&o);
   return rc;
 }
