@@ -299,6 +299,11 @@ perf_stop() {
   perf report -i "$PERF_DATA" --no-children --stdio --sort symbol \
     --percent-limit 1.5 -g none 2>/dev/null |
     awk '/^ *[0-9.]+%/ { printf "bench:   %8s %s %s\n", $1, $2, $3 }' | head -15 >&2
+  # By object: how much is the kernel's, the server's own, the cache's.
+  echo "bench: perf by object, $PERF_TAG (self %):" >&2
+  perf report -i "$PERF_DATA" --no-children --stdio --sort dso \
+    --percent-limit 1 -g none 2>/dev/null |
+    awk '/^ *[0-9.]+%/ { printf "bench:   %8s %s\n", $1, $2 }' | head -8 >&2
   rm -f "$PERF_DATA"
 }
 
