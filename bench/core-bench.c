@@ -15,7 +15,8 @@
  * CORE_THREADS_MS (500) and CORE_THREADS_REGION_MIB (1; fractions in
  * 64 KiB steps, 0.25 is four folios a thread, the two threads' folios
  * then neighbours in every structure) set the threads rows' length and
- * working set a thread; CORE_THREADS_ONLY=1 runs only them (for perf).
+ * working set a thread; CORE_THREADS_ONLY=1 runs only them (for perf);
+ * CORE_THREADS_READAHEAD=1 turns readahead on, as on a remote backing.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -252,7 +253,10 @@ run_threads (unsigned ms)
   cfg.cache_size = 2 * T_MAX * T_REGION;  /* no eviction */
   cfg.dirty_limit_pct = cfg.dirty_background_pct = 100;
   cfg.dirty_expire_ms = 3600000;          /* no writeback meanwhile */
-  cfg.readahead_bytes = 0;
+  /* CORE_THREADS_READAHEAD=1: readahead on, as on a remote backing
+   * (its lock was taken by every client read; now by misses and reads
+   * that may continue a stream only). */
+  cfg.readahead_bytes = getenv ("CORE_THREADS_READAHEAD") ? 1u << 20 : 0;
   if (fb == NULL)
     return -1;
   fake_set_log (fb, 0);

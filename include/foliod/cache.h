@@ -117,6 +117,7 @@ struct cache_stats {
   uint64_t readahead_windows; /* windows issued */
   uint64_t readahead_hits;    /* folios it brought that a client then read */
   uint64_t readahead_wasted;  /* ... that were evicted unread */
+  uint64_t readahead_notes;   /* client reads readahead looked at */
   /* Time spent (ns), over backing_write_ops, backing_flush_ops and
    * flush_ops: their mean latencies.  flush_ns is each flush's own wait,
    * a pass shared with other flushes included. */

@@ -149,6 +149,7 @@ struct cache_op_counters {
   _Atomic uint64_t evictions, read_errors;
   _Atomic uint64_t lock_waits_index, lock_waits_stripe;
   _Atomic uint64_t readahead_bytes, readahead_hits, readahead_wasted;
+  _Atomic uint64_t readahead_notes;
   _Atomic uint64_t backing_write_ns;
 };
 
@@ -589,8 +590,15 @@ void ra_destroy (struct cache *c);
 int ra_start (struct cache *c);
 void ra_stop (struct cache *c);
 /* A client read of [off, off + len) went through the cache: queue the
- * window it calls for, if any.  Never waits (but for the leaf lock). */
+ * window it calls for, if any.  Never waits (but for the leaf lock).
+ * Called for misses (they may start a stream) and for the reads
+ * ra_follows says may continue one; not for other hits, so that a random
+ * hit takes no lock of readahead's (the kernel consults readahead on
+ * misses and on its marked pages only). */
 void ra_note (struct cache *c, uint64_t off, uint64_t len);
+/* May a read at off continue a stream?  No lock: false when readahead
+ * is off; may be true for reads ra_note then finds continue nothing. */
+bool ra_follows (struct cache *c, uint64_t off);
 /* Folio f (stripe held) was filled by readahead (ra_filled), read by a
  * client (ra_read), or evicted with f->ra set (ra_dropped). */
 void ra_filled (struct cache *c, struct folio *f);

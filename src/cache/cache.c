@@ -655,7 +655,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   S (read_errors); G (throttle_waits);
   S (lock_waits_index); S (lock_waits_stripe); G (lock_waits_walk);
   S (readahead_bytes); G (readahead_windows);
-  S (readahead_hits); S (readahead_wasted);
+  S (readahead_hits); S (readahead_wasted); S (readahead_notes);
   S (backing_write_ns); G (backing_flush_ns); G (flush_ns);
 #undef S
 #undef G

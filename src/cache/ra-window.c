@@ -40,6 +40,20 @@ stream_find (struct ra_streams *rs, uint64_t off)
   return NULL;
 }
 
+void
+ra_stream_reach (const struct ra_stream *s, uint64_t *lo, uint64_t *hi)
+{
+  *lo = 1;
+  *hi = 0;
+  if (s->stamp == 0)
+    return;
+  *lo = *hi = s->next;                /* stream_find's first match */
+  if (s->size > 0) {                  /* its second */
+    *lo = s->next - MIN (s->next, s->size);
+    *hi = MAX (s->next, s->start + s->size - 1);
+  }
+}
+
 /* A slot for a new stream: an empty one, else the least recently read
  * of the lowest rank (random reads must not push out the streams). */
 static struct ra_stream *

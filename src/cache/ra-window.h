@@ -53,6 +53,11 @@ struct ra_window {
   uint64_t off, len;
 };
 
+/* The offsets [*lo, *hi] at which a read may continue slot s (all that
+ * ra_streams_note would match to it, and more); *lo > *hi when the slot
+ * is empty.  For callers that look without the lock (readahead.c). */
+void ra_stream_reach (const struct ra_stream *s, uint64_t *lo, uint64_t *hi);
+
 /* No streams; windows of init bytes growing to max (init <= max). */
 void ra_streams_init (struct ra_streams *rs, uint64_t init, uint64_t max);
 

@@ -39,6 +39,10 @@ struct readahead {
   _Atomic uint64_t unread;          /* folios with f->ra set */
   uint64_t budget;                  /* cap of queued + unread, folios */
   uint64_t job_folios;              /* folios per job, at most */
+  /* Each slot's ra_stream_reach, published under lock after every note
+   * and read without it by ra_follows: a hit that continues no stream
+   * takes no lock and writes nothing here. */
+  struct { _Atomic uint64_t lo, hi; } reach[RA_STREAMS];
   pthread_t threads[RA_THREADS];
   unsigned nthreads;
   bool stop;
@@ -81,6 +85,10 @@ ra_create (struct cache *c)
   ra_streams_init (&ra->streams, MIN ((uint64_t) RA_INIT_BYTES, max), max);
   ra->budget = MAX (c->store->nslots / RA_BUDGET_DIV, 1u);
   ra->job_folios = MAX (c->cfg.max_io_bytes >> c->folio_shift, 1u);
+  for (unsigned i = 0; i < RA_STREAMS; i++) {
+    atomic_init (&ra->reach[i].lo, 1);          /* empty */
+    atomic_init (&ra->reach[i].hi, 0);
+  }
   c->ra = ra;
   return 0;
 }
@@ -205,6 +213,35 @@ ra_queue_locked (struct cache *c, const struct ra_window *w)
   }
 }
 
+/* Publish the slots' reach for ra_follows, storing only what changed
+ * (lock held). */
+static void
+ra_publish_locked (struct readahead *ra)
+{
+  for (unsigned i = 0; i < RA_STREAMS; i++) {
+    uint64_t lo, hi;
+    ra_stream_reach (&ra->streams.s[i], &lo, &hi);
+    if (atomic_load_explicit (&ra->reach[i].lo, memory_order_relaxed) != lo)
+      atomic_store_explicit (&ra->reach[i].lo, lo, memory_order_relaxed);
+    if (atomic_load_explicit (&ra->reach[i].hi, memory_order_relaxed) != hi)
+      atomic_store_explicit (&ra->reach[i].hi, hi, memory_order_relaxed);
+  }
+}
+
+bool
+ra_follows (struct cache *c, uint64_t off)
+{
+  struct readahead *ra = c->ra;
+
+  if (ra == NULL)
+    return false;
+  for (unsigned i = 0; i < RA_STREAMS; i++)
+    if (atomic_load_explicit (&ra->reach[i].lo, memory_order_relaxed) <= off &&
+        off <= atomic_load_explicit (&ra->reach[i].hi, memory_order_relaxed))
+      return true;
+  return false;
+}
+
 void
 ra_note (struct cache *c, uint64_t off, uint64_t len)
 {
@@ -213,10 +250,12 @@ ra_note (struct cache *c, uint64_t off, uint64_t len)
 
   if (ra == NULL)
     return;
+  OPSTAT_ADD (c, readahead_notes, 1);
   lock_or_die (&ra->lock);
   if (ra_streams_note (&ra->streams, off, len, c->size,
                        ra_budget_locked (c), &w))
     ra_queue_locked (c, &w);
+  ra_publish_locked (ra);
   unlock_or_die (&ra->lock);
 }
 

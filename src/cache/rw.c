@@ -171,9 +171,11 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   }
   if (use_direct (c, len, flags))
     return buf ? direct_read (c, buf, len, off) : 0;
-  /* Before a miss waits for the backing: the window past it is fetched
-   * meanwhile.  A try is noted once it succeeded (else its retry is). */
-  if (buf != NULL && !nowait)
+  /* A read that may continue a stream is noted before a miss waits for
+   * the backing (the window past it is fetched meanwhile); a try once it
+   * succeeded (else its retry is); any other read only if it missed. */
+  bool noted = buf != NULL && !nowait && ra_follows (c, off);
+  if (noted)
     ra_note (c, off, len);
   /* A try allocates nothing: a folio not cached is a miss anyway. */
   cache_iter_init (&it, c, off, len, nowait ? CI_NOWAIT : CI_ALLOC);
@@ -182,8 +184,11 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   if (buf != NULL && nowait && r == 0) {
     OPSTAT_ADD (c, read_ops, 1);
     OPSTAT_ADD (c, client_read_bytes, len);
-    ra_note (c, off, len);
+    if (ra_follows (c, off))
+      ra_note (c, off, len);
   }
+  if (buf != NULL && !nowait && !noted && missed)
+    ra_note (c, off, len);
   if (buf != NULL) {
     if (missed) OPSTAT_ADD (c, read_misses, 1);
     else if (r == 0) OPSTAT_ADD (c, read_hits, 1);

@@ -6,6 +6,9 @@
  *   - readahead=auto is off on a backing that is not remote, and
  *     readahead=0 turns it off;
  *   - random reads fetch nothing beyond what they ask;
+ *   - random hits cost readahead nothing (it looks at misses and at the
+ *     reads that may continue a stream only), and a stream that begins
+ *     on cached data still gets its windows once it reaches the rest;
  *   - a stream through a small cache does not evict another reader's
  *     working set (read again between the stream's reads: no misses);
  *   - readahead never touches dirty data: streams read through a small
@@ -144,6 +147,50 @@ test_random (void **state)
   fake_free (fb);
 }
 
+/* A loop serving hits from many connections must not take readahead's
+ * lock for each: 4 MiB cached without a client read (prefetch), then
+ * random 4 KiB reads of it.  Then a sequential reader starting in that
+ * cached part and going on past it is still seen as a stream. */
+static void
+test_random_hits_skip_readahead (void **state)
+{
+  struct fake_backing *fb = remote (true);
+  struct cache_config cfg = config (32 * M, CACHE_READAHEAD_AUTO);
+  struct cache *c = ct_cache (fb, &cfg);
+  uint64_t rng = 7;
+
+  assert_non_null (c);
+  fake_set_delay_us (fb, 0);
+  assert_int_equal (cache_prefetch (c, 4 * M, 0), 0);
+  for (int i = 0; i < 1000; i++)
+    read_check (c, fake_rand_below (&rng, 4 * M / (4 * K)) * 4 * K, 4 * K,
+                4 * K);
+  struct cache_stats st = stats (c);
+  printf ("1000 random hits: %llu hits, %llu noted by readahead\n",
+          (unsigned long long) st.read_hits,
+          (unsigned long long) st.readahead_notes);
+  assert_int_equal (st.read_hits, 1000);
+  assert_int_equal (st.readahead_notes, 0);
+
+  /* The reads of 3M-4M hit and continue nothing: not noted.  The first
+   * read past 4M misses and is; from then on every read continues the
+   * stream, a miss or a hit of what readahead brought, and is noted too
+   * (a stream followed only through its misses would lose the readahead
+   * hits' reads: how many depends on who is faster, readahead or the
+   * reader, but they are most of them). */
+  read_check (c, 3 * M, 8 * M, 64 * K);
+  st = stats (c);
+  printf ("then 8M sequential from 3M: %llu noted, %llu windows, %llu "
+          "readahead hits\n", (unsigned long long) st.readahead_notes,
+          (unsigned long long) st.readahead_windows,
+          (unsigned long long) st.readahead_hits);
+  assert_true (st.readahead_notes >= 7 * M / (64 * K));
+  assert_true (st.readahead_notes <= 7 * M / (64 * K) + 2);
+  assert_true (st.readahead_windows >= 2);
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
 static void
 test_working_set (void **state)
 {
@@ -255,6 +302,7 @@ main (void)
     cmocka_unit_test (test_sequential),
     cmocka_unit_test (test_off),
     cmocka_unit_test (test_random),
+    cmocka_unit_test (test_random_hits_skip_readahead),
     cmocka_unit_test (test_working_set),
     cmocka_unit_test (test_dirty_survives),
   };
