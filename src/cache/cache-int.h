@@ -596,8 +596,10 @@ void ra_stop (struct cache *c);
  * hit takes no lock of readahead's (the kernel consults readahead on
  * misses and on its marked pages only). */
 void ra_note (struct cache *c, uint64_t off, uint64_t len);
-/* May a read at off continue a stream?  No lock: false when readahead
- * is off; may be true for reads ra_note then finds continue nothing. */
+/* May a read at off continue a stream?  No lock, so a hint: false when
+ * readahead is off; may be true for a read ra_note then finds continues
+ * nothing, or false for one a note made at the same moment would match
+ * (that read is then noted only if it misses: readahead is advisory). */
 bool ra_follows (struct cache *c, uint64_t off);
 /* Folio f (stripe held) was filled by readahead (ra_filled), read by a
  * client (ra_read), or evicted with f->ra set (ra_dropped). */
