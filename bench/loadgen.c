@@ -32,6 +32,8 @@
 
 #include <libnbd.h>
 
+#include "bench-util.h"
+
 enum lg_mode { LG_RANDREAD, LG_RANDWRITE, LG_RANDRW, LG_SEQREAD, LG_SEQWRITE };
 
 /* Options shared read-only by every connection thread. */
@@ -88,51 +90,6 @@ struct lg_conn {
   uint64_t lat_ns_max;
   int failed;                  /* set on a setup or I/O error */
 };
-
-static uint64_t
-now_ns(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-/* xorshift64*: fast, good enough to pick offsets. Never returns 0 state. */
-static uint64_t
-rng_next(uint64_t *s)
-{
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* Parses "4096", "4k", "1M", "2G". Returns 0 on error (no size is 0 here). */
-static uint64_t
-parse_size(const char *s)
-{
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s)
-    return 0;
-  switch (*end) {
-  case 'k': case 'K': v <<= 10; end++; break;
-  case 'm': case 'M': v <<= 20; end++; break;
-  case 'g': case 'G': v <<= 30; end++; break;
-  case 't': case 'T': v <<= 40; end++; break;
-  default: break;
-  }
-  if (*end == 'i' || *end == 'B')
-    end++;
-  if (*end == 'B')
-    end++;
-  if (*end != '\0')
-    return 0;
-  return v;
-}
 
 static bool
 mode_is_random(enum lg_mode m)

@@ -48,6 +48,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench-util.h"
+
 /* Protocol constants (NBD protocol document). */
 #define NBD_MAGIC            0x4e42444d41474943ULL   /* "NBDMAGIC" */
 #define NBD_IHAVEOPT         0x49484156454F5054ULL   /* "IHAVEOPT" */
@@ -121,48 +123,6 @@ struct rl_conn {
   uint64_t errors;             /* error replies */
   int failed;                  /* an error: the run fails */
 };
-
-static uint64_t
-now_ns(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
-}
-
-/* xorshift64*, as loadgen. Never returns 0 state. */
-static uint64_t
-rng_next(uint64_t *s)
-{
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545F4914F6CDD1DULL;
-}
-
-/* Parses "4096", "4k", "1M", "2G". Returns 0 on error (no size is 0 here). */
-static uint64_t
-parse_size(const char *s)
-{
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s)
-    return 0;
-  switch (*end) {
-  case 'k': case 'K': v <<= 10; end++; break;
-  case 'm': case 'M': v <<= 20; end++; break;
-  case 'g': case 'G': v <<= 30; end++; break;
-  default: break;
-  }
-  if (*end == 'i')
-    end++;
-  if (*end == 'B')
-    end++;
-  return *end == '\0' ? v : 0;
-}
 
 /* The NBD error numbers a server may send, by name. */
 static const char *
