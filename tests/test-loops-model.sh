@@ -33,7 +33,7 @@ start_foliod --loops 2 --control "$tmp/ctl" --export \
 
 URI=$(uri disk0) MODEL=$tmp/model DURATION=${DURATION:-6} \
 python3 - <<'PY' || fail "the clients saw something else than they wrote"
-import os, sys, threading, time
+import os, random, sys, threading, time
 import nbd
 from modelclient import seeded_rng, load_model
 
@@ -48,7 +48,7 @@ errors = []
 counts = [0] * NT
 
 def client(t):
-    rng = __import__("random").Random(seed * 31 + t)
+    rng = random.Random(seed * 31 + t)
     lo, hi = t * region, (t + 1) * region
     hs = [nbd.NBD(), nbd.NBD()]
     for h in hs:
