@@ -79,7 +79,7 @@ ALLCFLAGS += -fprofile-instr-generate -fcoverage-mapping
 LDFLAGS   += -fprofile-instr-generate
 endif
 
-CORE_SRCS   := $(wildcard src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
+CORE_SRCS   := $(wildcard src/store/*.c src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
 SERVER_SRCS := $(wildcard src/server/*.c)
 DAEMON_SRCS := $(wildcard src/daemon/*.c)
 PLUGIN_SRCS := $(wildcard plugins/folio/*.c)

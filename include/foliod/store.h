@@ -279,7 +279,7 @@ const struct store_kind *store_kind_probe (const char *path,
  * recover keeps dirty and unstable blocks after an unclean shutdown (and
  * frees slots with a stale bitmap, a folio past the export, or a folio a
  * newer slot holds too), mark_clean is the warm restart.  The ordering
- * contract is at the top of src/cache/store-pmem.c.  Its store_kind
+ * contract is at the top of src/store/store-pmem.c.  Its store_kind
  * functions: */
 struct store *store_pmem_open (const struct store_config *cfg,
                                char *err, size_t errlen);

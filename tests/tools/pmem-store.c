@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 
 static struct store *
 tool_open (const char *path)

@@ -28,7 +28,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 #include "lib/fake_backing.h"
 #include "lib/pmem-sim.h"
 

@@ -13,7 +13,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/store.h"
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 #define SIZE (4u << 20)
 

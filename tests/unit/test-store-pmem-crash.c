@@ -37,7 +37,7 @@
 #include <cmocka.h>
 
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 #include "lib/pmem-sim.h"
 #include "lib/cachetest.h"
 

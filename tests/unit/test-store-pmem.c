@@ -17,7 +17,7 @@
 #include <zlib.h>
 
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 
 #define FOLIO (64 * 1024)
 #define BLOCK 4096

@@ -34,7 +34,7 @@
 #include <cmocka.h>
 
 #include "foliod/store.h"
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 #define FOLIO 16384
 #define BLOCK 512

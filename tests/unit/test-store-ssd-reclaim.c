@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "foliod/store.h"
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 #define FOLIO 65536
 #define BLOCK 4096

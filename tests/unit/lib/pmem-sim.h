@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/pmem-map.h"
+#include "store/pmem-map.h"
 
 typedef void pmem_sim_commit_fn (const void *p, size_t len);
 

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/pmem-map.h"
-#include "cache/pmem-sigbus.h"
+#include "store/pmem-map.h"
+#include "store/pmem-sigbus.h"
 
 #define FAIL(e, ...) \
   do { snprintf (err, errlen, __VA_ARGS__); errno = (e); return -1; } while (0)

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/pmem-sigbus.h"
+#include "store/pmem-sigbus.h"
 
 #define WATCH_MAX 64          /* stores in one process */
 #define WATCH_LINE 1024       /* the line's text before the offset */

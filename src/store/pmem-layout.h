@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/pmem-map.h"
+#include "store/pmem-map.h"
 #include "foliod/store.h"
 
 #define PMEM_MAGIC          "FOLIODPM"

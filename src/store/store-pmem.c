@@ -69,8 +69,8 @@
 
 #include "foliod/minmax.h"
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
-#include "cache/pmem-map.h"
+#include "store/pmem-layout.h"
+#include "store/pmem-map.h"
 
 /* Page stores track pending msync in chunks of this many bytes. */
 #define PMEM_SYNC_CHUNK_SHIFT 16

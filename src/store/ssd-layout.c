@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 _Static_assert (sizeof (struct ssd_super) <= SSD_SUPER_COPY,
                 "a superblock copy must fit its area");

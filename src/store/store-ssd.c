@@ -69,7 +69,7 @@
 #include <time.h>
 
 #include "foliod/store.h"
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 #define WBUF_BYTES (4u << 20)   /* the commit's write buffer */
 

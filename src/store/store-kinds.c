@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "foliod/store.h"
-#include "cache/ssd-layout.h"
+#include "store/ssd-layout.h"
 
 static const struct store_kind kinds[] = {
   { "pmem", store_pmem_open, store_pmem_inspect, store_pmem_read_header },

@@ -9,7 +9,7 @@
 
 #include "foliod/store.h"
 #include "foliod/util.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 
 _Static_assert (sizeof (struct pmem_header) <= PMEM_HEADER_COPY,
                 "a header copy must fit its area");

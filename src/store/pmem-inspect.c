@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "foliod/store.h"
-#include "cache/pmem-layout.h"
+#include "store/pmem-layout.h"
 
 static void
 inspect_uuid (const uint8_t *u, char out[37])
