@@ -5,6 +5,7 @@
 #   make check      install missing packages, build, run every test
 #   make check-asan / check-valgrind   the same tests under ASan+UBSan / valgrind
 #   make check-tsan the unit tests under ThreadSanitizer (build-tsan)
+#   make check-layout  no cycle between files of src/, no call up a room
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
@@ -110,7 +111,7 @@ ifneq ($(PLUGIN_SRCS),)
 TARGETS += $(PLUGIN)
 endif
 
-.PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-integration check-asan \
+.PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-layout check-integration check-asan \
         check-valgrind check-model-long check-vm check-vm-systemd check-crash bench install install-files \
         uninstall clean deb check-deb \
         fuzz fuzz-build fuzz-coverage
@@ -196,6 +197,11 @@ ceph-down:
 
 check-unit: all
 	$(TEST_ENV) tests/run-tests $(UNIT_BINS)
+
+# The rooms (docs/internals.md): no cycle between the files of src/ and
+# plugins/, and no call from a lower room up, read off the objects' symbols.
+check-layout: all
+	scripts/check-layout $(BUILD)
 
 check-integration: all
 	$(TEST_ENV) tests/run-tests $(sort $(wildcard tests/test-*.sh))
