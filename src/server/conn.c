@@ -1,11 +1,13 @@
-/* Connections: life cycle, state setter, buffered input, queued output.
+/* The connection driver: life cycle, the input state machine, sending,
+ * the socket watcher and the timers.
  *
  * Input is a resumable state machine: each state has one step function
  * (handshake.c, request.c) that pulls the bytes it needs with
- * conn_read_exact() and returns STEP_NEXT / STEP_BLOCK / STEP_PAUSE /
- * STEP_CLOSE.  Output drains independently: handshake bytes from hsout,
- * then replies from the send queue, gathered into one sendmsg.  Which
- * socket events we watch is computed in one place, conn_update_events().
+ * conn_read_exact() (conn-io.c) and returns STEP_NEXT / STEP_BLOCK /
+ * STEP_PAUSE / STEP_CLOSE.  Output drains independently: handshake bytes
+ * from hsout, then replies from the send queue, gathered into one
+ * sendmsg.  Which socket events we watch is computed in one place,
+ * conn_update_events().
  *
  * A connection is only freed from conn_after_io() / conn_maybe_free(),
  * at the end of a callback, once its socket is closed and no worker holds
@@ -20,24 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "foliod/export.h"
-#include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/log.h"
-#include "server/wire.h"
-
-
-static const char *const state_names[CONN_NSTATES] = {
-  [CONN_HS_CLIENT_FLAGS] = "HS_CLIENT_FLAGS",
-  [CONN_HS_OPT_HDR] = "HS_OPT_HDR",
-  [CONN_HS_OPT_DATA] = "HS_OPT_DATA",
-  [CONN_HS_OPT_SKIP] = "HS_OPT_SKIP",
-  [CONN_TX_REQ_HDR] = "TX_REQ_HDR",
-  [CONN_TX_REQ_PAYLOAD] = "TX_REQ_PAYLOAD",
-  [CONN_TX_REQ_DISCARD] = "TX_REQ_DISCARD",
-  [CONN_DRAINING] = "DRAINING",
-  [CONN_DEAD] = "DEAD",
-};
 
 typedef enum step (*step_fn) (struct conn *c);
 
@@ -51,401 +37,6 @@ static const step_fn input_steps[CONN_NSTATES] = {
   [CONN_TX_REQ_PAYLOAD] = tx_step_req_payload,
   [CONN_TX_REQ_DISCARD] = tx_step_req_discard,
 };
-
-const char *
-conn_state_name (enum conn_state st)
-{
-  return st < CONN_NSTATES ? state_names[st] : "?";
-}
-
-static bool
-state_is_handshake (enum conn_state st)
-{
-  return st <= CONN_HS_OPT_SKIP;
-}
-
-static bool
-state_is_transmission (enum conn_state st)
-{
-  return st >= CONN_TX_REQ_HDR && st <= CONN_TX_REQ_DISCARD;
-}
-
-void
-conn_set_state (struct conn *c, enum conn_state st)
-{
-  assert (st < CONN_NSTATES);
-  assert (c->state != CONN_DEAD); /* nothing comes back from the dead */
-  /* Header <-> payload happens for every write: too chatty to log. */
-  if (!(state_is_transmission (c->state) && state_is_transmission (st)))
-    log_debug ("conn %" PRIu64 ": %s -> %s", c->id,
-               state_names[c->state], state_names[st]);
-  if (state_is_handshake (c->state) && st == CONN_TX_REQ_HDR
-      && c->srv->cfg.idle_timeout_s)
-    ev_timer_again (c->lp->loop, &c->idle_timer);
-  c->state = st;
-}
-
-/* Activity (input, a request done): the idle timeout starts again. */
-void
-conn_touch (struct conn *c)
-{
-  if (ev_is_active (&c->idle_timer))
-    ev_timer_again (c->lp->loop, &c->idle_timer);
-}
-
-/* ---- requests ---------------------------------------------------------- */
-
-struct req *
-conn_req_get (struct conn *c)
-{
-  struct req *r = c->free_reqs;
-
-  if (r) {
-    c->free_reqs = r->next;
-    c->kept_buf_bytes -= r->buf_cap;
-    c->lp->buf_kept -= r->buf_cap;
-  }
-  else {
-    r = calloc (1, sizeof *r);
-    if (!r)
-      return NULL;
-  }
-  r->next = NULL;
-  r->conn = c;
-  r->error = 0;
-  r->errmsg = NULL;
-  r->payload_have = 0;
-  r->prep.n = 0;
-  r->niov = r->iov_next = r->nhdr = 0;
-  r->iov_off = 0;
-  c->nactive++;
-  return r;
-}
-
-/* Memory was released on lp: resume the waiters that fit now, on lp and
- * on the other loops.  A loop that misses this (it began to wait just
- * after) loses no wake-up for good: its waiters have requests in flight
- * (conn_budget_admit lets a connection with none through), whose replies
- * release memory on their own loop. */
-static void
-conn_budget_released (struct sloop *lp)
-{
-  struct server *s = lp->srv;
-
-  if (lp->budget_waiters)
-    conn_budget_wake (lp);
-  if (atomic_load_explicit (&s->budget_waiting_loops, memory_order_relaxed))
-    for (unsigned i = 0; i < s->nloops; i++)
-      if (&s->loops[i] != lp && atomic_load (&s->loops[i].budget_waiting))
-        loop_post (&s->loops[i], LOOP_CMD_BUDGET);
-}
-
-void
-conn_req_put (struct conn *c, struct req *r)
-{
-  struct sloop *lp = c->lp;
-  size_t released = r->charged;
-  /* Each loop keeps its share of the total's retained buffers. */
-  size_t keep_max = lp->srv->cfg.max_buffer_total / SERVER_KEEP_DIV
-                    / lp->srv->nloops;
-
-  assert (c->nactive > 0);
-  if (r->prep.n > 0)            /* never committed: a refused or abandoned write */
-    cache_write_abort (c->exp->cache, &r->prep);
-  c->nactive--;
-  c->charged -= released;
-  if (released)
-    atomic_fetch_sub (&lp->srv->buf_charged, released);
-  r->charged = 0;
-  /* Keep buffers for reuse (no malloc per request), but not huge ones
-   * and not without bound, per connection and in all. */
-  if (r->buf_cap > REQ_KEEP_BUF_MAX
-      || c->kept_buf_bytes + r->buf_cap > CONN_KEEP_BUF_TOTAL
-      || lp->buf_kept + r->buf_cap > keep_max) {
-    free (r->buf);
-    r->buf = NULL;
-    r->buf_cap = 0;
-  }
-  c->kept_buf_bytes += r->buf_cap;
-  lp->buf_kept += r->buf_cap;
-  r->next = c->free_reqs;
-  c->free_reqs = r;
-  conn_touch (c);
-  /* Memory released, or c itself may now start its one request. */
-  if (released)
-    conn_budget_released (lp);
-  else if (c->nactive == 0 && lp->budget_waiters)
-    conn_budget_wake (lp);
-}
-
-/* ---- buffer budget ----------------------------------------------------- */
-
-/* Bytes of buffer the request whose header is in c->hdr needs. */
-static size_t
-conn_hdr_need (const struct conn *c)
-{
-  uint16_t type = get_be16 (c->hdr + 6);
-  uint32_t count = get_be32 (c->hdr + 24);
-
-  if (type == NBD_CMD_BLOCK_STATUS)
-    return REQ_BS_BUF_MAX;
-  if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE)
-      && count <= NBD_MAX_PAYLOAD)
-    return count;
-  return 0; /* no buffer, or refused: a refused write's payload is
-               skipped, not stored */
-}
-
-/* May c take a request needing need more bytes of buffer?  Within both
- * budgets, yes.  A connection with nothing in flight always may: a
- * request larger than max_conn_buffer still runs, and connections that
- * hold the total (a client that never reads its replies) cannot lock the
- * others out. */
-bool
-conn_budget_admit (const struct conn *c, size_t need)
-{
-  const struct server *s = c->srv;
-
-  if (need == 0 || c->nactive == 0)
-    return true;
-  return c->charged + need <= s->cfg.max_conn_buffer
-    && atomic_load (&s->buf_charged) + need <= s->cfg.max_buffer_total;
-}
-
-/* As conn_budget_admit, and if admitted, take need bytes of the total
- * at once (c->reserved): the loops admit concurrently, and a check and
- * a later add would let two of them pass the total together. */
-static bool
-conn_budget_reserve (struct conn *c, size_t need)
-{
-  struct server *s = c->srv;
-  size_t cur = atomic_load (&s->buf_charged);
-  bool always = need == 0 || c->nactive == 0;
-
-  assert (c->reserved == 0);
-  if (need == 0)
-    return true;
-  if (!always && c->charged + need > s->cfg.max_conn_buffer)
-    return false;
-  do
-    if (!always && cur + need > s->cfg.max_buffer_total)
-      return false;
-  while (!atomic_compare_exchange_weak (&s->buf_charged, &cur, cur + need));
-  c->reserved = need;
-  return true;
-}
-
-/* Give back a reservation no request took (the connection closed
- * between header and request). */
-static void
-conn_budget_unreserve (struct conn *c)
-{
-  if (c->reserved) {
-    atomic_fetch_sub (&c->srv->buf_charged, c->reserved);
-    c->reserved = 0;
-  }
-}
-
-/* Count r's buffer (at least need bytes: block status allocates later)
- * until conn_req_put, in place of what conn_budget_hdr_ready
- * reserved. */
-void
-conn_budget_charge (struct conn *c, struct req *r, size_t need)
-{
-  size_t n = MAX (r->buf_cap, need);
-
-  if (n > c->reserved)
-    atomic_fetch_add (&c->srv->buf_charged, n - c->reserved);
-  else if (n < c->reserved)
-    atomic_fetch_sub (&c->srv->buf_charged, c->reserved - n);
-  c->reserved = 0;
-  r->charged = n;
-  c->charged += n;
-}
-
-/* A request header in c->hdr waits for buffer budget: remember c so that
- * memory released by any connection retries it. */
-/* Whether lp has budget waiters, for the other loops (which post it
- * LOOP_CMD_BUDGET when they release memory). */
-static void
-conn_budget_waiters_changed (struct sloop *lp)
-{
-  bool now = lp->budget_waiters != NULL;
-
-  if (atomic_load (&lp->budget_waiting) == now)
-    return;
-  atomic_store (&lp->budget_waiting, now);
-  if (now)
-    atomic_fetch_add (&lp->srv->budget_waiting_loops, 1);
-  else
-    atomic_fetch_sub (&lp->srv->budget_waiting_loops, 1);
-}
-
-static void
-conn_budget_wait (struct conn *c)
-{
-  c->yielded = true; /* the header is read: feed an event when resumed */
-  if (c->budget_waiting)
-    return;
-  c->budget_waiting = true;
-  c->budget_next = c->lp->budget_waiters;
-  c->lp->budget_waiters = c;
-  conn_budget_waiters_changed (c->lp);
-}
-
-static void
-conn_budget_unwait (struct conn *c)
-{
-  struct conn **p = &c->lp->budget_waiters;
-
-  if (!c->budget_waiting)
-    return;
-  while (*p != c)
-    p = &(*p)->budget_next;
-  *p = c->budget_next;
-  c->budget_waiting = false;
-  conn_budget_waiters_changed (c->lp);
-}
-
-/* Memory was released: resume lp's waiters that fit now (conn_after_io
- * feeds them an input event).  The others keep waiting. */
-void
-conn_budget_wake (struct sloop *lp)
-{
-  struct conn **p = &lp->budget_waiters;
-
-  while (*p) {
-    struct conn *c = *p;
-
-    if (conn_budget_admit (c, conn_hdr_need (c))) {
-      *p = c->budget_next;
-      c->budget_waiting = false;
-      conn_mark_flush (c);
-    }
-    else
-      p = &c->budget_next;
-  }
-  conn_budget_waiters_changed (lp);
-}
-
-/* The header in c->hdr is complete: true if its request may go on now
- * (its buffer reserved), else c waits for budget (the header stays in
- * c->hdr). */
-bool
-conn_budget_hdr_ready (struct conn *c)
-{
-  if (conn_budget_reserve (c, conn_hdr_need (c)))
-    return true;
-  conn_budget_wait (c);
-  return false;
-}
-
-/* ---- input ------------------------------------------------------------- */
-
-/* One recv into buf.  A short one from a transport where that means the
- * socket is empty ends this wake-up's reading: the EAGAIN the next recv
- * would return costs a system call per wake-up, and the level-triggered
- * watcher reports anything that arrives meanwhile. */
-static ssize_t
-conn_recv (struct conn *c, void *buf, size_t len)
-{
-  ssize_t n = c->tops->recv (c, buf, len);
-
-  c->rdrained = c->tops->short_read_drains && n > 0 && (size_t) n < len;
-  return n;
-}
-
-/* Fill dst up to need bytes, *have counting what is there already (so a
- * state can resume after a partial read).  Serves buffered bytes first;
- * remainders of at least direct_min bytes are read straight into dst, the
- * others through rbuf (which reads ahead).  Returns IO_DONE, IO_AGAIN
- * (also when this wake-up's read budget is spent), IO_EOF or IO_ERR. */
-static enum io_res
-conn_read_into (struct conn *c, uint8_t *d, size_t need, size_t *have,
-                size_t direct_min)
-{
-  while (*have < need) {
-    size_t want = need - *have;
-    bool direct = want >= direct_min;
-    ssize_t n;
-
-    if (c->rpos < c->rlen) {
-      n = c->rlen - c->rpos < want ? c->rlen - c->rpos : want;
-      memcpy (d + *have, c->rbuf + c->rpos, n);
-      c->rpos += n;
-      *have += n;
-      continue;
-    }
-    if (c->rdrained)
-      return IO_AGAIN;          /* the socket watcher wakes us for more */
-    if (c->recvs_left == 0) {
-      c->yielded = true;
-      return IO_AGAIN;
-    }
-    c->recvs_left--;
-    if (direct)
-      n = conn_recv (c, d + *have, want);
-    else {
-      n = conn_recv (c, c->rbuf, CONN_RBUF_SIZE);
-      c->rpos = 0;
-      c->rlen = n > 0 ? (size_t) n : 0;
-    }
-    if (n == 0) {
-      c->eof = true;
-      return IO_EOF;
-    }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return IO_AGAIN;
-      log_debug ("conn %" PRIu64 ": recv: %m", c->id);
-      c->eof = true;
-      return IO_ERR;
-    }
-    conn_touch (c);
-    if (direct)
-      *have += n;
-  }
-  return IO_DONE;
-}
-
-enum io_res
-conn_read_exact (struct conn *c, void *dst, size_t need, size_t *have)
-{
-  return conn_read_into (c, dst, need, have, CONN_RBUF_SIZE / 2);
-}
-
-/* As conn_read_exact, but never reads ahead past dst: for folio memory,
- * where read-ahead would put the next piece's bytes through rbuf and a
- * copy (and, once out of step, nearly all of them). */
-enum io_res
-conn_read_direct (struct conn *c, void *dst, size_t need, size_t *have)
-{
-  return conn_read_into (c, dst, need, have, 1);
-}
-
-/* Discard *left bytes of input.  Same returns as conn_read_exact. */
-enum io_res
-conn_skip (struct conn *c, uint64_t *left)
-{
-  while (*left > 0) {
-    size_t got = 0;
-    size_t take;
-    enum io_res r;
-
-    if (c->rpos < c->rlen) {
-      take = c->rlen - c->rpos < *left ? c->rlen - c->rpos : *left;
-      c->rpos += take;
-      *left -= take;
-      continue;
-    }
-    /* Pull one byte through the normal path to refill rbuf. */
-    r = conn_read_exact (c, c->hdr, 1, &got);
-    if (r != IO_DONE)
-      return r;
-    (*left)--;
-  }
-  return IO_DONE;
-}
 
 static bool
 conn_output_pending (const struct conn *c)
@@ -463,7 +54,7 @@ conn_input_paused (const struct conn *c)
     return true;
   /* A header read, its buffer over budget: wait for replies to go. */
   if (c->state == CONN_TX_REQ_HDR && c->hdr_have == NBD_REQUEST_LEN
-      && !conn_budget_admit (c, conn_hdr_need (c)))
+      && !conn_budget_hdr_fits (c))
     return true;
   return false;
 }
@@ -500,8 +91,7 @@ conn_close (struct conn *c, const char *why)
   ev_io_stop (c->lp->loop, &c->io);
   ev_timer_stop (c->lp->loop, &c->hs_timer);
   ev_timer_stop (c->lp->loop, &c->idle_timer);
-  conn_budget_unwait (c);
-  conn_budget_unreserve (c);
+  conn_budget_drop (c);
   server_client_gone (c);
   c->io_events = 0;
   c->tops->close (c);
@@ -539,14 +129,14 @@ conn_run_steps (struct conn *c)
     if (r == STEP_NEXT)
       continue;
     if (r == STEP_CLOSE) {
-      if (c->eof && state_is_transmission (c->state)) {
+      if (c->eof && conn_state_is_transmission (c->state)) {
         /* The client went away (or half-closed): finish what it sent,
          * try to deliver the replies, then close. */
         log_debug ("conn %" PRIu64 ": end of input", c->id);
         conn_stop_input (c);
       }
       else {
-        if (state_is_handshake (c->state))
+        if (conn_state_is_handshake (c->state))
           STAT_ADD (c->lp, handshakes_failed, 1);
         conn_close (c, c->eof ? "client disconnected" : "protocol error");
       }
@@ -561,64 +151,6 @@ conn_run_input (struct conn *c)
 {
   conn_run_steps (c);
   pool_submit_flush (&c->srv->pool, &c->lp->batch);
-}
-
-/* ---- output ------------------------------------------------------------ */
-
-int
-conn_out_append (struct conn *c, const void *p, size_t n)
-{
-  if (n == 0)
-    return 0; /* p may be NULL */
-  if (c->hsout_sent == c->hsout_len)
-    c->hsout_sent = c->hsout_len = 0;
-  if (c->hsout_len + n > c->hsout_cap) {
-    size_t cap = c->hsout_cap ? c->hsout_cap : 4096;
-    uint8_t *nb;
-
-    while (cap < c->hsout_len + n)
-      cap *= 2;
-    nb = realloc (c->hsout, cap);
-    if (!nb)
-      return -1;
-    c->hsout = nb;
-    c->hsout_cap = cap;
-  }
-  memcpy (c->hsout + c->hsout_len, p, n);
-  c->hsout_len += n;
-  return 0;
-}
-
-void
-conn_mark_flush (struct conn *c)
-{
-  if (!c->in_flush_list) {
-    c->in_flush_list = true;
-    c->flush_next = c->lp->flush_list;
-    c->lp->flush_list = c;
-  }
-}
-
-void
-conn_queue_reply (struct conn *c, struct req *r)
-{
-  struct sloop *s = c->lp;
-
-  assert (r->niov > 0);
-  r->next = NULL;
-  if (c->sendq_tail)
-    c->sendq_tail->next = r;
-  else
-    c->sendq_head = r;
-  c->sendq_tail = r;
-  STAT_ADD (s, requests, 1);
-  if (r->error)
-    STAT_ADD (s, request_errors, 1);
-  else if (r->type == NBD_CMD_READ)
-    STAT_ADD (s, bytes_read, r->count);
-  else if (r->type == NBD_CMD_WRITE)
-    STAT_ADD (s, bytes_written, r->count);
-  conn_mark_flush (c);
 }
 
 /* Gather up to CONN_SEND_IOV pieces of pending output.  Returns count. */
@@ -751,7 +283,7 @@ conn_after_io (struct conn *c)
     conn_close (c, c->eof ? "client disconnected" : "done");
   else if (atomic_load_explicit (&c->srv->shutting_down,
                                  memory_order_relaxed)
-           && state_is_transmission (c->state)
+           && conn_state_is_transmission (c->state)
            && c->nactive == 0 && !conn_output_pending (c))
     conn_close (c, "server shutting down");
   if (c->state == CONN_DEAD) {
@@ -939,7 +471,7 @@ conn_begin_shutdown (struct conn *c, bool force)
 {
   if (c->state == CONN_DEAD)
     return;
-  if (force || state_is_handshake (c->state))
+  if (force || conn_state_is_handshake (c->state))
     conn_close (c, "server shutting down");
   conn_after_io (c);
 }

@@ -6,8 +6,8 @@
  *                              listeners and accept, signals, shutdown,
  *                              the status timer: it hands each accepted
  *                              socket to the least loaded connection
- *                              loop (loops.c) and never touches a
- *                              connection.
+ *                              loop (loop_hand_off, loop-mailbox.c) and
+ *                              never touches a connection.
  *   connection loops (--loops, one thread and libev loop each, named
  *                              foliod-loop/N) each own their
  *                              connections and every struct conn field
@@ -438,55 +438,76 @@ io_step (enum io_res r)
   }
 }
 
-/* server.c */
+static inline bool
+conn_state_is_handshake (enum conn_state st)
+{
+  return st <= CONN_HS_OPT_SKIP;
+}
+
+static inline bool
+conn_state_is_transmission (enum conn_state st)
+{
+  return st >= CONN_TX_REQ_HDR && st <= CONN_TX_REQ_DISCARD;
+}
+
+/* The files of src/server, lowest floor first: each calls only files
+ * below it (make check-layout; docs/internals.md, "src/server floors"). */
+
+/* loop-mailbox.c: other threads reach a loop (and a loop the main
+ * thread) through these; queues and counters only */
+void loop_req_done (void *opaque, struct req *r);
+void loop_post (struct sloop *lp, unsigned cmd);
+void loop_hand_off (struct server *s, int fd, const char *peer,
+                    const char *key);
+void loop_conn_gone (struct sloop *lp);
+void loop_check_gone (struct sloop *lp);
+
+/* admit.c: the export list and connections per client */
 struct export *server_find_export (struct server *s, const char *name);
 int server_client_admit (struct server *s, struct conn *c, const char *key);
 void server_client_gone (struct conn *c);
 
-/* loops.c: the connection loops */
-int loops_start (struct server *s);
-void loops_stop (struct server *s);
-void loops_free (struct server *s);
-void loop_hand_off (struct server *s, int fd, const char *peer,
-                    const char *key);
-void loop_post (struct sloop *lp, unsigned cmd);
-void loop_req_done (void *opaque, struct req *r);
-void loop_take_done (struct sloop *lp);
-void loop_conn_gone (struct sloop *lp);
-bool loops_all_gone (struct server *s);
-
-/* pool.c: a leaf; done runs on the worker for each executed request */
-int pool_start (struct pool *p, unsigned nthreads,
-                void (*done) (void *opaque, struct req *r), void *opaque);
-void pool_submit (struct pool_batch *b, struct req *r);
-void pool_submit_flush (struct pool *p, struct pool_batch *b);
-void pool_stop (struct pool *p);
-
-/* conn.c */
-void conn_new (struct sloop *lp, int fd, const char *peer,
-               const char *client_key);
+/* conn-io.c: a connection's state, buffered input and queued output */
 void conn_set_state (struct conn *c, enum conn_state st);
 const char *conn_state_name (enum conn_state st);
+void conn_touch (struct conn *c);
 enum io_res conn_read_exact (struct conn *c, void *dst, size_t need,
                              size_t *have);
 enum io_res conn_read_direct (struct conn *c, void *dst, size_t need,
                               size_t *have);
 enum io_res conn_skip (struct conn *c, uint64_t *left);
 int conn_out_append (struct conn *c, const void *p, size_t n);
-void conn_queue_reply (struct conn *c, struct req *r);
 void conn_mark_flush (struct conn *c);
-void conn_after_io (struct conn *c);
-void conn_flush_pending (struct sloop *lp);
-void conn_budget_wake (struct sloop *lp);
+void conn_queue_reply (struct conn *c, struct req *r);
+
+/* conn-budget.c: a connection's requests and their buffer budget */
 struct req *conn_req_get (struct conn *c);
 void conn_req_put (struct conn *c, struct req *r);
-bool conn_budget_admit (const struct conn *c, size_t need);
+bool conn_budget_hdr_fits (const struct conn *c);
 bool conn_budget_hdr_ready (struct conn *c);
 void conn_budget_charge (struct conn *c, struct req *r, size_t need);
-void conn_touch (struct conn *c);
-void conn_begin_shutdown (struct conn *c, bool force);
-void conn_maybe_free (struct conn *c);
-void conn_free (struct conn *c);
+void conn_budget_wake (struct sloop *lp);
+void conn_budget_drop (struct conn *c);
+
+/* execute.c: run on a worker (or on the loop for refused requests) */
+void req_execute (struct req *r);
+/* On the loop: execute r if the cache can without waiting (true, reply
+ * built), else false with r untouched, for a worker. */
+bool req_try_execute (struct req *r);
+/* Park a read that missed on an asynchronous backing read: true when
+ * issued (the request is then off the loop, as on a worker, until it
+ * comes back on the done list as REQ_FETCHED); false: run it on a
+ * worker. */
+bool req_fetch_start (struct req *r);
+void req_build_reply (struct req *r);
+
+/* pool.c: the workers, which run req_execute; done runs on the worker
+ * for each executed request */
+int pool_start (struct pool *p, unsigned nthreads,
+                void (*done) (void *opaque, struct req *r), void *opaque);
+void pool_submit (struct pool_batch *b, struct req *r);
+void pool_submit_flush (struct pool *p, struct pool_batch *b);
+void pool_stop (struct pool *p);
 
 /* handshake.c: input steps of the handshake states */
 void hs_start (struct conn *c);
@@ -500,16 +521,20 @@ enum step tx_step_req_hdr (struct conn *c);
 enum step tx_step_req_payload (struct conn *c);
 enum step tx_step_req_discard (struct conn *c);
 
-/* execute.c: run on a worker (or on the loop for refused requests) */
-void req_execute (struct req *r);
-/* On the loop: execute r if the cache can without waiting (true, reply
- * built), else false with r untouched, for a worker. */
-bool req_try_execute (struct req *r);
-/* Park a read that missed on an asynchronous backing read: true when
- * issued (the request is then off the loop, as on a worker, until it
- * comes back on the done list as REQ_FETCHED); false: run it on a
- * worker. */
-bool req_fetch_start (struct req *r);
-void req_build_reply (struct req *r);
+/* conn.c: the connection driver (life cycle, input steps, sending) */
+void conn_new (struct sloop *lp, int fd, const char *peer,
+               const char *client_key);
+void conn_after_io (struct conn *c);
+void conn_flush_pending (struct sloop *lp);
+void conn_begin_shutdown (struct conn *c, bool force);
+void conn_maybe_free (struct conn *c);
+void conn_free (struct conn *c);
+
+/* loops.c: the connection loops (threads, wake-up, the done list) */
+int loops_start (struct server *s);
+void loops_stop (struct server *s);
+void loops_free (struct server *s);
+void loop_take_done (struct sloop *lp);
+bool loops_all_gone (struct server *s);
 
 #endif /* FOLIOD_SERVER_INTERNAL_H */

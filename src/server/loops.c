@@ -2,13 +2,13 @@
  * own connections (internal.h, "Threading model").
  *
  * The main thread accepts (listen.c) and hands each socket to the loop
- * that owns the fewest connections (loop_hand_off).  Everything else
- * that reaches a loop from another thread comes the same way: put on
- * the loop's lists under its lock (a leaf), then one ev_async_send.
- * The loop's one async watcher (loop_wake_cb) then adopts the new
- * sockets, answers the requests workers and backings finished (the done
- * list) and runs the main thread's commands (shutdown, buffer budget
- * released elsewhere, exit).
+ * that owns the fewest connections (loop_hand_off).  That and everything
+ * else that reaches a loop from another thread goes through the loop's
+ * mailbox (loop-mailbox.c): its lists under its lock (a leaf), then one
+ * ev_async_send.  The loop's one async watcher (loop_wake_cb, here) then
+ * adopts the new sockets, answers the requests workers and backings
+ * finished (the done list) and runs the main thread's commands
+ * (shutdown, buffer budget released elsewhere, exit).
  *
  * Shutdown: server_shutdown (main thread) stops accepting and posts
  * LOOP_CMD_SHUTDOWN to every loop, which lets its connections finish
@@ -22,32 +22,10 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "foliod/util.h"
 #include "server/internal.h"
-#include "server/log.h"
-
-/* Worker or backing thread (the pool's done callback, and a parked
- * miss's completion): hand an executed request back to the loop that
- * owns its connection. */
-void
-loop_req_done (void *opaque, struct req *r)
-{
-  struct sloop *lp = r->conn->lp;
-
-  (void) opaque;
-  r->next = NULL;
-  lock_or_die (&lp->lock);
-  if (lp->done_tail)
-    lp->done_tail->next = r;
-  else
-    lp->done_head = r;
-  lp->done_tail = r;
-  unlock_or_die (&lp->lock);
-  ev_async_send (lp->loop, &lp->wake);
-}
 
 /* Queue one executed request's reply (or drop it if its connection is
  * gone). */
@@ -102,24 +80,6 @@ loop_take_done (struct sloop *lp)
   conn_flush_pending (lp);
 }
 
-/* The loop lost a connection, or refused one: during a shutdown, the
- * main thread checks whether every loop is empty now. */
-static void
-loop_check_gone (struct sloop *lp)
-{
-  struct server *s = lp->srv;
-
-  if (atomic_load (&s->shutting_down) && !lp->conns)
-    ev_async_send (s->loop, &s->gone_async);
-}
-
-void
-loop_conn_gone (struct sloop *lp)
-{
-  atomic_fetch_sub (&lp->nconns, 1);
-  loop_check_gone (lp);
-}
-
 static void
 loop_shutdown_conns (struct sloop *lp, bool force)
 {
@@ -160,60 +120,6 @@ loop_wake_cb (struct ev_loop *loop, ev_async *w, int revents)
   loop_check_gone (lp);
   if (cmd & LOOP_CMD_EXIT)
     ev_break (loop, EVBREAK_ALL);
-}
-
-void
-loop_post (struct sloop *lp, unsigned cmd)
-{
-  lock_or_die (&lp->lock);
-  lp->cmd |= cmd;
-  unlock_or_die (&lp->lock);
-  ev_async_send (lp->loop, &lp->wake);
-}
-
-/* Connections lp owns or is about to adopt. */
-static unsigned
-loop_load (struct sloop *lp)
-{
-  return atomic_load (&lp->nconns) + atomic_load (&lp->nqueued);
-}
-
-/* Main thread: give an accepted socket to the loop that owns the fewest
- * connections (ties: the next one round the ring).  That loop checks the
- * limits when it adopts it (conn_new). */
-void
-loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
-{
-  struct sloop *best = &s->loops[s->next_loop++ % s->nloops];
-  unsigned best_load = loop_load (best);
-  struct handoff *h;
-
-  for (unsigned k = 1; k < s->nloops; k++) {
-    struct sloop *lp = &s->loops[(s->next_loop - 1 + k) % s->nloops];
-    unsigned load = loop_load (lp);
-
-    if (load < best_load) {
-      best = lp;
-      best_load = load;
-    }
-  }
-  if (!(h = calloc (1, sizeof *h))) {
-    log_error ("refusing connection from %s: out of memory", peer);
-    close (fd);
-    return;
-  }
-  h->fd = fd;
-  snprintf (h->peer, sizeof h->peer, "%s", peer);
-  snprintf (h->key, sizeof h->key, "%s", key);
-  atomic_fetch_add (&best->nqueued, 1);
-  lock_or_die (&best->lock);
-  if (best->in_tail)
-    best->in_tail->next = h;
-  else
-    best->in_head = h;
-  best->in_tail = h;
-  unlock_or_die (&best->lock);
-  ev_async_send (best->loop, &best->wake);
 }
 
 bool
