@@ -96,10 +96,17 @@ file_probe_format (int fd, uint64_t size, const char *path, char *err,
   }
   if (!fmt)
     return 0;
-  snprintf (err, errlen, "%s: a %s image, not a raw disk: clients would "
-            "see the %s file, not the disk in it; convert it (qemu-img "
-            "convert -f %s -O raw %s NEW.raw), or set format=raw to serve "
-            "its bytes anyway", path, fmt, fmt, fmt, path);
+  /* The advice never names qemu-img convert: the header may be a
+   * client's (a guest writes what it likes into its own raw disk), and a
+   * qcow2 header can name a backing file, which a conversion would read
+   * into the copy (a host file served back to the guest). */
+  snprintf (err, errlen, "%s: holds a %s image header, not a raw disk "
+            "(clients would see the %s file, not a disk in it). An "
+            "image known to be raw (a client may have written this header "
+            "into its own disk) is served with format=raw. Otherwise check "
+            "it first: if 'qemu-img info %s' shows a backing file, anything "
+            "qemu makes from this image reads that file too", path, fmt, fmt,
+            path);
   errno = EMEDIUMTYPE;
   return -1;
 }
