@@ -915,7 +915,8 @@ daemon_config_check_formats (struct daemon_config *c)
     /* A file that cannot be read: export_check_file said why, or start
      * will (it cannot open it either). */
     if (backing_file_probe (full ? full : path, err, sizeof err) == 1) {
-      export_report (e, "not served (the other exports are): %s", err);
+      export_report (e, "not served%s: %s", c->n_exports > 1 ?
+                     " (the other exports are)" : "", err);
       refused++;
     }
     free (full);

@@ -517,8 +517,8 @@ exports_open (struct daemon *d)
     int known = served_before (cfg, e, path);
     e->ex = export_open (&e->cfg, err, sizeof err);
     if (e->ex == NULL && errno == EMEDIUMTYPE) {
-      log_error ("export %s (%s): not served (the other exports are): %s",
-                 e->cfg.name, e->where, err);
+      log_error ("export %s (%s): not served%s: %s", e->cfg.name, e->where,
+                 n > 1 ? " (the other exports are)" : "", err);
       if (i == def)
         server_no_default_export (d->server);
       export_config_free (&e->cfg);
