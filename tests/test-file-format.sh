@@ -1,9 +1,11 @@
 #!/bin/bash
 # Image format probe (issue 26): a file backing holding an image format
-# qemu knows is refused with the format and the ways out named (qemu-img
-# convert, format=raw); format=raw serves its bytes as they are; raw
+# qemu knows is refused with the format and the ways out named (format=raw;
+# qemu-img info to see a backing file first, never qemu-img convert, which
+# would follow it: issue 34); format=raw serves its bytes as they are; raw
 # images (zeroes, or data that starts like a boot sector) are served.
-# The nbdkit plugin's refusal: tests/test-plugin-config.sh.
+# The nbdkit plugin's refusal: tests/test-plugin-config.sh; images a
+# client wrote a header into: tests/test-file-format-written.sh.
 . "$(dirname "$0")/lib.sh"
 lib_init file-format
 requires qemu-img nbdinfo
@@ -11,14 +13,16 @@ requires qemu-img nbdinfo
 for fmt in qcow2 vmdk vdi vhdx vpc qed; do
   img=$tmp/disk.$fmt
   qemu-img create -q -f "$fmt" "$img" 64M || fail "qemu-img create -f $fmt"
-  start_refused "$fmt" "$img: a $fmt image, not a raw disk" \
+  start_refused "$fmt" "$img: holds a $fmt image header, not a raw disk" \
     --export "disk0=file:$img"
-  grep -qF "qemu-img convert -f $fmt -O raw" "$tmp/refused.out" ||
-    fail "$fmt: the message does not say how to convert: $(cat "$tmp/refused.out")"
+  grep -qF "qemu-img info $img' shows a backing file" "$tmp/refused.out" ||
+    fail "$fmt: the message does not say what to check: $(cat "$tmp/refused.out")"
+  grep -qF "qemu-img convert" "$tmp/refused.out" &&
+    fail "$fmt: the message suggests qemu-img convert: $(cat "$tmp/refused.out")"
   grep -qF "format=raw" "$tmp/refused.out" ||
     fail "$fmt: the message does not name format=raw: $(cat "$tmp/refused.out")"
   echo "$fmt: $(grep -F "a $fmt image" "$tmp/refused.out")"
-  start_refused "$fmt, read-only" "a $fmt image" \
+  start_refused "$fmt, read-only" "a $fmt image header" \
     --export "disk0=file:$img,read-only=true"
   # format=raw: the bytes as they are, the file's size.
   start_foliod --export "disk0=file:$img,format=raw"
@@ -31,7 +35,7 @@ done
 # A fixed VHD: raw data, then a footer in the last sector.
 img=$tmp/fixed.vpc
 qemu-img create -q -f vpc -o subformat=fixed "$img" 16M || fail "qemu-img create fixed vpc"
-start_refused "fixed vpc" "a vpc image" --export "disk0=file:$img"
+start_refused "fixed vpc" "a vpc image header" --export "disk0=file:$img"
 
 # Raw images are served: all zeroes, and a boot sector's signature.
 truncate -s 16M "$tmp/zero.img"

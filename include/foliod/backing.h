@@ -199,7 +199,8 @@ struct backing_opts {
 
 /* Open a backing from a spec: "file:PATH" (or a bare path), "nbd://...",
  * "nbds://...", "nbd+unix://...", "nbds+unix://...", "rbd:POOL/IMAGE".  On failure returns
- * NULL and writes a one-line reason into err. */
+ * NULL and writes a one-line reason into err; errno is EMEDIUMTYPE when a
+ * file holds an image format (the probe, unless format_raw). */
 struct backing *backing_open (const char *spec, const struct backing_opts *o,
                               char *err, size_t errlen) FOLIOD_WUR;
 
@@ -207,6 +208,12 @@ struct backing *backing_open (const char *spec, const struct backing_opts *o,
 struct backing *backing_file_open (const char *path,
                                    const struct backing_opts *o,
                                    char *err, size_t errlen) FOLIOD_WUR;
+/* The format probe of a file backing alone (foliod --check-config): 0 when
+ * path holds no image format qemu knows, 1 when it does (the refusal
+ * backing_file_open would give, in err, errno EMEDIUMTYPE), -1 when it
+ * cannot be read (the reason in err). */
+int backing_file_probe (const char *path, char *err, size_t errlen)
+  FOLIOD_WUR;
 struct backing *backing_nbd_open (const char *uri,
                                   const struct backing_opts *o,
                                   char *err, size_t errlen) FOLIOD_WUR;

@@ -97,7 +97,9 @@ struct export {
                             * pool's lock) */
 };
 
-/* Open the backing, the store and the cache.  NULL with a reason in err. */
+/* Open the backing, the store and the cache.  NULL with a reason in err;
+ * errno EMEDIUMTYPE when the file backing holds an image format (its
+ * probe refused it: see format=raw). */
 struct export *export_open (const struct export_config *cfg, char *err,
                             size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
 

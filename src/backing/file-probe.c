@@ -8,9 +8,16 @@
  * formats qemu knows, and such a file is refused unless format=raw says
  * the bytes are what the client should see.  The signatures are those of
  * the published format specifications; qemu's probes look for the same.
+ *
+ * A client writes what it likes into its own disk, a signature included
+ * (qemu-img create -f qcow2 nbd://..., cryptsetup luksFormat): an image
+ * foliod has served writable must never be probed again (qemu's
+ * CVE-2008-2004).  The daemon remembers those and sets format_raw for
+ * them (src/daemon/served.c); the probe itself knows nothing of it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,10 +103,40 @@ file_probe_format (int fd, uint64_t size, const char *path, char *err,
   }
   if (!fmt)
     return 0;
-  snprintf (err, errlen, "%s: a %s image, not a raw disk: clients would "
-            "see the %s file, not the disk in it; convert it (qemu-img "
-            "convert -f %s -O raw %s NEW.raw), or set format=raw to serve "
-            "its bytes anyway", path, fmt, fmt, fmt, path);
+  /* The advice never names qemu-img convert: the header may be a
+   * client's (a guest writes what it likes into its own raw disk), and a
+   * qcow2 header can name a backing file, which a conversion would read
+   * into the copy (a host file served back to the guest). */
+  snprintf (err, errlen, "%s: holds a %s image header, not a raw disk "
+            "(clients would see the %s file, not a disk in it). An "
+            "image known to be raw (a client may have written this header "
+            "into its own disk) is served with format=raw. Otherwise check "
+            "it first: if 'qemu-img info %s' shows a backing file, anything "
+            "qemu makes from this image reads that file too", path, fmt, fmt,
+            path);
   errno = EMEDIUMTYPE;
   return -1;
+}
+
+int
+backing_file_probe (const char *path, char *err, size_t errlen)
+{
+  int fd = open (path, O_RDONLY | O_CLOEXEC), r, saved;
+  off_t size;
+
+  if (fd == -1) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    return -1;
+  }
+  size = lseek (fd, 0, SEEK_END);
+  if (size == -1) {
+    snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    close (fd);
+    return -1;
+  }
+  r = file_probe_format (fd, (uint64_t) size, path, err, errlen);
+  saved = errno;
+  close (fd);
+  errno = saved;
+  return r == 0 ? 0 : saved == EMEDIUMTYPE ? 1 : -1;
 }

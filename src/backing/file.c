@@ -880,7 +880,11 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   return &fb->b;
 
  fail:
-  file_close (&fb->b);
+  {
+    int saved = errno;   /* EMEDIUMTYPE from the probe: callers look */
+    file_close (&fb->b);
+    errno = saved;
+  }
   return NULL;
 }
 

@@ -304,8 +304,11 @@ config_load (struct daemon_config *c, const char *file)
   return r;
 }
 
+/* FILE with the other options of the command line (--state-dir as the
+ * unit gives it), as start would see it: the same errors, and the exports
+ * start would refuse to serve (an image format) named as start names them. */
 static int
-check_config (const char *file)
+check_config (const char *file, struct cli_args *a)
 {
   struct daemon_config c;
   int r;
@@ -313,7 +316,11 @@ check_config (const char *file)
   daemon_config_init (&c);
   r = config_load (&c, file);
   if (r == 0)
+    r = apply_args (a, &c);
+  if (r == 0)
     r = daemon_config_check (&c);
+  if (r == 0 && daemon_config_check_formats (&c) > 0)
+    r = -1;
   if (r == 0)
     printf ("%s: OK (%zu export%s)\n", file, c.n_exports,
             c.n_exports == 1 ? "" : "s");
@@ -531,7 +538,7 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
     r = -1;
   }
   if (r == 0 && cli->check_config)
-    r = check_config (cli->check_config);
+    r = check_config (cli->check_config, &a);
   if (r == 0) {
     if (cli->config_file)
       r = config_load (c, cli->config_file);

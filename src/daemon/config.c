@@ -668,10 +668,8 @@ daemon_config_load (struct daemon_config *c, const char *name,
 
 /* ---- --export NAME=BACKING[,key=value...] ---------------------------- */
 
-/* The path of a file backing spec (file:PATH, file://PATH or a plain
- * path), NULL for other schemes: the rule of backing_open. */
-static const char *
-backing_file_path (const char *spec)
+const char *
+backing_spec_file_path (const char *spec)
 {
   const char *sep;
 
@@ -690,7 +688,7 @@ backing_file_path (const char *spec)
 static char *
 absolute_backing (const char *spec)
 {
-  const char *path = backing_file_path (spec);
+  const char *path = backing_spec_file_path (spec);
   char cwd[PATH_MAX], *out;
 
   if (path == NULL || path[0] == '/' || getcwd (cwd, sizeof cwd) == NULL)
@@ -819,7 +817,7 @@ exports_create_missing (struct daemon_config *c)
 {
   for (size_t i = 0; i < c->n_exports; i++) {
     struct daemon_export *e = &c->exports[i];
-    const char *path = backing_file_path (e->cfg.backing);
+    const char *path = backing_spec_file_path (e->cfg.backing);
     int fd;
     if (e->create_size == 0 || path == NULL)
       continue;
@@ -872,7 +870,7 @@ export_report (const struct daemon_export *e, const char *fmt, ...)
 static int
 export_check_file (const struct daemon_config *c, const struct daemon_export *e)
 {
-  const char *path = e->cfg.backing ? backing_file_path (e->cfg.backing) : NULL;
+  const char *path = e->cfg.backing ? backing_spec_file_path (e->cfg.backing) : NULL;
   char *full = NULL;
   struct stat st;
   int r = 0;
@@ -897,6 +895,33 @@ export_check_file (const struct daemon_config *c, const struct daemon_export *e)
   }
   free (full);
   return r;
+}
+
+unsigned
+daemon_config_check_formats (struct daemon_config *c)
+{
+  unsigned refused = 0;
+
+  for (size_t i = 0; i < c->n_exports; i++) {
+    const struct daemon_export *e = &c->exports[i];
+    const char *path = backing_spec_file_path (e->cfg.backing);
+    char *full = NULL, err[1024];
+    if (path == NULL || e->cfg.bopts.format_raw ||
+        served_writable_known (c->state_dir, path))
+      continue;
+    if (path[0] != '/' && c->state_dir &&
+        asprintf (&full, "%s/%s", c->state_dir, path) < 0)
+      continue;
+    /* A file that cannot be read: export_check_file said why, or start
+     * will (it cannot open it either). */
+    if (backing_file_probe (full ? full : path, err, sizeof err) == 1) {
+      export_report (e, "not served%s: %s", c->n_exports > 1 ?
+                     " (the other exports are)" : "", err);
+      refused++;
+    }
+    free (full);
+  }
+  return refused;
 }
 
 /* Physical memory and swap of this host in bytes (ram 0: unknown). */

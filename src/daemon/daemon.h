@@ -112,6 +112,26 @@ int exports_create_missing (struct daemon_config *c);
  * duplicate names).  Prints reasons; returns 0 or -1. */
 int daemon_config_check (struct daemon_config *c);
 
+/* --check-config only: the exports start would not serve because their
+ * file holds an image format (the probe, see served.c), each reported as
+ * start logs it.  Returns how many. */
+unsigned daemon_config_check_formats (struct daemon_config *c);
+
+/* The path of a file backing spec (file:PATH, file://PATH or a plain
+ * path), NULL for other schemes: the rule of backing_open. */
+const char *backing_spec_file_path (const char *spec);
+
+/* served.c: images foliod has served writable, remembered in the state
+ * directory, are never probed for an image format again (a client writes
+ * what it likes into its disk).  dir is the state directory ("." once the
+ * daemon runs in it; NULL: none, nothing is remembered), path the backing
+ * path as configured (a relative one lies in dir). */
+#define SERVED_DIR "served-writable"
+int served_writable_known (const char *dir, const char *path);
+/* Remember it, synced.  0, or -1 with a reason in err. */
+int served_writable_remember (const char *dir, const char *path, char *err,
+                              size_t errlen);
+
 /* Split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".  Writes host (may be
  * empty: any address) and port.  0 or -1. */
 int parse_listen (const char *s, char *host, size_t hostlen,

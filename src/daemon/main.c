@@ -48,6 +48,7 @@ struct daemon {
   uint64_t stop_deadline;    /* now_ms(): writeback ends by then (0: none) */
   int ready_fd;              /* detaching: tells the parent we are up */
   int pidfile_written;
+  size_t refused;            /* exports not served: an image format */
   char where[1024];          /* "127.0.0.1:10809, /run/foliod.sock" */
 };
 
@@ -81,11 +82,12 @@ update_status (struct daemon *d)
 
   server_get_stats (d->server, &ss);
   sd_notifyf ("STATUS=Serving %zu export%s on %s; %llu connection%s; "
-              "%llu KiB dirty", d->cfg->n_exports,
+              "%llu KiB dirty%s", d->cfg->n_exports,
               d->cfg->n_exports == 1 ? "" : "s", d->where,
               (unsigned long long) ss.connections_now,
               ss.connections_now == 1 ? "" : "s",
-              (unsigned long long) dirty_bytes_total (d->cfg) / 1024);
+              (unsigned long long) dirty_bytes_total (d->cfg) / 1024,
+              d->refused ? "; some exports NOT served (see the log)" : "");
 }
 
 /* Writes in doubt (backing_ops.clear_doubt) stop every flush of their
@@ -447,25 +449,105 @@ log_store (const struct daemon_export *e)
                (unsigned long long) si.lost_bytes);
 }
 
+/* The index of the export that answers the empty name: the one named "",
+ * else the first (server_add_exports adds them in that order). */
+static size_t
+default_export (const struct daemon_config *cfg)
+{
+  for (size_t i = 0; i < cfg->n_exports; i++)
+    if (cfg->exports[i].cfg.name[0] == '\0')
+      return i;
+  return 0;
+}
+
+/* An image foliod served writable is never probed for a format again
+ * (served.c): open it as format=raw.  1 when it is one of those. */
 static int
-exports_open (struct daemon_config *cfg)
+served_before (const struct daemon_config *cfg, struct daemon_export *e,
+               const char *path)
+{
+  if (path == NULL || cfg->state_dir == NULL ||
+      !served_writable_known (".", path))
+    return 0;
+  if (!e->cfg.bopts.format_raw)
+    log_info ("export %s: %s was served writable before: not probed for an "
+              "image format (its client writes what it likes into it)",
+              e->cfg.name, path);
+  e->cfg.bopts.format_raw = 1;
+  return 1;
+}
+
+/* Writable from now on: remember it before any client can write. */
+static void
+served_remember (const struct daemon_config *cfg, struct daemon_export *e,
+                 const char *path)
 {
   char err[512];
 
-  for (size_t i = 0; i < cfg->n_exports; i++) {
+  if (path == NULL || e->ex->read_only)
+    return;
+  if (cfg->state_dir == NULL) {
+    log_debug ("export %s: no state-dir: foliod cannot remember serving %s "
+               "writable (a header a client writes into it would be "
+               "refused at the next start)", e->cfg.name, path);
+    return;
+  }
+  if (served_writable_remember (".", path, err, sizeof err) == -1)
+    log_warn ("export %s: cannot remember in the state directory that %s "
+              "is served writable (%s): if a client writes an image header "
+              "into it, the next start will refuse it (then serve it with "
+              "format=raw)", e->cfg.name, path, err);
+}
+
+/* Open every export.  One whose file holds an image format (the probe
+ * refused it) is not served, loudly, and the others are: that refusal
+ * must not take down every other client's disk.  Any other failure stops
+ * the start.  0, or -1 (logged). */
+static int
+exports_open (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  size_t n = cfg->n_exports, def = default_export (cfg), kept = 0, i;
+  char err[1024];
+  int r = 0;
+
+  for (i = 0; i < n; i++) {
     struct daemon_export *e = &cfg->exports[i];
+    const char *path = backing_spec_file_path (e->cfg.backing);
+    int known = served_before (cfg, e, path);
     e->ex = export_open (&e->cfg, err, sizeof err);
+    if (e->ex == NULL && errno == EMEDIUMTYPE) {
+      log_error ("export %s (%s): not served%s: %s", e->cfg.name, e->where,
+                 n > 1 ? " (the other exports are)" : "", err);
+      if (i == def)
+        server_no_default_export (d->server);
+      export_config_free (&e->cfg);
+      d->refused++;
+      continue;
+    }
     if (e->ex == NULL) {
       log_error ("export %s (%s): %s", e->cfg.name, e->where, err);
-      return -1;
+      r = -1;
+      break;
     }
+    if (!known)
+      served_remember (cfg, e, path);
     log_info ("export %s: %s, %llu bytes%s", e->cfg.name, e->cfg.backing,
               (unsigned long long) e->ex->size,
               e->ex->read_only ? ", read-only" : "");
     log_store (e);
     log_direct (e);
+    cfg->exports[kept++] = *e;
   }
-  return 0;
+  /* Those not reached stay, to be freed with the rest. */
+  for (; i < n; i++)
+    cfg->exports[kept++] = cfg->exports[i];
+  cfg->n_exports = kept;
+  if (r == 0 && kept == 0) {
+    log_error ("no export can be served");
+    r = -1;
+  }
+  return r;
 }
 
 /* "listen ADDR: ERR"; err names the address it tried, so when that is
@@ -678,6 +760,10 @@ announce_ready (struct daemon *d)
 {
   log_info ("ready: %zu export%s on %s", d->cfg->n_exports,
             d->cfg->n_exports == 1 ? "" : "s", d->where);
+  if (d->refused)
+    log_error ("%zu export%s NOT served: %s holds an image format (see "
+               "above)", d->refused, d->refused == 1 ? "" : "s",
+               d->refused == 1 ? "its file" : "their files");
   sd_notifyf ("READY=1\nMAINPID=%d", (int) getpid ());
   update_status (d);
   if (log_redirect (d) == -1)
@@ -722,7 +808,7 @@ daemon_start (struct daemon *d)
   }
   if (server_start (d) == -1)
     return -1;
-  if (exports_create_missing (cfg) == -1 || exports_open (cfg) == -1 ||
+  if (exports_create_missing (cfg) == -1 || exports_open (d) == -1 ||
       server_add_exports (d) == -1)
     return -1;
   if (cfg->control) {

@@ -139,12 +139,16 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   return e;
 
  fail:
-  store_destroy (e->store);   /* closing it unlocks it; nothing is lost */
-  if (e->backing)
-    backing_close (e->backing);
-  free (e->name);
-  free (e->description);
-  free (e);
+  {
+    int saved = errno;       /* EMEDIUMTYPE: the format probe refused */
+    store_destroy (e->store); /* closing it unlocks it; nothing is lost */
+    if (e->backing)
+      backing_close (e->backing);
+    free (e->name);
+    free (e->description);
+    free (e);
+    errno = saved;
+  }
   return NULL;
 }
 

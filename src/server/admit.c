@@ -36,11 +36,17 @@ server_add_export (struct server *s, struct export *e)
   return 0;
 }
 
+void
+server_no_default_export (struct server *s)
+{
+  s->no_default = 1;
+}
+
 struct export *
 server_find_export (struct server *s, const char *name)
 {
   if (!*name)
-    return s->nexports ? s->exports[0] : NULL; /* the default export */
+    return s->nexports && !s->no_default ? s->exports[0] : NULL; /* default */
   for (size_t i = 0; i < s->nexports; i++)
     if (strcmp (s->exports[i]->name, name) == 0)
       return s->exports[i];

@@ -399,6 +399,7 @@ struct server {
 
   struct export **exports;
   size_t nexports;
+  int no_default;                /* the empty name finds no export */
 
   struct listener *listeners;
   struct sloop *loops;           /* nloops connection loops */

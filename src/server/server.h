@@ -94,6 +94,11 @@ struct server *server_new (struct ev_loop *loop,
  * Returns 0, or -1 with errno (EEXIST for a duplicate name). */
 int server_add_export (struct server *s, struct export *e);
 
+/* No export answers the empty name: the one that would (named "", or
+ * configured first) could not be opened, and the next one is another
+ * client's disk.  Before the first server_add_export. */
+void server_no_default_export (struct server *s);
+
 /* Listen on host:port (host NULL or "" = all addresses, IPv4 and IPv6;
  * "::1", "127.0.0.1", names: every address getaddrinfo returns).
  * Returns 0, or -1 with a reason in err. */

@@ -706,24 +706,36 @@ test_probe_formats (void **state)
 #undef C
   };
   struct fx *f = *state;
-  char err[512], want[64];
+  char err[1024], want[64];
   struct backing *b;
   static const char zeroes[64];
 
   b = try_open (f->path, 0, 0, 0, err, sizeof err);
   assert_non_null (b);          /* zeroes: raw */
   backing_close (b);
+  assert_int_equal (backing_file_probe (f->path, err, sizeof err), 0);
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     put (f, cases[i].off, cases[i].m, cases[i].n);
     for (int ro = 0; ro < 2; ro++) {
+      errno = 0;
       b = try_open (f->path, ro, 0, 0, err, sizeof err);
       if (b)
         fail_msg ("a %s image was opened", cases[i].fmt);
+      if (errno != EMEDIUMTYPE)    /* the daemon serves the others then */
+        fail_msg ("%s: errno %d, not EMEDIUMTYPE", cases[i].fmt, errno);
+      /* The advice: format=raw, and qemu-img info for a backing file
+       * first; never qemu-img convert, which follows it (issue 34). */
       snprintf (want, sizeof want, "a %s image", cases[i].fmt);
       if (!strstr (err, want) || !strstr (err, f->path) ||
-          !strstr (err, "format=raw") || !strstr (err, "qemu-img convert"))
+          !strstr (err, "format=raw") || !strstr (err, "qemu-img info") ||
+          !strstr (err, "backing file") || strstr (err, "qemu-img convert"))
         fail_msg ("%s: %s", cases[i].fmt, err);
     }
+    /* --check-config's probe says the same. */
+    assert_int_equal (backing_file_probe (f->path, err, sizeof err), 1);
+    snprintf (want, sizeof want, "a %s image", cases[i].fmt);
+    if (!strstr (err, want))
+      fail_msg ("backing_file_probe %s: %s", cases[i].fmt, err);
     b = try_open (f->path, 0, 0, 1, err, sizeof err);
     assert_non_null (b);        /* format=raw */
     backing_close (b);
