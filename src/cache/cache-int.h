@@ -253,7 +253,7 @@ struct cache {
   struct readahead *ra;     /* NULL: no readahead (readahead.c) */
 };
 
-/* --- the store's persistence (cache.c); no-ops on the ram store --- */
+/* --- the store's persistence (persist.c); no-ops on the ram store --- */
 /* Blocks [start, end) of f's data, then f's bits. */
 void folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
                          uint32_t end);
