@@ -368,11 +368,23 @@ struct folio *lru_evict_locked (struct cache *c, bool ra);
  * its state reset and its slot told (c->lock and f's stripe held). */
 void folio_uncache_locked (struct cache *c, struct folio *f);
 
-/* --- locking and windows (window.c) --- */
+/* --- the folio map (fmap.c): stripes, lookup, the writeback mark --- */
 /* Lock or unlock the stripes of folios [start, end). */
 void range_lock (struct cache *c, uint64_t start, uint64_t end);
 void range_unlock (struct cache *c, uint64_t start, uint64_t end);
 pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
+/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
+ * index lock: this is the hit path's lookup). */
+struct folio *folio_lookup (struct cache *c, uint64_t fi);
+/* f (its index set) goes into or out of its bucket; its stripe held. */
+void bucket_add (struct cache *c, struct folio *f);
+void bucket_del (struct cache *c, struct folio *f);
+/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
+void wb_wait_folio (struct cache *c, uint64_t fi);
+/* The first folio of the locked window w under writeback, or UINT64_MAX. */
+uint64_t wb_window_busy (struct cache *c, const struct window *w);
+
+/* --- windows (window.c) --- */
 /* Lock folios [start, end) and look them up; with alloc, create the
  * missing ones (evicting clean folios, waiting for writeback if needed).
  * Returns 0 with the range locked, or -1/errno with nothing held. */
@@ -395,9 +407,6 @@ void window_end (struct cache *c, struct window *w);
  * stripes held keep anyone else from creating them meanwhile).  What a
  * CACHE_NOWAIT write uses once it knows it can finish: it never evicts. */
 int window_alloc_free (struct cache *c, struct window *w);
-/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
- * index lock: this is the hit path's lookup). */
-struct folio *folio_lookup (struct cache *c, uint64_t fi);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);
@@ -558,10 +567,6 @@ enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
  * and end the folios' writeback.  0 or -1/errno (first error; the blocks
  * of a failed run stay dirty). */
 int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
-/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
-void wb_wait_folio (struct cache *c, uint64_t fi);
-/* The first folio of the locked window w under writeback, or UINT64_MAX. */
-uint64_t wb_window_busy (struct cache *c, const struct window *w);
 /* One pass over the dirty folios (caller holds wb_mutex), walked with the
  * helpers (wb-walk.c).  all: write everything (flush); else only what the
  * background policy wants, starting at the cursor.  flags go with every

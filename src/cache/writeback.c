@@ -277,34 +277,6 @@ wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags)
   return 0;
 }
 
-void
-wb_wait_folio (struct cache *c, uint64_t fi)
-{
-  pthread_mutex_t *m = stripe_of (c, fi);
-  struct folio *f;
-
-  lock_or_die (m);
-  /* Looked up again after every wait: once its writeback ended, the
-   * folio may have been evicted and its slot may hold another folio
-   * (of another stripe) under writeback.  The I/O is bounded by the
-   * backing's timeouts; the wait rechecks every second all the same. */
-  while ((f = folio_lookup (c, fi)) != NULL && f->writeback)
-    cond_wait_ms (&c->stripes[fi % NSTRIPES].wb_done, m, 1000);
-  unlock_or_die (m);
-}
-
-uint64_t
-wb_window_busy (struct cache *c, const struct window *w)
-{
-  (void) c;
-  for (uint64_t fi = w->start; fi < w->end; fi++) {
-    const struct folio *f = w->f[fi - w->start];
-    if (f != NULL && f->writeback)
-      return fi;
-  }
-  return UINT64_MAX;
-}
-
 /* Apply fn to every cached folio (marked only, if marked), each under its
  * stripe lock. */
 static void
