@@ -7,17 +7,6 @@
 
 #include "cache/cache-int.h"
 
-void
-folio_uncache_locked (struct cache *c, struct folio *f)
-{
-  lru_del_locked (c, f);
-  bucket_del (c, f);
-  fidx_remove (&c->index, f->index);
-  f->cached = false;
-  folio_reset (c, f);
-  c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
-}
-
 int
 folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
 {
