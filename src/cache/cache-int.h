@@ -274,6 +274,12 @@ struct window {
   uint64_t start, end;
   struct folio *f[WINDOW_MAX]; /* f[fi - start]; NULL where not cached */
 };
+/* The folio of window w holding global block blk. */
+static inline struct folio *
+window_folio (const struct cache *c, const struct window *w, uint64_t blk)
+{
+  return w->f[blk / c->blocks_per_folio - w->start];
+}
 
 /* --- geometry --- */
 static inline uint64_t folio_of (const struct cache *c, uint64_t off)
@@ -481,10 +487,6 @@ struct cache_iter {
 void cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
                       uint64_t len, unsigned flags);
 int cache_iter_next (struct cache_iter *it);
-/* The backing's extent holding byte off of the step's window: asked for
- * on a miss only (a hit needs no mapping), clipped to the window. */
-int cache_iter_map (struct cache_iter *it, uint64_t off,
-                    struct backing_extent *ext);
 
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
@@ -526,19 +528,34 @@ int cache_map_cached (struct cache *c, uint64_t start, uint64_t end,
  * zeroes, *run_end (> start, <= end) where that answer ends (io.c). */
 int io_extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
                       uint64_t *run_end, bool *hole);
-
-/* --- fetch.c --- */
-/* src for io_fill from what cache_fetch fetched into buf. */
-void fetch_src_init (struct fetch_src *src, const void *buf,
-                     const struct cache_fetched *fx);
+/* The backing's extent holding byte off of the step's window: asked for
+ * on a miss only (a hit needs no mapping), clipped to the window. */
+int cache_iter_map (struct cache_iter *it, uint64_t off,
+                    struct backing_extent *ext);
+/* A step's fills (io.c).  step_fill: bring blocks [start, end) of the
+ * step uptodate, or under CI_NOWAIT give up (EAGAIN) before anything
+ * changed, but for a parked miss's fill.  fill_range: every block of the
+ * step, one fill per run of missing blocks; *missed set if any was.
+ * step_folios: the step's folios are it->w.f[*first .. *last]. */
+int step_fill (struct cache_iter *it, uint64_t start, uint64_t end);
+int fill_range (struct cache_iter *it, bool *missed);
+void step_folios (const struct cache_iter *it, uint64_t *first,
+                  uint64_t *last);
+/* The log of backing writes (io.c).  The backing was written (write,
+ * zero, trim) at [off, off+len), or may have been (the op failed). */
+void backing_written (struct cache *c, uint64_t off, uint64_t len);
+/* The log's generation now (a fetch starts). */
+uint64_t wlog_now (struct cache *c);
 /* May io_fill take blocks [start, end) (global numbers, within src) from
  * src?  Only if no backing write touched src's range since the fetch
  * began.  Asked with the blocks' stripes held: a backing write under them
  * (writeback, direct I/O) is logged before its stripes are released. */
 bool fetch_src_fresh (struct cache *c, const struct fetch_src *src);
-/* The backing was written (write, zero, trim) at [off, off+len), or may
- * have been (the op failed). */
-void backing_written (struct cache *c, uint64_t off, uint64_t len);
+
+/* --- fetch.c --- */
+/* src for io_fill from what cache_fetch fetched into buf. */
+void fetch_src_init (struct fetch_src *src, const void *buf,
+                     const struct cache_fetched *fx);
 
 /* --- writeback (writeback.c) --- */
 /* Write back dirty blocks in global blocks [start, end) of a locked
@@ -612,7 +629,7 @@ void ra_filled (struct cache *c, struct folio *f);
 void ra_read (struct cache *c, struct folio *f);
 void ra_dropped (struct cache *c, struct folio *f);
 /* Fetch [off, off + len) into the cache as far as room allows (a
- * readahead thread, rw.c).  0 or -1/errno. */
+ * readahead thread, readahead.c).  0 or -1/errno. */
 int cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off);
 
 #endif /* FOLIOD_CACHE_INT_H */

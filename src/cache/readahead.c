@@ -281,3 +281,42 @@ ra_dropped (struct cache *c, struct folio *f)
   atomic_fetch_sub (&c->ra->unread, 1);
   OPSTAT_ADD (c, readahead_wasted, 1);
 }
+
+/* Readahead's step: fill what is missing, and mark the folios it filled
+ * (ra_filled) so that a client's read of them counts as a hit. */
+static int64_t
+readahead_step (struct cache_iter *it)
+{
+  struct cache *c = it->c;
+  uint32_t before[WINDOW_MAX];
+  uint64_t first, last;
+  bool missed = false;
+
+  step_folios (it, &first, &last);
+  for (uint64_t i = first; i <= last; i++)
+    before[i] = it->w.f[i]->nr_uptodate;
+  if (fill_range (it, &missed) == -1)
+    return -1;
+  for (uint64_t i = first; i <= last; i++) {
+    struct folio *f = it->w.f[i];
+    uint32_t got = f->nr_uptodate - before[i];
+    if (got == 0)
+      continue;
+    OPSTAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
+    if (!f->ra)
+      ra_filled (c, f);
+  }
+  return (int64_t) (it->step_end - it->pos);
+}
+
+int
+cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off)
+{
+  struct cache_iter it;
+  int r;
+
+  cache_iter_init (&it, c, off, len, CI_ALLOC | CI_READAHEAD);
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = readahead_step (&it);
+  return r;
+}
