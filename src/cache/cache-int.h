@@ -504,6 +504,9 @@ void throttle_wake (struct cache *c);
 int throttle_room_locked (struct cache *c, int err);
 /* Wake the writeback thread (c->lock held). */
 void wb_kick_locked (struct cache *c);
+/* Why writeback cannot make room now (a write, the backing flush or the
+ * store's sync is failing: waiting would not help), or 0. */
+int wb_error (struct cache *c);
 
 /* --- backing I/O (io.c): clamp at the export end, count, per-thread
  * bounce buffer. */
@@ -585,22 +588,22 @@ enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
  * of a failed run stay dirty). */
 int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
 /* One pass over the dirty folios (caller holds wb_mutex), walked with the
- * helpers (wb-walk.c).  all: write everything (flush); else only what the
+ * helpers.  all: write everything (flush); else only what the
  * background policy wants, starting at the cursor.  flags go with every
  * write (BACKING_FUA: see cache_flush_pass).  Returns folios written;
  * *err gets the first error. */
-int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
-int wb_helpers_start (struct cache *c);
-void wb_helpers_stop (struct cache *c);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */
 int wb_stabilize (struct cache *c);
-/* Why writeback cannot make room now (a write, the backing flush or the
- * store's sync is failing: waiting would not help), or 0. */
-int wb_error (struct cache *c);
 /* Forget every clean cached block (wb_mutex held). */
 void wb_invalidate_clean (struct cache *c);
+
+/* --- the writeback walk and thread (wb-walk.c) --- */
+int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
+int wb_helpers_start (struct cache *c);
+void wb_helpers_stop (struct cache *c);
+/* The background writeback thread (cache_start_writeback). */
 void *wb_thread_main (void *arg);
 
 /* --- readahead (readahead.c; the windows in ra-window.h) ---
