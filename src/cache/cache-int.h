@@ -121,7 +121,7 @@ struct folio {
   _Atomic unsigned char refs;
   unsigned char lru;        /* enum lru_kind: the list it is on; lock */
   bool ra;                  /* filled by readahead, not read by a client
-                               since (counted in readahead.unread); stripe */
+                               since (counted in c->ra_unread); stripe */
   bool writeback;           /* a batch is writing its dirty blocks back
                                (see the top of this file); stripe */
 };
@@ -251,6 +251,7 @@ struct cache {
   struct cache_counters st;
   STAT_SHARDED (struct cache_op_counters) *opst;
   struct readahead *ra;     /* NULL: no readahead (readahead.c) */
+  _Atomic uint64_t ra_unread; /* folios with f->ra set (folio.c) */
 };
 
 /* --- the store's persistence (persist.c); no-ops on the ram store --- */
@@ -323,7 +324,15 @@ void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
  * leaves the backing free to read as anything there. */
 void folio_drop (struct cache *c, struct folio *f, uint32_t start,
                  uint32_t end);
+/* Forget all state, the readahead flag too (who drops a folio with f->ra
+ * set calls ra_dropped first). */
 void folio_reset (struct cache *c, struct folio *f);
+/* Folio f (stripe held) was filled by readahead (ra_filled), read by a
+ * client (ra_read), or dropped with f->ra set, evicted or replaced
+ * (ra_dropped): f->ra and c->ra_unread, and the counters. */
+void ra_filled (struct cache *c, struct folio *f);
+void ra_read (struct cache *c, struct folio *f);
+void ra_dropped (struct cache *c, struct folio *f);
 /* Dirty blocks [start, end) reached the backing: clean them, or make them
  * unstable when the backing could still lose them. */
 void folio_written (struct cache *c, struct folio *f, uint32_t start,
@@ -626,11 +635,6 @@ void ra_note (struct cache *c, uint64_t off, uint64_t len);
  * nothing, or false for one a note made at the same moment would match
  * (that read is then noted only if it misses: readahead is advisory). */
 bool ra_follows (struct cache *c, uint64_t off);
-/* Folio f (stripe held) was filled by readahead (ra_filled), read by a
- * client (ra_read), or evicted with f->ra set (ra_dropped). */
-void ra_filled (struct cache *c, struct folio *f);
-void ra_read (struct cache *c, struct folio *f);
-void ra_dropped (struct cache *c, struct folio *f);
 /* Fetch [off, off + len) into the cache as far as room allows (a
  * readahead thread, readahead.c).  0 or -1/errno. */
 int cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off);

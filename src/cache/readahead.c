@@ -30,14 +30,13 @@ struct ra_job {
 };
 
 struct readahead {
-  pthread_mutex_t lock;             /* everything here but unread */
+  pthread_mutex_t lock;             /* everything here */
   pthread_cond_t cv;                /* a job was queued, or stop */
   struct ra_streams streams;
   struct ra_job q[RA_QUEUE];
   unsigned q_head, q_len;
   uint64_t queued;                  /* folios of jobs queued or running */
-  _Atomic uint64_t unread;          /* folios with f->ra set */
-  uint64_t budget;                  /* cap of queued + unread, folios */
+  uint64_t budget;                  /* cap of queued + c->ra_unread, folios */
   uint64_t job_folios;              /* folios per job, at most */
   /* Each slot's ra_stream_reach, published under lock after every note
    * and read without it by ra_follows: a hit that continues no stream
@@ -183,7 +182,7 @@ static uint64_t
 ra_budget_locked (struct cache *c)
 {
   struct readahead *ra = c->ra;
-  uint64_t used = ra->queued + atomic_load (&ra->unread);
+  uint64_t used = ra->queued + atomic_load (&c->ra_unread);
 
   if (ra->nthreads == 0 || used >= ra->budget || throttle_would_wait (c, 0))
     return 0;
@@ -257,29 +256,6 @@ ra_note (struct cache *c, uint64_t off, uint64_t len)
     ra_queue_locked (c, &w);
   ra_publish_locked (ra);
   unlock_or_die (&ra->lock);
-}
-
-void
-ra_filled (struct cache *c, struct folio *f)
-{
-  f->ra = true;
-  atomic_fetch_add (&c->ra->unread, 1);
-}
-
-void
-ra_read (struct cache *c, struct folio *f)
-{
-  f->ra = false;
-  atomic_fetch_sub (&c->ra->unread, 1);
-  OPSTAT_ADD (c, readahead_hits, 1);
-}
-
-void
-ra_dropped (struct cache *c, struct folio *f)
-{
-  f->ra = false;
-  atomic_fetch_sub (&c->ra->unread, 1);
-  OPSTAT_ADD (c, readahead_wasted, 1);
 }
 
 /* Readahead's step: fill what is missing, and mark the folios it filled
