@@ -223,9 +223,10 @@ struct cache {
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
   _Atomic int flush_failing;/* errno of the last backing flush if it failed */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
-  /* The ranges of the latest backing writes, zeroes and trims (fetch.c:
-   * is what a parked read fetched still the backing's content?): entry
-   * g % WLOG_SIZE is the g-th, wlog_gen the latest.  wlog_lock. */
+  /* The ranges of the latest backing writes, zeroes and trims (io.c;
+   * fetch.c asks it whether what a parked read fetched is still the
+   * backing's content): entry g % WLOG_SIZE is the g-th, wlog_gen the
+   * latest.  wlog_lock. */
   pthread_mutex_t wlog_lock;
   uint64_t wlog_gen;
   struct { uint64_t off, end; } wlog[WLOG_SIZE];
