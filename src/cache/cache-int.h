@@ -597,11 +597,6 @@ enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
  * and end the folios' writeback.  0 or -1/errno (first error; the blocks
  * of a failed run stay dirty). */
 int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
-/* One pass over the dirty folios (caller holds wb_mutex), walked with the
- * helpers.  all: write everything (flush); else only what the
- * background policy wants, starting at the cursor.  flags go with every
- * write (BACKING_FUA: see cache_flush_pass).  Returns folios written;
- * *err gets the first error. */
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */
@@ -610,6 +605,11 @@ int wb_stabilize (struct cache *c);
 void wb_invalidate_clean (struct cache *c);
 
 /* --- the writeback walk and thread (wb-walk.c) --- */
+/* One pass over the dirty folios (caller holds wb_mutex), walked with the
+ * helpers.  all: write everything (flush); else only what the background
+ * policy wants, starting at the cursor.  flags go with every write
+ * (BACKING_FUA: see cache_flush_pass).  Returns folios written; *err gets
+ * the first error. */
 int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
 int wb_helpers_start (struct cache *c);
 void wb_helpers_stop (struct cache *c);
