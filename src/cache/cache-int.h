@@ -121,7 +121,7 @@ struct folio {
   _Atomic unsigned char refs;
   unsigned char lru;        /* enum lru_kind: the list it is on; lock */
   bool ra;                  /* filled by readahead, not read by a client
-                               since (counted in readahead.unread); stripe */
+                               since (counted in c->ra_unread); stripe */
   bool writeback;           /* a batch is writing its dirty blocks back
                                (see the top of this file); stripe */
 };
@@ -223,9 +223,10 @@ struct cache {
   _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
   _Atomic int flush_failing;/* errno of the last backing flush if it failed */
   _Atomic bool backing_unflushed; /* backing written since its last flush */
-  /* The ranges of the latest backing writes, zeroes and trims (fetch.c:
-   * is what a parked read fetched still the backing's content?): entry
-   * g % WLOG_SIZE is the g-th, wlog_gen the latest.  wlog_lock. */
+  /* The ranges of the latest backing writes, zeroes and trims (io.c;
+   * fetch.c asks it whether what a parked read fetched is still the
+   * backing's content): entry g % WLOG_SIZE is the g-th, wlog_gen the
+   * latest.  wlog_lock. */
   pthread_mutex_t wlog_lock;
   uint64_t wlog_gen;
   struct { uint64_t off, end; } wlog[WLOG_SIZE];
@@ -251,9 +252,10 @@ struct cache {
   struct cache_counters st;
   STAT_SHARDED (struct cache_op_counters) *opst;
   struct readahead *ra;     /* NULL: no readahead (readahead.c) */
+  _Atomic uint64_t ra_unread; /* folios with f->ra set (folio.c) */
 };
 
-/* --- the store's persistence (cache.c); no-ops on the ram store --- */
+/* --- the store's persistence (persist.c); no-ops on the ram store --- */
 /* Blocks [start, end) of f's data, then f's bits. */
 void folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
                          uint32_t end);
@@ -274,6 +276,12 @@ struct window {
   uint64_t start, end;
   struct folio *f[WINDOW_MAX]; /* f[fi - start]; NULL where not cached */
 };
+/* The folio of window w holding global block blk. */
+static inline struct folio *
+window_folio (const struct cache *c, const struct window *w, uint64_t blk)
+{
+  return w->f[blk / c->blocks_per_folio - w->start];
+}
 
 /* --- geometry --- */
 static inline uint64_t folio_of (const struct cache *c, uint64_t off)
@@ -317,7 +325,15 @@ void folio_clear_dirty (struct cache *c, struct folio *f, uint32_t start,
  * leaves the backing free to read as anything there. */
 void folio_drop (struct cache *c, struct folio *f, uint32_t start,
                  uint32_t end);
+/* Forget all state, the readahead flag too (who drops a folio with f->ra
+ * set calls ra_dropped first). */
 void folio_reset (struct cache *c, struct folio *f);
+/* Folio f (stripe held) was filled by readahead (ra_filled), read by a
+ * client (ra_read), or dropped with f->ra set, evicted or replaced
+ * (ra_dropped): f->ra and c->ra_unread, and the counters. */
+void ra_filled (struct cache *c, struct folio *f);
+void ra_read (struct cache *c, struct folio *f);
+void ra_dropped (struct cache *c, struct folio *f);
 /* Dirty blocks [start, end) reached the backing: clean them, or make them
  * unstable when the backing could still lose them. */
 void folio_written (struct cache *c, struct folio *f, uint32_t start,
@@ -368,11 +384,23 @@ struct folio *lru_evict_locked (struct cache *c, bool ra);
  * its state reset and its slot told (c->lock and f's stripe held). */
 void folio_uncache_locked (struct cache *c, struct folio *f);
 
-/* --- locking and windows (window.c) --- */
+/* --- the folio map (fmap.c): stripes, lookup, the writeback mark --- */
 /* Lock or unlock the stripes of folios [start, end). */
 void range_lock (struct cache *c, uint64_t start, uint64_t end);
 void range_unlock (struct cache *c, uint64_t start, uint64_t end);
 pthread_mutex_t *stripe_of (struct cache *c, uint64_t fi);
+/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
+ * index lock: this is the hit path's lookup). */
+struct folio *folio_lookup (struct cache *c, uint64_t fi);
+/* f (its index set) goes into or out of its bucket; its stripe held. */
+void bucket_add (struct cache *c, struct folio *f);
+void bucket_del (struct cache *c, struct folio *f);
+/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
+void wb_wait_folio (struct cache *c, uint64_t fi);
+/* The first folio of the locked window w under writeback, or UINT64_MAX. */
+uint64_t wb_window_busy (struct cache *c, const struct window *w);
+
+/* --- windows (window.c) --- */
 /* Lock folios [start, end) and look them up; with alloc, create the
  * missing ones (evicting clean folios, waiting for writeback if needed).
  * Returns 0 with the range locked, or -1/errno with nothing held. */
@@ -395,9 +423,6 @@ void window_end (struct cache *c, struct window *w);
  * stripes held keep anyone else from creating them meanwhile).  What a
  * CACHE_NOWAIT write uses once it knows it can finish: it never evicts. */
 int window_alloc_free (struct cache *c, struct window *w);
-/* Folio fi if cached, else NULL; the caller holds fi's stripe (not the
- * index lock: this is the hit path's lookup). */
-struct folio *folio_lookup (struct cache *c, uint64_t fi);
 /* Take n free slots if more than reserve would stay free; true if so. */
 bool slots_take_free (struct cache *c, uint32_t n, uint32_t reserve,
                       uint32_t *slots);
@@ -472,10 +497,6 @@ struct cache_iter {
 void cache_iter_init (struct cache_iter *it, struct cache *c, uint64_t off,
                       uint64_t len, unsigned flags);
 int cache_iter_next (struct cache_iter *it);
-/* The backing's extent holding byte off of the step's window: asked for
- * on a miss only (a hit needs no mapping), clipped to the window. */
-int cache_iter_map (struct cache_iter *it, uint64_t off,
-                    struct backing_extent *ext);
 
 /* --- throttling (throttle.c) --- */
 /* Wait (no locks held) until dirty data is below the limit.  0 or -1. */
@@ -493,6 +514,9 @@ void throttle_wake (struct cache *c);
 int throttle_room_locked (struct cache *c, int err);
 /* Wake the writeback thread (c->lock held). */
 void wb_kick_locked (struct cache *c);
+/* Why writeback cannot make room now (a write, the backing flush or the
+ * store's sync is failing: waiting would not help), or 0. */
+int wb_error (struct cache *c);
 
 /* --- backing I/O (io.c): clamp at the export end, count, per-thread
  * bounce buffer. */
@@ -517,19 +541,34 @@ int cache_map_cached (struct cache *c, uint64_t start, uint64_t end,
  * zeroes, *run_end (> start, <= end) where that answer ends (io.c). */
 int io_extent_blocks (struct cache_iter *it, uint64_t start, uint64_t end,
                       uint64_t *run_end, bool *hole);
-
-/* --- fetch.c --- */
-/* src for io_fill from what cache_fetch fetched into buf. */
-void fetch_src_init (struct fetch_src *src, const void *buf,
-                     const struct cache_fetched *fx);
+/* The backing's extent holding byte off of the step's window: asked for
+ * on a miss only (a hit needs no mapping), clipped to the window. */
+int cache_iter_map (struct cache_iter *it, uint64_t off,
+                    struct backing_extent *ext);
+/* A step's fills (io.c).  step_fill: bring blocks [start, end) of the
+ * step uptodate, or under CI_NOWAIT give up (EAGAIN) before anything
+ * changed, but for a parked miss's fill.  fill_range: every block of the
+ * step, one fill per run of missing blocks; *missed set if any was.
+ * step_folios: the step's folios are it->w.f[*first .. *last]. */
+int step_fill (struct cache_iter *it, uint64_t start, uint64_t end);
+int fill_range (struct cache_iter *it, bool *missed);
+void step_folios (const struct cache_iter *it, uint64_t *first,
+                  uint64_t *last);
+/* The log of backing writes (io.c).  The backing was written (write,
+ * zero, trim) at [off, off+len), or may have been (the op failed). */
+void backing_written (struct cache *c, uint64_t off, uint64_t len);
+/* The log's generation now (a fetch starts). */
+uint64_t wlog_now (struct cache *c);
 /* May io_fill take blocks [start, end) (global numbers, within src) from
  * src?  Only if no backing write touched src's range since the fetch
  * began.  Asked with the blocks' stripes held: a backing write under them
  * (writeback, direct I/O) is logged before its stripes are released. */
 bool fetch_src_fresh (struct cache *c, const struct fetch_src *src);
-/* The backing was written (write, zero, trim) at [off, off+len), or may
- * have been (the op failed). */
-void backing_written (struct cache *c, uint64_t off, uint64_t len);
+
+/* --- fetch.c --- */
+/* src for io_fill from what cache_fetch fetched into buf. */
+void fetch_src_init (struct fetch_src *src, const void *buf,
+                     const struct cache_fetched *fx);
 
 /* --- writeback (writeback.c) --- */
 /* Write back dirty blocks in global blocks [start, end) of a locked
@@ -558,27 +597,23 @@ enum wb_begin wb_batch_begin (struct cache *c, struct wb_batch *b,
  * and end the folios' writeback.  0 or -1/errno (first error; the blocks
  * of a failed run stay dirty). */
 int wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags);
-/* Folio fi is under writeback: wait (holding no stripe) until it is not. */
-void wb_wait_folio (struct cache *c, uint64_t fi);
-/* The first folio of the locked window w under writeback, or UINT64_MAX. */
-uint64_t wb_window_busy (struct cache *c, const struct window *w);
-/* One pass over the dirty folios (caller holds wb_mutex), walked with the
- * helpers (wb-walk.c).  all: write everything (flush); else only what the
- * background policy wants, starting at the cursor.  flags go with every
- * write (BACKING_FUA: see cache_flush_pass).  Returns folios written;
- * *err gets the first error. */
-int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
-int wb_helpers_start (struct cache *c);
-void wb_helpers_stop (struct cache *c);
 /* Flush the backing and settle unstable blocks (wb_mutex held).  0, 1 when
  * the backing lost writes (they are dirty again: write back and retry), or
  * -1/errno (when the failed flush lost writes, they are dirty again too). */
 int wb_stabilize (struct cache *c);
-/* Why writeback cannot make room now (a write, the backing flush or the
- * store's sync is failing: waiting would not help), or 0. */
-int wb_error (struct cache *c);
 /* Forget every clean cached block (wb_mutex held). */
 void wb_invalidate_clean (struct cache *c);
+
+/* --- the writeback walk and thread (wb-walk.c) --- */
+/* One pass over the dirty folios (caller holds wb_mutex), walked with the
+ * helpers.  all: write everything (flush); else only what the background
+ * policy wants, starting at the cursor.  flags go with every write
+ * (BACKING_FUA: see cache_flush_pass).  Returns folios written; *err gets
+ * the first error. */
+int wb_pass (struct cache *c, bool all, unsigned flags, int *err);
+int wb_helpers_start (struct cache *c);
+void wb_helpers_stop (struct cache *c);
+/* The background writeback thread (cache_start_writeback). */
 void *wb_thread_main (void *arg);
 
 /* --- readahead (readahead.c; the windows in ra-window.h) ---
@@ -601,13 +636,8 @@ void ra_note (struct cache *c, uint64_t off, uint64_t len);
  * nothing, or false for one a note made at the same moment would match
  * (that read is then noted only if it misses: readahead is advisory). */
 bool ra_follows (struct cache *c, uint64_t off);
-/* Folio f (stripe held) was filled by readahead (ra_filled), read by a
- * client (ra_read), or evicted with f->ra set (ra_dropped). */
-void ra_filled (struct cache *c, struct folio *f);
-void ra_read (struct cache *c, struct folio *f);
-void ra_dropped (struct cache *c, struct folio *f);
 /* Fetch [off, off + len) into the cache as far as room allows (a
- * readahead thread, rw.c).  0 or -1/errno. */
+ * readahead thread, readahead.c).  0 or -1/errno. */
 int cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off);
 
 #endif /* FOLIOD_CACHE_INT_H */

@@ -1,5 +1,6 @@
-/* The cache object: configuration, creation and teardown, flush, block
- * status and counters.  The request paths are in rw.c and direct.c. */
+/* The cache object, the top of src/cache: configuration, creation and
+ * teardown, its threads, counters.  The request paths are in rw.c and
+ * direct.c, FLUSH in flush.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -134,41 +135,6 @@ cache_init_slots (struct cache *c)
 }
 
 static void cache_free (struct cache *c);
-
-/* --- the store's persistence (see the contract in store-pmem.c) --- */
-
-void
-folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
-                    uint32_t end)
-{
-  if (c->persistent && end > start)
-    (void) c->store->ops->persist (c->store,
-                                   f->data + block_pos (c, start),
-                                   (size_t) block_pos (c, end - start));
-}
-
-void
-folio_persist_bits_slow (struct cache *c, struct folio *f)
-{
-  (void) c->store->ops->persist (c->store, f->bits,
-                                 c->store->bitmap_words * sizeof *f->bits);
-}
-
-int
-cache_store_sync (struct cache *c)
-{
-  if (!c->persistent)
-    return 0;
-  if (store_sync (c->store) == 0)
-    return 0;
-  int err = errno, none = 0;
-  /* The store's error sticks: from now on allocations that find no
-   * reusable slot fail (wb_error) instead of waiting for a sync that
-   * will never succeed. */
-  atomic_compare_exchange_strong (&c->store_failing, &none, err);
-  errno = err;
-  return -1;
-}
 
 /* A slot of a persistent store that holds folio fi with bits (the store's
  * recover trimmed them): the folio goes back into the index, its dirty
@@ -454,148 +420,6 @@ cache_destroy (struct cache *c)
   return 0;
 }
 
-/* Write back everything, then flush the backing.  If the backing lost
- * acknowledged writes meanwhile (a remote restarted, a file's fdatasync
- * failed), the cached ones are dirty again and written once more, and the
- * flush succeeds only once a backing flush after them has.
- *
- * Lost passthrough writes (direct I/O, zero) cannot be written again: the
- * cache has no copy.  A successful FLUSH promises that every write
- * completed before it is durable (NBD spec), those included, so from then
- * on every flush fails with EIO, until the export is opened again.  That
- * is qemu's answer to a failed fdatasync of a file it cannot rewrite
- * (file-posix.c, page_cache_inconsistent); Linux and nbdkit report the
- * error once, which is how a retried fsync came to claim lost data
- * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
- * until the next flush would make direct I/O cost cache memory. */
-/* A flush pass with this few dirty blocks writes them with FUA instead of
- * writing them and then flushing the backing: one round trip to a remote
- * instead of two (the seed workload: 8 clients flushing after every 4 KiB
- * write leave a few blocks per pass).  Only where FUA is native (else it
- * is a flush per write), and only when nothing else waits for the
- * backing's flush (then wb_stabilize flushes anyway, and plain writes
- * plus that one flush cost less).  Twice the walk's threads: the FUA
- * writes go out in at most two rounds, which costs no more than a round
- * of plain writes and the flush after it; a remote whose FUA is an
- * fdatasync pays a few of them side by side, which its journal batches,
- * and more would cost it more than the one flush they save. */
-#define FLUSH_FUA_MAX_BLOCKS (2 * (WB_HELPERS + 1))
-
-static unsigned
-flush_pass_flags (struct cache *c)
-{
-  uint64_t epoch = c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
-
-  if (!(c->b->caps & BACKING_CAN_FUA) ||
-      STAT_GET (c, dirty_bytes) > block_pos (c, FLUSH_FUA_MAX_BLOCKS) ||
-      atomic_load (&c->backing_unflushed) ||
-      STAT_GET (c, unstable_bytes) > 0 ||
-      atomic_load (&c->passthrough_unflushed) > 0 ||
-      epoch != c->stable_epoch)
-    return 0;
-  return BACKING_FUA;
-}
-
-static int
-cache_flush_pass (void *arg)
-{
-  struct cache *c = arg;
-  int err = 0, r;
-
-  lock_or_die (&c->wb_mutex);
-  for (unsigned attempt = 0;; attempt++) {
-    int pass_err;
-    /* A hint: wb_stabilize checks again what the FUA writes left to
-     * flush (a passthrough write meanwhile, a loss) and flushes then. */
-    wb_pass (c, true, flush_pass_flags (c), &pass_err);
-    r = wb_stabilize (c);
-    if (pass_err) {
-      err = pass_err;
-      break;
-    }
-    if (r == -1)
-      err = errno;
-    if (r != 1)
-      break;
-    if (attempt == 8) {   /* the backing keeps losing writes */
-      err = EIO;
-      break;
-    }
-  }
-  if (c->passthrough_lost && err == 0)
-    err = EIO;
-  unlock_or_die (&c->wb_mutex);
-  lock_or_die (&c->lock);
-  pthread_cond_broadcast (&c->space_cv);
-  unlock_or_die (&c->lock);
-  throttle_wake (c);
-  return err;
-}
-
-/* Concurrent flushes share one pass (flush-group.h): eight clients that
- * flush after every write pay one backing flush, not eight in a row. */
-static int
-cache_flush_backing (struct cache *c)
-{
-  uint64_t t0 = now_ns ();
-  int r = flush_group_run (&c->flush_group, cache_flush_pass, c);
-  int err = errno;
-
-  STAT_ADD (c, flush_ns, now_ns () - t0);
-  errno = err;
-  return r;
-}
-
-int
-cache_write_back (struct cache *c)
-{
-  int r = cache_flush_backing (c), err = errno;
-
-  if (cache_store_sync (c) == -1 && r == 0)
-    return -1;
-  errno = err;
-  return r;
-}
-
-/* flush=store: what was written is persistent once the store is synced.
- * Passthrough writes (direct I/O, zero) are not in the store: they need
- * the backing's flush, not a writeback (wb_stabilize).  Cached writes the
- * backing lost are dirty again in the store: nothing to report. */
-static int
-cache_flush_store (struct cache *c)
-{
-  int r = 0, err = 0;
-
-  if (atomic_exchange (&c->passthrough_unsynced, false)) {
-    lock_or_die (&c->wb_mutex);
-    r = wb_stabilize (c);
-    err = errno;
-    if (r == 1)
-      r = 0;
-    if (c->passthrough_lost) {
-      r = -1;
-      err = EIO;
-    }
-    unlock_or_die (&c->wb_mutex);
-    if (r == -1)
-      atomic_store (&c->passthrough_unsynced, true);
-  }
-  if (cache_store_sync (c) == -1 && r == 0) {
-    r = -1;
-    err = errno;
-  }
-  errno = err;
-  return r;
-}
-
-int
-cache_flush (struct cache *c)
-{
-  if (c->sinfo.flush == CACHE_FLUSH_STORE)
-    return cache_flush_store (c);
-  return cache_write_back (c);
-}
-
 int
 cache_populate (struct cache *c, store_populated_fn *done, void *arg)
 {
@@ -608,33 +432,6 @@ void
 cache_get_store_info (const struct cache *c, struct cache_store_info *out)
 {
   *out = c->sinfo;
-}
-
-int
-range_check (const struct cache *c, uint64_t len, uint64_t off)
-{
-  if (off > c->size || len > c->size - off) {
-    errno = EINVAL;
-    return -1;
-  }
-  return 0;
-}
-
-int
-writable_check (const struct cache *c)
-{
-  if (c->b->caps & BACKING_READ_ONLY) {
-    errno = EPERM;
-    return -1;
-  }
-  return 0;
-}
-
-bool
-use_direct (const struct cache *c, uint64_t len, unsigned flags)
-{
-  return (flags & CACHE_DIRECT) || c->cfg.mode == CACHE_NONE ||
-         (c->cfg.direct_threshold && len >= c->cfg.direct_threshold);
 }
 
 void

@@ -18,7 +18,7 @@
  * Coherence.  The data fetched is the backing's content at some moment
  * after the fetch started.  A block still missing when it is put into
  * the cache takes it only if no backing write (write, zero, trim) touched
- * the fetched range since the fetch started (the write log below); else
+ * the fetched range since the fetch started (the write log, io.c); else
  * it is read again, as cache_read would: a write acknowledged before the
  * read was sent, that reached the backing after the remote served the
  * fetch and whose folio was evicted since, would come back stale (in the
@@ -29,46 +29,6 @@
 
 #include "cache/cache-int.h"
 #include "cache/ops.h"
-
-/* ---- the backing write log ---- */
-
-void
-backing_written (struct cache *c, uint64_t off, uint64_t len)
-{
-  lock_or_die (&c->wlog_lock);
-  c->wlog_gen++;
-  c->wlog[c->wlog_gen % WLOG_SIZE].off = off;
-  c->wlog[c->wlog_gen % WLOG_SIZE].end = off + len;
-  unlock_or_die (&c->wlog_lock);
-}
-
-static uint64_t
-wlog_now (struct cache *c)
-{
-  uint64_t g;
-
-  lock_or_die (&c->wlog_lock);
-  g = c->wlog_gen;
-  unlock_or_die (&c->wlog_lock);
-  return g;
-}
-
-/* Has no backing write touched [off, end) since the log was at gen?  No
- * when more writes came than the log keeps. */
-static bool
-wlog_untouched (struct cache *c, uint64_t gen, uint64_t off, uint64_t end)
-{
-  bool ok;
-
-  lock_or_die (&c->wlog_lock);
-  ok = c->wlog_gen - gen < WLOG_SIZE;
-  for (uint64_t g = gen + 1; ok && g <= c->wlog_gen; g++)
-    ok = !(c->wlog[g % WLOG_SIZE].off < end && off < c->wlog[g % WLOG_SIZE].end);
-  unlock_or_die (&c->wlog_lock);
-  return ok;
-}
-
-/* ---- the fetch ---- */
 
 static uint64_t
 block_down (const struct cache *c, uint64_t off)
@@ -170,10 +130,4 @@ fetch_src_init (struct fetch_src *src, const void *buf,
   src->off = fx->off;
   src->end = fx->end;
   src->gen = fx->gen;
-}
-
-bool
-fetch_src_fresh (struct cache *c, const struct fetch_src *src)
-{
-  return wlog_untouched (c, src->gen, src->off, src->end);
 }

@@ -312,4 +312,30 @@ folio_reset (struct cache *c, struct folio *f)
   memset (f->bits, 0, c->store->bitmap_words * sizeof (uint64_t));
   f->nr_uptodate = f->nr_dirty = f->nr_unstable = 0;
   f->dirtied_ms = 0;
+  f->ra = false;                /* the caller counted it (ra_dropped) */
+}
+
+/* ---- the readahead flag (f->ra: filled by readahead, unread) ---- */
+
+void
+ra_filled (struct cache *c, struct folio *f)
+{
+  f->ra = true;
+  atomic_fetch_add (&c->ra_unread, 1);
+}
+
+void
+ra_read (struct cache *c, struct folio *f)
+{
+  f->ra = false;
+  atomic_fetch_sub (&c->ra_unread, 1);
+  OPSTAT_ADD (c, readahead_hits, 1);
+}
+
+void
+ra_dropped (struct cache *c, struct folio *f)
+{
+  f->ra = false;
+  atomic_fetch_sub (&c->ra_unread, 1);
+  OPSTAT_ADD (c, readahead_wasted, 1);
 }

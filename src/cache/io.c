@@ -1,5 +1,8 @@
 /* Backing I/O on behalf of the cache: requests clamped to the export,
- * counted, and bounce buffers for runs that cross folios. */
+ * counted, and bounce buffers for runs that cross folios; the fills that
+ * bring a step's blocks uptodate; the log of the backing writes; the
+ * backing's map as the iterator's steps ask for it. */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,5 +230,112 @@ io_fill (struct cache_iter *it, uint64_t start, uint64_t end)
     }
     start = run_end;
   }
+  return 0;
+}
+
+/* ---- the fills of a request's or readahead's step ---- */
+
+/* Bring blocks [start, end) of the step uptodate from the backing, or
+ * under CACHE_NOWAIT give up before anything changed (but for a parked
+ * miss's fill: io_fill knows what it may do without waiting). */
+int
+step_fill (struct cache_iter *it, uint64_t start, uint64_t end)
+{
+  if ((it->flags & CI_NOWAIT) && it->src == NULL) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return io_fill (it, start, end);
+}
+
+/* Bring every block of the step uptodate: one fill per contiguous run of
+ * missing blocks.  *missed is set if any was missing. */
+int
+fill_range (struct cache_iter *it, bool *missed)
+{
+  struct cache *c = it->c;
+  struct window *w = &it->w;
+  uint64_t b = block_of (c, it->pos), end = block_of (c, it->step_end - 1) + 1;
+
+  while ((b = window_next (c, w, FP_UPTODATE, false, b, end)) < end) {
+    uint64_t run_end = window_next (c, w, FP_UPTODATE, true, b, end);
+    if (step_fill (it, b, run_end) == -1)
+      return -1;
+    *missed = true;
+    b = run_end;
+  }
+  return 0;
+}
+
+/* The step's folios: w.f[*first .. *last]. */
+void
+step_folios (const struct cache_iter *it, uint64_t *first, uint64_t *last)
+{
+  *first = folio_of (it->c, it->pos) - it->w.start;
+  *last = folio_of (it->c, it->step_end - 1) - it->w.start;
+}
+
+/* ---- the backing write log (fetch.c: is what a parked read fetched still
+ * the backing's content?) ---- */
+
+void
+backing_written (struct cache *c, uint64_t off, uint64_t len)
+{
+  lock_or_die (&c->wlog_lock);
+  c->wlog_gen++;
+  c->wlog[c->wlog_gen % WLOG_SIZE].off = off;
+  c->wlog[c->wlog_gen % WLOG_SIZE].end = off + len;
+  unlock_or_die (&c->wlog_lock);
+}
+
+uint64_t
+wlog_now (struct cache *c)
+{
+  uint64_t g;
+
+  lock_or_die (&c->wlog_lock);
+  g = c->wlog_gen;
+  unlock_or_die (&c->wlog_lock);
+  return g;
+}
+
+/* Has no backing write touched [off, end) since the log was at gen?  No
+ * when more writes came than the log keeps. */
+static bool
+wlog_untouched (struct cache *c, uint64_t gen, uint64_t off, uint64_t end)
+{
+  bool ok;
+
+  lock_or_die (&c->wlog_lock);
+  ok = c->wlog_gen - gen < WLOG_SIZE;
+  for (uint64_t g = gen + 1; ok && g <= c->wlog_gen; g++)
+    ok = !(c->wlog[g % WLOG_SIZE].off < end && off < c->wlog[g % WLOG_SIZE].end);
+  unlock_or_die (&c->wlog_lock);
+  return ok;
+}
+
+bool
+fetch_src_fresh (struct cache *c, const struct fetch_src *src)
+{
+  return wlog_untouched (c, src->gen, src->off, src->end);
+}
+
+/* ---- the backing's map for a step (cache-int.h) ---- */
+
+int
+cache_iter_map (struct cache_iter *it, uint64_t off,
+                struct backing_extent *ext)
+{
+  struct backing_extent *m = &it->map;
+
+  assert (it->held);
+  if (!it->mapped || off < m->offset || off - m->offset >= m->length) {
+    /* A try may not wait for the backing's answer: what it knows. */
+    if (((it->flags & CI_NOWAIT) ? cache_map_cached : cache_map)
+        (it->c, off, folio_pos (it->c, it->w.end), m) == -1)
+      return -1;
+    it->mapped = true;
+  }
+  *ext = *m;
   return 0;
 }

@@ -116,21 +116,3 @@ cache_iter_next (struct cache_iter *it)
     return iter_over (it, -1);
   return 1;
 }
-
-int
-cache_iter_map (struct cache_iter *it, uint64_t off,
-                struct backing_extent *ext)
-{
-  struct backing_extent *m = &it->map;
-
-  assert (it->held);
-  if (!it->mapped || off < m->offset || off - m->offset >= m->length) {
-    /* A try may not wait for the backing's answer: what it knows. */
-    if (((it->flags & CI_NOWAIT) ? cache_map_cached : cache_map)
-        (it->c, off, folio_pos (it->c, it->w.end), m) == -1)
-      return -1;
-    it->mapped = true;
-  }
-  *ext = *m;
-  return 0;
-}

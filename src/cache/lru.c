@@ -190,3 +190,14 @@ lru_evict_locked (struct cache *c, bool ra)
   }
   return f;
 }
+
+void
+folio_uncache_locked (struct cache *c, struct folio *f)
+{
+  lru_del_locked (c, f);
+  bucket_del (c, f);
+  fidx_remove (&c->index, f->index);
+  f->cached = false;
+  folio_reset (c, f);
+  c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
+}

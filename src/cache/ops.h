@@ -8,7 +8,8 @@
  * writethrough). */
 #define CACHE_WRITE_NOW (1u << 16)
 
-/* 0 if [off, off+len) lies in the export, else -1/EINVAL. */
+/* The argument checks (check.c).  0 if [off, off+len) lies in the export,
+ * else -1/EINVAL. */
 int range_check (const struct cache *c, uint64_t len, uint64_t off);
 /* 0 if the backing may be written, else -1/EPERM. */
 int writable_check (const struct cache *c);

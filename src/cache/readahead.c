@@ -30,14 +30,13 @@ struct ra_job {
 };
 
 struct readahead {
-  pthread_mutex_t lock;             /* everything here but unread */
+  pthread_mutex_t lock;             /* everything here */
   pthread_cond_t cv;                /* a job was queued, or stop */
   struct ra_streams streams;
   struct ra_job q[RA_QUEUE];
   unsigned q_head, q_len;
   uint64_t queued;                  /* folios of jobs queued or running */
-  _Atomic uint64_t unread;          /* folios with f->ra set */
-  uint64_t budget;                  /* cap of queued + unread, folios */
+  uint64_t budget;                  /* cap of queued + c->ra_unread, folios */
   uint64_t job_folios;              /* folios per job, at most */
   /* Each slot's ra_stream_reach, published under lock after every note
    * and read without it by ra_follows: a hit that continues no stream
@@ -183,7 +182,7 @@ static uint64_t
 ra_budget_locked (struct cache *c)
 {
   struct readahead *ra = c->ra;
-  uint64_t used = ra->queued + atomic_load (&ra->unread);
+  uint64_t used = ra->queued + atomic_load (&c->ra_unread);
 
   if (ra->nthreads == 0 || used >= ra->budget || throttle_would_wait (c, 0))
     return 0;
@@ -259,25 +258,41 @@ ra_note (struct cache *c, uint64_t off, uint64_t len)
   unlock_or_die (&ra->lock);
 }
 
-void
-ra_filled (struct cache *c, struct folio *f)
+/* Readahead's step: fill what is missing, and mark the folios it filled
+ * (ra_filled) so that a client's read of them counts as a hit. */
+static int64_t
+readahead_step (struct cache_iter *it)
 {
-  f->ra = true;
-  atomic_fetch_add (&c->ra->unread, 1);
+  struct cache *c = it->c;
+  uint32_t before[WINDOW_MAX];
+  uint64_t first, last;
+  bool missed = false;
+
+  step_folios (it, &first, &last);
+  for (uint64_t i = first; i <= last; i++)
+    before[i] = it->w.f[i]->nr_uptodate;
+  if (fill_range (it, &missed) == -1)
+    return -1;
+  for (uint64_t i = first; i <= last; i++) {
+    struct folio *f = it->w.f[i];
+    uint32_t got = f->nr_uptodate - before[i];
+    if (got == 0)
+      continue;
+    OPSTAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
+    if (!f->ra)
+      ra_filled (c, f);
+  }
+  return (int64_t) (it->step_end - it->pos);
 }
 
-void
-ra_read (struct cache *c, struct folio *f)
+int
+cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off)
 {
-  f->ra = false;
-  atomic_fetch_sub (&c->ra->unread, 1);
-  OPSTAT_ADD (c, readahead_hits, 1);
-}
+  struct cache_iter it;
+  int r;
 
-void
-ra_dropped (struct cache *c, struct folio *f)
-{
-  f->ra = false;
-  atomic_fetch_sub (&c->ra->unread, 1);
-  OPSTAT_ADD (c, readahead_wasted, 1);
+  cache_iter_init (&it, c, off, len, CI_ALLOC | CI_READAHEAD);
+  while ((r = cache_iter_next (&it)) > 0)
+    it.done = readahead_step (&it);
+  return r;
 }

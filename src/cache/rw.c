@@ -7,44 +7,6 @@
 #include "cache/cache-int.h"
 #include "cache/ops.h"
 
-static struct folio *
-window_folio (struct cache *c, struct window *w, uint64_t blk)
-{
-  return w->f[blk / c->blocks_per_folio - w->start];
-}
-
-/* Bring blocks [start, end) of the step uptodate from the backing, or
- * under CACHE_NOWAIT give up before anything changed (but for a parked
- * miss's fill: io_fill knows what it may do without waiting). */
-static int
-step_fill (struct cache_iter *it, uint64_t start, uint64_t end)
-{
-  if ((it->flags & CI_NOWAIT) && it->src == NULL) {
-    errno = EAGAIN;
-    return -1;
-  }
-  return io_fill (it, start, end);
-}
-
-/* Bring every block of the step uptodate: one fill per contiguous run of
- * missing blocks.  *missed is set if any was missing. */
-static int
-fill_range (struct cache_iter *it, bool *missed)
-{
-  struct cache *c = it->c;
-  struct window *w = &it->w;
-  uint64_t b = block_of (c, it->pos), end = block_of (c, it->step_end - 1) + 1;
-
-  while ((b = window_next (c, w, FP_UPTODATE, false, b, end)) < end) {
-    uint64_t run_end = window_next (c, w, FP_UPTODATE, true, b, end);
-    if (step_fill (it, b, run_end) == -1)
-      return -1;
-    *missed = true;
-    b = run_end;
-  }
-  return 0;
-}
-
 /* Copy between buf and the window's folios; to_folio picks the direction. */
 static void
 copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
@@ -69,14 +31,6 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     off += n;
     len -= n;
   }
-}
-
-/* The step's folios: w.f[*first .. *last]. */
-static void
-step_folios (const struct cache_iter *it, uint64_t *first, uint64_t *last)
-{
-  *first = folio_of (it->c, it->pos) - it->w.start;
-  *last = folio_of (it->c, it->step_end - 1) - it->w.start;
 }
 
 /* A client read the step's folios: those readahead brought are counted
@@ -108,45 +62,6 @@ read_step (struct cache_iter *it, unsigned char *buf, bool *missed)
       read_seen (it);
   }
   return (int64_t) len;
-}
-
-/* Readahead's step: fill what is missing, and mark the folios it filled
- * (ra_filled) so that a client's read of them counts as a hit. */
-static int64_t
-readahead_step (struct cache_iter *it)
-{
-  struct cache *c = it->c;
-  uint32_t before[WINDOW_MAX];
-  uint64_t first, last;
-  bool missed = false;
-
-  step_folios (it, &first, &last);
-  for (uint64_t i = first; i <= last; i++)
-    before[i] = it->w.f[i]->nr_uptodate;
-  if (fill_range (it, &missed) == -1)
-    return -1;
-  for (uint64_t i = first; i <= last; i++) {
-    struct folio *f = it->w.f[i];
-    uint32_t got = f->nr_uptodate - before[i];
-    if (got == 0)
-      continue;
-    OPSTAT_ADD (c, readahead_bytes, (uint64_t) got << c->block_shift);
-    if (!f->ra)
-      ra_filled (c, f);
-  }
-  return (int64_t) (it->step_end - it->pos);
-}
-
-int
-cache_readahead_fill (struct cache *c, uint64_t len, uint64_t off)
-{
-  struct cache_iter it;
-  int r;
-
-  cache_iter_init (&it, c, off, len, CI_ALLOC | CI_READAHEAD);
-  while ((r = cache_iter_next (&it)) > 0)
-    it.done = readahead_step (&it);
-  return r;
 }
 
 int

@@ -170,3 +170,13 @@ throttle_dirty (struct cache *c, uint64_t len)
   }
   return 0;
 }
+
+int
+wb_error (struct cache *c)
+{
+  int err = atomic_load (&c->wb_failing);
+
+  if (err == 0)
+    err = atomic_load (&c->flush_failing);
+  return err ? err : atomic_load (&c->store_failing);
+}

@@ -8,7 +8,10 @@
  * Everything the pass writes is written while its owner holds wb_mutex,
  * and the owner settles unstable blocks (wb_stabilize) only when no thread
  * of the walk is inside a batch: a settle must not clean a block that
- * reached the backing after the flush began. */
+ * reached the backing after the flush began.
+ *
+ * The background writeback thread (wb_thread_main) runs its passes here
+ * too. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -265,4 +268,66 @@ wb_helpers_stop (struct cache *c)
   unlock_or_die (&c->walk_lock);
   while (c->nr_helpers > 0)
     pthread_join (c->wb_helpers[--c->nr_helpers], NULL);
+}
+
+static void
+wb_sleep (struct cache *c, unsigned ms)
+{
+  uint64_t end = now_ms () + ms, now;
+
+  lock_or_die (&c->lock);
+  while (!atomic_load (&c->wb_stop) && !c->wb_kick &&
+         (now = now_ms ()) < end)
+    if (cond_wait_ms (&c->wb_cv, &c->lock, end - now) == ETIMEDOUT)
+      break;
+  c->wb_kick = false;
+  unlock_or_die (&c->lock);
+}
+
+/* The background writeback thread: wakes every writeback_interval_ms or
+ * when kicked (dirty data over the background threshold, writers waiting
+ * for room), writes back, and backs off while the backing fails. */
+void *
+wb_thread_main (void *arg)
+{
+  struct cache *c = arg;
+  unsigned backoff_ms = 0;
+
+  while (!atomic_load (&c->wb_stop)) {
+    wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
+    if (atomic_load (&c->wb_stop))
+      break;
+    if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0) {
+      if (c->space_waiters > 0 && cache_store_sync (c) == 0) {
+        lock_or_die (&c->lock);   /* page store: cleaned slots reusable */
+        pthread_cond_broadcast (&c->space_cv);
+        unlock_or_die (&c->lock);
+        throttle_wake (c);
+      }
+      continue;
+    }
+    int err;
+    lock_or_die (&c->wb_mutex);
+    wb_pass (c, false, 0, &err);
+    /* Unstable blocks pin memory until the backing flushes them: flush
+     * after every pass that left some, even one with failed writes, so
+     * that what did reach the backing can be evicted and writers waiting
+     * for room get it. */
+    if (STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1 &&
+        err == 0)
+      err = errno;
+    unlock_or_die (&c->wb_mutex);
+    if (cache_store_sync (c) == -1 && err == 0)  /* page store: slots reusable */
+      err = errno;
+    lock_or_die (&c->lock);
+    pthread_cond_broadcast (&c->space_cv);
+    unlock_or_die (&c->lock);
+    throttle_wake (c);
+    if (err)
+      backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
+                              : 100;
+    else
+      backoff_ms = 0;
+  }
+  return NULL;
 }

@@ -1,117 +1,11 @@
-/* Range locks, folio lookup and allocation.  See the lock order in
+/* Windows: folios looked up and allocated under their range lock (the
+ * stripes and the lookup are in fmap.c).  See the lock order in
  * cache-int.h; the waits for room are in throttle.c, which folio to evict
  * in lru.c. */
 #include <assert.h>
 #include <errno.h>
 
 #include "cache/cache-int.h"
-
-pthread_mutex_t *
-stripe_of (struct cache *c, uint64_t fi)
-{
-  return &c->stripes[fi % NSTRIPES].lock;
-}
-
-/* Call fn on each stripe of folios [start, end), in ascending stripe
- * order (the only order in which several stripes are taken).  At most a
- * window's worth: a longer range goes a window at a time (direct.c), so
- * no one ever holds the whole stripe table. */
-static void
-stripes_each (struct cache *c, uint64_t start, uint64_t end,
-              void (*fn) (pthread_mutex_t *))
-{
-  uint64_t n = end - start;
-  uint32_t s0 = start % NSTRIPES;
-
-  assert (n <= WINDOW_MAX);
-  if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
-    for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      fn (&c->stripes[s].lock);
-    n = NSTRIPES - s0;
-  }
-  for (uint32_t s = s0; s < s0 + n; s++)
-    fn (&c->stripes[s].lock);
-}
-
-static void
-stripes_lock (struct cache *c, uint64_t start, uint64_t end)
-{
-  uint64_t n = end - start;
-  uint32_t s0 = start % NSTRIPES;
-
-  assert (n <= WINDOW_MAX);
-  if (s0 + n > NSTRIPES) { /* wraps: the low stripes come first */
-    for (uint32_t s = 0; s < s0 + n - NSTRIPES; s++)
-      lock_counted (&c->stripes[s].lock, OPSTAT_PTR (c, lock_waits_stripe));
-    n = NSTRIPES - s0;
-  }
-  for (uint32_t s = s0; s < s0 + n; s++)
-    lock_counted (&c->stripes[s].lock, OPSTAT_PTR (c, lock_waits_stripe));
-}
-
-void
-range_lock (struct cache *c, uint64_t start, uint64_t end)
-{
-  stripes_lock (c, start, end);
-}
-
-void
-range_unlock (struct cache *c, uint64_t start, uint64_t end)
-{
-  stripes_each (c, start, end, unlock_or_die);
-}
-
-/* ---- the stripe-guarded hash of cached folios (c->buckets) ---- */
-
-static struct folio **
-bucket_of (struct cache *c, uint64_t fi)
-{
-  return &c->buckets[fi % NSTRIPES +
-                     NSTRIPES * ((fi / NSTRIPES) &
-                                 (c->buckets_per_stripe - 1))];
-}
-
-struct folio *
-folio_lookup (struct cache *c, uint64_t fi)
-{
-  struct folio *f = *bucket_of (c, fi);
-
-  while (f != NULL && f->index != fi)
-    f = f->hnext;
-  return f;
-}
-
-/* f (its index set) goes into or out of its bucket; its stripe held. */
-static void
-bucket_add (struct cache *c, struct folio *f)
-{
-  struct folio **b = bucket_of (c, f->index);
-
-  f->hnext = *b;
-  *b = f;
-}
-
-static void
-bucket_del (struct cache *c, struct folio *f)
-{
-  struct folio **p = bucket_of (c, f->index);
-
-  while (*p != f)
-    p = &(*p)->hnext;
-  *p = f->hnext;
-  f->hnext = NULL;
-}
-
-void
-folio_uncache_locked (struct cache *c, struct folio *f)
-{
-  lru_del_locked (c, f);
-  bucket_del (c, f);
-  fidx_remove (&c->index, f->index);
-  f->cached = false;
-  folio_reset (c, f);
-  c->store->ops->set_index (c->store, f->slot, STORE_NO_FOLIO);
-}
 
 int
 folio_adopt (struct cache *c, struct folio *f, uint64_t fi)

@@ -69,6 +69,8 @@ prep_swap (struct cache *c, struct cache_prep *p, struct window *w)
 
   for (unsigned i = p->n; i-- > 0;) {
     struct folio *nf = &c->folios[p->slot[i]], *old = w->f[i];
+    if (old != NULL && old->ra)
+      ra_dropped (c, old);           /* readahead brought it, unread */
     if (old != NULL)
       folio_drop (c, old, 0, bpf);   /* all of it is overwritten */
     folio_set_uptodate (c, nf, 0, bpf);

@@ -277,34 +277,6 @@ wb_batch_write (struct cache *c, struct wb_batch *b, unsigned flags)
   return 0;
 }
 
-void
-wb_wait_folio (struct cache *c, uint64_t fi)
-{
-  pthread_mutex_t *m = stripe_of (c, fi);
-  struct folio *f;
-
-  lock_or_die (m);
-  /* Looked up again after every wait: once its writeback ended, the
-   * folio may have been evicted and its slot may hold another folio
-   * (of another stripe) under writeback.  The I/O is bounded by the
-   * backing's timeouts; the wait rechecks every second all the same. */
-  while ((f = folio_lookup (c, fi)) != NULL && f->writeback)
-    cond_wait_ms (&c->stripes[fi % NSTRIPES].wb_done, m, 1000);
-  unlock_or_die (m);
-}
-
-uint64_t
-wb_window_busy (struct cache *c, const struct window *w)
-{
-  (void) c;
-  for (uint64_t fi = w->start; fi < w->end; fi++) {
-    const struct folio *f = w->f[fi - w->start];
-    if (f != NULL && f->writeback)
-      return fi;
-  }
-  return UINT64_MAX;
-}
-
 /* Apply fn to every cached folio (marked only, if marked), each under its
  * stripe lock. */
 static void
@@ -383,16 +355,6 @@ wb_stabilize (struct cache *c)
   return 1;
 }
 
-int
-wb_error (struct cache *c)
-{
-  int err = atomic_load (&c->wb_failing);
-
-  if (err == 0)
-    err = atomic_load (&c->flush_failing);
-  return err ? err : atomic_load (&c->store_failing);
-}
-
 /* Dirty and unstable blocks stay: the cache answers for them. */
 static void
 forget_clean (struct cache *c, struct folio *f, bool unused)
@@ -408,66 +370,4 @@ void
 wb_invalidate_clean (struct cache *c)
 {
   folios_each_locked (c, false, forget_clean, false);
-}
-
-static void
-wb_sleep (struct cache *c, unsigned ms)
-{
-  uint64_t end = now_ms () + ms, now;
-
-  lock_or_die (&c->lock);
-  while (!atomic_load (&c->wb_stop) && !c->wb_kick &&
-         (now = now_ms ()) < end)
-    if (cond_wait_ms (&c->wb_cv, &c->lock, end - now) == ETIMEDOUT)
-      break;
-  c->wb_kick = false;
-  unlock_or_die (&c->lock);
-}
-
-/* The background writeback thread: wakes every writeback_interval_ms or
- * when kicked (dirty data over the background threshold, writers waiting
- * for room), writes back, and backs off while the backing fails. */
-void *
-wb_thread_main (void *arg)
-{
-  struct cache *c = arg;
-  unsigned backoff_ms = 0;
-
-  while (!atomic_load (&c->wb_stop)) {
-    wb_sleep (c, backoff_ms ? backoff_ms : c->cfg.writeback_interval_ms);
-    if (atomic_load (&c->wb_stop))
-      break;
-    if (STAT_GET (c, dirty_bytes) == 0 && STAT_GET (c, unstable_bytes) == 0) {
-      if (c->space_waiters > 0 && cache_store_sync (c) == 0) {
-        lock_or_die (&c->lock);   /* page store: cleaned slots reusable */
-        pthread_cond_broadcast (&c->space_cv);
-        unlock_or_die (&c->lock);
-        throttle_wake (c);
-      }
-      continue;
-    }
-    int err;
-    lock_or_die (&c->wb_mutex);
-    wb_pass (c, false, 0, &err);
-    /* Unstable blocks pin memory until the backing flushes them: flush
-     * after every pass that left some, even one with failed writes, so
-     * that what did reach the backing can be evicted and writers waiting
-     * for room get it. */
-    if (STAT_GET (c, unstable_bytes) > 0 && wb_stabilize (c) == -1 &&
-        err == 0)
-      err = errno;
-    unlock_or_die (&c->wb_mutex);
-    if (cache_store_sync (c) == -1 && err == 0)  /* page store: slots reusable */
-      err = errno;
-    lock_or_die (&c->lock);
-    pthread_cond_broadcast (&c->space_cv);
-    unlock_or_die (&c->lock);
-    throttle_wake (c);
-    if (err)
-      backoff_ms = backoff_ms ? (backoff_ms * 2 > 5000 ? 5000 : backoff_ms * 2)
-                              : 100;
-    else
-      backoff_ms = 0;
-  }
-  return NULL;
 }

@@ -13,7 +13,10 @@
  *     working set (read again between the stream's reads: no misses);
  *   - readahead never touches dirty data: streams read through a small
  *     cache while a thread writes, flushes at the end; every write reads
- *     back and reached the backing (also a run for ThreadSanitizer).
+ *     back and reached the backing (also a run for ThreadSanitizer);
+ *   - a folio readahead brought that a write received into folio memory
+ *     replaces unread counts as wasted, and the slot it leaves brings no
+ *     readahead hit to the folio that takes it next.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -22,6 +25,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "cache/cache-int.h"     /* cache_readahead_fill */
 #include "lib/cachetest.h"
 
 #define K 1024ull
@@ -295,6 +299,34 @@ test_dirty_survives (void **state)
   fake_free (fb);
 }
 
+/* Review 2026-12c F12: the readahead flag outlived its folio when
+ * cache_write_commit swapped a new folio in (folio_replace), so the
+ * folio read next from the slot counted a readahead hit. */
+static void
+test_replaced_unread (void **state)
+{
+  struct fake_backing *fb = remote (true);
+  struct cache_config cfg = config (32 * M, CACHE_READAHEAD_AUTO);
+  struct cache *c = ct_cache (fb, &cfg);
+  struct cache_prep p;
+
+  assert_non_null (c);
+  fake_set_delay_us (fb, 0);
+  assert_int_equal (cache_readahead_fill (c, 64 * K, 0), 0);  /* folio 0 */
+  assert_int_equal (stats (c).readahead_bytes, 64 * K);
+  assert_int_equal (cache_write_prepare (c, 64 * K, 0, &p), 0);
+  assert_int_equal (p.n, 1);
+  memset (p.data[0], 0xab, p.folio_size);
+  assert_int_equal (cache_write_commit (c, &p, 0), 0);
+  assert_int_equal (stats (c).readahead_wasted, 1);
+  /* A miss far off takes the slot folio 0 left (free slots are a stack). */
+  read_check (c, 32 * M, 64 * K, 64 * K);
+  assert_int_equal (stats (c).readahead_hits, 0);
+  assert_int_equal (cache_flush (c), 0);          /* the write's folio */
+  assert_int_equal (cache_destroy (c), 0);
+  fake_free (fb);
+}
+
 int
 main (void)
 {
@@ -305,6 +337,7 @@ main (void)
     cmocka_unit_test (test_random_hits_skip_readahead),
     cmocka_unit_test (test_working_set),
     cmocka_unit_test (test_dirty_survives),
+    cmocka_unit_test (test_replaced_unread),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
