@@ -1,4 +1,4 @@
-/* Sparse radix tree with a mark; see fidx.h. */
+/* Sparse radix tree with marks; see fidx.h. */
 #include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -10,7 +10,8 @@
 
 struct fidx_node {
   uint64_t present; /* slot i holds a child or an item */
-  uint64_t marked;  /* slot i is marked (inner: some descendant is) */
+  uint64_t marked[FIDX_MARKS]; /* slot i has mark m (inner: some
+                                  * descendant has) */
   void *slots[FIDX_SLOTS];
 };
 
@@ -141,24 +142,24 @@ fidx_path (const struct fidx *x, uint64_t index, struct fidx_node **path)
   return true;
 }
 
-/* After the mark of slot s in path[level] changed, fix the ancestors. */
+/* After mark m of a slot in path[level] changed, fix the ancestors. */
 static void
 marks_propagate (const struct fidx *x, struct fidx_node **path,
-                 uint64_t index, unsigned level)
+                 uint64_t index, unsigned level, enum fidx_mark m)
 {
   while (level > 0) {
-    bool any = path[level]->marked != 0;
+    bool any = path[level]->marked[m] != 0;
     unsigned s = slot_of (index, leaf_shift (x, level - 1));
     uint64_t bit = 1ull << s;
-    if (any == !!(path[level - 1]->marked & bit))
+    if (any == !!(path[level - 1]->marked[m] & bit))
       return;
-    path[level - 1]->marked ^= bit;
+    path[level - 1]->marked[m] ^= bit;
     level--;
   }
 }
 
 void
-fidx_set_mark (struct fidx *x, uint64_t index, bool on)
+fidx_mark (struct fidx *x, uint64_t index, enum fidx_mark m, bool on)
 {
   struct fidx_node *path[11];
   unsigned leaf = x->height - 1;
@@ -168,20 +169,27 @@ fidx_set_mark (struct fidx *x, uint64_t index, bool on)
     return;
   bit = 1ull << slot_of (index, 0);
   if (on)
-    path[leaf]->marked |= bit;
+    path[leaf]->marked[m] |= bit;
   else
-    path[leaf]->marked &= ~bit;
-  marks_propagate (x, path, index, leaf);
+    path[leaf]->marked[m] &= ~bit;
+  marks_propagate (x, path, index, leaf, m);
 }
 
-bool
-fidx_get_mark (const struct fidx *x, uint64_t index)
+void
+fidx_set_mark (struct fidx *x, uint64_t index, bool on)
 {
-  struct fidx_node *path[11];
+  fidx_mark (x, index, FIDX_DIRTY, on);
+}
 
-  if (!fidx_path (x, index, path))
-    return false;
-  return path[x->height - 1]->marked & (1ull << slot_of (index, 0));
+size_t
+fidx_tag (struct fidx *x, enum fidx_mark from, enum fidx_mark to)
+{
+  size_t n = 0;
+
+  for (uint64_t i = 0; fidx_find_marked (x, &i, x->max_index + 1, from);
+       i++, n++)
+    fidx_mark (x, i, to, true);
+  return n;
 }
 
 void *
@@ -192,7 +200,8 @@ fidx_remove (struct fidx *x, uint64_t index)
     return NULL;
   assert (x->height >= 1);      /* a tree has a root level */
   void *item = path[x->height - 1]->slots[slot_of (index, 0)];
-  fidx_set_mark (x, index, false);
+  for (unsigned m = 0; m < FIDX_MARKS; m++)
+    fidx_mark (x, index, m, false);
   for (int level = x->height - 1; level >= 0; level--) {
     unsigned s = slot_of (index, leaf_shift (x, level));
     path[level]->present &= ~(1ull << s);
@@ -224,12 +233,14 @@ fidx_replace (struct fidx *x, uint64_t index, void *item)
   return old;
 }
 
+/* m == FIDX_MARKS: any entry. */
 static void *
 node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
-           uint64_t start, uint64_t end, bool marked, uint64_t *found)
+           uint64_t start, uint64_t end, unsigned m, uint64_t *found)
 {
   unsigned first = (unsigned) ((start - base) >> shift);
-  uint64_t bits = (marked ? n->marked : n->present) & (~0ull << first);
+  uint64_t bits = (m < FIDX_MARKS ? n->marked[m] : n->present) &
+                  (~0ull << first);
 
   while (bits) {
     unsigned s = __builtin_ctzll (bits);
@@ -242,7 +253,7 @@ node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
     }
     void *r = node_find (n->slots[s], shift - FIDX_BITS, child_base,
                          start > child_base ? start : child_base, end,
-                         marked, found);
+                         m, found);
     if (r)
       return r;
     bits &= bits - 1;
@@ -250,11 +261,23 @@ node_find (const struct fidx_node *n, unsigned shift, uint64_t base,
   return NULL;
 }
 
-void *
-fidx_find (const struct fidx *x, uint64_t *index, uint64_t end, bool marked)
+static void *
+find_from (const struct fidx *x, uint64_t *index, uint64_t end, unsigned m)
 {
   if (x->root == NULL || *index > x->max_index || *index >= end)
     return NULL;
-  return node_find (x->root, leaf_shift (x, 0), 0, *index, end, marked,
-                    index);
+  return node_find (x->root, leaf_shift (x, 0), 0, *index, end, m, index);
+}
+
+void *
+fidx_find (const struct fidx *x, uint64_t *index, uint64_t end, bool marked)
+{
+  return find_from (x, index, end, marked ? FIDX_DIRTY : FIDX_MARKS);
+}
+
+void *
+fidx_find_marked (const struct fidx *x, uint64_t *index, uint64_t end,
+                  enum fidx_mark m)
+{
+  return find_from (x, index, end, m);
 }

@@ -1,7 +1,10 @@
-/* The folio index: a sparse radix tree from folio number to folio, with one
- * mark ("dirty") propagated up the tree so that walking the dirty folios in
- * offset order costs time proportional to the dirty folios, not to the size
- * of the export (an idle flush on a 1 TiB export looks at the root only).
+/* The folio index: a sparse radix tree from folio number to folio, with
+ * marks propagated up the tree so that walking the marked folios in offset
+ * order costs time proportional to them, not to the size of the export (an
+ * idle flush on a 1 TiB export looks at the root only).  Two marks, as the
+ * kernel's page cache tags: FIDX_DIRTY (the folio has dirty blocks) and
+ * FIDX_TOWRITE (a flush's pass must write it: the dirty set when the pass
+ * began, so that a writer cannot keep the pass going).
  *
  * 64 slots per node.  The height is fixed at init from the largest folio
  * number, so inserting never reshapes the tree.  Not thread-safe: the cache
@@ -15,6 +18,12 @@
 #include <stdint.h>
 
 struct fidx_node;
+
+enum fidx_mark {
+  FIDX_DIRTY,
+  FIDX_TOWRITE,
+  FIDX_MARKS
+};
 
 struct fidx {
   struct fidx_node *root;
@@ -37,12 +46,20 @@ void *fidx_remove (struct fidx *x, uint64_t index);
 /* Puts item where index's entry is (which must be there) and returns the
  * old one; allocates nothing, keeps the mark. */
 void *fidx_replace (struct fidx *x, uint64_t index, void *item);
+/* Set or clear mark m of index's entry (nothing if it is absent). */
+void fidx_mark (struct fidx *x, uint64_t index, enum fidx_mark m, bool on);
+/* The dirty mark: fidx_mark (x, index, FIDX_DIRTY, on). */
 void fidx_set_mark (struct fidx *x, uint64_t index, bool on);
-bool fidx_get_mark (const struct fidx *x, uint64_t index);
+/* Mark every entry that has mark from with mark to as well (under the
+ * index lock: the snapshot is of one instant).  Returns how many. */
+size_t fidx_tag (struct fidx *x, enum fidx_mark from, enum fidx_mark to);
 
-/* First entry (marked only, if marked) with index in [*index, end).
+/* First entry (dirty-marked only, if marked) with index in [*index, end).
  * Sets *index to its index.  NULL if none. */
 void *fidx_find (const struct fidx *x, uint64_t *index, uint64_t end,
                  bool marked);
+/* The same for entries with mark m. */
+void *fidx_find_marked (const struct fidx *x, uint64_t *index, uint64_t end,
+                        enum fidx_mark m);
 
 #endif /* FOLIOD_FIDX_H */

@@ -74,6 +74,15 @@ walk_come_back (struct cache *c, struct wb_walk *wk)
   return !wk->over;
 }
 
+/* A flush's pass is done with folio fi: written, or found clean. */
+static void
+walk_untag (struct cache *c, uint64_t fi)
+{
+  lock_or_die (&c->lock);
+  fidx_mark (&c->index, fi, FIDX_TOWRITE, false);
+  unlock_or_die (&c->lock);
+}
+
 /* The next batch of the walk into b (walk_lock held; its stripes are
  * taken by trylock only).  false when the walk is done. */
 static bool
@@ -81,10 +90,11 @@ walk_next (struct cache *c, struct wb_walk *wk, struct wb_batch *b)
 {
   for (;;) {
     lock_or_die (&c->lock);
-    struct folio *f = fidx_find (&c->index, &wk->fi,
-                                 wk->wrapped && !wk->all ? wk->start
-                                                         : c->nr_folios,
-                                 true);
+    /* A flush's pass walks what it tagged at its start, nothing else. */
+    struct folio *f = wk->all
+        ? fidx_find_marked (&c->index, &wk->fi, c->nr_folios, FIDX_TOWRITE)
+        : fidx_find (&c->index, &wk->fi,
+                     wk->wrapped ? wk->start : c->nr_folios, true);
     unlock_or_die (&c->lock);
     if (f == NULL) {
       if (!wk->wrapped && wk->start != 0) {
@@ -101,6 +111,8 @@ walk_next (struct cache *c, struct wb_walk *wk, struct wb_batch *b)
       continue;
     }
     enum wb_begin got = wb_batch_begin (c, b, wk->fi, wk->all);
+    if (got == WB_SKIP && wk->all)
+      walk_untag (c, wk->fi);    /* clean by now, or gone */
     if (got == WB_BUSY && wk->fi < wk->busy_from)
       wk->busy_from = wk->fi;
     if (got == WB_GOT && b->cut && b->w.end - 1 < wk->busy_from)
@@ -214,6 +226,15 @@ wb_pass (struct cache *c, bool all, unsigned flags, int *err)
                         .busy_from = UINT64_MAX };
 
   wk.fi = wk.start;
+  if (all) {
+    /* The set a flush must write, taken at one instant (the kernel's
+     * tag_pages_for_writeback): blocks dirtied later are the next
+     * flush's, so that a writer cannot keep this pass going.  A folio
+     * of that set dirtied again before its batch is written whole. */
+    lock_or_die (&c->lock);
+    fidx_tag (&c->index, FIDX_DIRTY, FIDX_TOWRITE);
+    unlock_or_die (&c->lock);
+  }
   lock_counted (&c->walk_lock, &c->st.lock_waits_walk);
   c->walk = &wk;
   pthread_cond_broadcast (&c->walk_cv);   /* helpers join */

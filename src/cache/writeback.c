@@ -222,6 +222,16 @@ wb_batch_begin (struct cache *c, struct wb_batch *b, uint64_t fi, bool all)
     w->end = next + 1;
   }
   wb_batch_cut (c, b);
+  if (all) {
+    /* A flush's pass takes these folios off its set now, with their
+     * dirty runs cut: what is dirtied from here on is the next flush's.
+     * A batch cut short leaves its last folio on the set (the rest of
+     * its runs is still to write). */
+    lock_or_die (&c->lock);
+    for (uint64_t i = w->start; i < w->end - (b->cut ? 1 : 0); i++)
+      fidx_mark (&c->index, i, FIDX_TOWRITE, false);
+    unlock_or_die (&c->lock);
+  }
   for (uint64_t i = w->start; i < w->end; i++) {
     w->f[i - w->start]->writeback = true;
     unlock_or_die (stripe_of (c, i));
