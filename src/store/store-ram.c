@@ -1,21 +1,23 @@
 /* The ram store: folio memory in one anonymous mapping, bitmaps in one
  * array.  The memory is populated in the background once the server
  * listens (store_ram_populate), not when the store is made. */
-#define _GNU_SOURCE               /* SCHED_IDLE */
+#define _GNU_SOURCE               /* gettid */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "foliod/store.h"
 #include "foliod/util.h"
 
-/* One madvise per chunk: destroy waits at most one chunk's population
- * (about 0.1 s on a slow machine) for the thread to stop. */
-#define POPULATE_CHUNK (32u << 20)
+/* One madvise per chunk, each holding the process's mmap_lock for as
+ * long as it takes: one huge page, so that a thread that needs the lock
+ * for writing (a thread's stack, a large malloc) waits for at most one
+ * huge page's faults, and destroy for one chunk. */
+#define POPULATE_CHUNK (2u << 20)
 
 static const struct store_ops ram_ops;
 
@@ -95,12 +97,18 @@ static void *
 ram_populate_main (void *arg)
 {
   struct store_ram *r = arg;
-  struct sched_param sp = { .sched_priority = 0 };
   uint64_t start = now_ms ();
   size_t off = 0;
   int err = 0;
 
-  pthread_setschedparam (pthread_self (), SCHED_IDLE, &sp);
+  /* Nice 19, not SCHED_IDLE: a SCHED_IDLE thread on a busy host is
+   * preempted inside madvise holding mmap_lock for reading and gets no
+   * CPU again until the host idles, while every mmap, munmap and thread
+   * start of foliod waits behind it (and page faults behind them): the
+   * first client waited for the whole population (27 s for 256 MiB
+   * under 12 CPU-bound threads on 2 cores).  Nice 19 still gets a
+   * slice within a scheduling period, so the lock comes back soon. */
+  (void) setpriority (PRIO_PROCESS, (id_t) gettid (), 19); /* a hint */
   while (off < r->data_len && !atomic_load (&r->populate_stop)) {
     size_t n = r->data_len - off < POPULATE_CHUNK ? r->data_len - off
                                                   : POPULATE_CHUNK;
