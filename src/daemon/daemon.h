@@ -4,8 +4,9 @@
  * the configuration (command line over config file over built-in
  * defaults), opens the exports, starts the server on its sockets, talks to
  * systemd, answers the control socket and shuts down without losing dirty
- * data.  No global mutable state except the log level (log.c) and the
- * signal-forced-exit flag (main.c).
+ * data.  It picks where log lines go (log_to_file, log_to_syslog of
+ * foliod/log.h; the sink itself is src/util/log.c).  No global mutable
+ * state except the signal-forced-exit flag (main.c).
  */
 #ifndef FOLIOD_DAEMON_H
 #define FOLIOD_DAEMON_H
@@ -15,7 +16,7 @@
 #include <sys/socket.h>
 
 #include "foliod/export.h"
-#include "server/log.h"
+#include "foliod/log.h"
 #include "server/server.h"
 
 #define DEFAULT_PORT "10809"
@@ -116,15 +117,6 @@ int daemon_config_check (struct daemon_config *c);
  * empty: any address) and port.  0 or -1. */
 int parse_listen (const char *s, char *host, size_t hostlen,
                   char *port, size_t portlen);
-
-/* log.c: level names ("error" .. "debug"), the level in force. */
-const char *log_level_name (int level);
-int log_level_parse (const char *s, int *level);
-void log_set_level (int level);
-/* From now on, lines go to the file at path (appended; 0 or -1/errno), or
- * to syslog, instead of stderr. */
-int log_to_file (const char *path);
-void log_to_syslog (void);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];

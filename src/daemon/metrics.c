@@ -45,7 +45,7 @@
 
 #include "foliod/util.h"
 #include "daemon/daemon.h"
-#include "server/log.h"
+#include "foliod/log.h"
 
 #define METRICS_MAX_CONNECTIONS 16
 #define METRICS_MAX_PER_IP 4
