@@ -113,8 +113,8 @@ int exports_create_missing (struct daemon_config *c);
  * duplicate names).  Prints reasons; returns 0 or -1. */
 int daemon_config_check (struct daemon_config *c);
 
-/* Split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".  Writes host (may be
- * empty: any address) and port.  0 or -1. */
+/* listen-addr.c: split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".
+ * Writes host (may be empty: any address) and port.  0 or -1. */
 int parse_listen (const char *s, char *host, size_t hostlen,
                   char *port, size_t portlen);
 
@@ -184,8 +184,8 @@ struct metrics_addr {
   socklen_t len;
   char text[300];           /* "127.0.0.1:9100", for messages */
 };
-/* "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" (no host: 127.0.0.1).
- * 0, or -1 with a reason in err. */
+/* listen-addr.c: "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" resolved
+ * (no host: 127.0.0.1).  0, or -1 with a reason in err. */
 int metrics_addr_parse (const char *s, struct metrics_addr *a, char *err,
                         size_t errlen);
 struct metrics;
