@@ -420,7 +420,7 @@ log_signal_line (int level, const char *line, size_t len)
     /* syslog(3)'s datagram, less the timestamp the daemon adds:
      * "<PRI>foliod[PID]: MSG", PRI = facility daemon (3) * 8 + level. */
     sig_put_str (buf, room, &n, "<", 1);
-    sig_put_uint (buf, room, &n, (uint64_t) (3 * 8 + log_prio[level]), 1);
+    sig_put_uint (buf, room, &n, 3 * 8 + (uint64_t) log_prio[level], 1);
     sig_put_str (buf, room, &n, ">foliod[", 8);
     sig_put_uint (buf, room, &n, (uint64_t) getpid (), 1);
     sig_put_str (buf, room, &n, "]: ", 3);
