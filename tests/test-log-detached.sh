@@ -12,22 +12,16 @@ requires nbdsh
 
 keys=cache-size=4M,dirty-expire=3600000,writeback-interval=3600000
 truncate -s 8M "$tmp/a.img"
-rm -f "$tmp/sock"
 day_before=$(date +%F)
-timeout 60 "$FOLIOD" --unix "$tmp/sock" --pidfile "$tmp/pid" \
-  --log-file "$tmp/log" \
-  --export "a=file:$tmp/a.img,store=pmem:$tmp/a.store,$keys" \
-  </dev/null >"$tmp/term" 2>&1 || fail "foliod (detaching) failed: $(cat "$tmp/term")"
-pid=$(cat "$tmp/pid")
-track "$pid"
-tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--pidfile $tmp/pid" ||
-  fail "the pid file does not name our foliod"
-timeout 30 nbdsh -u "$(uri a "$tmp/sock")" -c 'h.pwrite(b"a" * 65536, 0); h.flush()' ||
+start_detached --log-file "$tmp/log" \
+  --export "a=file:$tmp/a.img,store=pmem:$tmp/a.store,$keys"
+pid=$DETACHED_PID
+timeout 30 nbdsh -u "$(uri a)" -c 'h.pwrite(b"a" * 65536, 0); h.flush()' ||
   fail "write"
 
 # Cut the store to its metadata: every data page is gone.
 truncate -s 2M "$tmp/a.store"
-timeout 30 nbdsh -u "$(uri a "$tmp/sock")" -c '
+timeout 30 nbdsh -u "$(uri a)" -c '
 for i in range(64):
     h.pwrite(b"A" * 65536, i * 65536)
     h.pread(65536, i * 65536)

@@ -13,18 +13,13 @@ requires nbdinfo
 trap _ceph_cleanup EXIT
 
 ceph_up 16M
-rm -f "$tmp/sock"
 # The image given up is never closed: LeakSanitizer would report
 # librbd's objects for it (as in test-rbd-osd.sh).
-ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 timeout 120 "$FOLIOD" \
-  --unix "$tmp/sock" --pidfile "$tmp/pid" --log-file "$tmp/log" \
-  --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000" \
-  </dev/null >"$tmp/term" 2>&1 || fail "foliod (detaching) failed: $(cat "$tmp/term")"
-pid=$(cat "$tmp/pid")
-track "$pid"
-tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "--pidfile $tmp/pid" ||
-  fail "the pid file does not name our foliod"
-nbdinfo "$(uri disk0 "$tmp/sock")" >/dev/null || fail "detached foliod does not serve"
+ASAN_OPTIONS=${ASAN_OPTIONS:-}:detect_leaks=0 start_detached \
+  --log-file "$tmp/log" \
+  --export "disk0=$(rbd_backing),cache-size=8M,request-timeout=3000"
+pid=$DETACHED_PID
+nbdinfo "$(uri disk0)" >/dev/null || fail "detached foliod does not serve"
 
 "$CLUSTER" down "$CEPH_DIR"
 kill -TERM "$pid"
