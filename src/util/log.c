@@ -133,7 +133,7 @@ stderr_is_journal (void)
 
 /* Format and write one line.  errno is set back to saved before the
  * formatting, for %m. */
-static void
+static void __attribute__ ((format (printf, 3, 0)))
 log_vline (int level, int saved, const char *fmt, va_list ap)
 {
   char line[2048];
