@@ -60,5 +60,9 @@ void log_to_sink (void (*fn) (int level, const char *msg));
  * sent to syslog's socket.  A sink function cannot be called from a signal
  * handler: with one installed the line goes to stderr. */
 void log_signal_line (int level, const char *line, size_t n);
+/* Called outside the handler when it is installed: notes what
+ * log_signal_line cannot find out safely (the local time's UTC offset;
+ * every ordinary line notes it again). */
+void log_signal_prepare (void);
 
 #endif /* FOLIOD_LOG_H */

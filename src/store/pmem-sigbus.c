@@ -89,6 +89,7 @@ install_locked (void)
 
   if (installed)
     return;
+  log_signal_prepare ();
   memset (&sa, 0, sizeof sa);
   sa.sa_sigaction = on_sigbus;
   sa.sa_flags = SA_SIGINFO;

@@ -20,8 +20,8 @@
  * log_signal_line() is the signal handler's way in (the pmem store's
  * SIGBUS line): write(2) only, to the descriptor of the destination, or
  * to a datagram socket on /dev/log opened with syslog, and a timestamp
- * computed from the UTC offset the last ordinary line saw (localtime_r is
- * not async-signal-safe).
+ * computed from the UTC offset noted beforehand (log_signal_prepare, and
+ * each ordinary line): localtime_r is not async-signal-safe.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -183,8 +183,8 @@ log_vline (int level, int saved, const char *fmt, va_list ap)
 }
 
 /* Note the UTC offset of local time now, for log_signal_line. */
-static void
-log_note_gmtoff (void)
+void
+log_signal_prepare (void)
 {
   time_t t = time (NULL);
   struct tm tm;
@@ -200,7 +200,7 @@ log_to_file (const char *path)
 
   if (fd == -1)
     return -1;
-  log_note_gmtoff ();
+  log_signal_prepare ();
   log_journal = 0;
   log_fd = fd;
   return 0;
