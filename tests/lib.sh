@@ -123,6 +123,22 @@ start_foliod () {
   wait_for_socket "$SOCK" $(( 20 * TSCALE ))
 }
 
+# start_detached ARGS...: foliod --unix $tmp/sock --pidfile $tmp/pid ARGS,
+# detaching (no -f); returns once the parent has exited (the daemon is
+# ready).  What it wrote to its terminal is in $tmp/term.  Sets
+# DETACHED_PID (tracked) and SOCK.
+start_detached () {
+  SOCK=$tmp/sock
+  rm -f "$SOCK" "$tmp/pid"
+  timeout $(( 120 * TSCALE )) "$FOLIOD" --unix "$SOCK" --pidfile "$tmp/pid" \
+    "$@" </dev/null >"$tmp/term" 2>&1 ||
+    fail "foliod (detaching) failed: $(cat "$tmp/term")"
+  DETACHED_PID=$(cat "$tmp/pid")
+  track "$DETACHED_PID"
+  tr '\0' ' ' < "/proc/$DETACHED_PID/cmdline" |
+    grep -q -- "--pidfile $tmp/pid" || fail "the pid file does not name our foliod"
+}
+
 # wait_gone PID TENTHS: wait up to TENTHS tenths of a second (scaled) for
 # PID to exit; 1 if it still runs then.  PID must be one the test
 # started (pids are reused quickly on a busy machine).

@@ -13,6 +13,10 @@ int parse_size (const char *s, uint64_t *out);
 /* Parse a boolean: 1/0, true/false, yes/no, on/off.  0 or -1. */
 int parse_bool (const char *s, int *out);
 
+/* Parse an unsigned decimal integer in [min, max] (digits only: no sign,
+ * no space).  0 or -1. */
+int parse_uint (const char *s, unsigned min, unsigned max, unsigned *out);
+
 static inline int
 is_power_of_2 (uint64_t v)
 {

@@ -30,6 +30,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/export.h"
+#include "foliod/log.h"
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
@@ -119,9 +120,21 @@ folio_close_export (void)
   folio_export = NULL;
 }
 
+/* The log sink of the rooms below (foliod/log.h): errors and warnings
+ * through nbdkit_error, the rest through nbdkit_debug (shown with -v). */
+static void
+folio_log_line (int level, const char *msg)
+{
+  if (level <= LOG_LVL_WARN)
+    nbdkit_error ("folio: %s", msg);
+  else
+    nbdkit_debug ("folio: %s", msg);
+}
+
 static void
 folio_load (void)
 {
+  log_to_sink (folio_log_line);
   folio_config_init_once ();
 }
 

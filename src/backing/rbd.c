@@ -55,6 +55,7 @@
 
 #include "foliod/backing.h"
 #include "foliod/lock.h"
+#include "foliod/log.h"
 #include "foliod/minmax.h"
 #include "foliod/util.h"
 
@@ -647,9 +648,9 @@ rbdb_close (struct backing *b)
    * the image, the cluster handle and the requests are left to the
    * process's exit; the OSDs drop our lock when the watch times out. */
   if (atomic_load (&rb->abandoned) > 0) {
-    fprintf (stderr, "foliod: rbd:%s: %lu request(s) still unanswered at "
-             "close: image not closed cleanly\n", rb->name,
-             (unsigned long) atomic_load (&rb->abandoned));
+    log_warn ("rbd:%s: %lu request(s) still unanswered at close: image "
+              "not closed cleanly", rb->name,
+              (unsigned long) atomic_load (&rb->abandoned));
     return;
   }
   /* The same for a cluster that is gone: wait for the close until the
@@ -664,9 +665,8 @@ rbdb_close (struct backing *b)
   closed = rb->closed;
   unlock_or_die (&rb->lock);
   if (!closed) {
-    fprintf (stderr, "foliod: rbd:%s: the cluster does not answer: image "
-             "not closed cleanly (its lock frees when its watch expires)\n",
-             rb->name);
+    log_warn ("rbd:%s: the cluster does not answer: image not closed "
+              "cleanly (its lock frees when its watch expires)", rb->name);
     return;
   }
   pthread_mutex_destroy (&rb->lock);

@@ -117,23 +117,6 @@ strv_push (char ***v, size_t *n, const char *s)
   return 0;
 }
 
-/* Unsigned integer in [min, max], decimal. */
-static int
-parse_uint (const char *s, unsigned min, unsigned max, unsigned *out)
-{
-  char *end;
-  unsigned long v;
-
-  if (!isdigit ((unsigned char) *s))
-    return -1;
-  errno = 0;
-  v = strtoul (s, &end, 10);
-  if (errno || *end || v < min || v > max)
-    return -1;
-  *out = (unsigned) v;
-  return 0;
-}
-
 /* Seconds in [min, max]: "10" or "10s". */
 static int
 parse_seconds (const char *s, unsigned min, unsigned max, unsigned *out)
@@ -159,39 +142,6 @@ parse_buffer_size (const char *value, uint64_t *out)
   if (parse_size (value, &v) == -1 || v < (1u << 20) || v > (1ull << 40))
     return -1;
   *out = v;
-  return 0;
-}
-
-int
-parse_listen (const char *s, char *host, size_t hostlen,
-              char *port, size_t portlen)
-{
-  const char *p, *colon;
-  size_t hl;
-  unsigned portnum;
-
-  if (s[0] == '[') {
-    const char *close = strchr (s, ']');
-    if (close == NULL || close[1] != ':')
-      return -1;
-    hl = (size_t) (close - s - 1);
-    p = s + 1;
-    colon = close + 1;
-  } else {
-    colon = strrchr (s, ':');
-    if (colon && memchr (s, ':', (size_t) (colon - s)))
-      return -1;             /* bare IPv6 without brackets is ambiguous */
-    p = s;
-    hl = colon ? (size_t) (colon - s) : 0;
-  }
-  if (hl >= hostlen)
-    return -1;
-  memcpy (host, p, hl);
-  host[hl] = '\0';
-  s = colon ? colon + 1 : s;
-  if (parse_uint (s, 1, 65535, &portnum) == -1 || strlen (s) >= portlen)
-    return -1;
-  strcpy (port, s);
   return 0;
 }
 

@@ -41,7 +41,7 @@
 
 #include "daemon/daemon.h"
 #include "foliod/util.h"
-#include "server/log.h"
+#include "foliod/log.h"
 #include "server/server.h"
 
 #define CONTROL_IO_TIMEOUT_S 5

@@ -4,8 +4,9 @@
  * the configuration (command line over config file over built-in
  * defaults), opens the exports, starts the server on its sockets, talks to
  * systemd, answers the control socket and shuts down without losing dirty
- * data.  No global mutable state except the log level (log.c) and the
- * signal-forced-exit flag (main.c).
+ * data.  It picks where log lines go (log_to_file, log_to_syslog of
+ * foliod/log.h; the sink itself is src/util/log.c).  No global mutable
+ * state except the signal-forced-exit flag (main.c).
  */
 #ifndef FOLIOD_DAEMON_H
 #define FOLIOD_DAEMON_H
@@ -15,7 +16,7 @@
 #include <sys/socket.h>
 
 #include "foliod/export.h"
-#include "server/log.h"
+#include "foliod/log.h"
 #include "server/server.h"
 
 #define DEFAULT_PORT "10809"
@@ -132,19 +133,10 @@ int served_writable_known (const char *dir, const char *path);
 int served_writable_remember (const char *dir, const char *path, char *err,
                               size_t errlen);
 
-/* Split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".  Writes host (may be
- * empty: any address) and port.  0 or -1. */
+/* listen-addr.c: split "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT".
+ * Writes host (may be empty: any address) and port.  0 or -1. */
 int parse_listen (const char *s, char *host, size_t hostlen,
                   char *port, size_t portlen);
-
-/* log.c: level names ("error" .. "debug"), the level in force. */
-const char *log_level_name (int level);
-int log_level_parse (const char *s, int *level);
-void log_set_level (int level);
-/* From now on, lines go to the file at path (appended; 0 or -1/errno), or
- * to syslog, instead of stderr. */
-int log_to_file (const char *path);
-void log_to_syslog (void);
 
 /* The configuration compiled into the binary (conf/foliod.conf). */
 extern const char foliod_default_conf[];
@@ -212,8 +204,8 @@ struct metrics_addr {
   socklen_t len;
   char text[300];           /* "127.0.0.1:9100", for messages */
 };
-/* "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" (no host: 127.0.0.1).
- * 0, or -1 with a reason in err. */
+/* listen-addr.c: "HOST:PORT", "[V6]:PORT", ":PORT" or "PORT" resolved
+ * (no host: 127.0.0.1).  0, or -1 with a reason in err. */
 int metrics_addr_parse (const char *s, struct metrics_addr *a, char *err,
                         size_t errlen);
 struct metrics;

@@ -15,7 +15,7 @@
 #include <sys/resource.h>
 
 #include "daemon/daemon.h"
-#include "server/log.h"
+#include "foliod/log.h"
 
 /* Besides the connections and what is open once started: metrics and
  * control clients, a remote backing's reconnects, files opened briefly. */

@@ -29,7 +29,7 @@
 
 #include "foliod/util.h"
 #include "daemon/daemon.h"
-#include "server/log.h"
+#include "foliod/log.h"
 #include "server/server.h"
 
 #define MAX_LISTEN_FDS 64

@@ -45,7 +45,7 @@
 
 #include "foliod/util.h"
 #include "daemon/daemon.h"
-#include "server/log.h"
+#include "foliod/log.h"
 
 #define METRICS_MAX_CONNECTIONS 16
 #define METRICS_MAX_PER_IP 4
@@ -73,37 +73,6 @@ struct metrics {
   atomic_bool stop;
   struct metrics_conn *conns;
 };
-
-int
-metrics_addr_parse (const char *s, struct metrics_addr *a, char *err,
-                    size_t errlen)
-{
-  struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
-                            .ai_flags = AI_NUMERICSERV };
-  struct addrinfo *res;
-  char host[256], port[16];
-  int r;
-
-  if (parse_listen (s, host, sizeof host, port, sizeof port) == -1) {
-    snprintf (err, errlen, "bad address '%s': expected HOST:PORT, "
-              "[IPV6]:PORT or :PORT", s);
-    return -1;
-  }
-  if (host[0] == '\0')
-    strcpy (host, "127.0.0.1");
-  r = getaddrinfo (host, port, &hints, &res);
-  if (r != 0) {
-    snprintf (err, errlen, "bad address '%s': %s", s, gai_strerror (r));
-    return -1;
-  }
-  memcpy (&a->ss, res->ai_addr, res->ai_addrlen);
-  a->len = res->ai_addrlen;
-  snprintf (a->text, sizeof a->text, "%s%s%s:%s",
-            res->ai_family == AF_INET6 ? "[" : "", host,
-            res->ai_family == AF_INET6 ? "]" : "", port);
-  freeaddrinfo (res);
-  return 0;
-}
 
 static enum MHD_Result
 metrics_reply (struct MHD_Connection *conn, unsigned status, char *body,

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "daemon/daemon.h"
-#include "server/log.h"
+#include "foliod/log.h"
 #include "server/server.h"
 
 enum metric_id {

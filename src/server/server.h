@@ -1,8 +1,8 @@
 /* The NBD server: listeners, connections, handshake, transmission.
  *
  * Contract with the daemon (src/daemon/):
- *   - The daemon owns the libev loop, signals and logging (it implements
- *     foliod_log(), see log.h) and the exports (export_open/export_close).
+ *   - The daemon owns the libev loop, signals, where log lines go (the
+ *     sink is foliod/log.h) and the exports (export_open/export_close).
  *   - All server_* calls are made on the main thread (the thread that
  *     runs ev_run on `loop`), except server_get_stats and
  *     server_get_loop_stats which are safe anywhere.  The connections

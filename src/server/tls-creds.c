@@ -20,22 +20,6 @@
 #include "server/log.h"
 #include "server/tls.h"
 
-#define TLS_SESSION_ID_CTX "foliod"
-
-/* The newest OpenSSL error as text, or fallback. */
-static const char *
-creds_ssl_error (char *buf, size_t len, const char *fallback)
-{
-  unsigned long e = ERR_peek_last_error ();
-
-  if (e)
-    ERR_error_string_n (e, buf, len);
-  else
-    snprintf (buf, len, "%s", fallback);
-  ERR_clear_error ();
-  return buf;
-}
-
 /* Open dir/name for reading.  NULL with the reason in err. */
 static FILE *
 creds_open (const char *dir, const char *name, char *path, size_t pathlen,
@@ -48,13 +32,6 @@ creds_open (const char *dir, const char *name, char *path, size_t pathlen,
   if (!f)
     snprintf (err, errlen, "%s: %s", path, strerror (errno));
   return f;
-}
-
-/* Encrypted keys would make OpenSSL prompt on the terminal: refuse. */
-static int
-creds_no_password (char *buf, int size, int rwflag, void *u)
-{
-  return -1;
 }
 
 /* Is x valid now?  0, or -1 with the reason in err. */
@@ -100,7 +77,7 @@ creds_load_identity (SSL_CTX *ctx, const char *dir, char *err, size_t errlen)
   fclose (f);
   if (SSL_CTX_use_certificate_chain_file (ctx, cert_path) != 1) {
     snprintf (err, errlen, "%s: cannot load the certificate: %s", cert_path,
-              creds_ssl_error (msg, sizeof msg, "not a PEM certificate"));
+              tls_ssl_error (msg, sizeof msg, "not a PEM certificate"));
     return -1;
   }
   x = SSL_CTX_get0_certificate (ctx);
@@ -110,12 +87,12 @@ creds_load_identity (SSL_CTX *ctx, const char *dir, char *err, size_t errlen)
   if (!(f = creds_open (dir, "server-key.pem", key_path, sizeof key_path,
                         err, errlen)))
     return -1;
-  key = PEM_read_PrivateKey (f, NULL, creds_no_password, NULL);
+  key = PEM_read_PrivateKey (f, NULL, tls_no_password, NULL);
   fclose (f);
   if (!key) {
     snprintf (err, errlen, "%s: cannot load the private key (PEM, not "
               "encrypted): %s", key_path,
-              creds_ssl_error (msg, sizeof msg, "no key found"));
+              tls_ssl_error (msg, sizeof msg, "no key found"));
     return -1;
   }
   if (X509_check_private_key (x, key) != 1) {
@@ -127,7 +104,7 @@ creds_load_identity (SSL_CTX *ctx, const char *dir, char *err, size_t errlen)
   }
   if (SSL_CTX_use_PrivateKey (ctx, key) != 1) {
     snprintf (err, errlen, "%s: %s", key_path,
-              creds_ssl_error (msg, sizeof msg, "cannot use the key"));
+              tls_ssl_error (msg, sizeof msg, "cannot use the key"));
     EVP_PKEY_free (key);
     return -1;
   }
@@ -151,41 +128,13 @@ creds_load_ca (SSL_CTX *ctx, const char *dir, char *err, size_t errlen)
   if (SSL_CTX_load_verify_locations (ctx, path, NULL) != 1
       || !(names = SSL_load_client_CA_file (path))) {
     snprintf (err, errlen, "%s: cannot load the CA certificate: %s", path,
-              creds_ssl_error (msg, sizeof msg, "not a PEM certificate"));
+              tls_ssl_error (msg, sizeof msg, "not a PEM certificate"));
     return -1;
   }
   SSL_CTX_set_client_CA_list (ctx, names);
   SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
                       NULL);
   return 0;
-}
-
-SSL_CTX *
-tls_ctx_base (char *err, size_t errlen)
-{
-  SSL_CTX *ctx = SSL_CTX_new (TLS_server_method ());
-  char msg[256];
-
-  if (!ctx) {
-    snprintf (err, errlen, "cannot create a TLS context: %s",
-              creds_ssl_error (msg, sizeof msg, "out of memory"));
-    return NULL;
-  }
-  /* TLS 1.2 and later with the system's cipher policy (no cipher list of
-   * our own).  Renegotiation off: it is the one way an SSL_write could
-   * want to read.  Unexpected EOF reads as an ordinary end of stream,
-   * since clients commonly close without close_notify. */
-  SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
-  SSL_CTX_set_options (ctx, SSL_OP_NO_RENEGOTIATION
-                            | SSL_OP_IGNORE_UNEXPECTED_EOF);
-  SSL_CTX_set_mode (ctx, SSL_MODE_ENABLE_PARTIAL_WRITE
-                         | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  SSL_CTX_set_read_ahead (ctx, 1);
-  SSL_CTX_set_session_id_context (ctx,
-                                  (const unsigned char *) TLS_SESSION_ID_CTX,
-                                  strlen (TLS_SESSION_ID_CTX));
-  SSL_CTX_set_default_passwd_cb (ctx, creds_no_password);
-  return ctx;
 }
 
 SSL_CTX *

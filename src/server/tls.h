@@ -42,9 +42,15 @@ struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
 struct ssl_ctx_st *tls_ctx_new (const char *dir, bool verify_peer,
                                 char *err, size_t errlen);
 
-/* A context with the settings above and no credentials yet.  NULL with
- * the reason in err. */
+/* tls-ctx.c: a context with the settings above and no credentials yet.
+ * NULL with the reason in err. */
 struct ssl_ctx_st *tls_ctx_base (char *err, size_t errlen);
+/* tls-ctx.c: the newest OpenSSL error as text in buf (fallback when the
+ * queue is empty), queue cleared; returns buf.  tls_no_password: the
+ * pem_password_cb that refuses encrypted keys (OpenSSL would prompt on
+ * the terminal). */
+const char *tls_ssl_error (char *buf, size_t len, const char *fallback);
+int tls_no_password (char *buf, int size, int rwflag, void *u);
 
 /* A context whose clients authenticate with a pre-shared key from path
  * ("username:hexkey" lines, as nbdkit and qemu read), no certificates.

@@ -1,6 +1,6 @@
 /* See pmem-sigbus.h.  The handler only reads the table (each entry's base
- * is published last, with release order) and calls write and sigaction,
- * both async-signal-safe. */
+ * is published last, with release order) and calls log_signal_line (the
+ * log's destination by write(2)) and sigaction, both async-signal-safe. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "foliod/log.h"
 #include "store/pmem-sigbus.h"
 
 #define WATCH_MAX 64          /* stores in one process */
@@ -17,7 +18,7 @@
 struct watch {
   const unsigned char *base;  /* atomic: NULL when free */
   size_t size;
-  char head[WATCH_LINE];      /* "foliod: store PATH: SIGBUS at byte " */
+  char head[WATCH_LINE];      /* "store PATH: SIGBUS at byte " */
 };
 
 static struct watch watches[WATCH_MAX];
@@ -26,7 +27,7 @@ static struct sigaction old_action;   /* set once, before ours is in */
 static bool installed;                /* under watch_lock */
 
 static const char tail[] = " of the store (the file was truncated, or a "
-                           "media error): foliod cannot use it, exiting\n";
+                           "media error): foliod cannot use it, exiting";
 
 /* The bytes of s into buf, no NUL; their count. */
 static size_t
@@ -71,8 +72,7 @@ on_sigbus (int sig, siginfo_t *si, void *uc)
     size_t n = put_str (line, watches[i].head);
     n += put_u64 (line + n, (uint64_t) (a - b));
     n += put_str (line + n, tail);
-    ssize_t r = write (STDERR_FILENO, line, n);
-    (void) r;
+    log_signal_line (LOG_LVL_ERROR, line, n);
     break;
   }
   /* Back to what was there (the default: the process dies of SIGBUS, a
@@ -89,6 +89,7 @@ install_locked (void)
 
   if (installed)
     return;
+  log_signal_prepare ();
   memset (&sa, 0, sizeof sa);
   sa.sa_sigaction = on_sigbus;
   sa.sa_flags = SA_SIGINFO;
@@ -108,8 +109,7 @@ pmem_sigbus_watch (const void *base, size_t size, const char *path)
     struct watch *w = &watches[i];
     if (__atomic_load_n (&w->base, __ATOMIC_RELAXED) != NULL)
       continue;
-    snprintf (w->head, sizeof w->head, "foliod: error: store %s: SIGBUS at "
-              "byte ", path);
+    snprintf (w->head, sizeof w->head, "store %s: SIGBUS at byte ", path);
     w->size = size;
     __atomic_store_n (&w->base, (const unsigned char *) base,
                       __ATOMIC_RELEASE);

@@ -73,6 +73,22 @@ parse_bool (const char *s, int *out)
   return -1;
 }
 
+int
+parse_uint (const char *s, unsigned min, unsigned max, unsigned *out)
+{
+  char *end;
+  unsigned long v;
+
+  if (!isdigit ((unsigned char) *s))
+    return -1;
+  errno = 0;
+  v = strtoul (s, &end, 10);
+  if (errno || *end || v < min || v > max)
+    return -1;
+  *out = (unsigned) v;
+  return 0;
+}
+
 uint64_t
 now_ns (void)
 {

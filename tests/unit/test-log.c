@@ -1,12 +1,16 @@
-/* The daemon's log sink (src/daemon/log.c, compiled in here) and the
+/* The log sink (src/util/log.c, compiled in here) and the
  * escaping of what peers send (str_escape):
  *   - foliod_log keeps the caller's errno, even when the write fails,
  *     and %m prints the caller's errno;
  *   - a burst of one kind of line is cut to LOG_BURST lines, and the
  *     number dropped is said once a second later;
  *   - str_escape turns control bytes into \xHH and caps the length;
- *   - log-level names parse back to their level ("warning" too).
+ *   - log-level names parse back to their level ("warning" too);
+ *   - log_signal_line (the SIGBUS handler's way in) stamps its line with
+ *     the local time the other lines show, in a zone off UTC, and sends
+ *     syslog a datagram with the daemon facility and the level.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -15,10 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "daemon/log.c"
+#include "util/log.c"
 
 /* Point stderr at path (truncated); returns the old stderr. */
 static int
@@ -148,6 +154,78 @@ test_level_names (void **state)
   assert_string_equal (log_level_name (LOG_LVL_DEBUG + 1), "?");
 }
 
+/* The time at the start of the line of out that holds needle. */
+static time_t
+line_time (const char *out, const char *needle)
+{
+  const char *p = strstr (out, needle);
+  struct tm tm;
+
+  assert_non_null (p);
+  while (p > out && p[-1] != '\n')
+    p--;
+  memset (&tm, 0, sizeof tm);
+  assert_non_null (strptime (p, "%Y-%m-%dT%H:%M:%S", &tm));
+  return timegm (&tm);
+}
+
+static void
+test_signal_line_time (void **state)
+{
+  char path[] = "/tmp/foliod-test-log-XXXXXX";
+  int fd = mkstemp (path), old;
+  char want[64];
+  const char *out;
+  time_t a, b;
+
+  assert_true (fd >= 0);
+  close (fd);
+  /* Half an hour off a whole hour, so that a wrong offset shows. */
+  setenv ("TZ", "XST-5:30", 1);
+  tzset ();
+  /* What installing a handler does; the handler's line comes first, so
+   * that no ordinary line has noted the offset for it. */
+  log_signal_prepare ();
+  old = stderr_to (path);
+  log_signal_line (LOG_LVL_ERROR, "from a handler", 14);
+  log_warn ("an ordinary line");
+  stderr_back (old);
+  out = slurp (path);
+  snprintf (want, sizeof want, " foliod[%d] error: from a handler\n",
+            (int) getpid ());
+  assert_non_null (strstr (out, want));
+  a = line_time (out, "an ordinary line");
+  b = line_time (out, "from a handler");
+  assert_true (a >= b && a - b <= 2);
+  unsetenv ("TZ");
+  tzset ();
+  unlink (path);
+}
+
+static void
+test_signal_line_syslog (void **state)
+{
+  int sv[2];
+  char buf[256], want[64];
+  ssize_t n;
+
+  assert_int_equal (socketpair (AF_UNIX, SOCK_DGRAM, 0, sv), 0);
+  log_syslog = true;
+  log_syslog_fd = sv[0];
+  log_signal_line (LOG_LVL_ERROR, "store x: SIGBUS", 15);
+  log_syslog = false;
+  log_syslog_fd = -1;
+  n = recv (sv[1], buf, sizeof buf - 1, MSG_DONTWAIT);
+  assert_true (n > 0);
+  buf[n] = '\0';
+  /* daemon (3) * 8 + err (3) */
+  snprintf (want, sizeof want, "<27>foliod[%d]: store x: SIGBUS",
+            (int) getpid ());
+  assert_string_equal (buf, want);
+  close (sv[0]);
+  close (sv[1]);
+}
+
 int
 main (void)
 {
@@ -156,6 +234,8 @@ main (void)
     cmocka_unit_test (test_rate_limit),
     cmocka_unit_test (test_escape),
     cmocka_unit_test (test_level_names),
+    cmocka_unit_test (test_signal_line_time),
+    cmocka_unit_test (test_signal_line_syslog),
   };
 
   return cmocka_run_group_tests (tests, NULL, NULL);
