@@ -277,45 +277,53 @@ plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
   return 0;
 }
 
-/* Under mu: the records slot needs now, and the log's view of the slot
- * as if they were written.  A live block gets a data record when it was
- * written since, is not in the log yet, or its newest record lies before
- * cut (a reclaim copies it forward; UINT64_MAX: a compaction, every live
- * block again).
+/* Under mu: the records slot needs now.  A live block gets a data record
+ * when it was written since, is not in the log yet, or its newest record
+ * lies before cut (a reclaim copies it forward; UINT64_MAX: a compaction,
+ * every live block again).
  * Clean records go to cl, data records to dl: a commit writes every clean
  * record before any data record, because a folio evicted from one slot
  * may be in another already, written again, and the old slot's clean
- * records must not follow the new slot's data. */
+ * records must not follow the new slot's data.  Changes nothing else: a
+ * failed allocation (-1) leaves the store as it was (note_records makes
+ * the log's view follow once every record is listed). */
 static int
 collect_slot (struct store_ssd *p, uint32_t slot, uint64_t cut,
-              uint64_t commit, struct plist *cl, struct plist *dl)
+              struct plist *cl, struct plist *dl)
 {
-  uint64_t *lg = p->logged + (size_t) slot * p->mwords;
-  uint64_t *w = p->want + (size_t) slot * p->mwords;
+  const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+  const uint64_t *w = p->want + (size_t) slot * p->mwords;
   const uint64_t *rl = p->rec_lsn + (size_t) slot * p->bpf;
   uint64_t fi = p->log_folio[slot];
-  bool wrote = false;
 
   for (uint32_t b = 0; b < p->bpf; b++) {
     bool live = block_live (p, slot, b), in = mtest (lg, b);
     if (live && (mtest (w, b) || !in || rl[b] < cut)) {
       if (plist_add (dl, fi, slot, b, false) == -1)
         return -1;
-      wrote = true;
     } else if (!live && in) {
       if (plist_add (cl, fi, slot, b, true) == -1)
         return -1;
-      wrote = true;
-    }
-    if (live != in) {
-      mset (lg, b, live);
-      p->nlogged[slot] += live ? 1 : (uint32_t) -1;
     }
   }
-  memset (w, 0, p->mwords * 8);
-  if (wrote)
-    p->slot_commit[slot] = commit;
   return 0;
+}
+
+/* Under mu, every record of commit listed in l: the log's view of their
+ * slots as if they were written (a data record: the block is in the log;
+ * a clean one: no longer). */
+static void
+note_records (struct store_ssd *p, const struct plist *l, uint64_t commit)
+{
+  for (size_t i = 0; i < l->n; i++) {
+    const struct pend *e = &l->v[i];
+    uint64_t *lg = p->logged + (size_t) e->slot * p->mwords;
+    if (mtest (lg, e->block) == e->clean) {
+      mset (lg, e->block, !e->clean);
+      p->nlogged[e->slot] += e->clean ? (uint32_t) -1 : 1;
+    }
+    p->slot_commit[e->slot] = commit;
+  }
 }
 
 /* Under mu: the records collect_slot (cut 0) would write for slot. */
@@ -528,9 +536,11 @@ publish_stats (struct store_ssd *p)
   p->pub.compactions = p->st.compactions;
 }
 
-/* One commit (only one runs at a time: p->running).  0 or -1/errno. */
+/* One commit (only one runs at a time: p->running).  0 or -1/errno;
+ * *retry: it failed before it changed anything (out of memory), and the
+ * next one may succeed. */
 static int
-commit (struct store_ssd *p, uint64_t me)
+commit (struct store_ssd *p, uint64_t me, bool *retry)
 {
   struct plist l = { 0 }, dl = { 0 };
   bool compact = false, sb_dirty;
@@ -547,18 +557,33 @@ commit (struct store_ssd *p, uint64_t me)
   uint64_t est = records_bytes (p, n);
   if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
     choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
-  for (uint32_t i = 0; i < p->nqueue; i++)
-    p->queued[p->queue[i]] = false;
   if (cut > 0) {                /* a reclaim: every slot may have copies */
     for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
-      r = collect_slot (p, s, cut, me, &l, &dl);
+      r = collect_slot (p, s, cut, &l, &dl);
   } else {
     for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
-      r = collect_slot (p, p->queue[i], 0, me, &l, &dl);
+      r = collect_slot (p, p->queue[i], 0, &l, &dl);
   }
   for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
     r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
   free (dl.v);
+  if (r == -1) {
+    /* Out of memory: nothing changed, the queue stays for the next
+     * commit (this one fails, ENOMEM; not sticky: *retry). */
+    pthread_mutex_unlock (&p->mu);
+    free (l.v);
+    *retry = true;
+    errno = ENOMEM;
+    return -1;
+  }
+  note_records (p, &l, me);
+  for (uint32_t i = 0; i < p->nqueue; i++) {
+    uint32_t s = p->queue[i];
+    p->queued[s] = false;
+    memset (p->want + (size_t) s * p->mwords, 0, p->mwords * 8);
+  }
+  if (cut > 0)                  /* every slot was collected */
+    memset (p->want, 0, (size_t) p->s.nslots * p->mwords * 8);
   p->nqueue = 0;
   /* After a clean stop the superblock says "replay nothing": it says
    * otherwise before the first record counts. */
@@ -566,11 +591,6 @@ commit (struct store_ssd *p, uint64_t me)
   if (sb_dirty)
     p->sb_dirty = false;
   pthread_mutex_unlock (&p->mu);
-  if (r == -1) {
-    free (l.v);
-    errno = ENOMEM;
-    return -1;
-  }
   if (l.n == 0 && cut == 0) {
     free (l.v);
     return 0;                   /* nothing was persisted since */
@@ -638,16 +658,22 @@ ssd_sync (struct store *s)
     }
     p->running = true;
     uint64_t me = ++p->started;
+    bool retry = false;
     pthread_mutex_unlock (&p->mu);
-    int r = commit (p, me), e = errno;
+    int r = commit (p, me, &retry), e = errno;
     pthread_mutex_lock (&p->mu);
     p->running = false;
     publish_stats (p);
     if (r == 0)
       p->done = me;
-    else
+    else if (!retry)
       p->err = e ? e : EIO;
     pthread_cond_broadcast (&p->cv);
+    if (retry) {                /* this FLUSH fails; the next may not */
+      pthread_mutex_unlock (&p->mu);
+      errno = e;
+      return -1;
+    }
   }
   err = p->err;
   pthread_mutex_unlock (&p->mu);
