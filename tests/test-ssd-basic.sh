@@ -181,6 +181,28 @@ cmp -s -i $((10 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
 cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
   fail "a store refused for damage was written back"
 
+# A damaged batch header in the flushed part of the log (later commits
+# follow it: their headers say the log was flushed past it): inspect lists
+# it, and the store is refused rather than bring back the first version
+# and drop the later commit silently.
+args4=(--control "$ctl" --pidfile "$pidf"
+  --export "d=file:$tmp/img,store=ssd:$tmp/st4,$slow")
+start_foliod "${args4[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"S" * 4096, 14 << 20); h.flush()
+h.pwrite(b"T" * 4096, 14 << 20); h.flush()
+h.pwrite(b"U" * 4096, 15 << 20); h.flush()' || fail "write S, T, U"
+kill9_foliod "$pidf"
+# Batches of one block each: headers at 8, 16 and 24 KiB; T's is the second.
+dd if=/dev/urandom of="$tmp/st4" bs=512 count=1 seek=32 conv=notrunc status=none
+"$FOLIOD" store inspect "$tmp/st4" > "$tmp/inspect4" || fail "inspect"
+grep -q "^damaged: 1 batch headers from lsn 8192 " "$tmp/inspect4" ||
+  fail "damaged header not reported: $(cat "$tmp/inspect4")"
+start_refused "a damaged batch header" \
+  "1 batch headers unreadable where the log was flushed past them" "${args4[@]}"
+cmp -s -i $((14 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
+  fail "a store with a damaged header was written back"
+
 # Both superblocks wiped (a discard of the first 8 KiB) over a log that
 # holds FLUSHed data: refused, not formatted over.
 cp "$tmp/st2.damaged" "$tmp/st3"
