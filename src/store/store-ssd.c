@@ -1692,7 +1692,7 @@ is_backing (const struct store_config *cfg)
   struct stat st;
 
   if ((cfg->backing_dev == 0 && cfg->backing_ino == 0) ||
-      stat (cfg->path, &st) == -1)
+      cfg->path == NULL || stat (cfg->path, &st) == -1)
     return false;
   if (S_ISBLK (st.st_mode))
     return cfg->backing_ino == 0 && st.st_rdev == cfg->backing_dev;
