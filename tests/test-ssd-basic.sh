@@ -5,7 +5,9 @@
 # log, dirty; SIGTERM writes them back and the checkpoint says clean, so
 # the next start replays nothing; foliod store inspect reads the log;
 # a store made for another geometry, and a second foliod on the same
-# store, are refused.
+# store, are refused; so are a log with a damaged record (and by foliod
+# store writeback, which keeps it), a log whose superblocks were wiped,
+# and a store that is the backing image itself (issue 33).
 . "$(dirname "$0")/lib.sh"
 lib_init ssd-basic
 requires nbdsh python3
@@ -146,8 +148,10 @@ cmp -s -i $((8 << 20)):0 -n 70000 "$tmp/img" <(printf 'P%.0s' $(seq 1 70000)) ||
   fail "store writeback did not mark the store clean"
 
 # A record whose data fails its checksum, in a part of the log a later
-# batch says was flushed (media damage, not a torn write): reported with
-# its range, and never written over the backing.
+# commit says was flushed (media damage, not a torn write): inspect lists
+# its range; the store is refused at start and by foliod store writeback
+# (exit 1), naming the damage; the log is kept as it was (the only copy
+# of that data), and nothing is written over the backing.
 args2=(--control "$ctl" --pidfile "$pidf"
   --export "d=file:$tmp/img,store=ssd:$tmp/st2,$slow")
 start_foliod "${args2[@]}"
@@ -157,17 +161,62 @@ h.pwrite(b"R" * 4096, 12 << 20); h.flush()' || fail "write Q, R"
 kill9_foliod "$pidf"
 # The first batch: 8 KiB of superblocks, its 4 KiB header, then Q's block.
 printf 'XXXX' | dd of="$tmp/st2" bs=1 seek=$((12288 + 100)) conv=notrunc status=none
+cp "$tmp/st2" "$tmp/st2.damaged"
 "$FOLIOD" store inspect "$tmp/st2" > "$tmp/inspect" || fail "inspect"
 grep -q "^damaged: export bytes $((10 << 20))-$(((10 << 20) + 4096)) " "$tmp/inspect" ||
   fail "damage not reported: $(cat "$tmp/inspect")"
-start_foliod "${args2[@]}"
-grep -q "store ssd:$tmp/st2: 4096 dirty bytes failed their checksum" "$FOLIOD_LOG" ||
-  fail "damage not logged: $(tail -5 "$FOLIOD_LOG")"
-stop_foliod
+rc=0
+timeout 60 "$FOLIOD" store writeback "$tmp/st2" > "$tmp/wb2" 2>&1 || rc=$?
+[ $rc -eq 1 ] || fail "store writeback of a damaged log: exit $rc: $(cat "$tmp/wb2")"
+grep -q "the log is damaged: 1 records fail their data checksum (4096 bytes)" \
+  "$tmp/wb2" || fail "store writeback did not name the damage: $(cat "$tmp/wb2")"
+grep -q "the store is clean" "$tmp/wb2" &&
+  fail "store writeback called a damaged store clean: $(cat "$tmp/wb2")"
+cmp -s "$tmp/st2" "$tmp/st2.damaged" || fail "store writeback changed the damaged log"
+start_refused "a damaged log" "the log is damaged: 1 records fail their data checksum" \
+  "${args2[@]}"
+cmp -s "$tmp/st2" "$tmp/st2.damaged" || fail "a refused start changed the damaged log"
 cmp -s -i $((10 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
   fail "a damaged record was written over the backing"
-cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" <(printf 'R%.0s' $(seq 1 4096)) ||
-  fail "the sound record after the damaged one was not written back"
+cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
+  fail "a store refused for damage was written back"
+
+# A damaged batch header in the flushed part of the log (later commits
+# follow it: their headers say the log was flushed past it): inspect lists
+# it, and the store is refused rather than bring back the first version
+# and drop the later commit silently.
+args4=(--control "$ctl" --pidfile "$pidf"
+  --export "d=file:$tmp/img,store=ssd:$tmp/st4,$slow")
+start_foliod "${args4[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'h.pwrite(b"S" * 4096, 14 << 20); h.flush()
+h.pwrite(b"T" * 4096, 14 << 20); h.flush()
+h.pwrite(b"U" * 4096, 15 << 20); h.flush()' || fail "write S, T, U"
+kill9_foliod "$pidf"
+# Batches of one block each: headers at 8, 16 and 24 KiB; T's is the second.
+dd if=/dev/urandom of="$tmp/st4" bs=512 count=1 seek=32 conv=notrunc status=none
+"$FOLIOD" store inspect "$tmp/st4" > "$tmp/inspect4" || fail "inspect"
+grep -q "^damaged: 1 batch headers from lsn 8192 " "$tmp/inspect4" ||
+  fail "damaged header not reported: $(cat "$tmp/inspect4")"
+start_refused "a damaged batch header" \
+  "1 batch headers unreadable where the log was flushed past them" "${args4[@]}"
+cmp -s -i $((14 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
+  fail "a store with a damaged header was written back"
+
+# Both superblocks wiped (a discard of the first 8 KiB) over a log that
+# holds FLUSHed data: refused, not formatted over.
+cp "$tmp/st2.damaged" "$tmp/st3"
+dd if=/dev/zero of="$tmp/st3" bs=8192 count=1 conv=notrunc status=none
+cp "$tmp/st3" "$tmp/st3.wiped"
+start_refused "wiped superblocks" "both superblocks are blank, but it holds a foliod log" \
+  --export "d=file:$tmp/img,store=ssd:$tmp/st3,$slow"
+cmp -s "$tmp/st3" "$tmp/st3.wiped" || fail "a wiped log was formatted over"
+
+# The store's path is the backing image itself: refused, the image intact.
+truncate -s 16M "$tmp/img2"
+start_refused "store=ssd: the backing" "the store is the backing itself" \
+  --export "d=file:$tmp/img2,store=ssd:$tmp/img2,$slow"
+cmp -s "$tmp/img2" <(head -c 16M /dev/zero) || fail "the log was written into the image"
 
 # Another geometry: refused, naming it.
 start_refused "another cache-size" "store has another geometry" --export "d=file:$tmp/img,store=ssd:$tmp/st,cache-size=16M"

@@ -215,6 +215,21 @@ ssd_dev_open_file (const char *path, uint64_t create_size, bool readonly,
         return NULL;
       }
       f->d.size = create_size;
+      f->d.created = true;
+    } else if (f->d.size > 0 && !readonly &&
+               fallocate (fd, 0, 0, (off_t) f->d.size) == -1 &&
+               errno != EOPNOTSUPP) {
+      /* A log made beforehand with truncate, or copied sparse: its holes
+       * allocated now (a no-op where allocated), else a commit would
+       * fail with ENOSPC on a filling file system.  fallocate mode 0,
+       * not posix_fallocate: glibc's emulation writes into the file. */
+      int e = errno;
+      snprintf (err, errlen, "%s: cannot allocate the log (%" PRIu64
+                " bytes): %s", path, f->d.size, strerror (e));
+      free (f);
+      close (fd);
+      errno = e;
+      return NULL;
     }
   } else {
     snprintf (err, errlen, "%s: not a file or a block device", path);
@@ -269,7 +284,7 @@ super_check (const unsigned char *p, struct ssd_super *sb)
 
 int
 ssd_super_read (struct ssd_dev *d, struct ssd_super *sb, int *cur,
-                const char *path, char *err, size_t errlen)
+                bool *other_bad, const char *path, char *err, size_t errlen)
 {
   unsigned char *buf;
   struct ssd_super h[2];
@@ -292,6 +307,9 @@ ssd_super_read (struct ssd_dev *d, struct ssd_super *sb, int *cur,
     *cur = st[0] == COPY_OK && (st[1] != COPY_OK || h[0].seq > h[1].seq)
            ? 0 : 1;
     *sb = h[*cur];
+    /* Every store has both copies written (a new one twice): a blank
+     * one is damage too (a discard). */
+    *other_bad = st[1 - *cur] != COPY_OK;
     if (sb->log_off != SSD_LOG_OFF || sb->log_bytes % SSD_ALIGN != 0 ||
         sb->log_bytes < 2 * SSD_ALIGN || sb->block_size == 0 ||
         sb->folio_size % sb->block_size != 0)

@@ -117,18 +117,25 @@ struct ssd_dev_ops {
 struct ssd_dev {
   const struct ssd_dev_ops *ops;
   uint64_t size;
+  bool created;             /* made now by ssd_dev_open_file (all zeros) */
 };
 
 /* Open path as a log device (created with create_size bytes when missing
  * or empty), O_DIRECT where the file system has it, locked against a
- * second foliod.  NULL with errno and err. */
+ * second foliod; writable, a file is allocated whole at every open (one
+ * made with truncate on a filling file system fails here, not at a
+ * commit).  NULL with errno and err. */
 struct ssd_dev *ssd_dev_open_file (const char *path, uint64_t create_size,
                                    bool readonly, char *err, size_t errlen);
 
 /* Superblocks: read both copies of dev into *sb (the newer valid one);
- * 0, 1 when both are all zeros, -1 with errno and err. */
+ * 0, 1 when both are all zeros, -1 with errno and err.  *other_bad: the
+ * other copy is damaged (or blank), so *sb may be the older one: one
+ * write behind, its checkpoint and clean flag stale, its epoch one less
+ * than the batches of the run it did not see. */
 int ssd_super_read (struct ssd_dev *d, struct ssd_super *sb, int *cur,
-                    const char *path, char *err, size_t errlen);
+                    bool *other_bad, const char *path, char *err,
+                    size_t errlen);
 /* Write sb (seq + 1) over the older copy (*cur flips).  Not flushed. */
 int ssd_super_write (struct ssd_dev *d, struct ssd_super *sb, int *cur);
 

@@ -43,19 +43,24 @@
  * data is at most the cache's size, so the dirty thresholds of the cache
  * bound the log too.
  *
- * Recovery (open): the newer valid superblock; after a clean stop nothing
- * is replayed.  Otherwise the batches from the checkpoint on (one pass,
+ * Recovery (open): the newer valid superblock (if the other copy is
+ * damaged, this one may be a write behind: its clean flag and checkpoint
+ * are not trusted, see super_suspect); after a clean stop nothing is
+ * replayed.  Otherwise the batches from the checkpoint on (one pass,
  * read in large sequential pieces; the live blocks are then read back in
- * log order), while each
- * header is sound and continues the sequence (a bad header ends the log:
- * a torn tail, never flushed); the newest record of each block wins.  A
- * block whose data crc fails is damage if a later batch says the log was
- * flushed past it (reported, counted in lost_blocks, and never written
- * anywhere: not even an older version of it), else a torn write (the
- * older version stands).  The folios that hold live blocks go into slots
- * (the log never holds more live folios than the cache has slots: a slot
- * is reused only when its old folio's records are dead and durable), dirty.
- * Every open starts a new epoch in the superblock before the first new
+ * log order), while each header is sound and continues the sequence.  A
+ * bad header ends the log (a torn tail, never flushed) unless the headers
+ * after it show that a later commit followed it: then it is damage
+ * (look_past).  The newest record of each block wins.  A block whose
+ * data crc fails in the log's last commit is a torn write: that commit is
+ * dropped whole (and its first header zeroed); anywhere else it is
+ * damage.  Damage refuses the store, naming it, before anything is
+ * written: the log is kept for the operator (foliod store inspect), and
+ * never an older version comes back.  The folios that hold live blocks
+ * go into slots (the log never holds more live folios than the cache has
+ * slots: a slot is reused only when its old folio's records are dead and
+ * durable), dirty.  Every open starts a new epoch in the superblock,
+ * above every epoch the scan met, before the first new
  * batch: leftovers after the recovered end never continue the log. */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -66,6 +71,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "foliod/store.h"
@@ -117,6 +123,11 @@ struct store_ssd {
   uint64_t *seg_live;            /* scratch: live blocks per segment */
   /* what open found */
   bool formatted, was_clean;
+  bool sb_suspect;               /* one superblock copy damaged: the other
+                                  * may be one write behind */
+  uint64_t epoch_floor;          /* the scan's first batch: at least this */
+  uint64_t scan_limit;           /* the scan ends before this lsn */
+  uint64_t seen_epoch;           /* the highest epoch the scan met */
   struct recovered *rec;
   struct ssd_stats st;           /* the committer's (p->running) */
   struct store_stats pub;        /* under mu: what stats reads */
@@ -266,45 +277,53 @@ plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
   return 0;
 }
 
-/* Under mu: the records slot needs now, and the log's view of the slot
- * as if they were written.  A live block gets a data record when it was
- * written since, is not in the log yet, or its newest record lies before
- * cut (a reclaim copies it forward; UINT64_MAX: a compaction, every live
- * block again).
+/* Under mu: the records slot needs now.  A live block gets a data record
+ * when it was written since, is not in the log yet, or its newest record
+ * lies before cut (a reclaim copies it forward; UINT64_MAX: a compaction,
+ * every live block again).
  * Clean records go to cl, data records to dl: a commit writes every clean
  * record before any data record, because a folio evicted from one slot
  * may be in another already, written again, and the old slot's clean
- * records must not follow the new slot's data. */
+ * records must not follow the new slot's data.  Changes nothing else: a
+ * failed allocation (-1) leaves the store as it was (note_records makes
+ * the log's view follow once every record is listed). */
 static int
 collect_slot (struct store_ssd *p, uint32_t slot, uint64_t cut,
-              uint64_t commit, struct plist *cl, struct plist *dl)
+              struct plist *cl, struct plist *dl)
 {
-  uint64_t *lg = p->logged + (size_t) slot * p->mwords;
-  uint64_t *w = p->want + (size_t) slot * p->mwords;
+  const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
+  const uint64_t *w = p->want + (size_t) slot * p->mwords;
   const uint64_t *rl = p->rec_lsn + (size_t) slot * p->bpf;
   uint64_t fi = p->log_folio[slot];
-  bool wrote = false;
 
   for (uint32_t b = 0; b < p->bpf; b++) {
     bool live = block_live (p, slot, b), in = mtest (lg, b);
     if (live && (mtest (w, b) || !in || rl[b] < cut)) {
       if (plist_add (dl, fi, slot, b, false) == -1)
         return -1;
-      wrote = true;
     } else if (!live && in) {
       if (plist_add (cl, fi, slot, b, true) == -1)
         return -1;
-      wrote = true;
-    }
-    if (live != in) {
-      mset (lg, b, live);
-      p->nlogged[slot] += live ? 1 : (uint32_t) -1;
     }
   }
-  memset (w, 0, p->mwords * 8);
-  if (wrote)
-    p->slot_commit[slot] = commit;
   return 0;
+}
+
+/* Under mu, every record of commit listed in l: the log's view of their
+ * slots as if they were written (a data record: the block is in the log;
+ * a clean one: no longer). */
+static void
+note_records (struct store_ssd *p, const struct plist *l, uint64_t commit)
+{
+  for (size_t i = 0; i < l->n; i++) {
+    const struct pend *e = &l->v[i];
+    uint64_t *lg = p->logged + (size_t) e->slot * p->mwords;
+    if (mtest (lg, e->block) == e->clean) {
+      mset (lg, e->block, !e->clean);
+      p->nlogged[e->slot] += e->clean ? (uint32_t) -1 : 1;
+    }
+    p->slot_commit[e->slot] = commit;
+  }
 }
 
 /* Under mu: the records collect_slot (cut 0) would write for slot. */
@@ -517,9 +536,11 @@ publish_stats (struct store_ssd *p)
   p->pub.compactions = p->st.compactions;
 }
 
-/* One commit (only one runs at a time: p->running).  0 or -1/errno. */
+/* One commit (only one runs at a time: p->running).  0 or -1/errno;
+ * *retry: it failed before it changed anything (out of memory), and the
+ * next one may succeed. */
 static int
-commit (struct store_ssd *p, uint64_t me)
+commit (struct store_ssd *p, uint64_t me, bool *retry)
 {
   struct plist l = { 0 }, dl = { 0 };
   bool compact = false, sb_dirty;
@@ -536,18 +557,33 @@ commit (struct store_ssd *p, uint64_t me)
   uint64_t est = records_bytes (p, n);
   if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
     choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
-  for (uint32_t i = 0; i < p->nqueue; i++)
-    p->queued[p->queue[i]] = false;
   if (cut > 0) {                /* a reclaim: every slot may have copies */
     for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
-      r = collect_slot (p, s, cut, me, &l, &dl);
+      r = collect_slot (p, s, cut, &l, &dl);
   } else {
     for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
-      r = collect_slot (p, p->queue[i], 0, me, &l, &dl);
+      r = collect_slot (p, p->queue[i], 0, &l, &dl);
   }
   for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
     r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
   free (dl.v);
+  if (r == -1) {
+    /* Out of memory: nothing changed, the queue stays for the next
+     * commit (this one fails, ENOMEM; not sticky: *retry). */
+    pthread_mutex_unlock (&p->mu);
+    free (l.v);
+    *retry = true;
+    errno = ENOMEM;
+    return -1;
+  }
+  note_records (p, &l, me);
+  for (uint32_t i = 0; i < p->nqueue; i++) {
+    uint32_t s = p->queue[i];
+    p->queued[s] = false;
+    memset (p->want + (size_t) s * p->mwords, 0, p->mwords * 8);
+  }
+  if (cut > 0)                  /* every slot was collected */
+    memset (p->want, 0, (size_t) p->s.nslots * p->mwords * 8);
   p->nqueue = 0;
   /* After a clean stop the superblock says "replay nothing": it says
    * otherwise before the first record counts. */
@@ -555,11 +591,6 @@ commit (struct store_ssd *p, uint64_t me)
   if (sb_dirty)
     p->sb_dirty = false;
   pthread_mutex_unlock (&p->mu);
-  if (r == -1) {
-    free (l.v);
-    errno = ENOMEM;
-    return -1;
-  }
   if (l.n == 0 && cut == 0) {
     free (l.v);
     return 0;                   /* nothing was persisted since */
@@ -627,16 +658,22 @@ ssd_sync (struct store *s)
     }
     p->running = true;
     uint64_t me = ++p->started;
+    bool retry = false;
     pthread_mutex_unlock (&p->mu);
-    int r = commit (p, me), e = errno;
+    int r = commit (p, me, &retry), e = errno;
     pthread_mutex_lock (&p->mu);
     p->running = false;
     publish_stats (p);
     if (r == 0)
       p->done = me;
-    else
+    else if (!retry)
       p->err = e ? e : EIO;
     pthread_cond_broadcast (&p->cv);
+    if (retry) {                /* this FLUSH fails; the next may not */
+      pthread_mutex_unlock (&p->mu);
+      errno = e;
+      return -1;
+    }
   }
   err = p->err;
   pthread_mutex_unlock (&p->mu);
@@ -709,11 +746,10 @@ enum rstate { R_NONE, R_DATA, R_CLEAN, R_LOST };
 struct rblock {
   uint64_t pos;     /* R_DATA: the data's byte offset on the device */
   uint64_t lsn;     /* R_DATA: its batch */
-  uint64_t bad_end, bad_epoch;   /* a newer record whose data crc failed:
-                                  * damage if its run's headers say the log
-                                  * was flushed past bad_end (0: none) */
   uint32_t crc;
   uint8_t state;
+  bool bad;         /* the newest record's data crc failed: damage, unless
+                     * the scan drops its commit as a torn write */
 };
 
 struct rfolio {
@@ -722,17 +758,18 @@ struct rfolio {
 };
 
 /* What the scan found: folios by index (open addressing). */
-struct run {
-  uint64_t epoch, flushed;
-};
-
 struct recovered {
   struct rfolio *t;
   size_t cap, n;
-  struct run *runs;
-  size_t nruns;
   uint64_t lost_blocks, batches, records;
-  uint64_t end_lsn;
+  uint64_t lost_batches;        /* headers unreadable where the log was
+                                 * flushed past them: their blocks unknown */
+  uint64_t lost_lsn;            /* the first of them */
+  uint64_t end_lsn, end_seq;
+  /* The commit being read: its batches share epoch and flushed_lsn (the
+   * head when it began); c_bad: one of its data records failed. */
+  uint64_t c_epoch, c_flushed, c_lsn;
+  bool c_bad;
   /* the compaction being read, and the last complete one */
   bool in_comp, comp_sound, comp_found;
   uint64_t comp_lsn, comp_seq, found_lsn, found_seq;
@@ -787,20 +824,20 @@ rec_free (struct recovered *r)
   for (size_t i = 0; i < r->cap; i++)
     free (r->t[i].b);
   free (r->t);
-  free (r->runs);
   free (r);
 }
 
-/* Is the header at lsn the batch that continues the log?  (*h read.) */
+/* Is the header at lsn one of this log's batches, written there, in an
+ * epoch from epoch_min to the store's?  (*h read.) */
 static bool
-batch_ok (const struct store_ssd *p, const struct ssd_batch *h, uint64_t lsn,
-          uint64_t seq, uint64_t epoch_min)
+header_sound (const struct store_ssd *p, const struct ssd_batch *h,
+              uint64_t lsn, uint64_t epoch_min)
 {
   uint64_t C = p->sb.log_bytes;
 
   return memcmp (h->magic, SSD_BATCH_MAGIC, sizeof h->magic) == 0 &&
          memcmp (h->uuid, p->sb.uuid, sizeof h->uuid) == 0 &&
-         h->seq == seq && h->lsn == lsn && h->epoch >= epoch_min &&
+         h->lsn == lsn && h->epoch >= epoch_min &&
          h->epoch <= p->sb.epoch && h->nentries <= SSD_ENTRIES &&
          h->ndata <= h->nentries &&
          lsn % C + batch_bytes (p, h->ndata) <= C &&
@@ -839,40 +876,157 @@ reader_get (struct store_ssd *p, struct reader *rd, uint64_t off,
   return rd->buf + (off - start);
 }
 
+/* The header at lsn if it is sound (1), else 0; -1 on an I/O error. */
+static int
+header_at (struct store_ssd *p, struct reader *rd, uint64_t lsn,
+           uint64_t epoch_min, const struct ssd_batch **h)
+{
+  uint64_t C = p->sb.log_bytes;
+
+  if (lsn - p->sb.tail_lsn >= C)
+    return 0;                   /* a lap past the log's start */
+  *h = (const struct ssd_batch *) reader_get (p, rd,
+                                              p->sb.log_off + lsn % C,
+                                              SSD_ALIGN, p->sb.log_off + C);
+  if (*h == NULL)
+    return -1;
+  return header_sound (p, *h, lsn, epoch_min);
+}
+
+/* The batch that continues the log at lsn with sequence seq: there, or
+ * at the next lap if it did not fit.  1 with *at and *h, 0, -1. */
+static int
+next_batch (struct store_ssd *p, struct reader *rd, uint64_t lsn,
+            uint64_t seq, uint64_t epoch_min, uint64_t *at,
+            const struct ssd_batch **h)
+{
+  uint64_t C = p->sb.log_bytes;
+
+  for (int tries = 0; tries < 2; tries++) {
+    if (tries == 1) {
+      if (lsn % C == 0)
+        break;
+      lsn += C - lsn % C;
+    }
+    int r = header_at (p, rd, lsn, epoch_min, h);
+    if (r == -1)
+      return -1;
+    if (r == 1 && (*h)->seq == seq) {
+      *at = lsn;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Nothing continues the log at lsn (seq expected).  A torn write ends
+ * the log there; damage does not: the batch after a flushed one starts
+ * at most one batch further on (or at the next lap), and some header
+ * from there on says the log was flushed past lsn (a later commit).
+ * 1 with *next the batch after the unreadable one, 0: the end, -1. */
+static int
+look_past (struct store_ssd *p, struct reader *rd, uint64_t lsn,
+           uint64_t seq, uint64_t epoch_min, uint64_t *next)
+{
+  uint64_t C = p->sb.log_bytes, reach = batch_bytes (p, batch_data_max (p));
+  uint64_t base[2] = { lsn, lsn + (lsn % C ? C - lsn % C : 0) };
+  const struct ssd_batch *h;
+
+  for (int k = 0; k < (lsn % C ? 2 : 1); k++)
+    for (uint64_t d = SSD_ALIGN; d <= reach; d += SSD_ALIGN) {
+      uint64_t at = base[k] + d, w, ws = seq + 1;
+      if (base[k] % C + d >= C)     /* the next lap: its start only */
+        at = base[k] + C - base[k] % C;
+      int r = header_at (p, rd, at, epoch_min, &h);
+      if (r == -1)
+        return -1;
+      if (r == 0 || h->seq != ws) {
+        if (at != base[k] + d)
+          break;
+        continue;
+      }
+      /* A batch after the unreadable one: does the log go on past it? */
+      for (w = at; r == 1; ws++) {
+        if (h->flushed_lsn > lsn) {
+          *next = at;
+          return 1;
+        }
+        r = next_batch (p, rd, w + batch_bytes (p, h->ndata), ws + 1,
+                        h->epoch, &w, &h);
+      }
+      return r;                 /* one commit, torn: the end (or -1) */
+    }
+  return 0;
+}
+
+/* One superblock copy is damaged and the other may be a write behind:
+ * the checkpoint it lost may have moved the log's start, and the next
+ * lap written over the old start.  The log starts at the first batch
+ * from the old start on that is still where its lsn says (the next lap
+ * writes over the oldest first: every batch after it is in place too).
+ * 1 with *lsn and *seq, 0: none, -1. */
+static int
+find_start (struct store_ssd *p, struct reader *rd, uint64_t epoch_min,
+            uint64_t *lsn, uint64_t *seq)
+{
+  const struct ssd_batch *h;
+
+  for (uint64_t at = *lsn; at - p->sb.tail_lsn < p->sb.log_bytes;
+       at += SSD_ALIGN) {
+    int r = header_at (p, rd, at, epoch_min, &h);
+    if (r != 0) {
+      if (r == 1) {
+        *lsn = at;
+        *seq = h->seq;
+      }
+      return r;
+    }
+  }
+  return 0;
+}
+
 /* Walk the log from the checkpoint: fn for each batch (its header and
- * data).  Returns the number of batches, *end the lsn after the last; -1
- * on an I/O error or fn's. */
+ * data), up to p->scan_limit.  Returns the number of batches, *end and
+ * *end_seq where the log goes on, *lost the unreadable headers it found
+ * flushed and went past; -1 on an I/O error or fn's. */
 typedef int scan_fn (struct store_ssd *p, const struct ssd_batch *h,
                      const unsigned char *data, void *arg);
 
 static int64_t
 scan (struct store_ssd *p, struct reader *rd, scan_fn *fn, void *arg,
-      uint64_t *end)
+      uint64_t *end, uint64_t *end_seq, uint64_t *lost, uint64_t *lost_lsn)
 {
   uint64_t C = p->sb.log_bytes, lsn = p->sb.tail_lsn, seq = p->sb.tail_seq;
-  uint64_t epoch = 0;
+  uint64_t epoch = p->epoch_floor, at = 0, next = 0;
+  const struct ssd_batch *h;
   int64_t n = 0;
+  int r;
 
-  while (lsn - p->sb.tail_lsn < C) {
-    const struct ssd_batch *h = NULL;
-    bool ok = false;
-    uint64_t at = lsn;
-    for (int tries = 0; tries < 2 && !ok; tries++) {
-      if (tries == 1) {
-        if (lsn % C == 0)
-          break;
-        at = lsn + C - lsn % C;   /* a batch that did not fit: next lap */
-        if (at - p->sb.tail_lsn >= C)
-          break;
+  while (lsn - p->sb.tail_lsn < C && lsn < p->scan_limit) {
+    r = next_batch (p, rd, lsn, seq, epoch, &at, &h);
+    if (r == 0 && n == 0 && p->sb_suspect) {
+      /* Taken for a moved start, not for damage: the checkpoint the
+       * damaged copy held is the likelier loss than a header too. */
+      r = find_start (p, rd, epoch, &lsn, &seq);
+      if (r == 1) {             /* the log's start from now on */
+        p->sb.tail_lsn = lsn;
+        p->sb.tail_seq = seq;
+        continue;
       }
-      uint64_t off = p->sb.log_off + at % C;
-      h = (const struct ssd_batch *) reader_get (p, rd, off, SSD_ALIGN,
-                                                 p->sb.log_off + C);
-      if (h == NULL)
-        return -1;
-      ok = batch_ok (p, h, at, seq, epoch);
     }
-    if (!ok)
+    if (r == 0) {
+      r = look_past (p, rd, lsn, seq, epoch, &next);
+      if (r == 1) {
+        if ((*lost)++ == 0)
+          *lost_lsn = lsn;
+        lsn = next;
+        seq++;
+        continue;
+      }
+    }
+    if (r == -1)
+      return -1;
+    if (r == 0 || at >= p->scan_limit)
       break;                   /* the end: the log goes on from lsn */
     lsn = at;
     uint64_t len = batch_bytes (p, h->ndata);
@@ -889,44 +1043,13 @@ scan (struct store_ssd *p, struct reader *rd, scan_fn *fn, void *arg,
     n++;
   }
   *end = lsn;
+  *end_seq = seq;
   return n;
-}
-
-/* Per epoch (one run of foliod), how far its headers say the log was
- * flushed.  Only a run's own headers count: the next run's
- * first flushed_lsn covers a torn tail that it found and left. */
-static int
-note_flushed (struct store_ssd *p, const struct ssd_batch *h,
-              const unsigned char *data, void *arg)
-{
-  struct recovered *r = arg;
-
-  (void) p; (void) data;
-  if (r->nruns == 0 || r->runs[r->nruns - 1].epoch != h->epoch) {
-    struct run *v = realloc (r->runs, (r->nruns + 1) * sizeof *v);
-    if (v == NULL)
-      return -1;
-    r->runs = v;
-    r->runs[r->nruns++] = (struct run) { h->epoch, 0 };
-  }
-  if (h->flushed_lsn > r->runs[r->nruns - 1].flushed)
-    r->runs[r->nruns - 1].flushed = h->flushed_lsn;
-  return 0;
-}
-
-static uint64_t
-run_flushed (const struct recovered *r, uint64_t epoch)
-{
-  for (size_t i = 0; i < r->nruns; i++)
-    if (r->runs[i].epoch == epoch)
-      return r->runs[i].flushed;
-  return 0;
 }
 
 #if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic push     /* -fanalyzer: rec_get's blocks belong to
-                                 * r->t (rec_free frees them); it loses them
-                                 * after note_flushed's realloc of r->runs */
+                                 * r->t (rec_free frees them) */
 #pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
 #endif
 static int
@@ -936,10 +1059,16 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
   struct recovered *r = arg;
   const struct ssd_entry *e = ssd_batch_entries ((struct ssd_batch *) h);
   uint64_t dpos = p->sb.log_off + h->lsn % p->sb.log_bytes + SSD_ALIGN;
-  uint64_t bend = h->lsn + batch_bytes (p, h->ndata);
 
-  if (note_flushed (p, h, data, arg) == -1)
-    return -1;
+  if (r->batches == 0 || h->epoch != r->c_epoch ||
+      h->flushed_lsn != r->c_flushed) {     /* a new commit */
+    r->c_epoch = h->epoch;
+    r->c_flushed = h->flushed_lsn;
+    r->c_lsn = h->lsn;
+    r->c_bad = false;
+  }
+  if (h->epoch > p->seen_epoch)
+    p->seen_epoch = h->epoch;
   r->batches++;
   if (p->segs)                  /* the store's (not an offline reader's) */
     note_seg (p, h->lsn, h->seq);
@@ -958,7 +1087,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
     if (f == NULL)
       return -1;
     struct rblock *b = &f->b[e->block];
-    b->bad_end = 0;             /* a newer record: the failed one is moot */
+    b->bad = false;             /* a newer record: the failed one is moot */
     if (e->flags & SSD_ENT_CLEAN) {
       b->state = R_CLEAN;
       continue;
@@ -969,12 +1098,10 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       b->lsn = h->lsn;
       b->crc = e->crc;
     } else {
-      /* Damage if a later header of its run says the log was flushed
-       * past it (no version of the block is trusted then), else a torn
-       * write never flushed (the older version stands): decided once the
-       * whole log was read (settle_damage). */
-      b->bad_end = bend;
-      b->bad_epoch = h->epoch;
+      /* Damage, unless its commit is the log's last: a torn write
+       * (decided once the whole log was read: recover_scan). */
+      b->bad = true;
+      r->c_bad = true;
       r->comp_sound = false;
     }
     data += p->bs;
@@ -995,16 +1122,16 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
 #endif
 
 /* After the scan: the records whose data crc failed and that no newer
- * record covers are damage where their run flushed past them. */
+ * record covers are damage (a torn last commit was dropped whole). */
 static void
 settle_damage (struct store_ssd *p, struct recovered *r)
 {
   for (size_t i = 0; i < r->cap; i++)
     for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
       struct rblock *rb = &r->t[i].b[b];
-      if (rb->bad_end && rb->bad_end <= run_flushed (r, rb->bad_epoch))
+      if (rb->bad)
         rb->state = R_LOST;
-      rb->bad_end = 0;
+      rb->bad = false;
     }
 }
 
@@ -1013,27 +1140,42 @@ static int
 recover_scan (struct store_ssd *p, char *err, size_t errlen)
 {
   unsigned char *buf;
-  uint64_t end;
+  uint64_t end, end_seq;
   int64_t n;
 
   if (posix_memalign ((void **) &buf, SSD_ALIGN, READ_CHUNK) != 0)
     goto nomem;
+  p->scan_limit = UINT64_MAX;
  again:;
   struct reader rd = { buf, 0, 0 };
+  for (uint32_t i = 0; p->segs && i < p->nseg; i++)
+    p->segs[i].lsn = UINT64_MAX;        /* what this pass finds only */
   p->rec = calloc (1, sizeof *p->rec);
   if (p->rec == NULL) {
     free (buf);
     goto nomem;
   }
-  n = scan (p, &rd, apply_batch, p->rec, &end);
-  if (n >= 0)
-    settle_damage (p, p->rec);
-  if (n >= 0 && p->rec->comp_found && p->rec->found_lsn != p->sb.tail_lsn) {
+  struct recovered *r = p->rec;
+  n = scan (p, &rd, apply_batch, r, &end, &end_seq, &r->lost_batches,
+            &r->lost_lsn);
+  if (n >= 0 && r->comp_found && r->found_lsn != p->sb.tail_lsn) {
     /* A compaction whose checkpoint was lost: the log starts there (the
      * open's superblock update records it). */
-    p->sb.tail_lsn = p->rec->found_lsn;
-    p->sb.tail_seq = p->rec->found_seq;
-    rec_free (p->rec);
+    p->sb.tail_lsn = r->found_lsn;
+    p->sb.tail_seq = r->found_seq;
+    rec_free (r);
+    p->rec = NULL;
+    goto again;
+  }
+  if (n > 0 && r->c_bad && p->scan_limit == UINT64_MAX) {
+    /* The log's last commit holds a record whose data crc fails: the
+     * power went while it was written, before its flush (a later commit
+     * would prove it flushed): nothing of it was acknowledged.  The log
+     * ends before it, all of it dropped, so that a failed record
+     * anywhere else is damage (never taken for a torn write: this
+     * recovery's new epoch writes over the torn commit). */
+    p->scan_limit = r->c_lsn;
+    rec_free (r);
     p->rec = NULL;
     goto again;
   }
@@ -1043,9 +1185,11 @@ recover_scan (struct store_ssd *p, char *err, size_t errlen)
               strerror (errno));
     return -1;
   }
-  p->rec->end_lsn = end;
+  settle_damage (p, r);
+  r->end_lsn = end;
+  r->end_seq = end_seq;
   p->head = p->flushed = end;
-  p->next_seq = p->sb.tail_seq + (uint64_t) n;
+  p->next_seq = end_seq;
   return 0;
 
  nomem:
@@ -1313,12 +1457,103 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   return 0;
 }
 
+/* The other superblock copy is damaged (or blank): this one may be a
+ * write behind.  Its clean flag may be stale (the lost copy's run wrote
+ * after it): the log is scanned; that run's batches carry one epoch
+ * more (after a clean stop, only such batches continue the log: a
+ * leftover of an older run there does not); its checkpoint may be
+ * behind (scan's find_start).  A new epoch then goes above them. */
+static void
+super_suspect (struct store_ssd *p, bool other_bad)
+{
+  if (!other_bad)
+    return;
+  p->sb_suspect = true;
+  if (p->sb.flags & SSD_FLAG_CLEAN)
+    p->epoch_floor = p->sb.epoch + 1;
+  p->sb.flags &= ~SSD_FLAG_CLEAN;
+  p->sb.epoch++;
+}
+
+/* Recovery dropped the torn commit at lsn: its first header zeroed (made
+ * durable with the superblock), so that it never continues the log: the
+ * new run's first batch may go to the next lap and leave it in place,
+ * with the very sequence number the log goes on with. */
+static int
+erase_header (struct store_ssd *p, uint64_t lsn)
+{
+  unsigned char *z;
+  int r;
+
+  if (posix_memalign ((void **) &z, SSD_ALIGN, SSD_ALIGN) != 0) {
+    errno = ENOMEM;
+    return -1;
+  }
+  memset (z, 0, SSD_ALIGN);
+  r = p->dev->ops->pwrite (p->dev, z, SSD_ALIGN,
+                           p->sb.log_off + lsn % p->sb.log_bytes);
+  free (z);
+  return r;
+}
+
+/* What recovery found lost, in words. */
+static void
+damage_text (const struct recovered *r, uint32_t bs, char *buf, size_t len)
+{
+  snprintf (buf, len, "%" PRIu64 " records fail their data checksum (%"
+            PRIu64 " bytes), %" PRIu64 " batch headers unreadable where the "
+            "log was flushed past them (the first at lsn %" PRIu64 "; their "
+            "blocks unknown)", r->lost_blocks, r->lost_blocks * bs,
+            r->lost_batches, r->lost_batches ? r->lost_lsn : 0);
+}
+
+/* Both superblocks are blank: a new store, or a log whose superblocks
+ * were wiped (wipefs, a discard).  A sound batch header in the log's
+ * first 64 MiB says the latter (a used log has one every 1 MiB at
+ * most): 0, or -1 (refused, nothing written). */
+static int
+held_log (struct store_ssd *p, char *err, size_t errlen)
+{
+  uint64_t end = p->dev->size < SSD_LOG_OFF + (64u << 20)
+                 ? p->dev->size : SSD_LOG_OFF + (64u << 20);
+  struct reader rd = { NULL, 0, 0 };
+  int r = 0;
+
+  if (posix_memalign ((void **) &rd.buf, SSD_ALIGN, READ_CHUNK) != 0) {
+    snprintf (err, errlen, "%s: out of memory", p->path);
+    errno = ENOMEM;
+    return -1;
+  }
+  for (uint64_t off = SSD_LOG_OFF; off + SSD_ALIGN <= end && r == 0;
+       off += SSD_ALIGN) {
+    const struct ssd_batch *h = (const struct ssd_batch *)
+      reader_get (p, &rd, off, SSD_ALIGN, end / SSD_ALIGN * SSD_ALIGN);
+    if (h == NULL) {
+      snprintf (err, errlen, "%s: reading the log: %s", p->path,
+                strerror (errno));
+      r = -1;
+    } else if (memcmp (h->magic, SSD_BATCH_MAGIC, sizeof h->magic) == 0 &&
+               h->crc == ssd_batch_crc (h)) {
+      snprintf (err, errlen, "%s: both superblocks are blank, but it holds "
+                "a foliod log (a batch header at byte %" PRIu64 "): not "
+                "formatting over its data; zero the whole device or remove "
+                "the file to make a new store", p->path, off);
+      errno = EEXIST;
+      r = -1;
+    }
+  }
+  free (rd.buf);
+  return r;
+}
+
 struct store *
 store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
                     char *err, size_t errlen)
 {
   struct store_ssd *p = calloc (1, sizeof *p);
   const char *path = cfg->path ? cfg->path : "ssd store";
+  bool other_bad = false;
+  char why[512];
   int r;
 
   if (p == NULL) {
@@ -1349,11 +1584,13 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     FAIL (ENOMEM, "%s: out of memory for %" PRIu32 " slots", path,
           cfg->nslots);
 
-  r = ssd_super_read (d, &p->sb, &p->sb_cur, path, err, errlen);
+  r = ssd_super_read (d, &p->sb, &p->sb_cur, &other_bad, path, err, errlen);
   if (r == -1)
     goto fail_kept;
   if (r == 1) {                 /* all zeros: a new store */
     uint64_t log = (d->size - SSD_LOG_OFF) / SSD_ALIGN * SSD_ALIGN;
+    if (!d->created && held_log (p, err, errlen) != 0)
+      goto fail_kept;
     if (strlen (cfg->backing_spec) >= SSD_SPEC_MAX)
       FAIL (ENAMETOOLONG, "%s: backing spec longer than %d bytes", path,
             SSD_SPEC_MAX - 1);
@@ -1365,6 +1602,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
   } else {
     if (check_match (&p->sb, cfg, path, err, errlen) == -1)
       goto fail_kept;
+    super_suspect (p, other_bad);
     p->was_clean = p->sb.flags & SSD_FLAG_CLEAN;
   }
   if (p->sb.log_bytes < 2 * p->cmax)
@@ -1404,9 +1642,22 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     if (live > cfg->nslots)
       FAIL (EBADMSG, "%s: the log holds %zu dirty folios, more than the "
             "cache's %" PRIu32 " slots", path, live, cfg->nslots);
+    if (rc->lost_blocks > 0 || rc->lost_batches > 0) {
+      damage_text (rc, p->bs, why, sizeof why);
+      FAIL (EBADMSG, "%s: the log is damaged: %s; refused, the log kept as "
+            "it is, rather than bring back older data ('foliod store "
+            "inspect %s' lists the damage; move the store aside, it is the "
+            "only copy of that data, to start without it)", path, why,
+            path);
+    }
+    if (p->scan_limit != UINT64_MAX && erase_header (p, p->scan_limit) == -1)
+      FAIL (errno, "%s: erasing a torn commit: %s", path, strerror (errno));
   }
-  /* A new epoch before any new batch: what lies after the log's end
-   * never continues it.  In use from now on (not clean). */
+  /* A new epoch before any new batch, above every epoch in the log:
+   * what lies after the log's end never continues it.  In use from now
+   * on (not clean). */
+  if (p->seen_epoch > p->sb.epoch)
+    p->sb.epoch = p->seen_epoch;
   p->sb.epoch++;
   p->sb.flags &= ~SSD_FLAG_CLEAN;
   p->sb.tail_lsn = p->formatted || p->was_clean ? p->head : p->sb.tail_lsn;
@@ -1434,10 +1685,33 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
 #endif
 }
 
+/* Is path the backing itself (its file, or its block device)? */
+static bool
+is_backing (const struct store_config *cfg)
+{
+  struct stat st;
+
+  if ((cfg->backing_dev == 0 && cfg->backing_ino == 0) ||
+      cfg->path == NULL || stat (cfg->path, &st) == -1)
+    return false;
+  if (S_ISBLK (st.st_mode))
+    return cfg->backing_ino == 0 && st.st_rdev == cfg->backing_dev;
+  return cfg->backing_ino != 0 && st.st_dev == cfg->backing_dev &&
+         st.st_ino == cfg->backing_ino;
+}
+
 struct store *
 store_ssd_open (const struct store_config *cfg, char *err, size_t errlen)
 {
   uint64_t cache = (uint64_t) cfg->nslots * cfg->folio_size;
+
+  if (is_backing (cfg)) {       /* before anything is allocated or written */
+    snprintf (err, errlen, "%s: the store is the backing itself ('%s'): "
+              "its log would be written into the image", cfg->path,
+              cfg->backing_spec);
+    errno = EINVAL;
+    return NULL;
+  }
   struct ssd_dev *d = ssd_dev_open_file (cfg->path, SSD_LOG_OFF +
                                          ssd_log_default (cache), false,
                                          err, errlen);
@@ -1451,6 +1725,7 @@ store_ssd_open (const struct store_config *cfg, char *err, size_t errlen)
 static int
 offline_open (struct store_ssd *p, const char *path, char *err, size_t errlen)
 {
+  bool other_bad = false;
   int cur, r;
 
   memset (p, 0, sizeof *p);
@@ -1458,7 +1733,9 @@ offline_open (struct store_ssd *p, const char *path, char *err, size_t errlen)
   p->dev = ssd_dev_open_file (path, 0, true, err, errlen);
   if (p->dev == NULL)
     return -1;
-  r = ssd_super_read (p->dev, &p->sb, &cur, path, err, errlen);
+  r = ssd_super_read (p->dev, &p->sb, &cur, &other_bad, path, err, errlen);
+  if (r == 0)
+    super_suspect (p, other_bad);
   if (r == 1) {
     snprintf (err, errlen, "%s: not a foliod store (never formatted)", path);
     errno = EINVAL;
@@ -1496,7 +1773,10 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
              sb->backing_ino);
   fprintf (out, "\nlog: %" PRIu64 " bytes, checkpoint at lsn %" PRIu64
            " seq %" PRIu64 "\nstate: %s\n", sb->log_bytes, sb->tail_lsn,
-           sb->tail_seq, (sb->flags & SSD_FLAG_CLEAN)
+           sb->tail_seq, p.sb_suspect
+           ? "unknown: the other superblock copy is damaged (the log is "
+             "read from this one's checkpoint)"
+           : (sb->flags & SSD_FLAG_CLEAN)
            ? "clean" : "not clean (in use, or a crash)");
   if (!(sb->flags & SSD_FLAG_CLEAN)) {
     if (recover_scan (&p, err, errlen) == -1) {
@@ -1523,6 +1803,11 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
       }
       folios += any;
     }
+    if (r->lost_batches)
+      fprintf (out, "damaged: %" PRIu64 " batch headers from lsn %" PRIu64
+               " (the log was flushed past them; their blocks unknown: "
+               "older versions would come back)\n", r->lost_batches,
+               r->lost_lsn);
     fprintf (out, "log used: %" PRIu64 " bytes, %" PRIu64 " batches, %"
              PRIu64 " records\n", r->end_lsn - sb->tail_lsn, r->batches,
              r->records);
