@@ -135,13 +135,13 @@ cache_init_slots (struct cache *c)
 
 static void cache_free (struct cache *c);
 
-/* --- the store's persistence (see the contract in store-pmem.c) --- */
+/* --- the store's persistence (the protocol in foliod/store.h) --- */
 
 void
 folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
                     uint32_t end)
 {
-  if (c->persistent && end > start)
+  if (store_has (c->store, STORE_DURABLE) && end > start)
     (void) c->store->ops->persist (c->store,
                                    f->data + block_pos (c, start),
                                    (size_t) block_pos (c, end - start));
@@ -157,7 +157,7 @@ folio_persist_bits_slow (struct cache *c, struct folio *f)
 int
 cache_store_sync (struct cache *c)
 {
-  if (!c->persistent)
+  if (!store_has (c->store, STORE_DURABLE))
     return 0;
   if (store_sync (c->store) == 0)
     return 0;
@@ -204,7 +204,7 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
-/* The store's kind; a persistent store is rebuilt into the index (before
+/* The store's caps; a durable store is rebuilt into the index (before
  * any set_index), and the free slots are those it left free. */
 static int
 cache_init_store (struct cache *c, char *err, size_t errlen)
@@ -216,13 +216,13 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   uint64_t t0 = now_ms ();
 
   si->kind = c->store->ops->name;
-  c->persistent = c->store->caps & STORE_PERSISTENT;
   si->flush = c->cfg.flush != CACHE_FLUSH_DEFAULT ? c->cfg.flush
-              : c->persistent ? CACHE_FLUSH_STORE : CACHE_FLUSH_BACKING;
-  if (!c->persistent) {
+              : store_has (c->store, STORE_DURABLE) ? CACHE_FLUSH_STORE
+              : CACHE_FLUSH_BACKING;
+  if (!store_has (c->store, STORE_DURABLE)) {
     if (c->cfg.flush == CACHE_FLUSH_STORE) {
       snprintf (err, errlen, "flush=store needs a persistent store "
-                "(store=pmem:PATH)");
+                "(store=pmem:PATH or store=ssd:PATH)");
       errno = EINVAL;
       return -1;
     }
@@ -287,7 +287,7 @@ flush_by_store (const struct cache *c)
 {
   return c->cfg.flush == CACHE_FLUSH_STORE ||
          (c->cfg.flush == CACHE_FLUSH_DEFAULT &&
-          (c->store->caps & STORE_PERSISTENT));
+          store_has (c->store, STORE_DURABLE));
 }
 
 static void
@@ -444,7 +444,7 @@ cache_destroy (struct cache *c)
     return 0;
   cache_stop_writeback (c);
   /* A persistent store keeps them for the next start. */
-  lost = !c->persistent &&
+  lost = !store_has (c->store, STORE_DURABLE) &&
          (STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0);
   cache_free (c);
   if (lost) {

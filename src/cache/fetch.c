@@ -125,10 +125,11 @@ cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
   uint64_t fs = lo, fe = lo;
   int r;
 
-  /* Not with a persistent store (a fill there persists data and bits in
+  /* Not with a durable store (a fill there persists data and bits in
    * an order fill_data knows), nor over the export's short last block
    * (io_read's zeroes), nor for what bypasses the cache. */
-  if (!c->b->ops->read_async || c->persistent || len == 0 ||
+  if (!c->b->ops->read_async || store_has (c->store, STORE_DURABLE) ||
+      len == 0 ||
       range_check (c, len, off) == -1 || hi > c->b->size ||
       len > c->cfg.max_io_bytes || use_direct (c, len, 0)) {
     errno = ENOTSUP;

@@ -18,8 +18,8 @@
 static bool
 prep_applies (const struct cache *c, uint64_t len)
 {
-  return c->cfg.mode == CACHE_WRITEBACK && !c->persistent &&
-         !use_direct (c, len, 0);
+  return c->cfg.mode == CACHE_WRITEBACK &&
+         !store_has (c->store, STORE_DURABLE) && !use_direct (c, len, 0);
 }
 
 int
