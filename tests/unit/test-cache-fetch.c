@@ -1,7 +1,9 @@
 /* Read misses fetched asynchronously (src/cache/fetch.c): what the fetch
  * brings is put into the cache only if the backing was not written there
  * since the fetch started, blocks the cache has win over fetched bytes,
- * and the fetch is of the missing blocks, whole.
+ * and the fetch is of the missing blocks, whole.  With the ssd store as
+ * with the ram store (the cache asks the store's caps, not its kind:
+ * issue 32).
  * The backing here serves an async read at once (copies the data when it
  * is issued) and completes it when the test says: writes in between are
  * the race of a remote that answered before a write reached it. */
@@ -15,6 +17,8 @@
 #include <cmocka.h>
 
 #include "foliod/cache.h"
+#include "foliod/store.h"
+#include "lib/ssd-mem.h"
 
 #define SIZE (4u << 20)
 
@@ -268,6 +272,75 @@ test_sub_block_fetch_caches_block (void **state)
   assert_int_equal (cache_destroy (c), 0);
 }
 
+/* ---- the ssd store ---- */
+
+#define FOLIO 65536u
+#define BLOCK 4096u
+#define DEV_SIZE (16u << 20)
+static unsigned char dev_mem[DEV_SIZE];
+static const struct store_config ssd_cfg = {
+  .path = "(memory)", .nslots = 32, .folio_size = FOLIO, .block_size = BLOCK,
+  .export_size = SIZE, .backing_spec = "mem", .backing_size = SIZE,
+};
+static struct store *ssd;
+
+static struct cache *
+open_ssd_cache (struct mem *m)
+{
+  struct cache_config cfg;
+  char err[256];
+
+  open_cache (m);               /* fills m; that cache is not used */
+  memset (dev_mem, 0, sizeof dev_mem);
+  ssd = store_ssd_open_dev (&ssd_cfg, ssd_mem_dev (dev_mem, DEV_SIZE), err,
+                            sizeof err);
+  assert_non_null (ssd);
+  cache_config_default (&cfg);
+  cfg.cache_size = (uint64_t) ssd_cfg.nslots * FOLIO;
+  cfg.folio_size = FOLIO;
+  cfg.block_size = BLOCK;
+  cfg.readahead_bytes = 0;
+  cfg.dirty_expire_ms = 3600000;       /* only flushes write back */
+  cfg.writeback_interval_ms = 3600000;
+  struct cache *c = cache_create (&m->b, ssd, &cfg, err, sizeof err);
+  assert_non_null (c);
+  cache_stop_writeback (c);
+  return c;
+}
+
+static void
+close_ssd_cache (struct cache *c)
+{
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (ssd);          /* a store passed in is the caller's */
+}
+
+/* A read miss with the ssd store is parked as with the ram store: the
+ * backing's async read, put in under CACHE_NOWAIT (no backing read), and
+ * the block is cached. */
+static void
+test_ssd_parked_miss (void **state)
+{
+  static struct mem m;
+  unsigned char buf[BLOCK], want[BLOCK];
+  struct cache_stats st;
+  struct cache *c = open_ssd_cache (&m);
+  struct cache_fetched fx = fetch (c, &m, buf, sizeof buf, 3 * FOLIO + BLOCK);
+
+  memcpy (want, m.data + 3 * FOLIO + BLOCK, sizeof want);
+  complete (&m);
+  assert_int_equal (cache_read_fetched (c, buf, sizeof buf, 3 * FOLIO + BLOCK,
+                                        &fx, CACHE_NOWAIT), 0);
+  assert_memory_equal (buf, want, sizeof buf);
+  memset (m.data + 3 * FOLIO + BLOCK, 0x99, BLOCK);   /* behind our back */
+  assert_int_equal (cache_read (c, buf, sizeof buf, 3 * FOLIO + BLOCK,
+                                CACHE_NOWAIT), 0);
+  assert_memory_equal (buf, want, sizeof buf);        /* a hit */
+  cache_get_stats (c, &st);
+  assert_int_equal (st.read_misses, 1);
+  close_ssd_cache (c);
+}
+
 int
 main (void)
 {
@@ -278,6 +351,7 @@ main (void)
     cmocka_unit_test (test_direct_cache_does_not_fetch),
     cmocka_unit_test (test_unrelated_write_keeps_fetch),
     cmocka_unit_test (test_sub_block_fetch_caches_block),
+    cmocka_unit_test (test_ssd_parked_miss),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
