@@ -160,8 +160,10 @@ void cache_stop_writeback (struct cache *c) FOLIOD_NONNULL (1);
  * between: a client that stops mid-payload holds no one up, and no reader
  * sees the folios before the commit (nor ever, after an abort).  The
  * bytes of the request outside p's range are the caller's to write with
- * cache_write.  Only writeback mode, a ram store, no direct I/O, and only
- * while free folios are plenty: else -1 (EAGAIN), nothing held. */
+ * cache_write.  Only writeback mode, a store whose slot memory may hold
+ * data before the slot is indexed (STORE_EARLY_DATA: ram, ssd), no direct
+ * I/O, and only while free folios are plenty: else -1 (EAGAIN), nothing
+ * held. */
 #define CACHE_PREP_MAX 32
 struct cache_prep {
   uint64_t off, len;

@@ -3,7 +3,7 @@
  * The cache has nslots slots of folio_size bytes.  A store hands out, per
  * slot, the data and the state bitmap (enum folio_plane), and records
  * which folio a slot holds.  The ram store keeps all of it in anonymous
- * memory.  A persistent store (STORE_PERSISTENT) keeps dirty data and its
+ * memory.  A persistent store (STORE_DURABLE) keeps dirty data and its
  * bitmap across a crash; the cache then follows one protocol, the same
  * for every persistent store (the pmem store maps a file; a log store on
  * an SSD would append records of what persist() names):
@@ -68,9 +68,28 @@ store_bitmap_words (uint32_t blocks_per_folio)
 
 struct store;
 
-/* struct store.caps */
-#define STORE_PERSISTENT (1u << 0)  /* dirty data survives a crash */
-#define STORE_DEFERRED   (1u << 1)  /* persist() is durable at sync() only */
+/* struct store.caps: what the store can do, which is all the cache asks
+ * of it (never its kind). */
+/* Dirty data and its bits survive a crash: the cache calls persist() and
+ * sync() in the order of the protocol above, recovers at open, and FLUSH
+ * defaults to flush=store.  Without it persist() and sync() are never
+ * called (the ram store). */
+#define STORE_DURABLE    (1u << 0)
+/* persist() is durable at the next sync() only; without it a store
+ * persists on its own (what persist() names is durable on return). */
+#define STORE_DEFERRED   (1u << 1)
+/* A slot whose folio was dropped may take another only once may_reuse
+ * says so (a sync carries the drop first): the cache never hands such a
+ * slot straight to another folio (the pmem page store, the ssd log). */
+#define STORE_REUSE_SYNC (1u << 2)
+/* Slot memory may hold data before the slot is indexed (set_index): what
+ * lands in a free slot is nobody's, never seen by recovery, so a write
+ * may be received into it and the slot indexed afterwards (the ram
+ * store; the ssd store, whose slot memory is anonymous RAM and whose log
+ * records only what a commit finds live in an indexed slot).  Not a
+ * mapped store: there data in a slot is on the media under the slot's
+ * last entry and bits. */
+#define STORE_EARLY_DATA (1u << 3)
 
 /* What a persistent store tells about itself (stats, the log line). */
 struct store_info {
@@ -142,7 +161,7 @@ struct store_ops {
 
 struct store {
   const struct store_ops *ops;
-  unsigned caps;         /* STORE_PERSISTENT, STORE_DEFERRED */
+  unsigned caps;         /* STORE_DURABLE, STORE_DEFERRED, ... */
   uint32_t nslots;
   uint32_t folio_size;
   uint32_t bitmap_words; /* uint64_t words per slot bitmap */
@@ -157,6 +176,12 @@ store_write (struct store *s, void *dst, const void *src, size_t len)
     memcpy (dst, src, len);
     (void) s->ops->persist (s, dst, len);
   }
+}
+
+static inline bool
+store_has (const struct store *s, unsigned cap)
+{
+  return (s->caps & cap) == cap;
 }
 
 static inline int

@@ -239,10 +239,10 @@ struct cache {
   bool bounce_key_ok;
   unsigned char *zero_block;/* block_size zero bytes */
 
-  /* The store: a persistent one (STORE_PERSISTENT) gets persist() and
-   * sync() in the order of the protocol in store.h, and a slot takes a
-   * new folio only when store_may_reuse says so. */
-  bool persistent;
+  /* The store: what it can do is in its caps (store_has), never which
+   * it is.  A durable one (STORE_DURABLE) gets persist() and sync() in
+   * the order of the protocol in store.h, and a slot takes a new folio
+   * only when store_may_reuse says so. */
   _Atomic int store_failing; /* errno of a failed store sync, or 0; sticky
                               * as the store's (wb_error reports it) */
   _Atomic bool passthrough_unsynced; /* flush=store: a passthrough write
@@ -263,7 +263,7 @@ void folio_persist_bits_slow (struct cache *c, struct folio *f);
 static inline void
 folio_persist_bits (struct cache *c, struct folio *f)
 {
-  if (c->persistent)
+  if (store_has (c->store, STORE_DURABLE))
     folio_persist_bits_slow (c, f);
 }
 /* Make what was persisted durable (FLUSH, FUA; after writeback, so that

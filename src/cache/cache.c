@@ -170,7 +170,7 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
-/* The store's kind; a persistent store is rebuilt into the index (before
+/* The store's caps; a durable store is rebuilt into the index (before
  * any set_index), and the free slots are those it left free. */
 static int
 cache_init_store (struct cache *c, char *err, size_t errlen)
@@ -182,13 +182,13 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   uint64_t t0 = now_ms ();
 
   si->kind = c->store->ops->name;
-  c->persistent = c->store->caps & STORE_PERSISTENT;
   si->flush = c->cfg.flush != CACHE_FLUSH_DEFAULT ? c->cfg.flush
-              : c->persistent ? CACHE_FLUSH_STORE : CACHE_FLUSH_BACKING;
-  if (!c->persistent) {
+              : store_has (c->store, STORE_DURABLE) ? CACHE_FLUSH_STORE
+              : CACHE_FLUSH_BACKING;
+  if (!store_has (c->store, STORE_DURABLE)) {
     if (c->cfg.flush == CACHE_FLUSH_STORE) {
       snprintf (err, errlen, "flush=store needs a persistent store "
-                "(store=pmem:PATH)");
+                "(store=pmem:PATH or store=ssd:PATH)");
       errno = EINVAL;
       return -1;
     }
@@ -253,7 +253,7 @@ flush_by_store (const struct cache *c)
 {
   return c->cfg.flush == CACHE_FLUSH_STORE ||
          (c->cfg.flush == CACHE_FLUSH_DEFAULT &&
-          (c->store->caps & STORE_PERSISTENT));
+          store_has (c->store, STORE_DURABLE));
 }
 
 static void
@@ -410,7 +410,7 @@ cache_destroy (struct cache *c)
     return 0;
   cache_stop_writeback (c);
   /* A persistent store keeps them for the next start. */
-  lost = !c->persistent &&
+  lost = !store_has (c->store, STORE_DURABLE) &&
          (STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0);
   cache_free (c);
   if (lost) {

@@ -35,7 +35,7 @@ fix_persist_bytes (struct cache *c, struct folio *f, uint64_t s, uint64_t e)
 {
   uint64_t in = s - folio_pos (c, f->index);
 
-  if (c->persistent)
+  if (store_has (c->store, STORE_DURABLE))
     (void) c->store->ops->persist (c->store, f->data + in, e - s);
 }
 
@@ -67,7 +67,8 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
      * store as written back but unstable (its new data, persisted above),
      * as a writeback leaves it; clean, a crash that lost the backing's
      * write would bring back neither version. */
-    if (x->unflushed && c->persistent && folio_block_dirty (c, f, i))
+    if (x->unflushed && store_has (c->store, STORE_DURABLE) &&
+        folio_block_dirty (c, f, i))
       folio_written (c, f, i, i + 1, true);
     else
       folio_clear_dirty (c, f, i, i + 1);

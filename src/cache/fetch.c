@@ -85,10 +85,12 @@ cache_fetch (struct cache *c, void *buf, uint64_t len, uint64_t off,
   uint64_t fs = lo, fe = lo;
   int r;
 
-  /* Not with a persistent store (a fill there persists data and bits in
-   * an order fill_data knows), nor over the export's short last block
-   * (io_read's zeroes), nor for what bypasses the cache. */
-  if (!c->b->ops->read_async || c->persistent || len == 0 ||
+  /* With any store: the fetch lands in buf, never in slot memory, and
+   * io_fill's fill_copy keeps the store's order (into the indexed slot,
+   * persist the data, uptodate, persist the bits) as fill_data does.  Not
+   * over the export's short last block (io_read's zeroes), nor for what
+   * bypasses the cache. */
+  if (!c->b->ops->read_async || len == 0 ||
       range_check (c, len, off) == -1 || hi > c->b->size ||
       len > c->cfg.max_io_bytes || use_direct (c, len, 0)) {
     errno = ENOTSUP;

@@ -10,7 +10,7 @@ void
 folio_persist_data (struct cache *c, struct folio *f, uint32_t start,
                     uint32_t end)
 {
-  if (c->persistent && end > start)
+  if (store_has (c->store, STORE_DURABLE) && end > start)
     (void) c->store->ops->persist (c->store,
                                    f->data + block_pos (c, start),
                                    (size_t) block_pos (c, end - start));
@@ -26,7 +26,7 @@ folio_persist_bits_slow (struct cache *c, struct folio *f)
 int
 cache_store_sync (struct cache *c)
 {
-  if (!c->persistent)
+  if (!store_has (c->store, STORE_DURABLE))
     return 0;
   if (store_sync (c->store) == 0)
     return 0;

@@ -21,8 +21,8 @@ copy_range (struct cache *c, struct window *w, void *buf, uint64_t off,
     struct folio *f = w->f[fi - w->start];
     if (n > len)
       n = len;
-    if (to_folio && c->persistent)   /* persisted before the bits */
-      store_write (c->store, f->data + in, p, n);
+    if (to_folio && store_has (c->store, STORE_DURABLE))
+      store_write (c->store, f->data + in, p, n); /* before the bits */
     else if (to_folio)
       memcpy (f->data + in, p, n);
     else

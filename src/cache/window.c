@@ -23,7 +23,8 @@ folio_adopt (struct cache *c, struct folio *f, uint64_t fi)
 
 /* A free slot, else an evicted one.  A free slot may always be reused:
  * slots go free at start (after recovery's sync), by a failed insert
- * (taken free or evictable) and by folio_replace (the ram store only). */
+ * (taken free or evictable) and by folio_replace (only on a store
+ * without STORE_REUSE_SYNC). */
 static struct folio *
 slot_take_locked (struct cache *c)
 {
@@ -279,9 +280,9 @@ folio_replace (struct cache *c, struct folio *old, struct folio *nf,
 {
   int r = 0;
 
-  /* old's slot goes free without store_may_reuse: write preparation
-   * (wprep.c) is for stores without a persistence protocol only. */
-  assert (old == NULL || !c->persistent);
+  /* old's slot goes free without store_may_reuse: wprep.c never
+   * replaces a folio on a store that needs a sync first. */
+  assert (old == NULL || !store_has (c->store, STORE_REUSE_SYNC));
   index_lock (c);
   if (old != NULL) {
     lru_del_locked (c, old);

@@ -4,7 +4,16 @@
  * under the window's stripes, in place of the folios cached there, whose
  * data they overwrite entirely.  Until then no one can see them: they are
  * in neither the index nor the LRU, and their bits are clear (a slot goes
- * free reset, and an abort leaves it so). */
+ * free reset, and an abort leaves it so).
+ *
+ * The store must let slot memory hold data before the slot is indexed
+ * (STORE_EARLY_DATA: the ram and ssd stores, not a mapped one).  A
+ * durable store gets the protocol's order at the commit: set_index, the
+ * data persisted, then the bits.  A store whose dropped slots wait for a
+ * sync (STORE_REUSE_SYNC: the ssd log still holds the old folio's
+ * records) keeps a folio cached at that number: the prepared data is
+ * copied into it, as a write would, and the prepared slot goes back
+ * free, never indexed. */
 #include <errno.h>
 
 #include "cache/cache-int.h"
@@ -18,8 +27,8 @@
 static bool
 prep_applies (const struct cache *c, uint64_t len)
 {
-  return c->cfg.mode == CACHE_WRITEBACK && !c->persistent &&
-         !use_direct (c, len, 0);
+  return c->cfg.mode == CACHE_WRITEBACK &&
+         store_has (c->store, STORE_EARLY_DATA) && !use_direct (c, len, 0);
 }
 
 int
@@ -58,6 +67,19 @@ cache_write_abort (struct cache *c, struct cache_prep *p)
   p->n = 0;
 }
 
+/* The prepared folio nf's data into old, cached at its number, as a
+ * whole-folio write (STORE_REUSE_SYNC: old's slot may not go free yet). */
+static void
+prep_copy (struct cache *c, struct folio *old, const struct folio *nf)
+{
+  uint32_t bpf = c->blocks_per_folio;
+
+  store_write (c->store, old->data, nf->data, (size_t) 1 << c->folio_shift);
+  folio_set_uptodate (c, old, 0, bpf);
+  folio_set_dirty (c, old, 0, bpf);
+  folio_persist_bits (c, old);
+}
+
 /* Folio i of p takes the place of whatever is cached at its number (the
  * window's stripes held).  Last first, so that the slots set free go back
  * in the order that gives the next prepare consecutive memory. */
@@ -71,16 +93,22 @@ prep_swap (struct cache *c, struct cache_prep *p, struct window *w)
     struct folio *nf = &c->folios[p->slot[i]], *old = w->f[i];
     if (old != NULL && old->ra)
       ra_dropped (c, old);           /* readahead brought it, unread */
+    if (old != NULL && store_has (c->store, STORE_REUSE_SYNC)) {
+      prep_copy (c, old, nf);
+      slots_give_back (c, 1, &p->slot[i]);   /* clear, never indexed */
+      continue;
+    }
     if (old != NULL)
       folio_drop (c, old, 0, bpf);   /* all of it is overwritten */
-    folio_set_uptodate (c, nf, 0, bpf);
     if (folio_replace (c, old, nf, w->start + i) == -1) {
-      folio_reset (c, nf);
-      slots_give_back (c, 1, &p->slot[i]);
+      slots_give_back (c, 1, &p->slot[i]);   /* its bits still clear */
       r = -1;                        /* ENOMEM: the others still go in */
       continue;
     }
+    folio_persist_data (c, nf, 0, bpf);      /* after set_index */
+    folio_set_uptodate (c, nf, 0, bpf);
     folio_set_dirty (c, nf, 0, bpf);
+    folio_persist_bits (c, nf);
   }
   p->n = 0;
   return r;

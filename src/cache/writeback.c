@@ -75,8 +75,8 @@ wb_run_io (struct cache *c, struct window *w, uint64_t start, uint64_t end,
 static bool
 wb_unstable (struct cache *c, unsigned flags)
 {
-  return (c->b->ops->loss_epoch != NULL || c->persistent) &&
-         !(flags & BACKING_FUA);
+  return (c->b->ops->loss_epoch != NULL ||
+          store_has (c->store, STORE_DURABLE)) && !(flags & BACKING_FUA);
 }
 
 /* Global blocks [start, end) of folio f (its stripe held) reached the

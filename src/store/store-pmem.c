@@ -551,7 +551,7 @@ store_pmem_open_map (struct pmem_map *m,
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
   p->s.ops = &pmem_ops;
-  p->s.caps = STORE_PERSISTENT;
+  p->s.caps = STORE_DURABLE;
   p->s.nslots = cfg->nslots;
   p->s.folio_size = cfg->folio_size;
   p->s.bitmap_words = p->meta.l.bitmap_words;
@@ -561,8 +561,8 @@ store_pmem_open_map (struct pmem_map *m,
     errno = ENOMEM;
     goto fail;
   }
-  if (p->defer)
-    p->s.caps |= STORE_DEFERRED;
+  if (p->defer)   /* a cleared slot is reused after its msync only */
+    p->s.caps |= STORE_DEFERRED | STORE_REUSE_SYNC;
   pmem_init_gen (p);
   return &p->s;
 

@@ -162,6 +162,7 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
   if (r == NULL)
     return NULL;
   r->s.ops = &ram_ops;
+  r->s.caps = STORE_EARLY_DATA;   /* nothing survives a crash */
   r->s.nslots = nslots;
   r->s.folio_size = folio_size;
   r->s.bitmap_words = store_bitmap_words (blocks);

@@ -1568,7 +1568,10 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
   p->path_buf = strdup (path);
   p->path = p->path_buf ? p->path_buf : "ssd store";
   p->s.ops = &ssd_ops;
-  p->s.caps = STORE_PERSISTENT | STORE_DEFERRED;
+  /* Slot memory is RAM that only a commit reads, and only where an
+   * indexed slot has live blocks: data may arrive before set_index. */
+  p->s.caps = STORE_DURABLE | STORE_DEFERRED | STORE_REUSE_SYNC |
+              STORE_EARLY_DATA;
   p->s.nslots = cfg->nslots;
   p->s.folio_size = cfg->folio_size;
   if (cfg->block_size == 0 || cfg->folio_size % cfg->block_size != 0 ||

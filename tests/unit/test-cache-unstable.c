@@ -13,7 +13,7 @@
 
 #include "foliod/cache.h"
 #include "foliod/store.h"
-#include "store/ssd-layout.h"
+#include "lib/ssd-mem.h"
 
 #define SIZE (4u << 20)
 
@@ -258,43 +258,11 @@ test_failed_direct_write_over_unstable (void **state)
 }
 
 
-/* An ssd store's device in memory: every write is durable at once (a
- * kill -9 of foliod, the disk survives), copied for a "crash". */
+/* An ssd store's device in memory (lib/ssd-mem.h), copied for a
+ * "crash". */
 #define DEV_SIZE (16u << 20)
 static unsigned char dev_mem[DEV_SIZE], dev_copy[DEV_SIZE];
 static char err[256];
-
-static int
-m_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
-{
-  memcpy ((unsigned char *) (d + 1) + off, buf, len);
-  return 0;
-}
-
-static int
-m_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
-{
-  memcpy (buf, (unsigned char *) (d + 1) + off, len);
-  return 0;
-}
-
-static int m_flush (struct ssd_dev *d) { (void) d; return 0; }
-static void m_close (struct ssd_dev *d) { (void) d; }
-
-static const struct ssd_dev_ops mem_ops = {
-  m_pwrite, m_pread, m_flush, m_close,
-};
-
-/* The device header and its memory: d + 1 is the first byte. */
-static struct ssd_dev *
-mem_dev (unsigned char *mem)
-{
-  struct ssd_dev *d = (struct ssd_dev *) mem;
-
-  d->ops = &mem_ops;
-  d->size = DEV_SIZE - sizeof *d;
-  return d;
-}
 
 static const struct store_config ssd_cfg = {
   .path = "(memory)", .nslots = 16, .folio_size = 65536, .block_size = 4096,
@@ -335,8 +303,9 @@ test_direct_over_dirty_persistent (void **state)
   v.b.size = SIZE;
   v.b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
   memset (dev_mem, 0, sizeof dev_mem);
-  struct store *s = store_ssd_open_dev (&ssd_cfg, mem_dev (dev_mem), err,
-                                        sizeof err);
+  struct store *s = store_ssd_open_dev (&ssd_cfg,
+                                        ssd_mem_dev (dev_mem, DEV_SIZE),
+                                        err, sizeof err);
   assert_non_null (s);
   cache_config_default (&cfg);
   cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
@@ -357,8 +326,9 @@ test_direct_over_dirty_persistent (void **state)
   /* The crash: foliod dies, the backing loses what it did not flush. */
   memcpy (dev_copy, dev_mem, sizeof dev_copy);
   memcpy (v.acked, v.durable, SIZE);
-  struct store *s2 = store_ssd_open_dev (&ssd_cfg, mem_dev (dev_copy), err,
-                                         sizeof err);
+  struct store *s2 = store_ssd_open_dev (&ssd_cfg,
+                                         ssd_mem_dev (dev_copy, DEV_SIZE),
+                                         err, sizeof err);
   assert_non_null (s2);
   struct store_recovery out = { 0 };
   rec_found = false;
