@@ -187,8 +187,8 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
               : CACHE_FLUSH_BACKING;
   if (!store_has (c->store, STORE_DURABLE)) {
     if (c->cfg.flush == CACHE_FLUSH_STORE) {
-      snprintf (err, errlen, "flush=store needs a persistent store "
-                "(store=pmem:PATH or store=ssd:PATH)");
+      snprintf (err, errlen, "flush=store needs a durable store (one "
+                "that keeps dirty data across a crash: see store=)");
       errno = EINVAL;
       return -1;
     }

@@ -317,14 +317,15 @@ export_config_check_each (const struct export_config *cfg,
   }
   if (cfg->store && strcmp (cfg->store, "ram") != 0 &&
       export_store_path (cfg) == NULL) {
-    snprintf (one, sizeof one, "unknown store '%s' (ram or pmem:PATH)",
+    snprintf (one, sizeof one, "unknown store '%s' (ram, pmem:PATH or ssd:PATH)",
               cfg->store);
     report (arg, "store", one);
     n++;
   }
   if (cfg->cache.flush == CACHE_FLUSH_STORE && export_store_path (cfg) == NULL) {
     report (arg, "flush", "flush=store needs a persistent store "
-            "(store=pmem:PATH): the ram store loses its data with foliod");
+            "(store=pmem:PATH or store=ssd:PATH): the ram store loses its data "
+            "with foliod");
     n++;
   }
   if (cache_config_check (&cfg->cache, one, sizeof one) == -1) {
