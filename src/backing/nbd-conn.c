@@ -421,9 +421,17 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
     atomic_store (&c->up, 0);
     /* The remote may have lost writes it acknowledged but never
      * flushed: tell the cache to write them again. */
-    if (atomic_load (&nb->unflushed) > 0)
-      atomic_fetch_add (&nb->loss_epoch, 1);
+    nbdb_note_unflushed_lost (nb);
   }
+}
+
+void
+nbdb_note_unflushed_lost (struct nbdb_backing *nb)
+{
+  /* writing too: a write the remote acknowledged whose issuer has not
+   * yet counted it in unflushed. */
+  if (atomic_load (&nb->unflushed) > 0 || atomic_load (&nb->writing) > 0)
+    atomic_fetch_add (&nb->loss_epoch, 1);
 }
 
 /* Before a replace: issue nothing more on c's handle (of generation gen)

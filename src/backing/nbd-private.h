@@ -97,9 +97,13 @@ struct nbdb_backing {
    * NBD_BACKOFF_MAX_MS, at next_probe.  deadline: set at shutdown, no
    * request waits past it (0: none). */
   atomic_uint_fast64_t down_since, next_probe, deadline;
-  /* Writes acknowledged since the last successful flush, and the loss
-   * epoch: bumped when a connection drops while any such write exists. */
-  atomic_uint_fast64_t unflushed, loss_epoch;
+  /* Writes acknowledged since the last successful flush; writes sent (or
+   * about to be) whose acknowledgement is not yet counted in unflushed;
+   * and the loss epoch, moved only by nbdb_note_unflushed_lost (a
+   * connection dropped, or a flush failed, while either was not 0) and
+   * by clear_doubt.  Only non-FUA write-class requests to a remote that
+   * can flush count. */
+  atomic_uint_fast64_t unflushed, writing, loss_epoch;
   /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
    * not answered in time or cut with their connection by foliod, so the
    * remote may still carry them out.  Flush and FUA fail with EIO while
@@ -138,6 +142,14 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
  * writer, a thread start or malloc. */
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
+
+/* A fact: the remote may have lost what it acknowledged and had not
+ * flushed (a connection to it dropped; a flush, or a FUA request, it
+ * failed: Linux drops the pages whose fdatasync failed and reports the
+ * error once).  When any write was acknowledged since the last good
+ * flush, or is being written, the loss epoch moves: the cache writes its
+ * unstable blocks again before a flush may succeed. */
+void nbdb_note_unflushed_lost (struct nbdb_backing *nb);
 
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);

@@ -238,8 +238,14 @@ nbdb_flush (struct backing *b)
   if (!nb->can_flush)
     return 0;
   before = atomic_load (&nb->unflushed);
-  if (nbdb_run (nb, call_flush, NULL) == -1)
+  if (nbdb_run (nb, call_flush, NULL) == -1) {
+    /* A remote's failed flush may have dropped what it had not flushed
+     * (its fdatasync failed; its next one will succeed). */
+    int e = errno;
+    nbdb_note_unflushed_lost (nb);
+    errno = e;
     return -1;
+  }
   atomic_fetch_sub (&nb->unflushed, before); /* later ones still count */
   return 0;
 }
@@ -257,11 +263,16 @@ static uint64_t
 nbdb_clear_doubt (struct backing *b)
 {
   struct nbdb_backing *nb = to_nbd (b);
-  uint64_t n = atomic_exchange (&nb->in_doubt, 0);
+  uint64_t n = atomic_load (&nb->in_doubt);
 
-  if (n > 0)
+  /* The epoch first: a flush that finds no doubt must also find the new
+   * epoch, or it would settle clean what must be written again. */
+  while (n > 0) {
     atomic_fetch_add (&nb->loss_epoch, 1);
-  return n;
+    if (atomic_compare_exchange_strong (&nb->in_doubt, &n, 0))
+      return n;
+  }
+  return 0;
 }
 
 /* A write-class op with FUA: refused at once while a write is in doubt
@@ -272,12 +283,42 @@ fua_doubt_check (struct nbdb_backing *nb, unsigned flags)
   return (flags & BACKING_FUA) ? doubt_check (nb) : 0;
 }
 
-/* A write-class request succeeded: without FUA it is not yet durable. */
+/* Does a write-class request with these flags count in unflushed (is
+ * it not durable when acknowledged)?  A FUA one without native FUA is
+ * sent plain, then flushed (fua_fallback). */
+static int
+counts_unflushed (struct nbdb_backing *nb, unsigned flags)
+{
+  return nb->can_flush && !((flags & BACKING_FUA) && nb->can_fua);
+}
+
+/* Before a write-class request is sent: from here until count_unflushed
+ * it counts in writing, so that a connection that drops after the remote
+ * acknowledged it, but before it is counted, still moves the epoch. */
+static void
+begin_write (struct nbdb_backing *nb, unsigned flags)
+{
+  if (counts_unflushed (nb, flags))
+    atomic_fetch_add (&nb->writing, 1);
+}
+
+/* A write-class request begun with begin_write ended (r: 0 or -1):
+ * without FUA, acknowledged is not yet durable.  A FUA one the remote
+ * failed may have failed its fdatasync, which drops other unflushed
+ * writes too. */
 static int
 count_unflushed (struct nbdb_backing *nb, unsigned flags, int r)
 {
-  if (r == 0 && !(flags & BACKING_FUA) && nb->can_flush)
-    atomic_fetch_add (&nb->unflushed, 1);
+  if (counts_unflushed (nb, flags)) {
+    if (r == 0)
+      atomic_fetch_add (&nb->unflushed, 1);
+    atomic_fetch_sub (&nb->writing, 1);
+  }
+  else if (r == -1 && nb->can_flush) {     /* native FUA */
+    int e = errno;
+    nbdb_note_unflushed_lost (nb);
+    errno = e;
+  }
   return r;
 }
 
@@ -332,6 +373,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 
   if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
+  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
                     fua_flag (nb, flags), nb->max_io);
   ext_invalidate (nb, off, len);
@@ -367,6 +409,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   }
   if (len == 0)
     return 0;
+  begin_write (nb, flags);
   if (nb->can_zero) {
     if (!(flags & BACKING_MAY_TRIM))
       f |= LIBNBD_CMD_FLAG_NO_HOLE;
@@ -390,6 +433,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
+  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                     NBD_MAX_ZERO);
   ext_invalidate (nb, off, len);

@@ -185,6 +185,17 @@ open_nbd (struct fx *f, unsigned retry_ms)
   return b;
 }
 
+/* f->disk, size bytes of zeroes, for the file and sh plugins. */
+static void
+disk_create (struct fx *f, uint64_t size)
+{
+  int fd = open (f->disk, O_RDWR | O_CREAT, 0600);
+
+  assert_true (fd >= 0);
+  assert_int_equal (ftruncate (fd, (off_t) size), 0);
+  close (fd);
+}
+
 static void
 fill (uint8_t *p, size_t n, unsigned seed)
 {
@@ -352,12 +363,8 @@ test_reconnect (void **state)
   struct backing_stats st;
   uint8_t w1[10000], w2[10000], r[10000];
   uint64_t t0;
-  int fd;
 
-  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  assert_int_equal (ftruncate (fd, 16 * MiB), 0);
-  close (fd);
+  disk_create (f, 16 * MiB);
   remote_start (f, args);
   b = open_nbd (f, 10000);
   fill (w1, sizeof w1, 1);
@@ -386,7 +393,7 @@ test_reconnect (void **state)
   backing_close (b);
 
   /* And on the remote's disk itself. */
-  fd = open (f->disk, O_RDONLY);
+  int fd = open (f->disk, O_RDONLY);
   assert_int_equal (pread (fd, r, sizeof r, 2 * MiB + 3), (ssize_t) sizeof r);
   assert_memory_equal (r, w2, sizeof r);
   close (fd);
@@ -434,10 +441,7 @@ test_reconnect_under_load (void **state)
   void *ret;
   int fd;
 
-  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  assert_int_equal (ftruncate (fd, 8 * MiB), 0);
-  close (fd);
+  disk_create (f, 8 * MiB);
   remote_start (f, args);
   b = open_nbd (f, 10000);
   for (int t = 0; t < N; t++) {
@@ -808,6 +812,135 @@ test_write_in_doubt (void **state)
   assert_int_equal (b->ops->flush (b), 0);
   assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), 0);
   backing_close (b);
+}
+
+/* Issue 33 item 1: a remote whose flush fails may have dropped what it
+ * had not flushed (its fdatasync failed: Linux drops those pages and
+ * reports the error once), so a failed flush after writes moves the loss
+ * epoch, as a dropped connection does; the cache then writes its
+ * unstable blocks again.  A failed flush with nothing written since the
+ * last good one loses nothing.  So does a failed FUA write. */
+static void
+test_failed_flush_is_loss (void **state)
+{
+  struct fx *f = *state;
+  char script[128];
+  const char *args[] = { "sh", script, NULL };
+  struct backing *b;
+  uint8_t w[4096];
+  uint64_t epoch;
+  FILE *fp;
+
+  /* nbdkit 1.32's error filter cannot fail a flush: a sh plugin over a
+   * file whose flush and writes fail while errfile exists. */
+  snprintf (script, sizeof script, "%s/plugin.sh", f->dir);
+  fp = fopen (script, "w");
+  assert_non_null (fp);
+  fprintf (fp,
+    "#!/bin/bash\n"
+    "fail () { [ -e %1$s ] && { echo 'EIO injected' >&2; exit 1; }; true; }\n"
+    "case \"$1\" in\n"
+    "  get_size) echo 8388608 ;;\n"
+    "  can_write|can_flush) exit 0 ;;\n"
+    "  can_fua) echo native ;;\n"
+    "  pread) dd if=%2$s skip=$4 count=$3 iflag=skip_bytes,count_bytes status=none ;;\n"
+    "  pwrite) fail; dd of=%2$s seek=$4 oflag=seek_bytes conv=notrunc status=none ;;\n"
+    "  flush) fail ;;\n"
+    "  *) exit 2 ;;\n"
+    "esac\n", f->errfile, f->disk);
+  fclose (fp);
+  assert_int_equal (chmod (script, 0755), 0);
+  disk_create (f, 8 * MiB);
+  remote_start (f, args);
+  b = open_nbd (f, 5000);
+  fill (w, sizeof w, 9);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+
+  epoch = b->ops->loss_epoch (b);
+  errors_on (f);                /* nothing written since: no loss */
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (b->ops->loss_epoch (b) == epoch);
+
+  unlink (f->errfile);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 4096, 0), 0);
+  errors_on (f);
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (b->ops->loss_epoch (b) != epoch);
+  epoch = b->ops->loss_epoch (b);
+
+  /* The next flush works: the write before the failed one still counts
+   * as lost (the cache saw the new epoch), nothing moves now. */
+  unlink (f->errfile);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_true (b->ops->loss_epoch (b) == epoch);
+
+  /* A FUA write the remote fails, with a plain one not yet flushed. */
+  if (b->caps & BACKING_CAN_FUA) {
+    assert_int_equal (b->ops->write (b, w, sizeof w, 8192, 0), 0);
+    errors_on (f);
+    assert_int_equal (b->ops->write (b, w, sizeof w, 0, BACKING_FUA), -1);
+    assert_true (b->ops->loss_epoch (b) != epoch);
+    unlink (f->errfile);
+  }
+  backing_close (b);
+}
+
+/* Issue 33 item 4(a): clear_doubt moves the loss epoch before the doubt
+ * count reads 0: a flush that finds no doubt must find the new epoch, or
+ * the cache settles clean blocks that an abandoned write may have
+ * overwritten.  A watcher waits for the count to reach 0 and reads the
+ * epoch at once, many times over. */
+struct cd_arg {
+  struct backing *b;
+  atomic_int round;             /* the round the clearer may do */
+  atomic_int stop;
+};
+
+static void *
+cd_clearer (void *p)
+{
+  struct cd_arg *a = p;
+  int done = 0;
+
+  while (!atomic_load (&a->stop)) {
+    if (atomic_load (&a->round) == done)
+      continue;
+    assert_int_equal (backing_clear_doubt (a->b), 1);
+    done++;
+  }
+  return NULL;
+}
+
+static void
+test_clear_doubt_epoch_first (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct cd_arg a = { .b = NULL };
+  struct nbdb_backing *nb;
+  pthread_t th;
+  int stale = 0;
+
+  remote_start (f, args);
+  a.b = open_nbd (f, 0);
+  nb = (struct nbdb_backing *) a.b;
+  assert_int_equal (pthread_create (&th, NULL, cd_clearer, &a), 0);
+  for (int i = 1; i <= 200000; i++) {
+    uint64_t epoch = a.b->ops->loss_epoch (a.b);
+    atomic_store (&nb->in_doubt, 1);    /* as note_doubt does */
+    atomic_store (&a.round, i);
+    while (atomic_load (&nb->in_doubt) != 0)
+      ;
+    if (a.b->ops->loss_epoch (a.b) == epoch)
+      stale++;
+  }
+  atomic_store (&a.stop, 1);
+  pthread_join (th, NULL);
+  assert_int_equal (stale, 0);
+  backing_close (a.b);
 }
 
 /* ---- F4.3: the async read never blocks its caller (the event loop) ---- */
@@ -1313,6 +1446,8 @@ main (void)
     T (test_deadline),
     T (test_write_in_doubt),
     T (test_eshutdown_no_doubt),
+    T (test_failed_flush_is_loss),
+    T (test_clear_doubt_epoch_first),
     T (test_async_never_blocks),
     T (test_async_bounded),
     T (test_remote_errors),
