@@ -84,13 +84,16 @@ nbdb_wait_end (struct nbdb_backing *nb, uint64_t ms)
  * 10 s. */
 #define CONNECT_TIMEOUT_MS 10000u
 
+uint64_t
+nbdb_connect_end (struct nbdb_backing *nb)
+{
+  return nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS, nb->request_timeout_ms));
+}
+
 static int
 connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
-                 const char **why)
+                 uint64_t deadline, const char **why)
 {
-  uint64_t deadline = nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS,
-                                              nb->request_timeout_ms));
-
   *why = NULL;
   if (nbd_aio_connect_uri (h, nb->uri) == -1)
     return -1;
@@ -114,7 +117,8 @@ connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
 }
 
 struct nbd_handle *
-nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
+nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
+                size_t errlen)
 {
   struct nbd_handle *h = nbd_create ();
   const char *why = NULL;
@@ -133,7 +137,7 @@ nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
     goto fail;
   if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
     goto fail;
-  if (connect_bounded (nb, h, &why) == -1)
+  if (connect_bounded (nb, h, end ? end : nbdb_connect_end (nb), &why) == -1)
     goto fail;
   return h;
 
@@ -151,7 +155,7 @@ nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
-  struct nbd_handle *h = nbdb_conn_open (nb, NULL, 0);
+  struct nbd_handle *h = nbdb_conn_open (nb, 0, NULL, 0);
 
   if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
     nbd_close (h);
@@ -1084,10 +1088,51 @@ fork_list_remove (struct nbdb_backing *nb)
   unlock_or_die (&fork_lock);
 }
 
+/* The connections after the first are opened side by side, each in its
+ * own short-lived thread, all by the same end: an open of 8 against a
+ * remote that hangs its handshakes waits one bound, not 7 in a row. */
+struct conn_opener {
+  struct nbdb_backing *nb;
+  uint64_t end;
+  struct nbd_handle *h;         /* the result, or NULL */
+  pthread_t th;
+  int started;
+};
+
+static void *
+conn_opener_main (void *arg)
+{
+  struct conn_opener *o = arg;
+
+  o->h = nbdb_conn_open (o->nb, o->end, NULL, 0);
+  return NULL;
+}
+
+/* Open o[0..n) by end; a thread that cannot start opens in this one. */
+static void
+conns_open_parallel (struct nbdb_backing *nb, struct conn_opener *o,
+                     unsigned n, uint64_t end)
+{
+  unsigned i;
+
+  for (i = 0; i < n; i++) {
+    o[i] = (struct conn_opener) { .nb = nb, .end = end };
+    o[i].started = thread_start (&o[i].th, conn_opener_main, &o[i],
+                                 "nbd-open/%u", i + 1) == 0;
+  }
+  for (i = 0; i < n; i++) {
+    if (o[i].started)
+      pthread_join (o[i].th, NULL);
+    else
+      conn_opener_main (&o[i]);
+  }
+}
+
 int
 nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
-                  unsigned n, char *err, size_t errlen)
+                  unsigned n, uint64_t end, char *err, size_t errlen)
 {
+  struct conn_opener *o;
   unsigned i;
 
   nb->conns = calloc (n, sizeof *nb->conns);
@@ -1113,8 +1158,17 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     }
     for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
       async_put (c, &nb->async_pool[i * NBD_ASYNC_MAX + k]);
-    /* The others now; one that fails is opened on first use instead. */
-    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
+    if (i == 0)
+      conn_install (c, first);
+  }
+  /* The others now, in parallel; one that fails is opened on first use
+   * instead. */
+  o = n > 1 ? calloc (n - 1, sizeof *o) : NULL;
+  if (o) {
+    conns_open_parallel (nb, o, n - 1, end);
+    for (i = 1; i < n; i++)
+      conn_install (&nb->conns[i], o[i - 1].h);
+    free (o);
   }
   fork_list_add (nb);
   nb->forkable = 1;

@@ -154,15 +154,21 @@ void nbdb_note_unflushed_lost (struct nbdb_backing *nb);
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);
 
-/* Open a handle (TLS options, base:allocation requested).  NULL with a
- * one-line reason in err (err may be NULL). */
-struct nbd_handle *nbdb_conn_open (struct nbdb_backing *nb, char *err,
-                                   size_t errlen);
+/* When must a connect that starts now have finished its handshake
+ * (request_timeout_ms, at most 10 s; never past the shutdown deadline)? */
+uint64_t nbdb_connect_end (struct nbdb_backing *nb);
+
+/* Open a handle (TLS options, base:allocation requested), its handshake
+ * done by end (now_ms() time; 0: nbdb_connect_end from now).  NULL with
+ * a one-line reason in err (err may be NULL). */
+struct nbd_handle *nbdb_conn_open (struct nbdb_backing *nb, uint64_t end,
+                                   char *err, size_t errlen);
 
 /* Set up nb->conns[0..n): the first on handle first, the others opened
- * now or on first use.  0, or -1 with err. */
+ * now, in parallel and all by end (one bound for the whole open), or on
+ * first use when that fails.  0, or -1 with err. */
 int nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
-                      unsigned n, char *err, size_t errlen);
+                      unsigned n, uint64_t end, char *err, size_t errlen);
 
 /* Stop every poller and close every handle.  No request in flight. */
 void nbdb_conns_stop (struct nbdb_backing *nb);

@@ -734,6 +734,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
   struct nbd_handle *h;
   int oom = 0;
   unsigned want;
+  uint64_t end;
 
   if (!o)
     o = &defaults;
@@ -757,7 +758,10 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     goto fail;
   }
 
-  h = nbdb_conn_open (nb, err, errlen);
+  /* One bound for the whole open: the first connection's handshake and
+   * then the others', side by side. */
+  end = nbdb_connect_end (nb);
+  h = nbdb_conn_open (nb, end, err, errlen);
   if (!h)
     goto fail;
   if (read_caps (nb, h, o, err, errlen) == -1) {
@@ -768,7 +772,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
                         : NBD_DEFAULT_CONNS;
   if (!(nb->b.caps & BACKING_CAN_MULTI_CONN))
     want = 1;
-  if (nbdb_conns_start (nb, h, want, err, errlen) == -1)
+  if (nbdb_conns_start (nb, h, want, end, err, errlen) == -1)
     goto fail;
 
   if (!nb->can_zero && !(nb->b.caps & BACKING_READ_ONLY)) {

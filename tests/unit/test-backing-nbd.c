@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <cmocka.h>
 
 #include "foliod/backing.h"
@@ -943,6 +944,150 @@ test_clear_doubt_epoch_first (void **state)
   backing_close (a.b);
 }
 
+/* Issue 34 item 6: the connections after the first are opened side by
+ * side, within one bound for the whole open, not one bound each in a
+ * row.  A listening socket of the test's own relays the first connection
+ * to nbdkit (caps, multi-conn) and holds every later one without a word;
+ * it counts how many of them foliod held open at once.  In a row: one
+ * at a time (each is given up on before the next is tried). */
+struct silent {
+  int lfd;
+  const char *real;             /* nbdkit's socket */
+  int relay[2];                 /* the first connection, and nbdkit */
+  int fds[16], n;
+  int max_open;                 /* silent ones foliod had open at once */
+  atomic_int stop;
+};
+
+static int
+peer_open (int fd)
+{
+  struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+  return poll (&p, 1, 0) == 0;  /* foliod sends nothing before the greeting */
+}
+
+static int
+connect_unix (const char *path)
+{
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  strncpy (sa.sun_path, path, sizeof sa.sun_path - 1);
+  assert_int_equal (connect (fd, (struct sockaddr *) &sa, sizeof sa), 0);
+  return fd;
+}
+
+/* Copy what is readable on relay[i] to relay[1 - i]; 0 at EOF. */
+static int
+relay_some (struct silent *sl, struct pollfd *p)
+{
+  char buf[65536];
+
+  for (int i = 0; i < 2; i++) {
+    ssize_t n, off = 0;
+    if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+      continue;
+    n = read (sl->relay[i], buf, sizeof buf);
+    if (n <= 0)
+      return 0;
+    while (off < n) {
+      ssize_t w = write (sl->relay[1 - i], buf + off, n - off);
+      if (w <= 0)
+        return 0;
+      off += w;
+    }
+  }
+  return 1;
+}
+
+static void *
+silent_main (void *arg)
+{
+  struct silent *sl = arg;
+  int relaying = 1;
+
+  while (!atomic_load (&sl->stop)) {
+    struct pollfd p[3] = { { .fd = sl->relay[0], .events = POLLIN },
+                           { .fd = sl->relay[1], .events = POLLIN },
+                           { .fd = sl->lfd, .events = POLLIN } };
+    int fd, open_now = 0;
+
+    if (!relaying)
+      p[0].fd = p[1].fd = -1;
+    if (poll (p, 3, 100) <= 0)
+      continue;
+    if (relaying && sl->relay[0] >= 0)
+      relaying = relay_some (sl, p);
+    if (!(p[2].revents & POLLIN))
+      continue;
+    fd = accept4 (sl->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      continue;
+    if (sl->relay[0] < 0) {
+      sl->relay[0] = fd;
+      sl->relay[1] = connect_unix (sl->real);
+      continue;
+    }
+    if (sl->n == 16) {
+      close (fd);
+      continue;
+    }
+    sl->fds[sl->n++] = fd;
+    for (int i = 0; i < sl->n; i++)
+      open_now += peer_open (sl->fds[i]);
+    if (open_now > sl->max_open)
+      sl->max_open = open_now;
+  }
+  return NULL;
+}
+
+static void
+test_open_parallel (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  struct backing_opts o = { .connections = 4, .request_timeout_ms = 1500 };
+  struct silent sl = { .real = f->sock, .relay = { -1, -1 } };
+  char err[256] = "", uri[200];
+  struct backing *b;
+  pthread_t th;
+  uint8_t w[4096], r[4096];
+
+  remote_start (f, args);
+  sl.lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true (sl.lfd >= 0);
+  snprintf (sa.sun_path, sizeof sa.sun_path, "%s/silent", f->dir);
+  snprintf (uri, sizeof uri, "nbd+unix:///?socket=%s", sa.sun_path);
+  assert_int_equal (bind (sl.lfd, (struct sockaddr *) &sa, sizeof sa), 0);
+  assert_int_equal (listen (sl.lfd, 16), 0);
+  assert_int_equal (pthread_create (&th, NULL, silent_main, &sl), 0);
+
+  b = backing_open (uri, &o, err, sizeof err);
+  if (!b) {
+    atomic_store (&sl.stop, 1);
+    pthread_join (th, NULL);
+    fail_msg ("open: %s", err);
+  }
+  assert_true (b->caps & BACKING_CAN_MULTI_CONN);
+  assert_int_equal (sl.n, 3);
+  assert_int_equal (sl.max_open, 3);    /* all three at once */
+  /* The backing works on the connection it has. */
+  fill (w, sizeof w, 4);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 0), 0);
+  assert_memory_equal (r, w, sizeof r);
+  backing_close (b);
+  atomic_store (&sl.stop, 1);
+  pthread_join (th, NULL);
+  for (int i = 0; i < sl.n; i++)
+    close (sl.fds[i]);
+  close (sl.relay[0]);
+  close (sl.relay[1]);
+  close (sl.lfd);
+}
+
 /* ---- F4.3: the async read never blocks its caller (the event loop) ---- */
 
 struct held {
@@ -1455,6 +1600,7 @@ main (void)
     T (test_tls_psk),
     T (test_tls_certificates),
     T (test_open_errors),
+    T (test_open_parallel),
 #undef T
   };
 
