@@ -19,13 +19,7 @@ cur=$tmp/cur.img
 durable=$tmp/durable.img
 truncate -s 4M "$cur"
 cp "$cur" "$durable"
-cat > "$tmp/plugin.sh" <<SH
-#!/bin/bash
-case "\$1" in
-  thread_model) echo serialize_all_requests ;;
-  get_size) stat -L -c %s "$cur" ;;
-  can_write|can_flush) exit 0 ;;
-  pread) dd if="$cur" skip="\$4" count="\$3" iflag=skip_bytes,count_bytes status=none ;;
+sh_remote_script "$tmp/plugin.sh" "$cur" serialize_all_requests <<SH
   pwrite) dd of="$cur" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
   flush)
     if rm "$tmp/fail-flush" 2>/dev/null; then
@@ -34,10 +28,7 @@ case "\$1" in
       exit 1
     fi
     cp "$cur" "$durable.new" && mv "$durable.new" "$durable" ;;
-  *) exit 2 ;;
-esac
 SH
-chmod +x "$tmp/plugin.sh"
 start_remote "$tmp/remote.sock" sh "$tmp/plugin.sh"
 # No background writeback: only the client's FLUSH writes back.
 start_foliod --control "$ctl" \

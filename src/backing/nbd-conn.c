@@ -21,8 +21,8 @@
  * other thread still waits on the old one (a live one gets up to
  * request_timeout_ms to answer them: conn_drain), and every lost request
  * is issued again.  An error the remote answered on a live connection is
- * returned.  A write that foliod cut in flight, or gave up on, is in
- * doubt (nbd.c).
+ * returned.  A write whose connection was lost before its answer
+ * (whoever ended it), or that foliod gave up on, is in doubt (nbd.c).
  *
  * A command the remote has not answered within request_timeout_ms (a
  * remote that is SIGSTOPped, a hung storage server) "hung": it fails with
@@ -601,9 +601,12 @@ enum attempt {
 };
 
 /* A write-class command was sent and then abandoned: it may still land
- * (see backing_ops.clear_doubt).  Why the cut counts and not a
- * connection the remote closed: a remote that hung up is done with the
- * connection; one that foliod cut may be busy with the command still. */
+ * (see backing_ops.clear_doubt).  Whoever ended its connection: one
+ * foliod cut may be busy with the command still, and so may a server
+ * whose connection the network reset (nbdkit's workers finish a dead
+ * connection's requests, qemu-nbd drains them), after foliod sent the
+ * command again on a new connection and wrote newer data over it.  From
+ * the client's side a reset and a remote that died look the same. */
 static void
 note_doubt (struct nbdb_backing *nb)
 {
@@ -683,11 +686,12 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
      * fails at once too (ENOTCONN), no reconnect; the backing is down. */
     if (*lost == ATTEMPT_LOST && cut == CUT_HUNG)
       *lost = ATTEMPT_HUNG;
-    /* In doubt: not answered in time, or aborted by foliod's shutdown of
-     * the socket; not ESHUTDOWN, the remote's answer. */
+    /* In doubt: sent, and no answer came: not in time, or its connection
+     * was lost (foliod cut it, the network reset it, the remote went
+     * away); not ESHUTDOWN, the remote's answer. */
     if (write && e != 0 &&
         (*lost == ATTEMPT_HUNG ||
-         (*lost == ATTEMPT_LOST && cut >= CUT_DROP && e != ESHUTDOWN)))
+         (*lost == ATTEMPT_LOST && e != ESHUTDOWN)))
       note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);

@@ -105,8 +105,8 @@ struct nbdb_backing {
    * can flush count. */
   atomic_uint_fast64_t unflushed, writing, loss_epoch;
   /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
-   * not answered in time or cut with their connection by foliod, so the
-   * remote may still carry them out.  Flush and FUA fail with EIO while
+   * not answered in time or lost with their connection (whoever ended
+   * it), so the remote may still carry them out.  Flush and FUA fail with EIO while
    * this is not 0; only clear_doubt (the operator) resets it. */
   atomic_uint_fast64_t in_doubt;
 
@@ -126,8 +126,9 @@ typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* nbdb_run for a write-class command (write, zero, trim): one that was
- * sent and then abandoned (hung, or cut with its connection) counts in
- * nb->in_doubt, whether or not a retry succeeds. */
+ * sent and then abandoned (hung, or lost with its connection without an
+ * answer; not one the remote answered ESHUTDOWN) counts in nb->in_doubt,
+ * whether or not a retry succeeds. */
 int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
  * poller (or this thread) when the remote answered, the connection

@@ -9,8 +9,9 @@
  * request-timeout fails (ETIMEDOUT), and while the remote stays away
  * requests fail fast (ENOTCONN), see nbd-conn.c.
  *
- * Writes in doubt: a write-class request that timed out, or was cut with
- * its connection, may still be carried out by the remote later (NBD has
+ * Writes in doubt: a write-class request that timed out, or lost its
+ * connection before its answer (cut by foliod, reset by the network, a
+ * remote that went away), may still be carried out by the remote later (NBD has
  * no cancel and orders nothing across connections), over data written
  * since.  Such writes are counted (nb->in_doubt) and, until the operator
  * clears them (clear_doubt), flush and FUA fail with EIO: the cache keeps
