@@ -908,6 +908,7 @@ struct cd_arg {
   struct backing *b;
   atomic_int round;             /* the round the clearer may do */
   atomic_int stop;
+  atomic_int bad;               /* clears that did not return 1 */
 };
 
 static void *
@@ -919,7 +920,8 @@ cd_clearer (void *p)
   while (!atomic_load (&a->stop)) {
     if (atomic_load (&a->round) == done)
       continue;
-    assert_int_equal (backing_clear_doubt (a->b), 1);
+    if (backing_clear_doubt (a->b) != 1)
+      atomic_fetch_add (&a->bad, 1);
     done++;
   }
   return NULL;
@@ -950,6 +952,7 @@ test_clear_doubt_epoch_first (void **state)
   }
   atomic_store (&a.stop, 1);
   pthread_join (th, NULL);
+  assert_int_equal (atomic_load (&a.bad), 0);
   assert_int_equal (stale, 0);
   backing_close (a.b);
 }
@@ -964,8 +967,10 @@ struct silent {
   int lfd;
   const char *real;             /* nbdkit's socket */
   int relay[2];                 /* the first connection, and nbdkit */
-  int fds[16], n;
+  pthread_mutex_t lock;         /* protects the two below */
+  int n;                        /* silent ones accepted, in fds */
   int max_open;                 /* silent ones foliod had open at once */
+  int fds[16];
   atomic_int stop;
 };
 
@@ -1039,15 +1044,17 @@ silent_main (void *arg)
       sl->relay[1] = connect_unix (sl->real);
       continue;
     }
-    if (sl->n == 16) {
+    pthread_mutex_lock (&sl->lock);
+    if (sl->n == 16)
       close (fd);
-      continue;
+    else {
+      sl->fds[sl->n++] = fd;
+      for (int i = 0; i < sl->n; i++)
+        open_now += peer_open (sl->fds[i]);
+      if (open_now > sl->max_open)
+        sl->max_open = open_now;
     }
-    sl->fds[sl->n++] = fd;
-    for (int i = 0; i < sl->n; i++)
-      open_now += peer_open (sl->fds[i]);
-    if (open_now > sl->max_open)
-      sl->max_open = open_now;
+    pthread_mutex_unlock (&sl->lock);
   }
   return NULL;
 }
@@ -1059,7 +1066,9 @@ test_open_parallel (void **state)
   struct fx *f = *state;
   struct sockaddr_un sa = { .sun_family = AF_UNIX };
   struct backing_opts o = { .connections = 4, .request_timeout_ms = 1500 };
-  struct silent sl = { .real = f->sock, .relay = { -1, -1 } };
+  struct silent sl = { .real = f->sock, .relay = { -1, -1 },
+                       .lock = PTHREAD_MUTEX_INITIALIZER };
+  int n, max_open;
   char err[256] = "", uri[200];
   struct backing *b;
   pthread_t th;
@@ -1081,8 +1090,12 @@ test_open_parallel (void **state)
     fail_msg ("open: %s", err);
   }
   assert_true (b->caps & BACKING_CAN_MULTI_CONN);
-  assert_int_equal (sl.n, 3);
-  assert_int_equal (sl.max_open, 3);    /* all three at once */
+  pthread_mutex_lock (&sl.lock);
+  n = sl.n;
+  max_open = sl.max_open;
+  pthread_mutex_unlock (&sl.lock);
+  assert_int_equal (n, 3);
+  assert_int_equal (max_open, 3);       /* all three at once */
   /* The backing works on the connection it has. */
   fill (w, sizeof w, 4);
   assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
