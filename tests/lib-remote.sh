@@ -90,3 +90,19 @@ flush_until_ok () {
   done
   fail "FLUSH of $1 still failing after 30 s"
 }
+
+# sh_remote_script SCRIPT IMG THREAD-MODEL < CASE-ARMS: write an nbdkit sh
+# plugin over the file IMG (its size, reads, can_write, can_flush); the
+# test's own case arms (pwrite, flush, ...) come on stdin.
+sh_remote_script () {
+  {
+    printf '#!/bin/bash\ncase "$1" in\n'
+    printf '  thread_model) echo %s ;;\n' "$3"
+    printf '  get_size) stat -L -c %%s "%s" ;;\n' "$2"
+    printf '  can_write|can_flush) exit 0 ;;\n'
+    printf '  pread) dd if="%s" skip="$4" count="$3" iflag=skip_bytes,count_bytes status=none ;;\n' "$2"
+    cat
+    printf '  *) exit 2 ;;\nesac\n'
+  } > "$1"
+  chmod +x "$1"
+}

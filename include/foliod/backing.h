@@ -127,7 +127,7 @@ struct backing_ops {
   uint64_t (*loss_epoch) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Writes in doubt: a write the backing gave up on (no answer in time,
-   * or its connection cut under it) may still be carried out by a remote
+   * or its connection lost under it) may still be carried out by a remote
    * at any later time, over newer data.  While any is in doubt, flush and
    * FUA fail with EIO (no range may be reported durable).  Only the
    * operator can say the remote is done with them: this clears them

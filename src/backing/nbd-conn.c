@@ -21,8 +21,8 @@
  * other thread still waits on the old one (a live one gets up to
  * request_timeout_ms to answer them: conn_drain), and every lost request
  * is issued again.  An error the remote answered on a live connection is
- * returned.  A write that foliod cut in flight, or gave up on, is in
- * doubt (nbd.c).
+ * returned.  A write whose connection was lost before its answer
+ * (whoever ended it), or that foliod gave up on, is in doubt (nbd.c).
  *
  * A command the remote has not answered within request_timeout_ms (a
  * remote that is SIGSTOPped, a hung storage server) "hung": it fails with
@@ -84,13 +84,16 @@ nbdb_wait_end (struct nbdb_backing *nb, uint64_t ms)
  * 10 s. */
 #define CONNECT_TIMEOUT_MS 10000u
 
+uint64_t
+nbdb_connect_end (struct nbdb_backing *nb)
+{
+  return nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS, nb->request_timeout_ms));
+}
+
 static int
 connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
-                 const char **why)
+                 uint64_t deadline, const char **why)
 {
-  uint64_t deadline = nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS,
-                                              nb->request_timeout_ms));
-
   *why = NULL;
   if (nbd_aio_connect_uri (h, nb->uri) == -1)
     return -1;
@@ -114,7 +117,8 @@ connect_bounded (struct nbdb_backing *nb, struct nbd_handle *h,
 }
 
 struct nbd_handle *
-nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
+nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
+                size_t errlen)
 {
   struct nbd_handle *h = nbd_create ();
   const char *why = NULL;
@@ -133,7 +137,7 @@ nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
     goto fail;
   if (nb->tls_username && nbd_set_tls_username (h, nb->tls_username) == -1)
     goto fail;
-  if (connect_bounded (nb, h, &why) == -1)
+  if (connect_bounded (nb, h, end ? end : nbdb_connect_end (nb), &why) == -1)
     goto fail;
   return h;
 
@@ -151,7 +155,7 @@ nbdb_conn_open (struct nbdb_backing *nb, char *err, size_t errlen)
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
-  struct nbd_handle *h = nbdb_conn_open (nb, NULL, 0);
+  struct nbd_handle *h = nbdb_conn_open (nb, 0, NULL, 0);
 
   if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
     nbd_close (h);
@@ -421,9 +425,17 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
     atomic_store (&c->up, 0);
     /* The remote may have lost writes it acknowledged but never
      * flushed: tell the cache to write them again. */
-    if (atomic_load (&nb->unflushed) > 0)
-      atomic_fetch_add (&nb->loss_epoch, 1);
+    nbdb_note_unflushed_lost (nb);
   }
+}
+
+void
+nbdb_note_unflushed_lost (struct nbdb_backing *nb)
+{
+  /* writing too: a write the remote acknowledged whose issuer has not
+   * yet counted it in unflushed. */
+  if (atomic_load (&nb->unflushed) > 0 || atomic_load (&nb->writing) > 0)
+    atomic_fetch_add (&nb->loss_epoch, 1);
 }
 
 /* Before a replace: issue nothing more on c's handle (of generation gen)
@@ -589,9 +601,12 @@ enum attempt {
 };
 
 /* A write-class command was sent and then abandoned: it may still land
- * (see backing_ops.clear_doubt).  Why the cut counts and not a
- * connection the remote closed: a remote that hung up is done with the
- * connection; one that foliod cut may be busy with the command still. */
+ * (see backing_ops.clear_doubt).  Whoever ended its connection: one
+ * foliod cut may be busy with the command still, and so may a server
+ * whose connection the network reset (nbdkit's workers finish a dead
+ * connection's requests, qemu-nbd drains them), after foliod sent the
+ * command again on a new connection and wrote newer data over it.  From
+ * the client's side a reset and a remote that died look the same. */
 static void
 note_doubt (struct nbdb_backing *nb)
 {
@@ -671,11 +686,12 @@ conn_attempt (struct nbdb_backing *nb, struct nbdb_conn *c, nbdb_issue fn,
      * fails at once too (ENOTCONN), no reconnect; the backing is down. */
     if (*lost == ATTEMPT_LOST && cut == CUT_HUNG)
       *lost = ATTEMPT_HUNG;
-    /* In doubt: not answered in time, or aborted by foliod's shutdown of
-     * the socket; not ESHUTDOWN, the remote's answer. */
+    /* In doubt: sent, and no answer came: not in time, or its connection
+     * was lost (foliod cut it, the network reset it, the remote went
+     * away); not ESHUTDOWN, the remote's answer. */
     if (write && e != 0 &&
         (*lost == ATTEMPT_HUNG ||
-         (*lost == ATTEMPT_LOST && cut >= CUT_DROP && e != ESHUTDOWN)))
+         (*lost == ATTEMPT_LOST && e != ESHUTDOWN)))
       note_doubt (nb);
   }
   atomic_fetch_sub (&c->users, 1);
@@ -1076,10 +1092,51 @@ fork_list_remove (struct nbdb_backing *nb)
   unlock_or_die (&fork_lock);
 }
 
+/* The connections after the first are opened side by side, each in its
+ * own short-lived thread, all by the same end: an open of 8 against a
+ * remote that hangs its handshakes waits one bound, not 7 in a row. */
+struct conn_opener {
+  struct nbdb_backing *nb;
+  uint64_t end;
+  struct nbd_handle *h;         /* the result, or NULL */
+  pthread_t th;
+  int started;
+};
+
+static void *
+conn_opener_main (void *arg)
+{
+  struct conn_opener *o = arg;
+
+  o->h = nbdb_conn_open (o->nb, o->end, NULL, 0);
+  return NULL;
+}
+
+/* Open o[0..n) by end; a thread that cannot start opens in this one. */
+static void
+conns_open_parallel (struct nbdb_backing *nb, struct conn_opener *o,
+                     unsigned n, uint64_t end)
+{
+  unsigned i;
+
+  for (i = 0; i < n; i++) {
+    o[i] = (struct conn_opener) { .nb = nb, .end = end };
+    o[i].started = thread_start (&o[i].th, conn_opener_main, &o[i],
+                                 "nbd-open/%u", i + 1) == 0;
+  }
+  for (i = 0; i < n; i++) {
+    if (o[i].started)
+      pthread_join (o[i].th, NULL);
+    else
+      conn_opener_main (&o[i]);
+  }
+}
+
 int
 nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
-                  unsigned n, char *err, size_t errlen)
+                  unsigned n, uint64_t end, char *err, size_t errlen)
 {
+  struct conn_opener *o;
   unsigned i;
 
   nb->conns = calloc (n, sizeof *nb->conns);
@@ -1105,8 +1162,17 @@ nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
     }
     for (unsigned k = 0; k < NBD_ASYNC_MAX; k++)
       async_put (c, &nb->async_pool[i * NBD_ASYNC_MAX + k]);
-    /* The others now; one that fails is opened on first use instead. */
-    conn_install (c, i == 0 ? first : nbdb_conn_open (nb, NULL, 0));
+    if (i == 0)
+      conn_install (c, first);
+  }
+  /* The others now, in parallel; one that fails is opened on first use
+   * instead. */
+  o = n > 1 ? calloc (n - 1, sizeof *o) : NULL;
+  if (o) {
+    conns_open_parallel (nb, o, n - 1, end);
+    for (i = 1; i < n; i++)
+      conn_install (&nb->conns[i], o[i - 1].h);
+    free (o);
   }
   fork_list_add (nb);
   nb->forkable = 1;

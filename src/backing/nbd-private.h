@@ -97,12 +97,16 @@ struct nbdb_backing {
    * NBD_BACKOFF_MAX_MS, at next_probe.  deadline: set at shutdown, no
    * request waits past it (0: none). */
   atomic_uint_fast64_t down_since, next_probe, deadline;
-  /* Writes acknowledged since the last successful flush, and the loss
-   * epoch: bumped when a connection drops while any such write exists. */
-  atomic_uint_fast64_t unflushed, loss_epoch;
+  /* Writes acknowledged since the last successful flush; writes sent (or
+   * about to be) whose acknowledgement is not yet counted in unflushed;
+   * and the loss epoch, moved only by nbdb_note_unflushed_lost (a
+   * connection dropped, or a flush failed, while either was not 0) and
+   * by clear_doubt.  Only non-FUA write-class requests to a remote that
+   * can flush count. */
+  atomic_uint_fast64_t unflushed, writing, loss_epoch;
   /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
-   * not answered in time or cut with their connection by foliod, so the
-   * remote may still carry them out.  Flush and FUA fail with EIO while
+   * not answered in time or lost with their connection (whoever ended
+   * it), so the remote may still carry them out.  Flush and FUA fail with EIO while
    * this is not 0; only clear_doubt (the operator) resets it. */
   atomic_uint_fast64_t in_doubt;
 
@@ -122,8 +126,9 @@ typedef int64_t (*nbdb_issue) (struct nbd_handle *h, void *arg,
  * request_timeout_ms fails with ETIMEDOUT.  0, or -1 with errno. */
 int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* nbdb_run for a write-class command (write, zero, trim): one that was
- * sent and then abandoned (hung, or cut with its connection) counts in
- * nb->in_doubt, whether or not a retry succeeds. */
+ * sent and then abandoned (hung, or lost with its connection without an
+ * answer; not one the remote answered ESHUTDOWN) counts in nb->in_doubt,
+ * whether or not a retry succeeds. */
 int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 /* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
  * poller (or this thread) when the remote answered, the connection
@@ -139,18 +144,32 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
 
+/* A fact: the remote may have lost what it acknowledged and had not
+ * flushed (a connection to it dropped; a flush, or a FUA request, it
+ * failed: Linux drops the pages whose fdatasync failed and reports the
+ * error once).  When any write was acknowledged since the last good
+ * flush, or is being written, the loss epoch moves: the cache writes its
+ * unstable blocks again before a flush may succeed. */
+void nbdb_note_unflushed_lost (struct nbdb_backing *nb);
+
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);
 
-/* Open a handle (TLS options, base:allocation requested).  NULL with a
- * one-line reason in err (err may be NULL). */
-struct nbd_handle *nbdb_conn_open (struct nbdb_backing *nb, char *err,
-                                   size_t errlen);
+/* When must a connect that starts now have finished its handshake
+ * (request_timeout_ms, at most 10 s; never past the shutdown deadline)? */
+uint64_t nbdb_connect_end (struct nbdb_backing *nb);
+
+/* Open a handle (TLS options, base:allocation requested), its handshake
+ * done by end (now_ms() time; 0: nbdb_connect_end from now).  NULL with
+ * a one-line reason in err (err may be NULL). */
+struct nbd_handle *nbdb_conn_open (struct nbdb_backing *nb, uint64_t end,
+                                   char *err, size_t errlen);
 
 /* Set up nb->conns[0..n): the first on handle first, the others opened
- * now or on first use.  0, or -1 with err. */
+ * now, in parallel and all by end (one bound for the whole open), or on
+ * first use when that fails.  0, or -1 with err. */
 int nbdb_conns_start (struct nbdb_backing *nb, struct nbd_handle *first,
-                      unsigned n, char *err, size_t errlen);
+                      unsigned n, uint64_t end, char *err, size_t errlen);
 
 /* Stop every poller and close every handle.  No request in flight. */
 void nbdb_conns_stop (struct nbdb_backing *nb);

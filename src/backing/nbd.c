@@ -9,8 +9,9 @@
  * request-timeout fails (ETIMEDOUT), and while the remote stays away
  * requests fail fast (ENOTCONN), see nbd-conn.c.
  *
- * Writes in doubt: a write-class request that timed out, or was cut with
- * its connection, may still be carried out by the remote later (NBD has
+ * Writes in doubt: a write-class request that timed out, or lost its
+ * connection before its answer (cut by foliod, reset by the network, a
+ * remote that went away), may still be carried out by the remote later (NBD has
  * no cancel and orders nothing across connections), over data written
  * since.  Such writes are counted (nb->in_doubt) and, until the operator
  * clears them (clear_doubt), flush and FUA fail with EIO: the cache keeps
@@ -238,8 +239,14 @@ nbdb_flush (struct backing *b)
   if (!nb->can_flush)
     return 0;
   before = atomic_load (&nb->unflushed);
-  if (nbdb_run (nb, call_flush, NULL) == -1)
+  if (nbdb_run (nb, call_flush, NULL) == -1) {
+    /* A remote's failed flush may have dropped what it had not flushed
+     * (its fdatasync failed; its next one will succeed). */
+    int e = errno;
+    nbdb_note_unflushed_lost (nb);
+    errno = e;
     return -1;
+  }
   atomic_fetch_sub (&nb->unflushed, before); /* later ones still count */
   return 0;
 }
@@ -257,11 +264,16 @@ static uint64_t
 nbdb_clear_doubt (struct backing *b)
 {
   struct nbdb_backing *nb = to_nbd (b);
-  uint64_t n = atomic_exchange (&nb->in_doubt, 0);
+  uint64_t n = atomic_load (&nb->in_doubt);
 
-  if (n > 0)
+  /* The epoch first: a flush that finds no doubt must also find the new
+   * epoch, or it would settle clean what must be written again. */
+  while (n > 0) {
     atomic_fetch_add (&nb->loss_epoch, 1);
-  return n;
+    if (atomic_compare_exchange_strong (&nb->in_doubt, &n, 0))
+      return n;
+  }
+  return 0;
 }
 
 /* A write-class op with FUA: refused at once while a write is in doubt
@@ -272,12 +284,42 @@ fua_doubt_check (struct nbdb_backing *nb, unsigned flags)
   return (flags & BACKING_FUA) ? doubt_check (nb) : 0;
 }
 
-/* A write-class request succeeded: without FUA it is not yet durable. */
+/* Does a write-class request with these flags count in unflushed (is
+ * it not durable when acknowledged)?  A FUA one without native FUA is
+ * sent plain, then flushed (fua_fallback). */
+static int
+counts_unflushed (struct nbdb_backing *nb, unsigned flags)
+{
+  return nb->can_flush && !((flags & BACKING_FUA) && nb->can_fua);
+}
+
+/* Before a write-class request is sent: from here until count_unflushed
+ * it counts in writing, so that a connection that drops after the remote
+ * acknowledged it, but before it is counted, still moves the epoch. */
+static void
+begin_write (struct nbdb_backing *nb, unsigned flags)
+{
+  if (counts_unflushed (nb, flags))
+    atomic_fetch_add (&nb->writing, 1);
+}
+
+/* A write-class request begun with begin_write ended (r: 0 or -1):
+ * without FUA, acknowledged is not yet durable.  A FUA one the remote
+ * failed may have failed its fdatasync, which drops other unflushed
+ * writes too. */
 static int
 count_unflushed (struct nbdb_backing *nb, unsigned flags, int r)
 {
-  if (r == 0 && !(flags & BACKING_FUA) && nb->can_flush)
-    atomic_fetch_add (&nb->unflushed, 1);
+  if (counts_unflushed (nb, flags)) {
+    if (r == 0)
+      atomic_fetch_add (&nb->unflushed, 1);
+    atomic_fetch_sub (&nb->writing, 1);
+  }
+  else if (r == -1 && nb->can_flush) {     /* native FUA */
+    int e = errno;
+    nbdb_note_unflushed_lost (nb);
+    errno = e;
+  }
   return r;
 }
 
@@ -332,6 +374,7 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 
   if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
+  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
                     fua_flag (nb, flags), nb->max_io);
   ext_invalidate (nb, off, len);
@@ -367,6 +410,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   }
   if (len == 0)
     return 0;
+  begin_write (nb, flags);
   if (nb->can_zero) {
     if (!(flags & BACKING_MAY_TRIM))
       f |= LIBNBD_CMD_FLAG_NO_HOLE;
@@ -390,6 +434,7 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
+  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                     NBD_MAX_ZERO);
   ext_invalidate (nb, off, len);
@@ -690,6 +735,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
   struct nbd_handle *h;
   int oom = 0;
   unsigned want;
+  uint64_t end;
 
   if (!o)
     o = &defaults;
@@ -713,7 +759,10 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
     goto fail;
   }
 
-  h = nbdb_conn_open (nb, err, errlen);
+  /* One bound for the whole open: the first connection's handshake and
+   * then the others', side by side. */
+  end = nbdb_connect_end (nb);
+  h = nbdb_conn_open (nb, end, err, errlen);
   if (!h)
     goto fail;
   if (read_caps (nb, h, o, err, errlen) == -1) {
@@ -724,7 +773,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
                         : NBD_DEFAULT_CONNS;
   if (!(nb->b.caps & BACKING_CAN_MULTI_CONN))
     want = 1;
-  if (nbdb_conns_start (nb, h, want, err, errlen) == -1)
+  if (nbdb_conns_start (nb, h, want, end, err, errlen) == -1)
     goto fail;
 
   if (!nb->can_zero && !(nb->b.caps & BACKING_READ_ONLY)) {

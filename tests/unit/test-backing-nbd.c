@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <cmocka.h>
 
 #include "foliod/backing.h"
@@ -183,6 +184,17 @@ open_nbd (struct fx *f, unsigned retry_ms)
   if (!b)
     fail_msg ("open %s: %s", f->uri, err);
   return b;
+}
+
+/* f->disk, size bytes of zeroes, for the file and sh plugins. */
+static void
+disk_create (struct fx *f, uint64_t size)
+{
+  int fd = open (f->disk, O_RDWR | O_CREAT, 0600);
+
+  assert_true (fd >= 0);
+  assert_int_equal (ftruncate (fd, (off_t) size), 0);
+  close (fd);
 }
 
 static void
@@ -352,12 +364,8 @@ test_reconnect (void **state)
   struct backing_stats st;
   uint8_t w1[10000], w2[10000], r[10000];
   uint64_t t0;
-  int fd;
 
-  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  assert_int_equal (ftruncate (fd, 16 * MiB), 0);
-  close (fd);
+  disk_create (f, 16 * MiB);
   remote_start (f, args);
   b = open_nbd (f, 10000);
   fill (w1, sizeof w1, 1);
@@ -386,7 +394,7 @@ test_reconnect (void **state)
   backing_close (b);
 
   /* And on the remote's disk itself. */
-  fd = open (f->disk, O_RDONLY);
+  int fd = open (f->disk, O_RDONLY);
   assert_int_equal (pread (fd, r, sizeof r, 2 * MiB + 3), (ssize_t) sizeof r);
   assert_memory_equal (r, w2, sizeof r);
   close (fd);
@@ -434,10 +442,7 @@ test_reconnect_under_load (void **state)
   void *ret;
   int fd;
 
-  fd = open (f->disk, O_RDWR | O_CREAT, 0600);
-  assert_true (fd >= 0);
-  assert_int_equal (ftruncate (fd, 8 * MiB), 0);
-  close (fd);
+  disk_create (f, 8 * MiB);
   remote_start (f, args);
   b = open_nbd (f, 10000);
   for (int t = 0; t < N; t++) {
@@ -450,6 +455,16 @@ test_reconnect_under_load (void **state)
   for (int t = 0; t < N; t++) {
     assert_int_equal (pthread_join (th[t], &ret), 0);
     assert_null (ret);
+  }
+  /* A write in flight when the remote died got no answer: in doubt
+   * (foliod cannot tell a dead remote from a reset connection), FLUSH
+   * fails until the operator, who knows the remote was killed, clears
+   * it. */
+  b->ops->stats (b, &st);
+  if (st.writes_in_doubt > 0) {
+    assert_int_equal (b->ops->flush (b), -1);
+    assert_int_equal (errno, EIO);
+    assert_int_equal (backing_clear_doubt (b), st.writes_in_doubt);
   }
   assert_int_equal (b->ops->flush (b), 0);
   b->ops->stats (b, &st);
@@ -808,6 +823,292 @@ test_write_in_doubt (void **state)
   assert_int_equal (b->ops->flush (b), 0);
   assert_int_equal (b->ops->write (b, buf, sizeof buf, 0, BACKING_FUA), 0);
   backing_close (b);
+}
+
+/* Issue 33 item 1: a remote whose flush fails may have dropped what it
+ * had not flushed (its fdatasync failed: Linux drops those pages and
+ * reports the error once), so a failed flush after writes moves the loss
+ * epoch, as a dropped connection does; the cache then writes its
+ * unstable blocks again.  A failed flush with nothing written since the
+ * last good one loses nothing.  So does a failed FUA write. */
+static void
+test_failed_flush_is_loss (void **state)
+{
+  struct fx *f = *state;
+  char script[128];
+  const char *args[] = { "sh", script, NULL };
+  struct backing *b;
+  uint8_t w[4096];
+  uint64_t epoch;
+  FILE *fp;
+
+  /* nbdkit 1.32's error filter cannot fail a flush: a sh plugin over a
+   * file whose flush and writes fail while errfile exists. */
+  snprintf (script, sizeof script, "%s/plugin.sh", f->dir);
+  fp = fopen (script, "w");
+  assert_non_null (fp);
+  fprintf (fp,
+    "#!/bin/bash\n"
+    "fail () { [ -e %1$s ] && { echo 'EIO injected' >&2; exit 1; }; true; }\n"
+    "case \"$1\" in\n"
+    "  get_size) echo 8388608 ;;\n"
+    "  can_write|can_flush) exit 0 ;;\n"
+    "  can_fua) echo native ;;\n"
+    "  pread) dd if=%2$s skip=$4 count=$3 iflag=skip_bytes,count_bytes status=none ;;\n"
+    "  pwrite) fail; dd of=%2$s seek=$4 oflag=seek_bytes conv=notrunc status=none ;;\n"
+    "  flush) fail ;;\n"
+    "  *) exit 2 ;;\n"
+    "esac\n", f->errfile, f->disk);
+  fclose (fp);
+  assert_int_equal (chmod (script, 0755), 0);
+  disk_create (f, 8 * MiB);
+  remote_start (f, args);
+  b = open_nbd (f, 5000);
+  fill (w, sizeof w, 9);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  assert_int_equal (b->ops->flush (b), 0);
+
+  epoch = b->ops->loss_epoch (b);
+  errors_on (f);                /* nothing written since: no loss */
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (b->ops->loss_epoch (b) == epoch);
+
+  unlink (f->errfile);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 4096, 0), 0);
+  errors_on (f);
+  assert_int_equal (b->ops->flush (b), -1);
+  assert_int_equal (errno, EIO);
+  assert_true (b->ops->loss_epoch (b) != epoch);
+  epoch = b->ops->loss_epoch (b);
+
+  /* The next flush works: the write before the failed one still counts
+   * as lost (the cache saw the new epoch), nothing moves now. */
+  unlink (f->errfile);
+  assert_int_equal (b->ops->flush (b), 0);
+  assert_true (b->ops->loss_epoch (b) == epoch);
+
+  /* A FUA write the remote fails, with a plain one not yet flushed. */
+  if (b->caps & BACKING_CAN_FUA) {
+    assert_int_equal (b->ops->write (b, w, sizeof w, 8192, 0), 0);
+    errors_on (f);
+    assert_int_equal (b->ops->write (b, w, sizeof w, 0, BACKING_FUA), -1);
+    assert_true (b->ops->loss_epoch (b) != epoch);
+    unlink (f->errfile);
+  }
+  backing_close (b);
+}
+
+/* Issue 33 item 4(a): clear_doubt moves the loss epoch before the doubt
+ * count reads 0: a flush that finds no doubt must find the new epoch, or
+ * the cache settles clean blocks that an abandoned write may have
+ * overwritten.  A watcher waits for the count to reach 0 and reads the
+ * epoch at once, many times over. */
+struct cd_arg {
+  struct backing *b;
+  atomic_int round;             /* the round the clearer may do */
+  atomic_int stop;
+  atomic_int bad;               /* clears that did not return 1 */
+};
+
+static void *
+cd_clearer (void *p)
+{
+  struct cd_arg *a = p;
+  int done = 0;
+
+  while (!atomic_load (&a->stop)) {
+    if (atomic_load (&a->round) == done)
+      continue;
+    if (backing_clear_doubt (a->b) != 1)
+      atomic_fetch_add (&a->bad, 1);
+    done++;
+  }
+  return NULL;
+}
+
+static void
+test_clear_doubt_epoch_first (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct cd_arg a = { .b = NULL };
+  struct nbdb_backing *nb;
+  pthread_t th;
+  int stale = 0;
+
+  remote_start (f, args);
+  a.b = open_nbd (f, 0);
+  nb = (struct nbdb_backing *) a.b;
+  assert_int_equal (pthread_create (&th, NULL, cd_clearer, &a), 0);
+  for (int i = 1; i <= 200000; i++) {
+    uint64_t epoch = a.b->ops->loss_epoch (a.b);
+    atomic_store (&nb->in_doubt, 1);    /* as note_doubt does */
+    atomic_store (&a.round, i);
+    while (atomic_load (&nb->in_doubt) != 0)
+      ;
+    if (a.b->ops->loss_epoch (a.b) == epoch)
+      stale++;
+  }
+  atomic_store (&a.stop, 1);
+  pthread_join (th, NULL);
+  assert_int_equal (atomic_load (&a.bad), 0);
+  assert_int_equal (stale, 0);
+  backing_close (a.b);
+}
+
+/* Issue 34 item 6: the connections after the first are opened side by
+ * side, within one bound for the whole open, not one bound each in a
+ * row.  A listening socket of the test's own relays the first connection
+ * to nbdkit (caps, multi-conn) and holds every later one without a word;
+ * it counts how many of them foliod held open at once.  In a row: one
+ * at a time (each is given up on before the next is tried). */
+struct silent {
+  int lfd;
+  const char *real;             /* nbdkit's socket */
+  int relay[2];                 /* the first connection, and nbdkit */
+  pthread_mutex_t lock;         /* protects the two below */
+  int n;                        /* silent ones accepted, in fds */
+  int max_open;                 /* silent ones foliod had open at once */
+  int fds[16];
+  atomic_int stop;
+};
+
+static int
+peer_open (int fd)
+{
+  struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+
+  return poll (&p, 1, 0) == 0;  /* foliod sends nothing before the greeting */
+}
+
+static int
+connect_unix (const char *path)
+{
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  strncpy (sa.sun_path, path, sizeof sa.sun_path - 1);
+  assert_int_equal (connect (fd, (struct sockaddr *) &sa, sizeof sa), 0);
+  return fd;
+}
+
+/* Copy what is readable on relay[i] to relay[1 - i]; 0 at EOF. */
+static int
+relay_some (struct silent *sl, struct pollfd *p)
+{
+  char buf[65536];
+
+  for (int i = 0; i < 2; i++) {
+    ssize_t n, off = 0;
+    if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+      continue;
+    n = read (sl->relay[i], buf, sizeof buf);
+    if (n <= 0)
+      return 0;
+    while (off < n) {
+      ssize_t w = write (sl->relay[1 - i], buf + off, n - off);
+      if (w <= 0)
+        return 0;
+      off += w;
+    }
+  }
+  return 1;
+}
+
+static void *
+silent_main (void *arg)
+{
+  struct silent *sl = arg;
+  int relaying = 1;
+
+  while (!atomic_load (&sl->stop)) {
+    struct pollfd p[3] = { { .fd = sl->relay[0], .events = POLLIN },
+                           { .fd = sl->relay[1], .events = POLLIN },
+                           { .fd = sl->lfd, .events = POLLIN } };
+    int fd, open_now = 0;
+
+    if (!relaying)
+      p[0].fd = p[1].fd = -1;
+    if (poll (p, 3, 100) <= 0)
+      continue;
+    if (relaying && sl->relay[0] >= 0)
+      relaying = relay_some (sl, p);
+    if (!(p[2].revents & POLLIN))
+      continue;
+    fd = accept4 (sl->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+      continue;
+    if (sl->relay[0] < 0) {
+      sl->relay[0] = fd;
+      sl->relay[1] = connect_unix (sl->real);
+      continue;
+    }
+    pthread_mutex_lock (&sl->lock);
+    if (sl->n == 16)
+      close (fd);
+    else {
+      sl->fds[sl->n++] = fd;
+      for (int i = 0; i < sl->n; i++)
+        open_now += peer_open (sl->fds[i]);
+      if (open_now > sl->max_open)
+        sl->max_open = open_now;
+    }
+    pthread_mutex_unlock (&sl->lock);
+  }
+  return NULL;
+}
+
+static void
+test_open_parallel (void **state)
+{
+  static const char *const args[] = { "memory", "8M", NULL };
+  struct fx *f = *state;
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  struct backing_opts o = { .connections = 4, .request_timeout_ms = 1500 };
+  struct silent sl = { .real = f->sock, .relay = { -1, -1 },
+                       .lock = PTHREAD_MUTEX_INITIALIZER };
+  int n, max_open;
+  char err[256] = "", uri[200];
+  struct backing *b;
+  pthread_t th;
+  uint8_t w[4096], r[4096];
+
+  remote_start (f, args);
+  sl.lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true (sl.lfd >= 0);
+  snprintf (sa.sun_path, sizeof sa.sun_path, "%s/silent", f->dir);
+  snprintf (uri, sizeof uri, "nbd+unix:///?socket=%s", sa.sun_path);
+  assert_int_equal (bind (sl.lfd, (struct sockaddr *) &sa, sizeof sa), 0);
+  assert_int_equal (listen (sl.lfd, 16), 0);
+  assert_int_equal (pthread_create (&th, NULL, silent_main, &sl), 0);
+
+  b = backing_open (uri, &o, err, sizeof err);
+  if (!b) {
+    atomic_store (&sl.stop, 1);
+    pthread_join (th, NULL);
+    fail_msg ("open: %s", err);
+  }
+  assert_true (b->caps & BACKING_CAN_MULTI_CONN);
+  pthread_mutex_lock (&sl.lock);
+  n = sl.n;
+  max_open = sl.max_open;
+  pthread_mutex_unlock (&sl.lock);
+  assert_int_equal (n, 3);
+  assert_int_equal (max_open, 3);       /* all three at once */
+  /* The backing works on the connection it has. */
+  fill (w, sizeof w, 4);
+  assert_int_equal (b->ops->write (b, w, sizeof w, 0, 0), 0);
+  assert_int_equal (b->ops->read (b, r, sizeof r, 0), 0);
+  assert_memory_equal (r, w, sizeof r);
+  backing_close (b);
+  atomic_store (&sl.stop, 1);
+  pthread_join (th, NULL);
+  for (int i = 0; i < sl.n; i++)
+    close (sl.fds[i]);
+  close (sl.relay[0]);
+  close (sl.relay[1]);
+  close (sl.lfd);
 }
 
 /* ---- F4.3: the async read never blocks its caller (the event loop) ---- */
@@ -1313,6 +1614,8 @@ main (void)
     T (test_deadline),
     T (test_write_in_doubt),
     T (test_eshutdown_no_doubt),
+    T (test_failed_flush_is_loss),
+    T (test_clear_doubt_epoch_first),
     T (test_async_never_blocks),
     T (test_async_bounded),
     T (test_remote_errors),
@@ -1320,6 +1623,7 @@ main (void)
     T (test_tls_psk),
     T (test_tls_certificates),
     T (test_open_errors),
+    T (test_open_parallel),
 #undef T
   };
 
