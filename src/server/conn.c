@@ -106,6 +106,7 @@ conn_close (struct conn *c, const char *why)
   c->sendq_tail = NULL;
   c->hsout_len = c->hsout_sent = 0;
   c->state = CONN_DEAD;
+  atomic_store (&c->closed, true);
   atomic_fetch_sub (&c->srv->nconns, 1);
   STAT_SUB (c->lp, connections_now, 1);
 }

@@ -240,6 +240,8 @@ struct conn {
   void *tport;                   /* transport private state (TLS) */
   int tport_want;                /* EV_READ/EV_WRITE the transport needs */
   enum conn_state state;
+  atomic_bool closed;            /* conn_close ran: a worker skips its
+                                    queued requests (nobody to answer) */
 
   ev_io io;
   int io_events;                 /* events io is currently started with */
