@@ -204,6 +204,8 @@ server_listen_tcp (struct server *s, const char *host, const char *port,
   return nok > 0 ? 0 : -1;
 }
 
+#define SERVER_UNIX_MODE 0660
+
 int
 server_listen_unix (struct server *s, const char *path, char *err,
                     size_t errlen)
@@ -228,7 +230,11 @@ server_listen_unix (struct server *s, const char *path, char *err,
     snprintf (err, errlen, "%s: socket: %s", path, strerror (errno));
     return -1;
   }
+  /* 0660 whatever the umask (0777 under umask 000 let anyone on the
+   * host in): the owner and its group.  Set between bind and listen, so
+   * nobody connects while the mode is still the umask's. */
   if (bind (fd, (struct sockaddr *) &sun, sizeof sun) < 0
+      || chmod (path, SERVER_UNIX_MODE) < 0
       || listen (fd, SOMAXCONN) < 0) {
     snprintf (err, errlen, "%s: %s", path, strerror (errno));
     close (fd);
