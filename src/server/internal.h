@@ -248,7 +248,7 @@ struct conn {
   ev_timer hs_timer;             /* handshake timeout */
   ev_timer idle_timer;           /* idle timeout in transmission */
   bool client_key_set;           /* counted in srv->clients under ... */
-  char client_key[64];           /* ... this source (address or uid) */
+  char client_key[64];           /* ... this source (address or pid) */
   bool in_flush_list;            /* linked in lp->flush_list */
   struct conn *flush_next;
 

@@ -44,8 +44,10 @@ peer_name (const struct sockaddr_storage *ss, socklen_t len,
 }
 
 /* Whom max_connections_per_client counts a connection against: the
- * address (not the port) for TCP, the peer's uid for a Unix socket (every
- * local client comes from the same path). */
+ * address (not the port) for TCP, the peer process for a Unix socket
+ * (every local client comes from the same path; counting by uid made
+ * every qemu of one libvirt user share one limit).  A pid is reused only
+ * once its process, and so its connections, are gone. */
 static void
 client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
             char *out, size_t n)
@@ -55,9 +57,9 @@ client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
 
   if (ss->ss_family == AF_UNIX) {
     if (getsockopt (fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
-      snprintf (out, n, "uid %u", (unsigned) cred.uid);
+      snprintf (out, n, "pid %ld", (long) cred.pid);
     else
-      snprintf (out, n, "uid ?");
+      snprintf (out, n, "pid ?");
     return;
   }
   if (getnameinfo ((const struct sockaddr *) ss, len, out, n, NULL, 0,

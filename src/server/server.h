@@ -56,7 +56,7 @@ struct server_config {
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
   unsigned max_connections_per_client; /* per source address (TCP) or
-                                   uid (Unix socket); 0: default (32) */
+                                   peer pid (Unix socket); 0: default (32) */
   unsigned shutdown_grace_s;    /* server_shutdown drops connections
                                    still busy after this long; 0:
                                    default (30 s) */
