@@ -284,6 +284,7 @@ struct conn {
   /* Transmission. */
   struct export *exp;            /* chosen export; fixed from GO on */
   uint16_t tflags;               /* transmission flags sent */
+  bool requested;                /* has sent a request header */
   bool no_zeroes;
   struct req *cur;               /* request whose payload is arriving */
   struct req *free_reqs;         /* reusable requests */
