@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # TLS with pre-shared keys (--tls-psk FILE, username:hexkey lines) against
 # GnuTLS clients: libnbd (tls-psk-file) and qemu (tls-creds-psk) read and
-# write; an unknown user or a wrong key is refused; a malformed key file
-# stops the start naming the file and line; SIGHUP re-reads the keys.
+# write; an unknown user or a wrong key is refused; a malformed key file,
+# one readable by others or a key shorter than 16 bytes stops the start
+# naming the file (and line); SIGHUP re-reads the keys.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/lib-tls.sh"
 lib_init tls-psk
@@ -15,16 +16,33 @@ printf '# test keys\nalice:%s\nbob:%s\n' "$key" "$(openssl rand -hex 16)" \
   >"$tmp/psk/keys.psk"
 echo "alice:$key" >"$tmp/qemu/keys.psk"        # qemu reads DIR/keys.psk
 cp "$tmp/qemu/keys.psk" "$tmp/psk/keys.psk.old"
+chmod 600 "$tmp/psk/keys.psk" "$tmp/qemu/keys.psk" "$tmp/psk/keys.psk.old"
+
+# refused FILE WHAT REGEX: foliod with --tls-psk FILE does not start, and
+# its message matches REGEX.
+refused () {
+  local rc=0
+  timeout 30 "$FOLIOD" --foreground --unix "$tmp/bad.sock" --tls require \
+    --tls-psk "$1" --export "disk0=file:$tmp/img" >"$tmp/bad.log" 2>&1 ||
+    rc=$?
+  [ "$rc" -ne 0 ] || fail "started with $2"
+  check_sanitizer_log "$tmp/bad.log"
+  grep -q -- "$3" "$tmp/bad.log" || fail "$2: unclear message: $(cat "$tmp/bad.log")"
+}
 
 # Malformed files.
 echo "alice:xyz" >"$tmp/bad.psk"
-rc=0
-timeout 30 "$FOLIOD" --foreground --unix "$tmp/bad.sock" --tls require \
-  --tls-psk "$tmp/bad.psk" --export "disk0=file:$tmp/img" >"$tmp/bad.log" 2>&1 ||
-  rc=$?
-[ "$rc" -ne 0 ] || fail "started with a malformed PSK file"
-check_sanitizer_log "$tmp/bad.log"
-grep -q "$tmp/bad.psk:1:" "$tmp/bad.log" || fail "no file:line: $(cat "$tmp/bad.log")"
+chmod 600 "$tmp/bad.psk"
+refused "$tmp/bad.psk" "a malformed PSK file" "$tmp/bad.psk:1:"
+# A key readable by anyone on the host (ssh refuses such a private key).
+echo "alice:$key" >"$tmp/open.psk"
+chmod 644 "$tmp/open.psk"
+refused "$tmp/open.psk" "a PSK file readable by others" \
+  "$tmp/open.psk: readable by others"
+# A key too short to be a secret: 8 bytes.
+echo "alice:$(openssl rand -hex 8)" >"$tmp/short.psk"
+chmod 600 "$tmp/short.psk"
+refused "$tmp/short.psk" "an 8-byte PSK" "$tmp/short.psk:1: .*at least 16 bytes"
 
 start_foliod_tls --tls require --tls-psk "$tmp/psk/keys.psk" \
   --export "disk0=file:$tmp/img"
@@ -71,6 +89,7 @@ fi
 key2=$(openssl rand -hex 32)
 echo "carol:$key2" >"$tmp/psk/keys.psk"
 echo "carol:$key2" >"$tmp/carol.psk"
+chmod 600 "$tmp/carol.psk"
 kill -HUP "$(ps -o pid= --ppid "$FOLIOD_PID")"
 for i in $(seq 50); do
   [ "$(grep -c "TLS pre-shared keys loaded" "$FOLIOD_LOG")" -ge 2 ] && break

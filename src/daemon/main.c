@@ -633,6 +633,12 @@ server_start (struct daemon *d)
   if (cfg->max_connections_per_client)
     sc.max_connections_per_client = cfg->max_connections_per_client;
   sc.idle_timeout_s = cfg->idle_timeout_s;
+  /* Clients still busy get the first half of shutdown-timeout; then they
+   * are dropped (with what they queued) and the writeback has the rest. */
+  sc.shutdown_grace_s = (cfg->shutdown_timeout_s ? cfg->shutdown_timeout_s
+                         : DEFAULT_SHUTDOWN_TIMEOUT_S) / 2;
+  if (sc.shutdown_grace_s == 0)
+    sc.shutdown_grace_s = 1;
   if (cfg->max_conn_buffer) sc.max_conn_buffer = cfg->max_conn_buffer;
   if (cfg->max_buffer_total) sc.max_buffer_total = cfg->max_buffer_total;
   sc.tls_mode = cfg->tls;

@@ -1,5 +1,5 @@
 /* Admission: the exports a client may ask for by name, and the
- * connections each client (its address, or its uid on a Unix socket) may
+ * connections each client (its address, or its process on a Unix socket) may
  * hold at once (max_connections_per_client).
  *
  * Exports are added on the main thread before the listeners start and

@@ -47,8 +47,9 @@ conn_set_state (struct conn *c, enum conn_state st)
         && conn_state_is_transmission (st)))
     log_debug ("conn %" PRIu64 ": %s -> %s", c->id,
                state_names[c->state], state_names[st]);
-  if (conn_state_is_handshake (c->state) && st == CONN_TX_REQ_HDR
-      && c->srv->cfg.idle_timeout_s)
+  /* Without idle_timeout_s the timer still watches a connection that
+   * sends no request (conn_idle_timeout_cb). */
+  if (conn_state_is_handshake (c->state) && st == CONN_TX_REQ_HDR)
     ev_timer_again (c->lp->loop, &c->idle_timer);
   c->state = st;
 }

@@ -106,6 +106,7 @@ conn_close (struct conn *c, const char *why)
   c->sendq_tail = NULL;
   c->hsout_len = c->hsout_sent = 0;
   c->state = CONN_DEAD;
+  atomic_store (&c->closed, true);
   atomic_fetch_sub (&c->srv->nconns, 1);
   STAT_SUB (c->lp, connections_now, 1);
 }
@@ -348,20 +349,52 @@ conn_hs_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
   conn_after_io (c);
 }
 
+/* Are the last slots (a quarter of max_connections, at least one) taken?
+ * Any loop's thread: nconns is atomic. */
+static bool
+conn_slots_crowded (struct server *s)
+{
+  unsigned max = s->cfg.max_connections, reserve = max / 4 ? max / 4 : 1;
+
+  return atomic_load (&s->nconns) + reserve > max;
+}
+
 /* No input for idle_timeout_s.  A connection with requests in flight or
- * replies to send is busy, not idle: it gets another period. */
+ * replies to send is busy, not idle: it gets another period.
+ *
+ * Without idle_timeout_s (the default: kernel and qemu clients stay idle
+ * for hours), the timer runs every handshake_timeout_s until the
+ * connection sends its first request; one that has sent none by then
+ * while the last slots are taken is closed, so that clients that connect
+ * and idle cannot hold every slot against those that use theirs. */
 static void
 conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
 {
   struct conn *c = w->data;
   struct sloop *lp = c->lp;
+  struct server *s = c->srv;
 
-  if (c->nactive > 0 || conn_output_pending (c)) {
+  if (!s->cfg.idle_timeout_s && c->requested) {
+    ev_timer_stop (loop, w);
+    return;
+  }
+  if (c->nactive > 0 || conn_output_pending (c)
+      || (!s->cfg.idle_timeout_s && !conn_slots_crowded (s))) {
     ev_timer_again (loop, w);
     return;
   }
+  if (!s->cfg.idle_timeout_s) {
+    log_warn ("conn %" PRIu64 " (%s): no request in %u s while the server "
+              "is nearly full (%u of %u connections): closed for others",
+              c->id, c->peer, s->cfg.handshake_timeout_s,
+              atomic_load (&s->nconns), s->cfg.max_connections);
+    conn_close (c, "idle without a request, server nearly full");
+    conn_after_io (c);
+    conn_flush_pending (lp);
+    return;
+  }
   log_info ("conn %" PRIu64 " (%s): idle for %u s", c->id, c->peer,
-            c->srv->cfg.idle_timeout_s);
+            s->cfg.idle_timeout_s);
   conn_close (c, "idle timeout");
   conn_after_io (c);
   conn_flush_pending (lp);
@@ -444,7 +477,8 @@ conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
   c->hs_timer.data = c;
   ev_timer_start (lp->loop, &c->hs_timer);
   ev_init (&c->idle_timer, conn_idle_timeout_cb);
-  c->idle_timer.repeat = s->cfg.idle_timeout_s;
+  c->idle_timer.repeat = s->cfg.idle_timeout_s ? s->cfg.idle_timeout_s
+    : s->cfg.handshake_timeout_s;
   c->idle_timer.data = c;
 
   c->next = lp->conns;

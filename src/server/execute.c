@@ -476,6 +476,17 @@ req_execute (struct req *r)
   unsigned fua = (r->flags & NBD_CMD_FLAG_FUA) ? CACHE_FUA : 0;
   int rc = 0;
 
+  /* Its connection was closed while it waited in the queue (a forced
+   * shutdown, a send error): nobody is left to answer, and its client
+   * never saw it acknowledged.  Skip it, so that a closed connection's
+   * queue costs no backing time (issue 34: a shutdown bounded by
+   * shutdown-timeout). */
+  if (atomic_load_explicit (&r->conn->closed, memory_order_relaxed)) {
+    cache_write_abort (cache, &r->prep);
+    r->fetch = REQ_FETCH_NONE;
+    r->niov = r->nhdr = 0;
+    return;
+  }
   switch (r->type) {
   case NBD_CMD_READ:
     exec_read (r, 0);

@@ -240,13 +240,15 @@ struct conn {
   void *tport;                   /* transport private state (TLS) */
   int tport_want;                /* EV_READ/EV_WRITE the transport needs */
   enum conn_state state;
+  atomic_bool closed;            /* conn_close ran: a worker skips its
+                                    queued requests (nobody to answer) */
 
   ev_io io;
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
   ev_timer idle_timer;           /* idle timeout in transmission */
   bool client_key_set;           /* counted in srv->clients under ... */
-  char client_key[64];           /* ... this source (address or uid) */
+  char client_key[64];           /* ... this source (address or pid) */
   bool in_flush_list;            /* linked in lp->flush_list */
   struct conn *flush_next;
 
@@ -282,6 +284,7 @@ struct conn {
   /* Transmission. */
   struct export *exp;            /* chosen export; fixed from GO on */
   uint16_t tflags;               /* transmission flags sent */
+  bool requested;                /* has sent a request header */
   bool no_zeroes;
   struct req *cur;               /* request whose payload is arriving */
   struct req *free_reqs;         /* reusable requests */

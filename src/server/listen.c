@@ -44,8 +44,10 @@ peer_name (const struct sockaddr_storage *ss, socklen_t len,
 }
 
 /* Whom max_connections_per_client counts a connection against: the
- * address (not the port) for TCP, the peer's uid for a Unix socket (every
- * local client comes from the same path). */
+ * address (not the port) for TCP, the peer process for a Unix socket
+ * (every local client comes from the same path; counting by uid made
+ * every qemu of one libvirt user share one limit).  A pid is reused only
+ * once its process, and so its connections, are gone. */
 static void
 client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
             char *out, size_t n)
@@ -55,9 +57,9 @@ client_key (int fd, const struct sockaddr_storage *ss, socklen_t len,
 
   if (ss->ss_family == AF_UNIX) {
     if (getsockopt (fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0)
-      snprintf (out, n, "uid %u", (unsigned) cred.uid);
+      snprintf (out, n, "pid %ld", (long) cred.pid);
     else
-      snprintf (out, n, "uid ?");
+      snprintf (out, n, "pid ?");
     return;
   }
   if (getnameinfo ((const struct sockaddr *) ss, len, out, n, NULL, 0,
@@ -204,6 +206,8 @@ server_listen_tcp (struct server *s, const char *host, const char *port,
   return nok > 0 ? 0 : -1;
 }
 
+#define SERVER_UNIX_MODE 0660
+
 int
 server_listen_unix (struct server *s, const char *path, char *err,
                     size_t errlen)
@@ -228,7 +232,11 @@ server_listen_unix (struct server *s, const char *path, char *err,
     snprintf (err, errlen, "%s: socket: %s", path, strerror (errno));
     return -1;
   }
+  /* 0660 whatever the umask (0777 under umask 000 let anyone on the
+   * host in): the owner and its group.  Set between bind and listen, so
+   * nobody connects while the mode is still the umask's. */
   if (bind (fd, (struct sockaddr *) &sun, sizeof sun) < 0
+      || chmod (path, SERVER_UNIX_MODE) < 0
       || listen (fd, SOMAXCONN) < 0) {
     snprintf (err, errlen, "%s: %s", path, strerror (errno));
     close (fd);

@@ -136,6 +136,7 @@ tx_step_req_hdr (struct conn *c)
               c->id, get_be32 (c->hdr));
     return STEP_CLOSE;
   }
+  c->requested = true;
   /* Over the buffer budget: read nothing more until replies are sent
    * (the header stays in c->hdr for then). */
   if (!conn_budget_hdr_ready (c))

@@ -15,7 +15,7 @@
 #include "server/log.h"
 #include "server/tls.h"
 
-#define SHUTDOWN_GRACE_S 30.0 /* then connections are dropped */
+#define SHUTDOWN_GRACE_S 30 /* then connections are dropped */
 
 void
 server_config_default (struct server_config *cfg)
@@ -40,8 +40,8 @@ server_shutdown_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
 {
   struct server *s = w->data;
 
-  log_warn ("shutdown: clients still busy after %.0f s, disconnecting",
-            SHUTDOWN_GRACE_S);
+  log_warn ("shutdown: clients still busy after %u s, disconnecting",
+            s->cfg.shutdown_grace_s);
   server_shutdown (s, s->shutdown_done, s->shutdown_opaque);
 }
 
@@ -120,6 +120,8 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
     s->cfg.max_buffer_total = def.max_buffer_total;
   if (!s->cfg.loops)
     s->cfg.loops = server_default_loops ();
+  if (!s->cfg.shutdown_grace_s)
+    s->cfg.shutdown_grace_s = SHUTDOWN_GRACE_S;
 
   pthread_mutex_init (&s->clients_lock, NULL);
   pthread_mutex_init (&s->tls_lock, NULL);
@@ -127,7 +129,7 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
   s->gone_async.data = s;
   ev_async_start (loop, &s->gone_async);
   ev_timer_init (&s->shutdown_timer, server_shutdown_timeout_cb,
-                 SHUTDOWN_GRACE_S, 0.);
+                 s->cfg.shutdown_grace_s, 0.);
   s->shutdown_timer.data = s;
   ev_idle_init (&s->done_idle, server_done_idle_cb);
   s->done_idle.data = s;

@@ -20,8 +20,10 @@
  *        server_free (s);                         // after ev_run returns
  *   - server_shutdown closes connections still in the handshake, keeps
  *     replying to requests already received (new ones get NBD_ESHUTDOWN),
- *     closes each connection once it has nothing in flight (after 30 s
- *     it drops the rest), and calls done once no connection is left.  The worker
+ *     closes each connection once it has nothing in flight (after
+ *     shutdown_grace_s it drops the rest: what they had queued for the
+ *     workers is skipped, nobody is left to answer), and calls done once
+ *     no connection is left.  The worker
  *     threads are joined just before done runs, so exports may be closed
  *     from done (thread-local cache state is freed by then).  A second call
  *     (second signal) drops connections at once; in-flight worker calls
@@ -54,7 +56,10 @@ struct server_config {
   unsigned max_inflight;        /* requests in flight per connection;
                                    0: default (64, nbdcopy's depth) */
   unsigned max_connections_per_client; /* per source address (TCP) or
-                                   uid (Unix socket); 0: default (32) */
+                                   peer pid (Unix socket); 0: default (32) */
+  unsigned shutdown_grace_s;    /* server_shutdown drops connections
+                                   still busy after this long; 0:
+                                   default (30 s) */
   unsigned idle_timeout_s;      /* close a connection with nothing in
                                    flight and no input for this long;
                                    0: never (the default) */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <openssl/crypto.h>
 #include <openssl/err.h>
@@ -26,6 +27,7 @@
 #include "server/tls.h"
 
 #define PSK_MAX_KEY 64    /* bytes; OpenSSL's PSK_MAX_PSK_LEN is 512 */
+#define PSK_MIN_KEY 16    /* bytes (128 bits); psktool makes 32 */
 #define PSK_MAX_USER 128
 
 struct psk_entry {
@@ -114,8 +116,15 @@ psk_parse_line (char *line, struct psk_entry *e, const char *path,
   hex = colon + 1;
   len = strlen (hex);
   if (len == 0 || len % 2 || len / 2 > PSK_MAX_KEY) {
-    snprintf (err, errlen, "%s:%u: the key must be 2 to %d hex digits, "
-              "an even number", path, lineno, 2 * PSK_MAX_KEY);
+    snprintf (err, errlen, "%s:%u: the key must be %d to %d hex digits, "
+              "an even number", path, lineno, 2 * PSK_MIN_KEY,
+              2 * PSK_MAX_KEY);
+    return -1;
+  }
+  if (len / 2 < PSK_MIN_KEY) {
+    snprintf (err, errlen, "%s:%u: the key is %zu bytes, at least %d bytes "
+              "are needed (psktool -s 32 makes one)", path, lineno, len / 2,
+              PSK_MIN_KEY);
     return -1;
   }
   for (size_t i = 0; i < len; i += 2) {
@@ -143,8 +152,19 @@ psk_read (const char *path, char *err, size_t errlen)
   char line[1024];
   unsigned lineno = 0;
 
+  struct stat st;
+
   if (!f) {
     snprintf (err, errlen, "%s: %s", path, strerror (errno));
+    return NULL;
+  }
+  /* As ssh does with a private key: a secret anyone on the host may read
+   * is no secret; refuse it rather than serve with it. */
+  if (fstat (fileno (f), &st) == 0 && (st.st_mode & S_IRWXO)) {
+    snprintf (err, errlen, "%s: readable by others (mode %04o): the keys "
+              "are secrets; chmod o-rwx %s", path,
+              (unsigned) (st.st_mode & 07777), path);
+    fclose (f);
     return NULL;
   }
   if (!(t = calloc (1, sizeof *t)))

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ev.h>
@@ -176,7 +177,8 @@ fuzz_tls_on (struct server *srv, const char *dir)
   FILE *f;
 
   snprintf (path, sizeof path, "%s/keys.psk", dir);
-  if (!(f = fopen (path, "w")) || fprintf (f, "%s\n", FUZZ_PSK) < 0
+  if (!(f = fopen (path, "w")) || fchmod (fileno (f), 0600) != 0
+      || fprintf (f, "%s\n", FUZZ_PSK) < 0
       || fclose (f) != 0)
     fuzz_die (path, strerror (errno));
   srv->cfg.tls_psk_file = path;
