@@ -294,6 +294,11 @@ struct conn {
                                     not yet charged to a request */
   bool budget_waiting;           /* linked in lp->budget_waiters */
   struct conn *budget_next;
+
+  /* In the worker pool (pool.c), under pool.lock. */
+  struct req *pq_head, *pq_tail; /* its requests queued for workers */
+  struct conn *pool_next;        /* in pool.ring while pq_head is set */
+  unsigned pool_busy;            /* workers on its requests */
 };
 
 /* Connections open per source (conn.client_key), for
@@ -316,7 +321,9 @@ struct pool_worker {
 
 struct pool {
   pthread_mutex_t lock;
-  struct req *head, *tail;       /* queued requests */
+  struct conn *ring, *ring_tail; /* connections with queued requests, in
+                                    turn (round-robin) */
+  unsigned nqueued;              /* requests queued, all connections */
   bool stop;
   unsigned nthreads;
   struct pool_worker *idle;      /* waiting workers, the last idle first */
