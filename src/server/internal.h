@@ -28,8 +28,9 @@
  * What the loops share: the worker pool, the exports (their caches are
  * thread-safe), the counters of connections (max-connections, per
  * client: atomics and clients_lock), the total buffer budget
- * (buf_charged, reserved by compare-and-swap so that the loops together
- * never admit past max-buffer-total), the TLS credentials (tls_lock) and
+ * (buf_charged: the shared half, beyond each connection's slice,
+ * reserved by compare-and-swap so that the loops together never admit
+ * past max-buffer-total; conn-budget.c), the TLS credentials (tls_lock) and
  * shutting_down.  Counters (struct server_counters) and retained buffers
  * are per loop; server_get_stats adds them up.
  *
@@ -290,7 +291,8 @@ struct conn {
   unsigned nworker;              /* of which held by workers */
   struct req *sendq_head, *sendq_tail; /* replies ready to send */
   size_t charged;                /* buffer bytes of active requests */
-  size_t reserved;               /* admitted by conn_budget_hdr_ready,
+  size_t reserved;               /* of the shared half of the total,
+                                    admitted by conn_budget_hdr_ready,
                                     not yet charged to a request */
   bool budget_waiting;           /* linked in lp->budget_waiters */
   struct conn *budget_next;
@@ -415,7 +417,8 @@ struct server {
                                     starts looking (ties go round) */
   _Atomic unsigned nconns;       /* with an open socket, all loops */
   _Atomic uint64_t next_conn_id;
-  _Atomic size_t buf_charged;    /* request buffers in use, all conns */
+  _Atomic size_t buf_charged;    /* request buffers in use beyond each
+                                    connection's slice, all conns */
   _Atomic unsigned budget_waiting_loops; /* loops with budget waiters */
   pthread_mutex_t clients_lock;  /* a leaf: clients */
   struct client_count *clients;  /* open connections per source */
