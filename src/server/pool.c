@@ -12,7 +12,8 @@
  * Fairness between connections: each connection queues its own requests,
  * and the connections with requests queued take turns (a ring: the one
  * served goes to the back).  One connection runs at most a quarter of
- * the workers (at least one) at a time.  64 BLOCK_STATUS or CACHE
+ * the workers (at least one) at a time, and the last quarter of an
+ * export's share is kept for its connections that hold no worker.  64 BLOCK_STATUS or CACHE
  * requests from each of a few clients no longer stand in one FIFO before
  * another client's 4 KiB read: a request queued waits for at most one
  * request of each other connection queued to start, plus the workers
@@ -61,20 +62,35 @@ pool_ring_append (struct pool *p, struct conn *c)
   p->ring_tail = c;
 }
 
-/* Take the first request of the first connection in the ring that is
- * under its share of the workers and whose export is under its own (lock
- * held); that connection goes to the back of the ring.  NULL: none may
- * run now. */
+/* May c take one more worker?  Under its own share, and under its
+ * export's; the last quarter of the export's share goes only to
+ * connections that hold no worker yet, so that a client arriving behind
+ * a few busy ones finds a worker at once. */
+static bool
+pool_may_run (const struct pool *p, const struct conn *c)
+{
+  unsigned cap = pool_share (p);
+
+  if (c->pool_busy >= pool_conn_share (p))
+    return false;
+  if (c->exp == NULL)
+    return true;
+  if (c->pool_busy > 0)
+    cap -= cap / 4;
+  return c->exp->workers_busy < cap;
+}
+
+/* Take the first request of the first connection in the ring that may
+ * run one more (lock held); that connection goes to the back of the
+ * ring.  NULL: none may run now. */
 static struct req *
 pool_take_locked (struct pool *p)
 {
-  unsigned cap = pool_share (p), ccap = pool_conn_share (p);
   struct conn *c, *prev = NULL;
   struct req *r;
 
   for (c = p->ring; c; prev = c, c = c->pool_next)
-    if (c->pool_busy < ccap
-        && (c->exp == NULL || c->exp->workers_busy < cap))
+    if (pool_may_run (p, c))
       break;
   if (c == NULL)
     return NULL;
