@@ -13,7 +13,8 @@
  * and the connections with requests queued take turns (a ring: the one
  * served goes to the back).  One connection runs at most a quarter of
  * the workers (at least one) at a time, and the last quarter of an
- * export's share is kept for its connections that hold no worker.  64 BLOCK_STATUS or CACHE
+ * export's share is kept for its connections that hold no worker and
+ * have a single request queued.  64 BLOCK_STATUS or CACHE
  * requests from each of a few clients no longer stand in one FIFO before
  * another client's 4 KiB read: a request queued waits for at most one
  * request of each other connection queued to start, plus the workers
@@ -64,8 +65,9 @@ pool_ring_append (struct pool *p, struct conn *c)
 
 /* May c take one more worker?  Under its own share, and under its
  * export's; the last quarter of the export's share goes only to
- * connections that hold no worker yet, so that a client arriving behind
- * a few busy ones finds a worker at once. */
+ * connections that hold no worker and have one request queued, so that
+ * a client reading one block at a time finds a worker at once however
+ * many others keep deep queues. */
 static bool
 pool_may_run (const struct pool *p, const struct conn *c)
 {
@@ -75,7 +77,7 @@ pool_may_run (const struct pool *p, const struct conn *c)
     return false;
   if (c->exp == NULL)
     return true;
-  if (c->pool_busy > 0)
+  if (c->pool_busy > 0 || c->pq_head->next)
     cap -= cap / 4;
   return c->exp->workers_busy < cap;
 }
