@@ -6,7 +6,10 @@
 #  a. one client pipelines 32 READs of 32 MiB (1 GiB) and never reads a
 #     reply: foliod stops reading from it at max-conn-buffer;
 #  b. four clients each send 8 WRITEs of 32 MiB (1 GiB in all) to a slow
-#     remote: foliod stops reading payloads at max-buffer-total.
+#     remote: foliod stops reading payloads at max-buffer-total;
+#  c. eight clients each send one READ of 64 MiB and never read the reply:
+#     the replies count against max-buffer-total too (issue 34: each
+#     connection held its 64 MiB reply whatever the total said).
 # (Before the budget, foliod held each whole GiB.)
 . "$(dirname "$0")/lib.sh"
 lib_init server-memory
@@ -74,7 +77,7 @@ import os, sys, threading
 sys.path.insert(0, os.environ["TOP"] + "/tests/tools")
 import nbdraw
 mode, nconn, nreq, prog = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-size = 32 << 20
+size = int(os.environ.get("SIZE", 32 << 20))
 sent = [0] * nconn
 socks = [nbdraw.connect(os.environ["SOCK"], "disk0", timeout=120)
          for _ in range(nconn)]
@@ -107,13 +110,13 @@ PY
 attack () {
   local name=$1 backing=$2 budget=$3 pid
   shift 3
-  start_foliod --pidfile "$tmp/pid" \
+  start_foliod --pidfile "$tmp/pid" --max-connections 16 \
     --max-conn-buffer $CONN_BUF --max-buffer-total $TOTAL \
     --export "disk0=$backing,cache-size=64M"
   good_client 0 "before $name"
   IDLE_HWM=$(vm VmHWM)
   echo "idle: VmHWM $((IDLE_HWM >> 20)) MiB"
-  TOP=$TOP SOCK=$SOCK python3 "$tmp/attack.py" "$@" "$tmp/$1.prog" \
+  TOP=$TOP SOCK=$SOCK SIZE=${SIZE:-$((32 << 20))} python3 "$tmp/attack.py" "$@" "$tmp/$1.prog" \
     > "$tmp/$1.log" 2>&1 &
   pid=$!
   track $pid
@@ -130,10 +133,12 @@ attack () {
 truncate -s 256M "$tmp/img"
 attack "pipelined reads" "file:$tmp/img" $CONN_BUF read 1 32
 
-# b. A connection with nothing in flight may always start one request: up
-# to 4 x 32 MiB over the total (foliod.conf(5), MEMORY).
+# b. The total, however many connections (foliod.conf(5), MEMORY).
 start_remote "$tmp/remote.sock" --filter=delay memory 256M wdelay=50ms
-attack "writes to a slow remote" "$(remote_uri)" $((TOTAL + 4 * (32 << 20))) \
-  write 4 8
+attack "writes to a slow remote" "$(remote_uri)" $TOTAL write 4 8
 stop_remote
+
+# c. Replies never read, one per connection: the total, not 8 x 64 MiB.
+SIZE=$((64 << 20)) attack "unread 64 MiB replies" "file:$tmp/img" $TOTAL \
+  read 8 1
 echo OK

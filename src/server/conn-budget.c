@@ -2,12 +2,23 @@
  *
  * Requests come from the connection's free list (conn_req_get) and go
  * back to it once their reply is sent or they are dropped (conn_req_put),
- * keeping their buffers for reuse within bounds.  Their buffers count
- * against two budgets, the connection's (max_conn_buffer) and the total
- * of all loops (max_buffer_total): a request header is admitted when its
- * buffer fits (conn_budget_hdr_ready), else the connection waits on its
- * loop's budget_waiters until memory is released here or, through
+ * keeping their buffers for reuse within bounds.  Their buffers (a
+ * write's payload, a read's or a block status's reply, reserved before
+ * the request runs and held until its reply is sent) count against two
+ * budgets, the connection's (max_conn_buffer) and the total of all loops
+ * (max_buffer_total): a request header is admitted when its buffer fits
+ * (conn_budget_hdr_ready), else the connection waits on its loop's
+ * budget_waiters until memory is released here or, through
  * LOOP_CMD_BUDGET, on another loop.
+ *
+ * The total is kept whatever the clients do: each of the max_connections
+ * connections has a slice of it of its own (conn_budget_slice: the half
+ * of the total, split), and what a connection holds beyond its slice
+ * comes from the other half, shared (srv->buf_charged counts that part).
+ * A client that never reads its replies holds its slice and what it took
+ * of the shared half, and no more; a client with nothing in flight starts
+ * any request that fits its slice (4 MiB by default) even when the
+ * shared half is spent, so such clients cannot lock the others out.
  */
 #include <assert.h>
 #include <stdlib.h>
@@ -16,6 +27,33 @@
 #include "foliod/minmax.h"
 #include "server/internal.h"
 #include "server/wire.h"
+
+/* ---- the total's slices ------------------------------------------------- */
+
+/* Bytes of the total each connection may hold whatever the others
+ * hold. */
+static size_t
+conn_budget_slice (const struct server *s)
+{
+  return s->cfg.max_buffer_total / 2 / s->cfg.max_connections;
+}
+
+/* Bytes of the shared half of the total, all connections together. */
+static size_t
+conn_budget_shared_max (const struct server *s)
+{
+  return s->cfg.max_buffer_total
+    - (size_t) s->cfg.max_connections * conn_budget_slice (s);
+}
+
+/* Of charged bytes of c, those beyond its slice. */
+static size_t
+conn_budget_shared (const struct conn *c, size_t charged)
+{
+  size_t slice = conn_budget_slice (c->srv);
+
+  return charged > slice ? charged - slice : 0;
+}
 
 /* ---- requests ---------------------------------------------------------- */
 
@@ -58,7 +96,10 @@ conn_budget_released (struct sloop *lp)
 
   if (lp->budget_waiters)
     conn_budget_wake (lp);
-  if (atomic_load_explicit (&s->budget_waiting_loops, memory_order_relaxed))
+  /* Sequentially consistent, as the release before it: a loop that
+   * registers its waiter and then retries (conn_budget_hdr_ready) either
+   * sees the release or is seen here. */
+  if (atomic_load (&s->budget_waiting_loops))
     for (unsigned i = 0; i < s->nloops; i++)
       if (&s->loops[i] != lp && atomic_load (&s->loops[i].budget_waiting))
         loop_post (&s->loops[i], LOOP_CMD_BUDGET);
@@ -77,9 +118,14 @@ conn_req_put (struct conn *c, struct req *r)
   if (r->prep.n > 0)            /* never committed: a refused or abandoned write */
     cache_write_abort (c->exp->cache, &r->prep);
   c->nactive--;
-  c->charged -= released;
-  if (released)
-    atomic_fetch_sub (&lp->srv->buf_charged, released);
+  if (released) {
+    size_t shared = conn_budget_shared (c, c->charged);
+
+    c->charged -= released;
+    shared -= conn_budget_shared (c, c->charged);
+    if (shared)
+      atomic_fetch_sub (&lp->srv->buf_charged, shared);
+  }
   r->charged = 0;
   /* Keep buffers for reuse (no malloc per request), but not huge ones
    * and not without bound, per connection and in all. */
@@ -120,20 +166,26 @@ conn_hdr_need (const struct conn *c)
                skipped, not stored */
 }
 
-/* May c take a request needing need more bytes of buffer?  Within both
- * budgets, yes.  A connection with nothing in flight always may: a
- * request larger than max_conn_buffer still runs, and connections that
- * hold the total (a client that never reads its replies) cannot lock the
- * others out. */
+/* May c take a request needing need more bytes of buffer?  Within the
+ * connection's budget (a connection with nothing in flight may start a
+ * request larger than max_conn_buffer) and within its slice of the total
+ * or the shared half's room.  A request that could never fit the shared
+ * half (max_buffer_total below twice the largest request) still runs
+ * when the shared half is all free. */
 static bool
 conn_budget_admit (const struct conn *c, size_t need)
 {
   const struct server *s = c->srv;
+  size_t add, cur;
 
-  if (need == 0 || c->nactive == 0)
+  if (need == 0)
     return true;
-  return c->charged + need <= s->cfg.max_conn_buffer
-    && atomic_load (&s->buf_charged) + need <= s->cfg.max_buffer_total;
+  if (c->nactive > 0 && c->charged + need > s->cfg.max_conn_buffer)
+    return false;
+  add = conn_budget_shared (c, c->charged + need)
+        - conn_budget_shared (c, c->charged);
+  cur = atomic_load (&s->buf_charged);
+  return add == 0 || cur + add <= conn_budget_shared_max (s) || cur == 0;
 }
 
 /* Would the request whose header is in c->hdr be admitted now? */
@@ -143,26 +195,31 @@ conn_budget_hdr_fits (const struct conn *c)
   return conn_budget_admit (c, conn_hdr_need (c));
 }
 
-/* As conn_budget_admit, and if admitted, take need bytes of the total
- * at once (c->reserved): the loops admit concurrently, and a check and
- * a later add would let two of them pass the total together. */
+/* As conn_budget_admit, and if admitted, take what the request needs of
+ * the shared half at once (c->reserved): the loops admit concurrently,
+ * and a check and a later add would let two of them pass the total
+ * together. */
 static bool
 conn_budget_reserve (struct conn *c, size_t need)
 {
   struct server *s = c->srv;
   size_t cur = atomic_load (&s->buf_charged);
-  bool always = need == 0 || c->nactive == 0;
+  size_t add, max = conn_budget_shared_max (s);
 
   assert (c->reserved == 0);
   if (need == 0)
     return true;
-  if (!always && c->charged + need > s->cfg.max_conn_buffer)
+  if (c->nactive > 0 && c->charged + need > s->cfg.max_conn_buffer)
     return false;
+  add = conn_budget_shared (c, c->charged + need)
+        - conn_budget_shared (c, c->charged);
+  if (add == 0)
+    return true;
   do
-    if (!always && cur + need > s->cfg.max_buffer_total)
+    if (cur + add > max && cur != 0)
       return false;
-  while (!atomic_compare_exchange_weak (&s->buf_charged, &cur, cur + need));
-  c->reserved = need;
+  while (!atomic_compare_exchange_weak (&s->buf_charged, &cur, cur + add));
+  c->reserved = add;
   return true;
 }
 
@@ -184,11 +241,13 @@ void
 conn_budget_charge (struct conn *c, struct req *r, size_t need)
 {
   size_t n = MAX (r->buf_cap, need);
+  size_t add = conn_budget_shared (c, c->charged + n)
+               - conn_budget_shared (c, c->charged);
 
-  if (n > c->reserved)
-    atomic_fetch_add (&c->srv->buf_charged, n - c->reserved);
-  else if (n < c->reserved)
-    atomic_fetch_sub (&c->srv->buf_charged, c->reserved - n);
+  if (add > c->reserved)
+    atomic_fetch_add (&c->srv->buf_charged, add - c->reserved);
+  else if (add < c->reserved)
+    atomic_fetch_sub (&c->srv->buf_charged, c->reserved - add);
   c->reserved = 0;
   r->charged = n;
   c->charged += n;
@@ -248,24 +307,16 @@ conn_budget_drop (struct conn *c)
 }
 
 /* Memory was released: resume lp's waiters that fit now (conn_after_io
- * feeds them an input event).  The others keep waiting. */
+ * feeds them an input event).  They stay waiters until their request is
+ * admitted (conn_budget_hdr_ready): another loop may take the room before
+ * they run, and a waiter with nothing in flight would then wait for a
+ * wake-up that no release of its own brings. */
 void
 conn_budget_wake (struct sloop *lp)
 {
-  struct conn **p = &lp->budget_waiters;
-
-  while (*p) {
-    struct conn *c = *p;
-
-    if (conn_budget_hdr_fits (c)) {
-      *p = c->budget_next;
-      c->budget_waiting = false;
+  for (struct conn *c = lp->budget_waiters; c; c = c->budget_next)
+    if (conn_budget_hdr_fits (c))
       conn_mark_flush (c);
-    }
-    else
-      p = &c->budget_next;
-  }
-  conn_budget_waiters_changed (lp);
 }
 
 /* The header in c->hdr is complete: true if its request may go on now
@@ -274,8 +325,21 @@ conn_budget_wake (struct sloop *lp)
 bool
 conn_budget_hdr_ready (struct conn *c)
 {
-  if (conn_budget_reserve (c, conn_hdr_need (c)))
+  size_t need = conn_hdr_need (c);
+  bool yielded = c->yielded;
+
+  if (conn_budget_reserve (c, need)) {
+    conn_budget_unwait (c);
     return true;
+  }
   conn_budget_wait (c);
+  /* Memory released on another loop between the try and the wait would
+   * have found no waiter here, and c may have nothing in flight to
+   * release it again: try once more, now that c is seen waiting. */
+  if (conn_budget_reserve (c, need)) {
+    conn_budget_unwait (c);
+    c->yielded = yielded;
+    return true;
+  }
   return false;
 }

@@ -28,8 +28,9 @@
  * What the loops share: the worker pool, the exports (their caches are
  * thread-safe), the counters of connections (max-connections, per
  * client: atomics and clients_lock), the total buffer budget
- * (buf_charged, reserved by compare-and-swap so that the loops together
- * never admit past max-buffer-total), the TLS credentials (tls_lock) and
+ * (buf_charged: the shared half, beyond each connection's slice,
+ * reserved by compare-and-swap so that the loops together never admit
+ * past max-buffer-total; conn-budget.c), the TLS credentials (tls_lock) and
  * shutting_down.  Counters (struct server_counters) and retained buffers
  * are per loop; server_get_stats adds them up.
  *
@@ -293,10 +294,16 @@ struct conn {
   unsigned nworker;              /* of which held by workers */
   struct req *sendq_head, *sendq_tail; /* replies ready to send */
   size_t charged;                /* buffer bytes of active requests */
-  size_t reserved;               /* admitted by conn_budget_hdr_ready,
+  size_t reserved;               /* of the shared half of the total,
+                                    admitted by conn_budget_hdr_ready,
                                     not yet charged to a request */
   bool budget_waiting;           /* linked in lp->budget_waiters */
   struct conn *budget_next;
+
+  /* In the worker pool (pool.c), under pool.lock. */
+  struct req *pq_head, *pq_tail; /* its requests queued for workers */
+  struct conn *pool_next;        /* in pool.ring while pq_head is set */
+  unsigned pool_busy;            /* workers on its requests */
 };
 
 /* Connections open per source (conn.client_key), for
@@ -319,7 +326,9 @@ struct pool_worker {
 
 struct pool {
   pthread_mutex_t lock;
-  struct req *head, *tail;       /* queued requests */
+  struct conn *ring, *ring_tail; /* connections with queued requests, in
+                                    turn (round-robin) */
+  unsigned nqueued;              /* requests queued, all connections */
   bool stop;
   unsigned nthreads;
   struct pool_worker *idle;      /* waiting workers, the last idle first */
@@ -411,7 +420,8 @@ struct server {
                                     starts looking (ties go round) */
   _Atomic unsigned nconns;       /* with an open socket, all loops */
   _Atomic uint64_t next_conn_id;
-  _Atomic size_t buf_charged;    /* request buffers in use, all conns */
+  _Atomic size_t buf_charged;    /* request buffers in use beyond each
+                                    connection's slice, all conns */
   _Atomic unsigned budget_waiting_loops; /* loops with budget waiters */
   pthread_mutex_t clients_lock;  /* a leaf: clients */
   struct client_count *clients;  /* open connections per source */

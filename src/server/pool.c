@@ -1,13 +1,25 @@
 /* The worker pool: threads that run cache calls, which may block on the
- * backing.  Requests come in through a locked FIFO; each executed request
- * goes to the done callback the pool was started with (the server's,
- * which hands it back to the loop thread).
+ * backing.  Requests come in through per-connection queues under the
+ * pool's lock; each executed request goes to the done callback the pool
+ * was started with (the server's, which hands it back to the loop
+ * thread).
  *
  * Fairness between exports: at most half of the workers (at least one)
  * run requests of one export at a time.  A remote that hangs holds each
  * of its requests' workers until request-timeout; without the cap, 16
  * requests to it would stall every other export, local files included.
- * A request over the cap waits in the FIFO; the others pass it.
+ *
+ * Fairness between connections: each connection queues its own requests,
+ * and the connections with requests queued take turns (a ring: the one
+ * served goes to the back).  One connection runs at most a quarter of
+ * the workers (at least one) at a time, and the last quarter of an
+ * export's share is kept for its connections that hold no worker and
+ * have a single request queued.  64 BLOCK_STATUS or CACHE
+ * requests from each of a few clients no longer stand in one FIFO before
+ * another client's 4 KiB read: a request queued waits for at most one
+ * request of each other connection queued to start, plus the workers
+ * busy when it came (tests/unit/test-pool-fair.c).  A request over a cap
+ * waits in its queue; the other connections pass it.
  *
  * Wake-ups: an idle worker sleeps on its own semaphore, on a stack (the
  * one idle last is woken first: its cache lines are warm).  Whoever wakes
@@ -32,27 +44,76 @@ pool_share (const struct pool *p)
   return p->nthreads > 1 ? p->nthreads / 2 : 1;
 }
 
-/* Take the first queued request whose export is under its share of the
- * workers (lock held).  NULL: none may run now. */
+/* Workers one connection may hold at once. */
+static unsigned
+pool_conn_share (const struct pool *p)
+{
+  return p->nthreads >= 4 ? p->nthreads / 4 : 1;
+}
+
+/* Put c at the back of the ring (lock held). */
+static void
+pool_ring_append (struct pool *p, struct conn *c)
+{
+  c->pool_next = NULL;
+  if (p->ring_tail)
+    p->ring_tail->pool_next = c;
+  else
+    p->ring = c;
+  p->ring_tail = c;
+}
+
+/* May c take one more worker?  Under its own share, and under its
+ * export's; the last quarter of the export's share goes only to
+ * connections that hold no worker and have one request queued, so that
+ * a client reading one block at a time finds a worker at once however
+ * many others keep deep queues. */
+static bool
+pool_may_run (const struct pool *p, const struct conn *c)
+{
+  unsigned cap = pool_share (p);
+
+  if (c->pool_busy >= pool_conn_share (p))
+    return false;
+  if (c->exp == NULL)
+    return true;
+  if (c->pool_busy > 0 || c->pq_head->next)
+    cap -= cap / 4;
+  return c->exp->workers_busy < cap;
+}
+
+/* Take the first request of the first connection in the ring that may
+ * run one more (lock held); that connection goes to the back of the
+ * ring.  NULL: none may run now. */
 static struct req *
 pool_take_locked (struct pool *p)
 {
-  unsigned cap = pool_share (p);
-  struct req *r, *prev = NULL;
+  struct conn *c, *prev = NULL;
+  struct req *r;
 
-  for (r = p->head; r; prev = r, r = r->next)
-    if (r->conn->exp == NULL || r->conn->exp->workers_busy < cap)
+  for (c = p->ring; c; prev = c, c = c->pool_next)
+    if (pool_may_run (p, c))
       break;
-  if (r == NULL)
+  if (c == NULL)
     return NULL;
   if (prev)
-    prev->next = r->next;
+    prev->pool_next = c->pool_next;
   else
-    p->head = r->next;
-  if (p->tail == r)
-    p->tail = prev;
-  if (r->conn->exp)
-    r->conn->exp->workers_busy++;
+    p->ring = c->pool_next;
+  if (p->ring_tail == c)
+    p->ring_tail = prev;
+  r = c->pq_head;
+  c->pq_head = r->next;
+  if (c->pq_head)
+    pool_ring_append (p, c);
+  else {
+    c->pq_tail = NULL;
+    c->pool_next = NULL;
+  }
+  p->nqueued--;
+  c->pool_busy++;
+  if (c->exp)
+    c->exp->workers_busy++;
   return r;
 }
 
@@ -65,7 +126,7 @@ pool_hand_locked (struct pool *p)
 {
   struct pool_worker *wake = NULL;
 
-  while (p->idle && p->head) {
+  while (p->idle && p->nqueued) {
     struct req *r = pool_take_locked (p);
     struct pool_worker *w = p->idle;
     if (!r)
@@ -111,46 +172,53 @@ pool_worker (void *arg)
   struct pool *p = w->pool;
   struct req *r = NULL;
 
-  lock_or_die (&p->lock);
   for (;;) {
-    if (!r)
+    lock_or_die (&p->lock);
+    while (!r) {
       r = pool_take_locked (p);
-    if (!r && p->stop && !p->head) {
-      /* Stopping and nothing left.  Workers that went idle again after
-       * pool_stop's wake-up (over their export's share then) wait for
-       * nothing now: wake them to leave too. */
-      struct pool_worker *wake = p->idle;
-      for (struct pool_worker *i = wake; i; i = i->next_idle)
-        i->handed = NULL;
-      p->idle = NULL;
-      unlock_or_die (&p->lock);
-      pool_wake (wake);
-      return NULL;
-    }
-    if (!r) {
-      r = pool_idle_wait (p, w);
-      continue;
+      if (!r && p->stop && !p->nqueued) {
+        /* Stopping and nothing left.  Workers that went idle again
+         * after pool_stop's wake-up (over a share then) wait for nothing
+         * now: wake them to leave too. */
+        struct pool_worker *wake = p->idle;
+        for (struct pool_worker *i = wake; i; i = i->next_idle)
+          i->handed = NULL;
+        p->idle = NULL;
+        unlock_or_die (&p->lock);
+        pool_wake (wake);
+        return NULL;
+      }
+      if (!r)
+        r = pool_idle_wait (p, w);
     }
     unlock_or_die (&p->lock);
 
-    struct export *e = r->conn->exp;
-    req_execute (r);
-    p->done (p->done_opaque, r);
-
-    lock_or_die (&p->lock);
-    r = NULL;
-    /* A request of e may have waited for this worker's share: this
-     * worker takes the next one itself; an idle one gets what is left
-     * over once the share is free again. */
-    if (e && e->workers_busy-- == pool_share (p) && p->head) {
+    while (r) {
+      /* The connection lives until its request is done (p->done hands
+       * it back to its loop, which may free it then): its counts go
+       * back before that. */
+      struct conn *c = r->conn;
+      struct req *next = NULL;
       struct pool_worker *wake;
-      r = pool_take_locked (p);
-      wake = pool_hand_locked (p);
-      if (wake) {
-        unlock_or_die (&p->lock);
-        pool_wake (wake);
-        lock_or_die (&p->lock);
+
+      req_execute (r);
+      lock_or_die (&p->lock);
+      c->pool_busy--;
+      if (c->exp)
+        c->exp->workers_busy--;
+      /* A request of c or of its export may have waited for this
+       * worker's share: this worker takes the next one itself; an idle
+       * one gets what is left over. */
+      if (p->nqueued) {
+        next = pool_take_locked (p);
+        wake = pool_hand_locked (p);
       }
+      else
+        wake = NULL;
+      unlock_or_die (&p->lock);
+      pool_wake (wake);
+      p->done (p->done_opaque, r);
+      r = next;
     }
   }
 }
@@ -163,7 +231,8 @@ pool_start (struct pool *p, unsigned nthreads,
 
   p->done = done;
   p->done_opaque = opaque;
-  p->head = p->tail = NULL;
+  p->ring = p->ring_tail = NULL;
+  p->nqueued = 0;
   p->stop = false;
   p->nthreads = 0;
   p->idle = NULL;
@@ -215,11 +284,20 @@ pool_submit_flush (struct pool *p, struct pool_batch *b)
   if (!b->head)
     return;
   lock_or_die (&p->lock);
-  if (p->tail)
-    p->tail->next = b->head;
-  else
-    p->head = b->head;
-  p->tail = b->tail;
+  for (struct req *r = b->head, *nx; r; r = nx) {
+    struct conn *c = r->conn;
+
+    nx = r->next;
+    r->next = NULL;
+    if (c->pq_tail)
+      c->pq_tail->next = r;
+    else {
+      c->pq_head = r;
+      pool_ring_append (p, c);  /* it had nothing queued: join the turn */
+    }
+    c->pq_tail = r;
+    p->nqueued++;
+  }
   /* One wake-up per request, never the herd: what no idle worker gets, a
    * busy one takes itself when it is done with its own. */
   wake = pool_hand_locked (p);

@@ -1,0 +1,112 @@
+/* src/server/pool.c: workers are shared between the connections of one
+ * export.  A client's request queued behind another client's many
+ * requests starts after at most a bounded number of them (one turn per
+ * connection queued, plus the workers' count), not after all of them.
+ *
+ * pool.c is compiled in here with req_execute stubbed: adversary
+ * requests block on a gate until the victim's request is queued, and
+ * every start is recorded in order.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "server/pool.c"
+
+#define NWORKERS 8
+#define NADV     3
+#define PER_ADV  64
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+static unsigned adv_started;     /* adversary requests started so far */
+static unsigned adv_at_submit;   /* ... when the victim's was queued */
+static unsigned adv_at_victim;   /* ... when the victim's started */
+static bool victim_ran;
+static unsigned done_count;
+
+static struct conn victim_conn;
+
+void
+req_execute (struct req *r)
+{
+  pthread_mutex_lock (&mu);
+  if (r->conn == &victim_conn) {
+    adv_at_victim = adv_started;
+    victim_ran = true;
+  }
+  else {
+    adv_started++;
+    while (!gate_open)
+      pthread_cond_wait (&cv, &mu);
+  }
+  pthread_mutex_unlock (&mu);
+}
+
+static void
+done (void *opaque, struct req *r)
+{
+  (void) opaque;
+  (void) r;
+  pthread_mutex_lock (&mu);
+  done_count++;
+  pthread_mutex_unlock (&mu);
+}
+
+static void
+test_victim_waits_bounded (void **state)
+{
+  static struct export exp;
+  static struct conn adv[NADV];
+  static struct req areq[NADV][PER_ADV], vreq;
+  struct pool p;
+  struct pool_batch b = { NULL, NULL };
+  unsigned waited;
+
+  (void) state;
+  assert_int_equal (pool_start (&p, NWORKERS, done, NULL), 0);
+  for (unsigned i = 0; i < NADV; i++) {
+    adv[i].exp = &exp;
+    for (unsigned j = 0; j < PER_ADV; j++) {
+      areq[i][j].conn = &adv[i];
+      pool_submit (&b, &areq[i][j]);
+    }
+    pool_submit_flush (&p, &b);
+  }
+  victim_conn.exp = &exp;
+  vreq.conn = &victim_conn;
+  pthread_mutex_lock (&mu);
+  adv_at_submit = adv_started;
+  pthread_mutex_unlock (&mu);
+  pool_submit (&b, &vreq);
+  pool_submit_flush (&p, &b);
+
+  pthread_mutex_lock (&mu);
+  gate_open = true;
+  pthread_cond_broadcast (&cv);
+  pthread_mutex_unlock (&mu);
+  pool_stop (&p);
+
+  assert_true (victim_ran);
+  assert_int_equal (done_count, NADV * PER_ADV + 1);
+  assert_int_equal (exp.workers_busy, 0);
+  waited = adv_at_victim - adv_at_submit;
+  print_message ("adversary requests started while the victim's waited: "
+                 "%u (bound %u)\n", waited, NADV + NWORKERS);
+  /* One turn for each other connection queued, and the workers that
+   * were busy: not the 3 x 64 queued before it. */
+  assert_true (waited <= NADV + NWORKERS);
+}
+
+int
+main (void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test (test_victim_waits_bounded),
+  };
+  return cmocka_run_group_tests (tests, NULL, NULL);
+}
