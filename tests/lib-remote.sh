@@ -90,3 +90,29 @@ flush_until_ok () {
   done
   fail "FLUSH of $1 still failing after 30 s"
 }
+
+# held_write_plugin IMG SCRIPT: write SCRIPT, an nbdkit sh plugin serving
+# the file IMG whose FIRST write is held 6 s (past a request-timeout of
+# 2 s) before it is done: $tmp/first-write exists once it arrived,
+# $tmp/first-write/landed once it landed (writes in doubt).
+held_write_plugin () {
+  local img=$1
+  cat > "$2" <<SH
+#!/bin/bash
+case "\$1" in
+  thread_model) echo parallel ;;
+  get_size) stat -L -c %s "$img" ;;
+  can_write|can_flush) exit 0 ;;
+  pread) dd if="$img" skip="\$4" count="\$3" iflag=skip_bytes,count_bytes status=none ;;
+  pwrite)
+    if mkdir "$tmp/first-write" 2>/dev/null; then
+      sleep 6
+      echo x > "$tmp/first-write/landed"
+    fi
+    dd of="$img" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
+  flush) sync "$img" ;;
+  *) exit 2 ;;
+esac
+SH
+  chmod +x "$2"
+}

@@ -14,25 +14,7 @@ lib_init remote-abandoned
 ctl=$tmp/ctl.sock
 img=$tmp/remote.img
 truncate -s 16M "$img"
-cat > "$tmp/plugin.sh" <<SH
-#!/bin/bash
-case "\$1" in
-  thread_model) echo parallel ;;
-  get_size) stat -L -c %s "$img" ;;
-  can_write|can_flush) exit 0 ;;
-  pread) dd if="$img" skip="\$4" count="\$3" iflag=skip_bytes,count_bytes status=none ;;
-  pwrite)
-    # The first write is held 6 s (request-timeout is 2 s), then done.
-    if mkdir "$tmp/first-write" 2>/dev/null; then
-      sleep 6
-      echo x > "$tmp/first-write/landed"
-    fi
-    dd of="$img" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
-  flush) sync "$img" ;;
-  *) exit 2 ;;
-esac
-SH
-chmod +x "$tmp/plugin.sh"
+held_write_plugin "$img" "$tmp/plugin.sh"
 # -t 1: see test-remote-hang.sh (nbdkit 1.32 and a cut connection).
 start_remote "$tmp/remote.sock" -t 1 sh "$tmp/plugin.sh"
 start_foliod --control "$ctl" \
