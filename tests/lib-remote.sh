@@ -106,3 +106,19 @@ sh_remote_script () {
   } > "$1"
   chmod +x "$1"
 }
+
+# held_write_plugin IMG SCRIPT: write SCRIPT, an nbdkit sh plugin serving
+# the file IMG whose FIRST write is held 6 s (past a request-timeout of
+# 2 s) before it is done: $tmp/first-write exists once it arrived,
+# $tmp/first-write/landed once it landed (writes in doubt).
+held_write_plugin () {
+  sh_remote_script "$2" "$1" parallel <<SH
+  pwrite)
+    if mkdir "$tmp/first-write" 2>/dev/null; then
+      sleep 6
+      echo x > "$tmp/first-write/landed"
+    fi
+    dd of="$1" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
+  flush) sync "$1" ;;
+SH
+}

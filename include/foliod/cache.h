@@ -126,6 +126,12 @@ struct cache_stats {
   /* The dirty thresholds in force (bytes): writeback starts above the
    * first, writers wait above the second. */
   uint64_t dirty_background_bytes, dirty_limit_bytes;
+  /* The durability ledger (docs/internals.md): passthrough writes the
+   * backing has not flushed yet; passthrough writes lost (then every
+   * FLUSH fails until the export is reopened); the errno every FLUSH
+   * answers for that (or 0); why writeback fails now (errno, or 0). */
+  uint64_t passthrough_unflushed, passthrough_lost;
+  int flush_error, writeback_error;
 };
 
 struct cache;
@@ -238,6 +244,12 @@ int cache_flush (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* Write back all dirty data, flush the backing, sync the store, whatever
  * the flush mode: shutdown, foliod flush, foliod store writeback. */
 int cache_write_back (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
+/* The operator's word that the backing's remote is done with every write
+ * it abandoned (backing_ops.clear_doubt): cached blocks written since the
+ * last good flush are written again before a flush succeeds; passthrough
+ * writes made meanwhile are not counted lost by it.  Returns how many
+ * writes were in doubt. */
+uint64_t cache_clear_doubt (struct cache *c) FOLIOD_NONNULL (1);
 /* Bring the range into the cache (NBD_CMD_CACHE). */
 int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
   FOLIOD_NONNULL (1) FOLIOD_WUR;

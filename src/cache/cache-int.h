@@ -62,6 +62,7 @@
 #include "foliod/cache.h"
 #include "foliod/lock.h"
 #include "foliod/stat.h"
+#include "cache/ledger.h"
 #include "foliod/store.h"
 #include "cache/fidx.h"
 #include "cache/flush-group.h"
@@ -220,9 +221,7 @@ struct cache {
   _Atomic bool wb_stop;     /* set under lock, read without it too */
   pthread_cond_t wb_cv;     /* under lock: wakes the writeback thread */
   uint64_t wb_cursor;       /* background pass resumes here; wb_mutex */
-  _Atomic int wb_failing;   /* errno of the last failed writeback, or 0 */
-  _Atomic int flush_failing;/* errno of the last backing flush if it failed */
-  _Atomic bool backing_unflushed; /* backing written since its last flush */
+  struct ledger led;        /* what is durable: ledger.c alone */
   /* The ranges of the latest backing writes, zeroes and trims (io.c;
    * fetch.c asks it whether what a parked read fetched is still the
    * backing's content): entry g % WLOG_SIZE is the g-th, wlog_gen the
@@ -230,10 +229,6 @@ struct cache {
   pthread_mutex_t wlog_lock;
   uint64_t wlog_gen;
   struct { uint64_t off, end; } wlog[WLOG_SIZE];
-  uint64_t stable_epoch;    /* backing loss epoch at the last good flush; wb_mutex */
-  _Atomic uint64_t passthrough_unflushed; /* direct writes and zeroes since */
-  bool passthrough_lost;    /* some of those were lost: every flush from
-                             * now on fails (cache_flush); wb_mutex */
 
   pthread_key_t bounce_key; /* per-thread bounce buffer, max_io_bytes */
   bool bounce_key_ok;
@@ -243,10 +238,6 @@ struct cache {
    * it is.  A durable one (STORE_DURABLE) gets persist() and sync() in
    * the order of the protocol in store.h, and a slot takes a new folio
    * only when store_may_reuse says so. */
-  _Atomic int store_failing; /* errno of a failed store sync, or 0; sticky
-                              * as the store's (wb_error reports it) */
-  _Atomic bool passthrough_unsynced; /* flush=store: a passthrough write
-                                      * since the last backing flush */
   struct cache_store_info sinfo;
 
   struct cache_counters st;
@@ -268,7 +259,7 @@ folio_persist_bits (struct cache *c, struct folio *f)
 }
 /* Make what was persisted durable (FLUSH, FUA; after writeback, so that
  * cleaned slots may be reused).  0, or -1/errno, which sticks
- * (store_failing). */
+ * (ledger_store_sync_failed). */
 int cache_store_sync (struct cache *c);
 
 /* A window: consecutive folios [start, end) under one range lock. */
@@ -514,9 +505,6 @@ void throttle_wake (struct cache *c);
 int throttle_room_locked (struct cache *c, int err);
 /* Wake the writeback thread (c->lock held). */
 void wb_kick_locked (struct cache *c);
-/* Why writeback cannot make room now (a write, the backing flush or the
- * store's sync is failing: waiting would not help), or 0. */
-int wb_error (struct cache *c);
 
 /* --- backing I/O (io.c): clamp at the export end, count, per-thread
  * bounce buffer. */

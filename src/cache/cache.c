@@ -94,6 +94,7 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->walk_lock, &ma);
   bad |= pthread_mutex_init (&c->wlog_lock, &ma);
   bad |= pthread_mutex_init (&c->throttle_lock, &ma);
+  bad |= pthread_mutex_init (&c->led.pt_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
@@ -311,7 +312,7 @@ cache_create (struct backing *b, struct store *store,
     c->window = 1;
   dirty_thresholds (c, bytes);
   fidx_init (&c->index, c->nr_folios ? c->nr_folios - 1 : 0);
-  c->stable_epoch = b->ops->loss_epoch ? b->ops->loss_epoch (b) : 0;
+  ledger_init (c);
   c->zero_block = calloc (1, cfg->block_size);
   if (c->zero_block == NULL || cache_init_locks (c) != 0 ||
       cache_init_slots (c) == -1)
@@ -456,6 +457,7 @@ cache_get_stats (struct cache *c, struct cache_stats *s)
   S (backing_write_ns); G (backing_flush_ns); G (flush_ns);
 #undef S
 #undef G
+  ledger_get_stats (c, s);
   flush_group_stats (&c->flush_group, &s->flush_waiting, &s->flush_ops,
                      &s->flush_passes);
   store_get_stats (c->store, &s->store);

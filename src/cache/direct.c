@@ -155,13 +155,15 @@ backing_flags (unsigned flags)
 
 enum pass_op { PASS_WRITE, PASS_ZERO, PASS_TRIM };
 
-/* A passthrough write or zero that the backing could still lose (see
- * wb_stabilize). */
+/* A passthrough request without FUA succeeded (sent in the ledger's
+ * view): a write or zero the backing could still lose is counted, and
+ * flush=store needs the backing's flush for it (ledger.c). */
 static void
-passthrough_done (struct cache *c, enum pass_op op, unsigned flags)
+passthrough_done (struct cache *c, enum pass_op op, uint64_t view)
 {
-  if (op != PASS_TRIM && !(flags & CACHE_FUA) && c->b->ops->loss_epoch)
-    atomic_fetch_add (&c->passthrough_unflushed, 1);
+  ledger_passthrough_written (c, view,
+                              op != PASS_TRIM && c->b->ops->loss_epoch,
+                              op != PASS_TRIM);
 }
 
 /* A range request goes to the backing a window of folios at a time, each
@@ -254,6 +256,7 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
     range_unlock (c, start, end);
     wb_wait_folio (c, busy);
   }
+  uint64_t view = ledger_passthrough_view (c);
   switch (op) {
   case PASS_WRITE:
     r = io_write (c, x->src, len, off, backing_flags (flags));
@@ -273,12 +276,8 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   int err = errno;
   if (op != PASS_WRITE)         /* io_write logged the write */
     backing_written (c, off, len);
-  if (r == 0 && !(flags & CACHE_FUA)) {
-    atomic_store (&c->backing_unflushed, true);
-    if (op != PASS_TRIM)
-      atomic_store (&c->passthrough_unsynced, true);
-    passthrough_done (c, op, flags);
-  }
+  if (r == 0 && !(flags & CACHE_FUA))
+    passthrough_done (c, op, view);
   if (r == -1)
     x->kind = FIX_FAILED;
   x->unflushed = !(flags & CACHE_FUA);

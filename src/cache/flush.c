@@ -35,14 +35,9 @@
 static unsigned
 flush_pass_flags (struct cache *c)
 {
-  uint64_t epoch = c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
-
   if (!(c->b->caps & BACKING_CAN_FUA) ||
       STAT_GET (c, dirty_bytes) > block_pos (c, FLUSH_FUA_MAX_BLOCKS) ||
-      atomic_load (&c->backing_unflushed) ||
-      STAT_GET (c, unstable_bytes) > 0 ||
-      atomic_load (&c->passthrough_unflushed) > 0 ||
-      epoch != c->stable_epoch)
+      !ledger_fua_may_do (c))
     return 0;
   return BACKING_FUA;
 }
@@ -73,8 +68,8 @@ cache_flush_pass (void *arg)
       break;
     }
   }
-  if (c->passthrough_lost && err == 0)
-    err = EIO;
+  if (err == 0)
+    err = ledger_flush_error (c);
   unlock_or_die (&c->wb_mutex);
   lock_or_die (&c->lock);
   pthread_cond_broadcast (&c->space_cv);
@@ -117,19 +112,19 @@ cache_flush_store (struct cache *c)
 {
   int r = 0, err = 0;
 
-  if (atomic_exchange (&c->passthrough_unsynced, false)) {
+  if (ledger_pt_unsynced_take (c)) {
     lock_or_die (&c->wb_mutex);
     r = wb_stabilize (c);
     err = errno;
     if (r == 1)
       r = 0;
-    if (c->passthrough_lost) {
+    if (ledger_flush_error (c)) {
       r = -1;
-      err = EIO;
+      err = ledger_flush_error (c);
     }
     unlock_or_die (&c->wb_mutex);
     if (r == -1)
-      atomic_store (&c->passthrough_unsynced, true);
+      ledger_pt_unsynced_keep (c);
   }
   if (cache_store_sync (c) == -1 && r == 0) {
     r = -1;

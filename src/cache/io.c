@@ -56,7 +56,7 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   OPSTAT_ADD (c, backing_write_ops, 1);
   OPSTAT_ADD (c, backing_write_bytes, len);
   if (!(flags & BACKING_FUA))
-    atomic_store (&c->backing_unflushed, true);
+    ledger_backing_written (c);
   uint64_t t0 = now_ns ();
   int r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;

@@ -30,11 +30,8 @@ cache_store_sync (struct cache *c)
     return 0;
   if (store_sync (c->store) == 0)
     return 0;
-  int err = errno, none = 0;
-  /* The store's error sticks: from now on allocations that find no
-   * reusable slot fail (wb_error) instead of waiting for a sync that
-   * will never succeed. */
-  atomic_compare_exchange_strong (&c->store_failing, &none, err);
+  int err = errno;
+  ledger_store_sync_failed (c, err);
   errno = err;
   return -1;
 }

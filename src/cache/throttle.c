@@ -46,7 +46,7 @@ throttle_space_locked (struct cache *c)
 int
 throttle_room_locked (struct cache *c, int err)
 {
-  int failing = wb_error (c);
+  int failing = ledger_wb_error (c);
 
   if (err != EAGAIN || failing) {
     errno = err != EAGAIN ? err : failing;
@@ -88,7 +88,7 @@ wb_kick (struct cache *c)
 static void
 grant_fitting (struct cache *c)
 {
-  int failing = wb_error (c);
+  int failing = ledger_wb_error (c);
   uint64_t ahead = 0;
   struct throttle_waiter *w;
 
@@ -169,14 +169,4 @@ throttle_dirty (struct cache *c, uint64_t len)
     return -1;
   }
   return 0;
-}
-
-int
-wb_error (struct cache *c)
-{
-  int err = atomic_load (&c->wb_failing);
-
-  if (err == 0)
-    err = atomic_load (&c->flush_failing);
-  return err ? err : atomic_load (&c->store_failing);
 }

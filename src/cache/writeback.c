@@ -61,11 +61,11 @@ wb_run_io (struct cache *c, struct window *w, uint64_t start, uint64_t end,
   if (r == -1) {
     int err = errno;
     STAT_ADD (c, writeback_errors, 1);
-    atomic_store (&c->wb_failing, err ? err : EIO);
+    ledger_write_failed (c, err);
     errno = err;
     return -1;
   }
-  atomic_store (&c->wb_failing, 0);
+  ledger_write_ok (c);
   return 0;
 }
 
@@ -308,60 +308,47 @@ folios_each_locked (struct cache *c, bool marked,
   }
 }
 
-static uint64_t
-loss_epoch (struct cache *c)
-{
-  return c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
-}
-
 /* The backing may have lost what it acknowledged since the last good
- * flush: cached writes go back to dirty (writeback redoes them);
- * passthrough writes cannot be redone, so every later flush fails (see
- * cache_flush) and clean copies are forgotten, to read what the backing
- * really has. */
+ * flush (the ledger says so): cached writes go back to dirty (writeback
+ * redoes them); passthrough writes cannot be redone: when the ledger
+ * counts them lost, every later flush fails (ledger_flush_error) and
+ * clean copies are forgotten, to read what the backing really has. */
 static void
-wb_lost (struct cache *c, uint64_t epoch)
+wb_lost (struct cache *c)
 {
-  c->stable_epoch = epoch;
+  bool pt_lost = ledger_lost (c);
+
   folios_each_locked (c, true, folio_settle, true);
-  if (atomic_exchange (&c->passthrough_unflushed, 0) > 0) {
-    c->passthrough_lost = true;
+  if (pt_lost)
     wb_invalidate_clean (c);
-  }
 }
 
 int
 wb_stabilize (struct cache *c)
 {
-  uint64_t passthrough = atomic_load (&c->passthrough_unflushed);
+  struct ledger_flush lf;
 
-  if (!atomic_exchange (&c->backing_unflushed, false) &&
-      STAT_GET (c, unstable_bytes) == 0 && loss_epoch (c) == c->stable_epoch)
+  if (!ledger_flush_begin (c, &lf))
     return 0;
   STAT_ADD (c, backing_flush_ops, 1);
   uint64_t t0 = now_ns ();
   int r = c->b->ops->flush (c->b);
   int err = errno ? errno : EIO;
   STAT_ADD (c, backing_flush_ns, now_ns () - t0);
-  uint64_t epoch = loss_epoch (c);
   if (r == -1) {
-    /* A file's failed fdatasync is such a loss; dirty at once, the
-     * blocks are rewritten even if no client flushes again. */
-    atomic_store (&c->backing_unflushed, true);
-    atomic_store (&c->flush_failing, err);
-    if (epoch != c->stable_epoch)
-      wb_lost (c, epoch);
+    /* A failed flush after writes is a loss (ledger.c): the blocks are
+     * dirty at once, rewritten even if no client flushes again. */
+    if (ledger_flush_failed (c, &lf, err))
+      wb_lost (c);
     errno = err;
     return -1;
   }
-  atomic_store (&c->flush_failing, 0);
-  if (epoch == c->stable_epoch) {
+  if (!ledger_flush_ok (c, &lf)) {
     if (STAT_GET (c, unstable_bytes) > 0)
       folios_each_locked (c, true, folio_settle, false);
-    atomic_fetch_sub (&c->passthrough_unflushed, passthrough);
     return 0;
   }
-  wb_lost (c, epoch);
+  wb_lost (c);
   return 1;
 }
 

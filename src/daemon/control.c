@@ -123,7 +123,7 @@ control_clear_doubt (struct control *ctl, char *reply, size_t len,
     struct daemon_export *e = &ctl->exports[i];
     if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
       continue;
-    uint64_t n = backing_clear_doubt (e->ex->backing);
+    uint64_t n = cache_clear_doubt (e->ex->cache);
     if (n > 0)
       log_warn ("control: clear-doubt %s: %llu abandoned write%s no longer "
                 "in doubt (the operator's word); writing back again", name,

@@ -28,7 +28,7 @@ enum metric_id {
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
-  M_STORE_COMPACTIONS, M_COUNT
+  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_COUNT
 };
 
 static const struct {
@@ -76,6 +76,13 @@ static const struct {
                    "Writes to an nbd: backing given up on that the remote "
                    "may still carry out: FLUSH fails until 'foliod "
                    "clear-doubt' (foliod(8))." },
+  [M_PT_UNFLUSHED] = { "foliod_passthrough_unflushed_writes", "gauge",
+                       "Passthrough writes and zeroes the backing has "
+                       "acknowledged but not yet flushed." },
+  [M_PT_LOST] = { "foliod_passthrough_lost_writes", "gauge",
+                  "Passthrough writes the backing may have lost before a "
+                  "flush: not 0, every FLUSH fails with EIO until the "
+                  "export is reopened (foliod(8))." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -192,6 +199,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_RETRIES] = bst.retries;
   v[M_IN_DOUBT] = bst.writes_in_doubt;
   v[M_UNSTABLE] = st.unstable_bytes;
+  v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
+  v[M_PT_LOST] = st.passthrough_lost;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_CLIENT_FLUSHES] = st.flush_ops;
@@ -476,6 +485,29 @@ table_line (struct outbuf *o, const struct table_row *row, const int *width)
   out (o, "\n");
 }
 
+/* What keeps an export's FLUSH failing, one line each (nothing when all
+ * is well): the durability ledger's state (docs/internals.md). */
+static void
+durability_lines (struct outbuf *o, struct daemon_export *ex, size_t n)
+{
+  for (size_t i = 0; i < n; i++) {
+    struct export_values v;
+    if (ex[i].ex == NULL)
+      continue;
+    export_values (ex[i].ex, &v);
+    if (v.v[M_IN_DOUBT])
+      out (o, "%s: %llu write%s in doubt: FLUSH fails until 'foliod "
+           "clear-doubt %s'\n", ex[i].cfg.name,
+           (unsigned long long) v.v[M_IN_DOUBT],
+           v.v[M_IN_DOUBT] == 1 ? "" : "s", ex[i].cfg.name);
+    if (v.v[M_PT_LOST])
+      out (o, "%s: %llu passthrough write%s lost: FLUSH fails until the "
+           "export is reopened\n", ex[i].cfg.name,
+           (unsigned long long) v.v[M_PT_LOST],
+           v.v[M_PT_LOST] == 1 ? "" : "s");
+  }
+}
+
 size_t
 stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
              void *server)
@@ -508,6 +540,7 @@ stats_table (char *buf, size_t buflen, struct daemon_export *ex, size_t n,
   for (size_t r = 0; r <= nrows; r++)
     table_line (&o, &rows[r], width);
   free (rows);
+  durability_lines (&o, ex, n);
   if (server) {
     server_get_stats (server, &ss);
     out (&o, "\nconnections: %llu open, %llu accepted, %llu refused; "

@@ -24,8 +24,12 @@ struct vol {
   unsigned char durable[SIZE], acked[SIZE];
   uint64_t epoch;
   int crash_on_flush;      /* crash just before the next flush */
-  int fail_flush;          /* the next flush fails (nothing made durable) */
+  int doubt;               /* a write is in doubt: every flush is refused,
+                            * sending nothing (the nbd backing's rule) */
   int fail_write;          /* the next write fails, half done */
+  int forget_on_fail;      /* the next flush fails and drops what was not
+                            * durable, epoch unchanged; later ones succeed
+                            * (a remote over Linux: fsyncgate) */
   uint64_t writes;
 };
 
@@ -78,8 +82,13 @@ v_flush (struct backing *b)
 {
   struct vol *v = (struct vol *) b;
 
-  if (v->fail_flush) {
-    v->fail_flush = 0;
+  if (v->forget_on_fail) {
+    v->forget_on_fail = 0;
+    memcpy (v->acked, v->durable, SIZE);
+    errno = EIO;
+    return -1;
+  }
+  if (v->doubt) {
     errno = EIO;
     return -1;
   }
@@ -95,10 +104,29 @@ v_flush (struct backing *b)
 
 static uint64_t v_epoch (struct backing *b) { return ((struct vol *) b)->epoch; }
 static void v_close (struct backing *b) { (void) b; }
+/* The operator's clear-doubt: as the nbd backing's, it moves the epoch. */
+static uint64_t
+v_clear_doubt (struct backing *b)
+{
+  struct vol *v = (struct vol *) b;
+  uint64_t n = (uint64_t) v->doubt;
+
+  v->doubt = 0;
+  if (n > 0)
+    v->epoch++;
+  return n;
+}
+
+static void
+v_stats (struct backing *b, struct backing_stats *st)
+{
+  st->writes_in_doubt = ((struct vol *) b)->doubt;
+}
 
 static const struct backing_ops vol_ops = {
   .name = "volatile", .read = v_read, .write = v_write, .zero = v_zero,
   .trim = v_trim, .flush = v_flush, .loss_epoch = v_epoch, .close = v_close,
+  .stats = v_stats, .clear_doubt = v_clear_doubt,
 };
 
 static struct cache *
@@ -184,6 +212,94 @@ test_lost_passthrough_fails_flush (void **state)
   assert_int_equal (cache_destroy (c), 0);
 }
 
+/* A backing that fails one flush, drops its unflushed writes and reports
+ * the next flush fine, without moving its loss epoch (the nbd backing
+ * over a remote whose fdatasync failed once, issue 33 item 1): no later
+ * FLUSH may succeed with the backing holding older data.  Cached blocks
+ * are written again; a passthrough write cannot be, so FLUSH fails. */
+static void
+test_forgotten_failed_flush (void **state)
+{
+  static struct vol v;
+  unsigned char a[8192], b[8192], d[4096];
+  int r = -1;
+  struct cache *c = open_cache (&v);
+
+  memset (a, 0x11, sizeof a);
+  memset (b, 0x22, sizeof b);
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  assert_int_equal (cache_flush (c), 0);
+  assert_memory_equal (v.durable, a, sizeof a);
+  assert_int_equal (cache_write (c, b, sizeof b, 0, 0), 0);
+  v.forget_on_fail = 1;
+  assert_int_equal (cache_flush (c), -1);
+  assert_memory_equal (v.durable, a, sizeof a);  /* B was dropped */
+  for (int i = 0; i < 3 && r != 0; i++)
+    r = cache_flush (c);
+  assert_int_equal (r, 0);
+  assert_memory_equal (v.durable, b, sizeof b);
+
+  /* A passthrough write the failed flush dropped. */
+  memset (d, 0x33, sizeof d);
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  v.forget_on_fail = 1;
+  assert_int_equal (cache_flush (c), -1);
+  for (int i = 0; i < 3; i++) {
+    r = cache_flush (c);
+    if (r == 0)
+      assert_memory_equal (v.durable + 65536, d, sizeof d);
+    else
+      assert_int_equal (errno, EIO);
+  }
+  assert_int_equal (r, -1);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* Issue 33 item 4b: a passthrough write made while a write was in doubt
+ * (every FLUSH refused), then the operator's clear-doubt.  Nothing was
+ * lost: the next FLUSH writes the cached blocks again and succeeds, with
+ * the passthrough write durable.  A loss after a clear still fails every
+ * FLUSH, and foliod stats counts it. */
+static void
+test_clear_doubt_keeps_passthrough (void **state)
+{
+  static struct vol v;
+  unsigned char a[4096], d[4096];
+  struct cache_stats st;
+  struct cache *c = open_cache (&v);
+
+  memset (a, 0x44, sizeof a);
+  memset (d, 0x55, sizeof d);
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  v.doubt = 1;
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  assert_int_equal (cache_flush (c), -1);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_unflushed, 1);
+  assert_int_equal (cache_clear_doubt (c), 1);
+  assert_int_equal (cache_flush (c), 0);
+  assert_memory_equal (v.durable, a, sizeof a);
+  assert_memory_equal (v.durable + 65536, d, sizeof d);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_unflushed, 0);
+  assert_int_equal (st.passthrough_lost, 0);
+  assert_int_equal (st.flush_error, 0);
+
+  /* The same, and the remote restarts after the clear: lost. */
+  v.doubt = 1;
+  assert_int_equal (cache_write (c, d, sizeof d, 131072, CACHE_DIRECT), 0);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_clear_doubt (c), 1);
+  v.crash_on_flush = 1;
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_flush (c), -1);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 1);
+  assert_int_equal (st.flush_error, EIO);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
 /* Dirty plus unstable bytes: what the cache still answers for. */
 static uint64_t
 pinned (struct cache *c)
@@ -194,8 +310,9 @@ pinned (struct cache *c)
   return st.dirty_bytes + st.unstable_bytes;
 }
 
-/* Fill buf with 0x42, write it and write it back, but leave it unflushed:
- * unstable. */
+/* Fill buf with 0x42, write it and write it back, but leave it unflushed
+ * (the flush is refused while a write is in doubt, and the doubt ends
+ * with nothing lost): unstable. */
 static void
 write_unstable (struct cache *c, struct vol *v, unsigned char *buf,
                 uint64_t len, uint64_t off)
@@ -204,8 +321,9 @@ write_unstable (struct cache *c, struct vol *v, unsigned char *buf,
 
   memset (buf, 0x42, len);
   assert_int_equal (cache_write (c, buf, len, off, 0), 0);
-  v->fail_flush = 1;
+  v->doubt = 1;
   assert_int_equal (cache_flush (c), -1);
+  v->doubt = 0;
   cache_get_stats (c, &st);
   assert_int_equal (st.unstable_bytes, len);
   assert_int_equal (st.dirty_bytes, 0);
@@ -350,6 +468,8 @@ main (void)
     cmocka_unit_test (test_rewrite_after_loss),
     cmocka_unit_test (test_unstable_pins_until_flush),
     cmocka_unit_test (test_lost_passthrough_fails_flush),
+    cmocka_unit_test (test_forgotten_failed_flush),
+    cmocka_unit_test (test_clear_doubt_keeps_passthrough),
     cmocka_unit_test (test_trim_drops_unstable),
     cmocka_unit_test (test_failed_direct_write_over_unstable),
     cmocka_unit_test (test_direct_over_dirty_persistent),

@@ -1,0 +1,102 @@
+/* The durability ledger (ledger.c): the only code that holds and changes
+ * what the cache promises about durability.  Others report facts (a
+ * write reached the backing, a flush failed, a store sync failed, the
+ * operator cleared the doubt); the ledger turns them into state (the
+ * epoch the unstable blocks were flushed in, the passthrough writes that
+ * are lost, what a FLUSH and writeback must answer).  See
+ * docs/internals.md "Durability ledger". */
+#ifndef FOLIOD_CACHE_LEDGER_H
+#define FOLIOD_CACHE_LEDGER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct cache;
+
+struct ledger {
+  /* Errors now: the last writeback write (errno or 0), the last backing
+   * flush (errno or 0), the store's sync (sticky, as the store's). */
+  _Atomic int wb_failing, flush_failing, store_failing;
+  /* The backing was written without FUA since its last flush. */
+  _Atomic bool backing_unflushed;
+  /* flush=store: a passthrough write or trim since the last backing
+   * flush (the store's sync does not cover it). */
+  _Atomic bool passthrough_unsynced;
+  /* Passthrough writes and zeroes (not FUA) since the last good flush
+   * that the backing may still lose, and the lowest loss view (see
+   * ledger.c) one of them was sent in (UINT64_MAX: none).  pt_lock;
+   * the count is read without it too. */
+  pthread_mutex_t pt_lock;
+  _Atomic uint64_t passthrough_unflushed;
+  uint64_t pt_view;
+  /* Losses the cache's own rule found (a flush failed after writes were
+   * sent since the last good one), and the loss-epoch moves that were
+   * the operator's clear-doubt (not a loss of passthrough writes). */
+  _Atomic uint64_t own_losses, forgiven;
+  /* The rewrite epoch (backing's + own_losses) at the last good flush or
+   * loss: wb_mutex. */
+  uint64_t stable_epoch;
+  /* Some passthrough writes were lost: every FLUSH fails until the
+   * export is reopened.  Set under wb_mutex, read without it. */
+  _Atomic bool passthrough_lost;
+  _Atomic uint64_t passthrough_lost_writes; /* how many (stats) */
+};
+
+/* A flush's view of the ledger, from ledger_flush_begin to its end. */
+struct ledger_flush {
+  uint64_t passthrough;   /* passthrough writes it may settle */
+  bool sent;              /* writes were sent since the last good flush */
+};
+
+/* cache_create (pt_lock is initialized with the cache's locks). */
+void ledger_init (struct cache *c);
+
+/* --- facts --- */
+/* A write, zero or trim without FUA is going to the backing. */
+void ledger_backing_written (struct cache *c);
+/* The loss view to give ledger_passthrough_written: read it before the
+ * passthrough write is sent. */
+uint64_t ledger_passthrough_view (struct cache *c);
+/* A passthrough request without FUA succeeded (sent in view): counted
+ * when the backing may lose it (counted), unsynced for flush=store
+ * unless it was a trim. */
+void ledger_passthrough_written (struct cache *c, uint64_t view,
+                                 bool counted, bool unsynced);
+/* A writeback write failed with err / succeeded. */
+void ledger_write_failed (struct cache *c, int err);
+void ledger_write_ok (struct cache *c);
+/* The store's sync failed (err sticks). */
+void ledger_store_sync_failed (struct cache *c, int err);
+/* The backing's flush (wb_mutex held): begin says whether one is needed
+ * at all; then exactly one of failed / ok.  Both return true when the
+ * backing may have lost what it acknowledged since the last good flush
+ * (the caller then marks unstable blocks dirty and calls ledger_lost). */
+bool ledger_flush_begin (struct cache *c, struct ledger_flush *lf);
+bool ledger_flush_failed (struct cache *c, const struct ledger_flush *lf,
+                          int err);
+bool ledger_flush_ok (struct cache *c, const struct ledger_flush *lf);
+/* After such a loss (wb_mutex held): the new epoch is the stable one.
+ * True when passthrough writes were lost by it (clean copies are then
+ * to be forgotten). */
+bool ledger_lost (struct cache *c);
+/* flush=store: take the "passthrough unsynced" mark; put it back when
+ * the backing's flush failed. */
+bool ledger_pt_unsynced_take (struct cache *c);
+void ledger_pt_unsynced_keep (struct cache *c);
+
+/* --- queries --- */
+/* What a FLUSH must answer whatever else happens: EIO when passthrough
+ * writes were lost, else 0. */
+int ledger_flush_error (struct cache *c);
+/* Why writeback cannot make room now (a write, the backing flush or the
+ * store's sync is failing), or 0. */
+int ledger_wb_error (struct cache *c);
+/* May a flush pass write with FUA and skip the backing flush (nothing
+ * unflushed, no loss pending)? */
+bool ledger_fua_may_do (struct cache *c);
+/* Its part of cache_get_stats. */
+void ledger_get_stats (struct cache *c, struct cache_stats *s);
+
+#endif
