@@ -20,7 +20,8 @@ NBDKIT_DLL_PUBLIC int folio_debug_verbose = 0;
 #define VDEBUG(fmt, ...) \
   do { if (folio_debug_verbose) nbdkit_debug (fmt, ##__VA_ARGS__); } while (0)
 
-/* Report a failed cache call: message for the log, errno for the client.
+/* Report a failed cache call: message for the log, errno for the client
+ * (nbdkit_set_error for the plugin, errno kept for the filter's *err).
  * Must be called with errno still holding the cache's error. */
 static int
 folio_fail (const char *what, uint32_t count, uint64_t offset)
@@ -33,6 +34,7 @@ folio_fail (const char *what, uint32_t count, uint64_t offset)
     nbdkit_error ("folio: %s count=%" PRIu32 " offset=%" PRIu64 ": %s",
                   what, count, offset, strerror (err));
   nbdkit_set_error (err);
+  errno = err;   /* the filter returns it in *err */
   return -1;
 }
 
@@ -351,6 +353,7 @@ folio_nbdkit_zero (struct folio_nbdkit *s, uint32_t count, uint64_t offset,
         (errno == ENOTSUP || errno == EOPNOTSUPP)) {
       VDEBUG ("folio: fast zero refused");
       nbdkit_set_error (ENOTSUP);
+      errno = ENOTSUP;
       return -1;
     }
     return folio_fail ("zero", count, offset);
@@ -414,7 +417,9 @@ folio_nbdkit_extents (struct folio_nbdkit *s, uint32_t count,
                           folio_add_extent, &ctx) == -1 || ctx.failed) {
     if (ctx.failed) {
       /* nbdkit_add_extent already reported the error. */
-      nbdkit_set_error (errno ? errno : EIO);
+      int err = errno ? errno : EIO;
+      nbdkit_set_error (err);
+      errno = err;
       return -1;
     }
     return folio_fail ("extents", count, offset);

@@ -524,58 +524,47 @@ folio_can_cache (nbdkit_next *next, void *handle)
   return NBDKIT_CACHE_NATIVE;
 }
 
+/* A filter returns its errno in *err (nbdkit_set_error is the plugins'). */
+static int
+folio_err (int r, int *err)
+{
+  if (r == -1)
+    *err = errno ? errno : EIO;
+  return r;
+}
+
 static int
 folio_pread (nbdkit_next *next, void *handle, void *buf, uint32_t count,
              uint64_t offset, uint32_t flags, int *err)
 {
-  if (folio_nbdkit_pread (&folio, buf, count, offset) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_pread (&folio, buf, count, offset), err);
 }
 
 static int
 folio_pwrite (nbdkit_next *next, void *handle, const void *buf,
               uint32_t count, uint64_t offset, uint32_t flags, int *err)
 {
-  if (folio_nbdkit_pwrite (&folio, buf, count, offset, flags) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_pwrite (&folio, buf, count, offset, flags), err);
 }
 
 static int
 folio_flush (nbdkit_next *next, void *handle, uint32_t flags, int *err)
 {
-  if (folio_nbdkit_flush (&folio) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_flush (&folio), err);
 }
 
 static int
 folio_trim (nbdkit_next *next, void *handle, uint32_t count, uint64_t offset,
             uint32_t flags, int *err)
 {
-  if (folio_nbdkit_trim (&folio, count, offset, flags) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_trim (&folio, count, offset, flags), err);
 }
 
 static int
 folio_zero (nbdkit_next *next, void *handle, uint32_t count, uint64_t offset,
             uint32_t flags, int *err)
 {
-  if (folio_nbdkit_zero (&folio, count, offset, flags) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_zero (&folio, count, offset, flags), err);
 }
 
 static int
@@ -583,22 +572,14 @@ folio_extents (nbdkit_next *next, void *handle, uint32_t count,
                uint64_t offset, uint32_t flags,
                struct nbdkit_extents *extents, int *err)
 {
-  if (folio_nbdkit_extents (&folio, count, offset, flags, extents) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_extents (&folio, count, offset, flags, extents), err);
 }
 
 static int
 folio_cache (nbdkit_next *next, void *handle, uint32_t count,
              uint64_t offset, uint32_t flags, int *err)
 {
-  if (folio_nbdkit_cache (&folio, count, offset) == -1) {
-    *err = errno ? errno : EIO;
-    return -1;
-  }
-  return 0;
+  return folio_err (folio_nbdkit_cache (&folio, count, offset), err);
 }
 
 static struct nbdkit_filter filter = {
