@@ -54,8 +54,28 @@ folio_key_wanted (const char *key, int filter)
   return !filter || export_key_is_cache (key);
 }
 
-char *
+/* The help text, built once per adapter (one per .so). */
+static char *folio_help;
+
+__attribute__((destructor)) static void
+folio_free_help (void)
+{
+  free (folio_help);
+  folio_help = NULL;
+}
+
+static char *folio_build_help (int filter);
+
+const char *
 folio_nbdkit_help (int filter)
+{
+  if (folio_help == NULL)
+    folio_help = folio_build_help (filter);
+  return folio_help;
+}
+
+static char *
+folio_build_help (int filter)
 {
   char *buf = NULL;
   size_t len = 0;

@@ -39,8 +39,9 @@ int folio_nbdkit_config (struct folio_nbdkit *s, const char *key,
 /* .config_complete: export_config_check; 0 or -1 (reported). */
 int folio_nbdkit_config_complete (struct folio_nbdkit *s);
 /* config_help from the shared key table: every key (plugin), or the
- * cache's alone (filter: export_key_is_cache).  malloc'd, or NULL. */
-char *folio_nbdkit_help (int filter);
+ * cache's alone (filter: export_key_is_cache).  Built at the first call,
+ * freed when the adapter is unloaded; NULL when out of memory. */
+const char *folio_nbdkit_help (int filter);
 /* --dump-plugin lines (folio_keys=..., one folio_key_K=help each). */
 void folio_nbdkit_dump (int filter);
 /* Once s->export is open: say in the debug log what it is. */

@@ -52,7 +52,6 @@
 #define NEXT_MAX_CALL (32u * 1024 * 1024)
 
 static struct folio_nbdkit folio;   /* the export, its configuration */
-static char *folio_help;
 static int folio_thread_model = NBDKIT_THREAD_MODEL_PARALLEL;
 
 /* ---- a backing over the next plugin ---------------------------------- */
@@ -172,6 +171,25 @@ nb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   return nb_fua_after (b, flags, 0);
 }
 
+/* Zero (zero != 0) or trim the range, a call per max_call bytes: 0, or
+ * -1 with the plugin's error in *err. */
+static int
+nb_no_data (struct next_backing *nb, int zero, uint64_t len, uint64_t off,
+            uint32_t nflags, int *err)
+{
+  int r = 0;
+
+  while (len > 0 && r == 0) {
+    uint32_t n = nb_chunk (nb, len);
+    nb_lock (nb);
+    r = zero ? nb->next->zero (nb->next, n, off, nflags, err)
+             : nb->next->trim (nb->next, n, off, nflags, err);
+    nb_unlock (nb);
+    off += n, len -= n;
+  }
+  return r;
+}
+
 static int
 nb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
@@ -194,13 +212,7 @@ nb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if ((flags & BACKING_FAST_ZERO) &&
       !(b->caps & BACKING_CAN_FAST_ZERO))
     return nb_fail (ENOTSUP);
-  while (len > 0 && r == 0) {
-    uint32_t n = nb_chunk (nb, len);
-    nb_lock (nb);
-    r = nb->next->zero (nb->next, n, off, nb_flags (nb, flags), &err);
-    nb_unlock (nb);
-    off += n, len -= n;
-  }
+  r = nb_no_data (nb, 1, len, off, nb_flags (nb, flags), &err);
   if (r == -1) {
     if ((flags & BACKING_FAST_ZERO) && (err == ENOTSUP || err == EOPNOTSUPP))
       return nb_fail (ENOTSUP);
@@ -213,16 +225,10 @@ static int
 nb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct next_backing *nb = NB (b);
-  int err = 0, r = 0;
+  int err = 0;
+  int r = nb_no_data (nb, 0, len, off, nb_flags (nb, flags & BACKING_FUA),
+                      &err);
 
-  while (len > 0 && r == 0) {
-    uint32_t n = nb_chunk (nb, len);
-    nb_lock (nb);
-    r = nb->next->trim (nb->next, n, off,
-                        nb_flags (nb, flags & BACKING_FUA), &err);
-    nb_unlock (nb);
-    off += n, len -= n;
-  }
   if (r == -1)
     return nb_op_failed (nb, flags, err);
   return nb_fua_after (b, flags, 0);
@@ -619,16 +625,7 @@ static struct nbdkit_filter filter = {
 __attribute__((constructor)) static void
 folio_init_help (void)
 {
-  folio_help = folio_nbdkit_help (1);
-  filter.config_help = folio_help;
-}
-
-__attribute__((destructor)) static void
-folio_free_help (void)
-{
-  filter.config_help = NULL;
-  free (folio_help);
-  folio_help = NULL;
+  filter.config_help = folio_nbdkit_help (1);
 }
 
 NBDKIT_REGISTER_FILTER (filter)

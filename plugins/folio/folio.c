@@ -37,7 +37,6 @@
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
 
 static struct folio_nbdkit folio;   /* the export, its configuration */
-static char *folio_help;            /* config_help, built from export_keys */
 
 /* Every connection shares the export; the handle only has to be non-NULL. */
 #define FOLIO_HANDLE ((void *) &folio)
@@ -244,16 +243,7 @@ static struct nbdkit_plugin plugin = {
 __attribute__((constructor)) static void
 folio_init_help (void)
 {
-  folio_help = folio_nbdkit_help (0);
-  plugin.config_help = folio_help;
-}
-
-__attribute__((destructor)) static void
-folio_free_help (void)
-{
-  plugin.config_help = NULL;
-  free (folio_help);
-  folio_help = NULL;
+  plugin.config_help = folio_nbdkit_help (0);
 }
 
 NBDKIT_REGISTER_PLUGIN (plugin)
