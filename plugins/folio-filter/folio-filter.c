@@ -399,6 +399,14 @@ folio_load (void)
 static void
 folio_unload (void)
 {
+  /* nbdkit frees the plugin before it unloads a filter: the export can
+   * no longer be written back here (cleanup did it, if nbdkit got that
+   * far), and closing it would call into the plugin. */
+  if (folio.export) {
+    nbdkit_error ("folio: unloaded without cleanup: dirty data in the "
+                  "cache not written back");
+    folio.export = NULL;
+  }
   folio_nbdkit_unload (&folio);
 }
 
