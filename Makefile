@@ -83,7 +83,8 @@ endif
 CORE_SRCS   := $(wildcard src/store/*.c src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
 SERVER_SRCS := $(wildcard src/server/*.c)
 DAEMON_SRCS := $(wildcard src/daemon/*.c)
-PLUGIN_SRCS := $(wildcard plugins/folio/*.c)
+PLUGIN_SRCS := $(wildcard plugins/folio/*.c plugins/common/*.c)
+FILTER_SRCS := $(wildcard plugins/folio-filter/*.c plugins/common/*.c)
 UNIT_SRCS   := $(wildcard tests/unit/test-*.c)
 TESTLIB_SRCS:= $(wildcard tests/unit/lib/*.c)
 TOOL_SRCS   := $(wildcard tests/tools/*.c)
@@ -94,6 +95,7 @@ CORE_OBJS   := $(call obj,$(CORE_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
 DAEMON_OBJS := $(call obj,$(DAEMON_SRCS))
 PLUGIN_OBJS := $(call obj,$(PLUGIN_SRCS))
+FILTER_OBJS := $(call obj,$(FILTER_SRCS))
 TESTLIB_OBJS:= $(call obj,$(TESTLIB_SRCS))
 UNIT_BINS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRCS))
 TOOL_BINS   := $(patsubst tests/tools/%.c,$(BUILD)/tests/tools/%,$(TOOL_SRCS))
@@ -102,6 +104,7 @@ BENCH_BINS  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 CORE_LIB = $(BUILD)/libfoliod-core.a
 FOLIOD   = $(BUILD)/foliod
 PLUGIN   = $(BUILD)/nbdkit-folio-plugin.so
+FILTER   = $(BUILD)/nbdkit-folio-filter.so
 
 TARGETS = $(CORE_LIB) $(UNIT_BINS) $(TOOL_BINS) $(BENCH_BINS)
 ifneq ($(DAEMON_SRCS),)
@@ -109,6 +112,9 @@ TARGETS += $(FOLIOD)
 endif
 ifneq ($(PLUGIN_SRCS),)
 TARGETS += $(PLUGIN)
+endif
+ifneq ($(wildcard plugins/folio-filter/*.c),)
+TARGETS += $(FILTER)
 endif
 
 .PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-layout check-integration check-asan \
@@ -150,6 +156,9 @@ $(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
 $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
 
+$(FILTER): $(FILTER_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
 $(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
@@ -180,7 +189,8 @@ deps-analyze:
 # Tests: unit tests (cmocka) then integration scripts, all through one runner
 # that prints "N passed, N failed, N skipped" and fails if anything failed.
 TEST_ENV = PATH=/usr/bin:$$PATH TOP=$(CURDIR) BUILD=$(abspath $(BUILD)) \
-           FOLIOD=$(abspath $(FOLIOD)) PLUGIN=$(abspath $(PLUGIN)) SAN=$(SAN)
+           FOLIOD=$(abspath $(FOLIOD)) PLUGIN=$(abspath $(PLUGIN)) \
+           FILTER=$(abspath $(FILTER)) SAN=$(SAN)
 
 check: deps
 	$(MAKE) all
@@ -228,7 +238,7 @@ check-tsan-unit: $(UNIT_BINS)
 # Static analysis of src/ and plugins/: cppcheck, clang-tidy (the checks
 # in .clang-tidy) and gcc -fanalyzer.  The bar is zero findings; a false
 # positive is suppressed where it is, with the reason.
-ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(DAEMON_SRCS) $(PLUGIN_SRCS)
+ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(DAEMON_SRCS) $(sort $(PLUGIN_SRCS) $(FILTER_SRCS))
 ANALYZE_DEFS = -DFOLIOD_VERSION='"$(VERSION)"'
 ANALYZE_CFLAGS = -std=gnu11 -D_GNU_SOURCE $(ANALYZE_DEFS) -Iinclude -Isrc \
   $(shell pkg-config --cflags libnbd nbdkit 2>/dev/null)
@@ -347,19 +357,22 @@ SYSCONFDIR ?= $(PREFIX)/etc
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 endif
 PLUGINDIR  ?= $(or $(shell pkg-config --variable=plugindir nbdkit 2>/dev/null),/usr/lib/x86_64-linux-gnu/nbdkit/plugins)
+FILTERDIR  ?= $(or $(shell pkg-config --variable=filterdir nbdkit 2>/dev/null),/usr/lib/x86_64-linux-gnu/nbdkit/filters)
 UNITS = foliod.service foliod.socket foliod@.service
 MANS  = $(wildcard man/*.[0-9])
 
 # The units name /usr/sbin/foliod and /etc/foliod; point them at the
 # installed paths.  An existing foliod.conf is never overwritten (the
 # example also goes to DOCDIR); uninstall removes it only if unchanged.
-# install-files installs the daemon and plugin alone (debian/rules: no
-# tests or benches built).
+# install-files installs the daemon, plugin and filter alone
+# (debian/rules: no tests or benches built).
 install: all install-files
-install-files: $(filter $(FOLIOD) $(PLUGIN),$(TARGETS))
+install-files: $(filter $(FOLIOD) $(PLUGIN) $(FILTER),$(TARGETS))
 	install -D -m 755 $(FOLIOD) $(DESTDIR)$(SBINDIR)/foliod
 	if [ -f $(PLUGIN) ]; then \
 	  install -D -m 755 $(PLUGIN) $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so; fi
+	if [ -f $(FILTER) ]; then \
+	  install -D -m 755 $(FILTER) $(DESTDIR)$(FILTERDIR)/nbdkit-folio-filter.so; fi
 	for m in $(MANS); do \
 	  install -D -m 644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m#man/}; done
 	install -D -m 644 conf/foliod.conf $(DESTDIR)$(DOCDIR)/foliod.conf.example
@@ -376,6 +389,7 @@ install-files: $(filter $(FOLIOD) $(PLUGIN),$(TARGETS))
 uninstall:
 	rm -f $(DESTDIR)$(SBINDIR)/foliod
 	rm -f $(DESTDIR)$(PLUGINDIR)/nbdkit-folio-plugin.so
+	rm -f $(DESTDIR)$(FILTERDIR)/nbdkit-folio-filter.so
 	for m in $(MANS); do rm -f $(DESTDIR)$(MANDIR)/man$${m##*.}/$${m#man/}; done
 	for u in $(UNITS); do rm -f $(DESTDIR)$(UNITDIR)/$$u; done
 	rm -f $(DESTDIR)$(DOCDIR)/foliod.conf.example

@@ -280,3 +280,13 @@ start_refused () {
   check_sanitizer_log "$out"
   grep -qF -- "$text" "$out" || fail "$what: no '$text' in: $(cat "$out")"
 }
+
+# ---- the nbdkit filter (tests/test-filter-*.sh) ----
+
+# filter_init NAME: as plugin_init (temp dir, the sanitizer shim in
+# NBDKIT_ENV) for a test of $FILTER, nbdkit-folio-filter.so.
+filter_init () {
+  : "${FILTER:=$BUILD/nbdkit-folio-filter.so}"
+  [ -f "$FILTER" ] || fail "filter not built: $FILTER"
+  PLUGIN=${PLUGIN:-$BUILD/nbdkit-folio-plugin.so} plugin_init "$1"
+}

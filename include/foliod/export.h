@@ -55,6 +55,10 @@ int export_config_set (struct export_config *cfg, const char *key,
 struct export_key_help { const char *key; const char *help; };
 extern const struct export_key_help export_keys[];
 
+/* 1 when key configures the cache and its store, not the backing (the
+ * keys the nbdkit filter takes; the rest belong to the plugin below). */
+int export_key_is_cache (const char *key) FOLIOD_NONNULL (1);
+
 /* Check the whole configuration (backing given, sizes coherent).  Every
  * problem found goes into err, separated by "; ".  0 or -1. */
 int export_config_check (const struct export_config *cfg, char *err,
@@ -102,6 +106,15 @@ struct export {
  * probe refused it: see format=raw). */
 struct export *export_open (const struct export_config *cfg, char *err,
                             size_t errlen) FOLIOD_NONNULL (1) FOLIOD_WUR;
+
+/* The same around a backing the caller opened (the nbdkit filter's: the
+ * next plugin); cfg->backing only names it (kept in a persistent store's
+ * header).  b becomes the export's: closed by export_close, or here on
+ * failure. */
+struct export *export_open_backing (const struct export_config *cfg,
+                                    struct backing *b, char *err,
+                                    size_t errlen)
+  FOLIOD_NONNULL (1, 2) FOLIOD_WUR;
 
 /* The export's counters: its cache's, and its backing's. */
 void export_get_stats (struct export *e, struct cache_stats *cst,

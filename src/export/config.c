@@ -59,6 +59,21 @@ const struct export_key_help export_keys[] = {
   { NULL, NULL },
 };
 
+int
+export_key_is_cache (const char *key)
+{
+  static const char *const cache_keys[] = {
+    "cache", "cache-size", "folio-size", "block-size", "direct-threshold",
+    "max-io", "readahead", "dirty-background", "dirty-limit",
+    "dirty-expire", "writeback-interval", "store", "flush", NULL,
+  };
+
+  for (size_t i = 0; cache_keys[i]; i++)
+    if (strcmp (key, cache_keys[i]) == 0)
+      return 1;
+  return 0;
+}
+
 void
 export_config_init (struct export_config *cfg)
 {

@@ -86,20 +86,28 @@ export_open_store (struct export *e, const struct export_config *cfg,
   return e->store ? 0 : -1;
 }
 
-struct export *
-export_open (const struct export_config *cfg, char *err, size_t errlen)
+/* The export around a backing: b given (the nbdkit filter's), or NULL
+ * to open cfg->backing.  b is the export's in every case (closed on
+ * failure). */
+static struct export *
+export_open_with (const struct export_config *cfg, struct backing *b,
+                  char *err, size_t errlen)
 {
   struct export *e;
   struct backing_opts bo = cfg->bopts;   /* the strings: views of cfg's */
   struct stat pre = { 0 };   /* a file backing, before it is opened */
 
-  if (export_config_check (cfg, err, errlen) == -1)
+  if (export_config_check (cfg, err, errlen) == -1) {
+    backing_close (b);
     return NULL;
+  }
   e = calloc (1, sizeof *e);
   if (e == NULL) {
     snprintf (err, errlen, "out of memory");
+    backing_close (b);
     return NULL;
   }
+  e->backing = b;
   e->name = strdup (cfg->name ? cfg->name : "");
   e->description = cfg->description ? strdup (cfg->description) : NULL;
   if (e->name == NULL || (cfg->description && e->description == NULL)) {
@@ -114,12 +122,14 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
   bo.ceph_keyring = cfg->ceph_keyring;
   bo.read_only = cfg->read_only;
   bo.direct = cfg->cache.mode == CACHE_NONE || cfg->cache.direct_threshold;
-  if (spec_file_path (cfg->backing) &&
-      stat (spec_file_path (cfg->backing), &pre) == -1)
-    memset (&pre, 0, sizeof pre);
-  e->backing = backing_open (cfg->backing, &bo, err, errlen);
-  if (e->backing == NULL)
-    goto fail;
+  if (b == NULL) {
+    if (spec_file_path (cfg->backing) &&
+        stat (spec_file_path (cfg->backing), &pre) == -1)
+      memset (&pre, 0, sizeof pre);
+    e->backing = backing_open (cfg->backing, &bo, err, errlen);
+    if (e->backing == NULL)
+      goto fail;
+  }
   e->read_only = cfg->read_only || (e->backing->caps & BACKING_READ_ONLY);
   e->tls_require = cfg->tls_require;
   e->size = e->backing->size;
@@ -150,6 +160,19 @@ export_open (const struct export_config *cfg, char *err, size_t errlen)
     errno = saved;
   }
   return NULL;
+}
+
+struct export *
+export_open (const struct export_config *cfg, char *err, size_t errlen)
+{
+  return export_open_with (cfg, NULL, err, errlen);
+}
+
+struct export *
+export_open_backing (const struct export_config *cfg, struct backing *b,
+                     char *err, size_t errlen)
+{
+  return export_open_with (cfg, b, err, errlen);
 }
 
 void
