@@ -285,8 +285,18 @@ start_refused () {
 
 # filter_init NAME: as plugin_init (temp dir, the sanitizer shim in
 # NBDKIT_ENV) for a test of $FILTER, nbdkit-folio-filter.so.
+# In the sanitizer build, leak reports are off for these nbdkit processes:
+# nbdkit 1.32 itself leaks (24 bytes in its memory plugin, seen with no
+# filter and with --filter=cache; 280 bytes from /usr/sbin/nbdkit now and
+# then), and a suppression by module would hide the filter's own leaks as
+# well (nbdkit is in every stack).  ASan's other checks stay on; the code
+# below the filter's adapter is leak-checked by the plugin's and foliod's
+# tests.
 filter_init () {
   : "${FILTER:=$BUILD/nbdkit-folio-filter.so}"
   [ -f "$FILTER" ] || fail "filter not built: $FILTER"
   PLUGIN=${PLUGIN:-$BUILD/nbdkit-folio-plugin.so} plugin_init "$1"
+  if [ "${SAN:-}" = 1 ]; then
+    NBDKIT_ENV=("${NBDKIT_ENV[@]/#ASAN_OPTIONS=detect_leaks=1/ASAN_OPTIONS=detect_leaks=0}")
+  fi
 }
