@@ -67,6 +67,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -90,6 +92,10 @@ struct store_ssd {
   size_t data_len;
   uint64_t *bitmaps;
   uint32_t bpf, bs, mwords;      /* blocks per folio, block size, mask words */
+  /* per slot, the cache's writes into its memory (write_begin, write_end):
+   * a commit's copy of a block is whole when no write began or ran
+   * meanwhile (a sequence count, as a seqlock's) */
+  _Atomic uint32_t *wbegun, *wended;
 
   pthread_mutex_t mu;            /* everything below; never held over I/O */
   pthread_cond_t cv;
@@ -150,11 +156,14 @@ mset (uint64_t *m, uint32_t b, bool on)
     m[b / 64] &= ~(1ull << (b % 64));
 }
 
+/* The cache changes the words under its stripe, while a commit reads
+ * them: relaxed atomic loads (folio.c's stores are too). */
 static bool
 plane_test (const uint64_t *bits, uint32_t bpf, int plane, uint32_t b)
 {
   uint32_t i = (uint32_t) plane * bpf + b;
-  return bits[i / 64] & (1ull << (i % 64));
+  return __atomic_load_n (&bits[i / 64], __ATOMIC_RELAXED) &
+         (1ull << (i % 64));
 }
 
 /* Must block b of the slot survive a crash (dirty or unstable)? */
@@ -176,6 +185,96 @@ static uint64_t *
 ssd_bitmap (struct store *s, uint32_t slot)
 {
   return SS (s)->bitmaps + (size_t) slot * s->bitmap_words;
+}
+
+/* The slots [*a, *b] that [ptr, ptr+len) of slot memory covers; false:
+ * none (not slot memory). */
+static bool
+slots_of (struct store_ssd *p, const void *ptr, size_t len, uint32_t *a,
+          uint32_t *b)
+{
+  const unsigned char *c = ptr;
+
+  if (len == 0 || c < p->data || c >= p->data + p->data_len)
+    return false;
+  *a = (uint32_t) ((size_t) (c - p->data) / p->s.folio_size);
+  *b = (uint32_t) ((size_t) (c - p->data + len - 1) / p->s.folio_size);
+  if (*b >= p->s.nslots)
+    *b = p->s.nslots - 1;
+  return true;
+}
+
+/* One more write into the slots of [ptr, ptr+len) begun (or ended). */
+static void
+count_writes (struct store *s, void *ptr, size_t len, bool end)
+{
+  struct store_ssd *p = SS (s);
+  uint32_t a, b;
+
+  if (!slots_of (p, ptr, len, &a, &b))
+    return;
+  /* A beginning comes before the data changes (acquire: no store after
+   * it moves before it); block_copy reads the count with a read-modify-
+   * write after its copy, so either it comes first in the count's order
+   * (and its copy before any of the change) or it sees the count moved.
+   * An end comes after them (release). */
+  for (uint32_t i = a; i <= b; i++)
+    atomic_fetch_add_explicit (end ? &p->wended[i] : &p->wbegun[i], 1,
+                               end ? memory_order_release
+                                   : memory_order_acq_rel);
+}
+
+static void
+ssd_write_begin (struct store *s, void *ptr, size_t len)
+{
+  count_writes (s, ptr, len, false);
+}
+
+static void
+ssd_write_end (struct store *s, void *ptr, size_t len)
+{
+  count_writes (s, ptr, len, true);
+}
+
+/* The words of a block, each read once (not memcpy: no byte of a word
+ * torn, and no call TSan intercepts).  TSan does not instrument it: the
+ * reads race with the cache's writes on purpose (a seqlock's read side;
+ * block_copy keeps only a copy no write overlapped). */
+#if defined __has_attribute
+#if __has_attribute (no_sanitize)
+__attribute__ ((no_sanitize ("thread")))
+#endif
+#endif
+static void
+copy_words (uint64_t *dst, const uint64_t *src, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    dst[i] = __atomic_load_n (&src[i], __ATOMIC_RELAXED);
+}
+
+/* Copy block b of slot into d as one version the cache wrote whole: a
+ * copy that a write into the slot began or ran over is read again
+ * (writers hold a folio a block's copy at a time: they leave gaps). */
+static void
+block_copy (struct store_ssd *p, uint32_t slot, uint32_t b, unsigned char *d)
+{
+  const unsigned char *src = p->data + (size_t) slot * p->s.folio_size +
+                             (size_t) b * p->bs;
+
+  for (;;) {
+    uint32_t e0 = atomic_load_explicit (&p->wended[slot],
+                                        memory_order_acquire);
+    uint32_t b0 = atomic_load_explicit (&p->wbegun[slot],
+                                        memory_order_relaxed);
+    if (b0 == e0) {             /* no write under way */
+      copy_words ((uint64_t *) d, (const uint64_t *) src, p->bs / 8);
+      if (atomic_fetch_add_explicit (&p->wbegun[slot], 0,
+                                     memory_order_acq_rel) == b0)
+        return;
+    }
+    p->st.recopies++;
+    sched_yield ();
+  }
 }
 
 static void
@@ -490,10 +589,9 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
         e->flags = SSD_ENT_CLEAN;
         continue;
       }
-      /* The block as it is now (a writer may be changing it: its own
-       * persist queued it again). */
-      memcpy (d, p->data + (size_t) v[k].slot * p->s.folio_size +
-              (size_t) v[k].block * p->bs, p->bs);
+      /* The block as it is now, a version a writer wrote whole (one may
+       * be changing it: its own persist queued it again). */
+      block_copy (p, v[k].slot, v[k].block, d);
       e->crc = ssd_data_crc (d, p->bs);
       p->rec_lsn[(size_t) v[k].slot * p->bpf + v[k].block] = lsn;
       d += p->bs;
@@ -1339,6 +1437,8 @@ ssd_destroy (struct store *s)
   free (p->queue);
   free (p->wbuf);
   free (p->rec_lsn);
+  free ((void *) p->wbegun);
+  free ((void *) p->wended);
   free (p->segs);
   free (p->seg_live);
   free (p->path_buf);
@@ -1354,6 +1454,8 @@ static const struct store_ops ssd_ops = {
   .bitmap = ssd_bitmap,
   .set_index = ssd_set_index,
   .persist = ssd_persist,
+  .write_begin = ssd_write_begin,
+  .write_end = ssd_write_end,
   .sync = ssd_sync,
   .may_reuse = ssd_may_reuse,
   .recover = ssd_recover,
@@ -1446,11 +1548,13 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   p->queued = calloc (n, sizeof *p->queued);
   p->queue = calloc (n, sizeof *p->queue);
   p->rec_lsn = calloc ((size_t) n * p->bpf, sizeof *p->rec_lsn);
+  p->wbegun = calloc (n, sizeof *p->wbegun);
+  p->wended = calloc (n, sizeof *p->wended);
   if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
     p->wbuf = NULL;
   if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
       !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf ||
-      !p->rec_lsn)
+      !p->rec_lsn || !p->wbegun || !p->wended)
     return -1;
   for (uint32_t i = 0; i < n; i++)
     p->log_folio[i] = STORE_NO_FOLIO;
