@@ -1233,6 +1233,26 @@ settle_damage (struct store_ssd *p, struct recovered *r)
     }
 }
 
+/* After the scan: the batch of the oldest newest data record of a live
+ * block (end: none), or UINT64_MAX when a record failed its crc (the
+ * log must not start past damage). */
+static uint64_t
+oldest_live (const struct store_ssd *p, const struct recovered *r,
+             uint64_t end)
+{
+  uint64_t m = end;
+
+  for (size_t i = 0; i < r->cap; i++)
+    for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
+      const struct rblock *rb = &r->t[i].b[b];
+      if (rb->bad || rb->state == R_LOST)
+        return UINT64_MAX;
+      if (rb->state == R_DATA && rb->lsn < m)
+        m = rb->lsn;
+    }
+  return m;
+}
+
 /* After an unclean stop: what the log holds, into p->rec. */
 static int
 recover_scan (struct store_ssd *p, char *err, size_t errlen)
@@ -1276,6 +1296,36 @@ recover_scan (struct store_ssd *p, char *err, size_t errlen)
     rec_free (r);
     p->rec = NULL;
     goto again;
+  }
+  if (n > 0 && p->cmax > 0 && p->scan_limit == UINT64_MAX &&
+      r->lost_batches == 0 &&
+      end - p->sb.tail_lsn + p->cmax > p->sb.log_bytes) {
+    /* The log leaves no room for a compaction, the room every commit
+     * keeps (issue 33 item 16).  Its last commit needed a reclaim, and
+     * the checkpoint it moved was lost (one superblock copy damaged) or
+     * never written: the log starts at the batch of the oldest live
+     * record (nothing before it is live), which that reclaim's copies
+     * moved past the old start when they were all written. */
+    uint64_t oldest = oldest_live (p, r, end);
+    const struct ssd_batch *h;
+    if (oldest != UINT64_MAX && oldest > p->sb.tail_lsn &&
+        header_at (p, &rd, oldest, 0, &h) == 1) {
+      p->sb.tail_lsn = oldest;
+      p->sb.tail_seq = h->seq;
+      rec_free (r);
+      p->rec = NULL;
+      goto again;
+    }
+    if (oldest != UINT64_MAX && !p->sb_suspect) {
+      /* Killed in the middle of that commit's batches (a reclaim's or a
+       * compaction's): its sync never returned, nothing of it was
+       * acknowledged.  Dropped whole, as a torn one: the log ends where
+       * the room was kept. */
+      p->scan_limit = r->c_lsn;
+      rec_free (r);
+      p->rec = NULL;
+      goto again;
+    }
   }
   free (buf);
   if (n < 0) {
