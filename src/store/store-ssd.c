@@ -852,13 +852,18 @@ struct rblock {
 
 struct rfolio {
   uint64_t folio;
-  struct rblock *b;
+  struct rblock *b;             /* NULL: a free entry; &gone: a folio
+                                 * whose blocks are all clean again */
+  uint32_t nkeep;               /* blocks whose newest record is data */
 };
 
-/* What the scan found: folios by index (open addressing). */
+/* What the scan found: folios by index (open addressing).  A folio only
+ * while the log holds data of it: one whose every block was cleaned
+ * since gives its blocks back (memory follows the live folios, not every
+ * folio the log ever named). */
 struct recovered {
   struct rfolio *t;
-  size_t cap, n;
+  size_t cap, n, used;          /* n: with blocks; used: and gone ones */
   uint64_t lost_blocks, batches, records;
   uint64_t lost_batches;        /* headers unreadable where the log was
                                  * flushed past them: their blocks unknown */
@@ -882,16 +887,42 @@ hash64 (uint64_t v)
   return v;
 }
 
+static struct rblock gone;      /* see struct rfolio */
+
+static bool
+has_blocks (const struct rfolio *f)
+{
+  return f->b != NULL && f->b != &gone;
+}
+
+/* The entry of folio (with blocks or gone), or NULL. */
+static struct rfolio *
+rec_find (struct recovered *r, uint64_t folio)
+{
+  if (r->cap == 0)
+    return NULL;
+  size_t h = hash64 (folio) & (r->cap - 1);
+  while (r->t[h].b && r->t[h].folio != folio)
+    h = (h + 1) & (r->cap - 1);
+  return r->t[h].b ? &r->t[h] : NULL;
+}
+
 static struct rfolio *
 rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
 {
-  if (2 * (r->n + 1) > r->cap) {
-    size_t cap = r->cap ? 2 * r->cap : 1024;
+  struct rfolio *f = rec_find (r, folio);
+
+  if (f == NULL && 2 * (r->used + 1) > r->cap) {
+    /* Rehashed without the gone entries: sized by the folios that
+     * have blocks. */
+    size_t cap = 1024;
+    while (cap < 4 * (r->n + 1))
+      cap *= 2;
     struct rfolio *t = calloc (cap, sizeof *t);
     if (t == NULL)
       return NULL;
     for (size_t i = 0; i < r->cap; i++)
-      if (r->t[i].b) {
+      if (has_blocks (&r->t[i])) {
         size_t h = hash64 (r->t[i].folio) & (cap - 1);
         while (t[h].b)
           h = (h + 1) & (cap - 1);
@@ -900,18 +931,41 @@ rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
     free (r->t);
     r->t = t;
     r->cap = cap;
+    r->used = r->n;
   }
-  size_t h = hash64 (folio) & (r->cap - 1);
-  while (r->t[h].b && r->t[h].folio != folio)
-    h = (h + 1) & (r->cap - 1);
-  if (r->t[h].b == NULL) {
+  if (f == NULL) {
+    size_t h = hash64 (folio) & (r->cap - 1);
+    while (r->t[h].b)
+      h = (h + 1) & (r->cap - 1);
+    f = &r->t[h];
+    *f = (struct rfolio) { folio, NULL, 0 };
+    r->used++;
+  }
+  if (!has_blocks (f)) {
     struct rblock *b = calloc (bpf, sizeof *b);
-    if (b == NULL)
+    if (b == NULL) {
+      f->b = &gone;             /* probes go on past it */
       return NULL;
-    r->t[h] = (struct rfolio) { folio, b };
+    }
+    f->b = b;
+    f->nkeep = 0;
     r->n++;
   }
-  return &r->t[h];
+  return f;
+}
+
+/* Block b of f was data (or failed its crc) before a record, and is
+ * (now): the folio's count follows, and a folio with nothing kept gives
+ * its blocks back. */
+static void
+rec_keep (struct recovered *r, struct rfolio *f, bool before, bool now)
+{
+  f->nkeep += (uint32_t) now - (uint32_t) before;
+  if (f->nkeep == 0) {
+    free (f->b);
+    f->b = &gone;
+    r->n--;
+  }
 }
 
 static void
@@ -920,7 +974,8 @@ rec_free (struct recovered *r)
   if (r == NULL)
     return;
   for (size_t i = 0; i < r->cap; i++)
-    free (r->t[i].b);
+    if (has_blocks (&r->t[i]))
+      free (r->t[i].b);
   free (r->t);
   free (r);
 }
@@ -1181,15 +1236,25 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       errno = EBADMSG;
       return -1;
     }
-    struct rfolio *f = rec_get (r, e->folio, p->bpf);
+    struct rfolio *f;
+    if (e->flags & SSD_ENT_CLEAN) {
+      /* Nothing of a folio without blocks to clean. */
+      f = rec_find (r, e->folio);
+      if (f == NULL || !has_blocks (f))
+        continue;
+      struct rblock *b = &f->b[e->block];
+      bool before = b->state == R_DATA || b->bad;
+      b->bad = false;           /* a newer record: the failed one is moot */
+      b->state = R_CLEAN;
+      rec_keep (r, f, before, false);
+      continue;
+    }
+    f = rec_get (r, e->folio, p->bpf);
     if (f == NULL)
       return -1;
     struct rblock *b = &f->b[e->block];
+    bool before = b->state == R_DATA || b->bad;
     b->bad = false;             /* a newer record: the failed one is moot */
-    if (e->flags & SSD_ENT_CLEAN) {
-      b->state = R_CLEAN;
-      continue;
-    }
     if (ssd_data_crc (data, p->bs) == e->crc) {
       b->state = R_DATA;
       b->pos = dpos;
@@ -1202,6 +1267,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       r->c_bad = true;
       r->comp_sound = false;
     }
+    rec_keep (r, f, before, true);
     data += p->bs;
     dpos += p->bs;
   }
@@ -1225,7 +1291,7 @@ static void
 settle_damage (struct store_ssd *p, struct recovered *r)
 {
   for (size_t i = 0; i < r->cap; i++)
-    for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
+    for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p->bpf; b++) {
       struct rblock *rb = &r->t[i].b[b];
       if (rb->bad)
         rb->state = R_LOST;
@@ -1243,7 +1309,7 @@ oldest_live (const struct store_ssd *p, const struct recovered *r,
   uint64_t m = end;
 
   for (size_t i = 0; i < r->cap; i++)
-    for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
+    for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p->bpf; b++) {
       const struct rblock *rb = &r->t[i].b[b];
       if (rb->bad || rb->state == R_LOST)
         return UINT64_MAX;
@@ -1389,7 +1455,7 @@ ssd_recover (struct store *s, store_recover_fn fn, void *arg,
     return -1;
   size_t ndata = 0;
   for (size_t i = 0; i < r->cap; i++)
-    if (r->t[i].b) {
+    if (has_blocks (&r->t[i])) {
       bool any = false;
       for (uint32_t b = 0; b < p->bpf; b++)
         if (r->t[i].b[b].state == R_DATA) {
@@ -1790,7 +1856,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     struct recovered *rc = p->rec;
     for (size_t i = 0; i < rc->cap; i++) {
       bool any = false;
-      for (uint32_t b = 0; rc->t[i].b && b < p->bpf; b++) {
+      for (uint32_t b = 0; has_blocks (&rc->t[i]) && b < p->bpf; b++) {
         any |= rc->t[i].b[b].state == R_DATA;
         rc->lost_blocks += rc->t[i].b[b].state == R_LOST;
       }
@@ -1946,7 +2012,7 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
     struct recovered *r = p.rec;
     for (size_t i = 0; i < r->cap; i++) {
       bool any = false;
-      for (uint32_t b = 0; r->t[i].b && b < p.bpf; b++) {
+      for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p.bpf; b++) {
         uint8_t st = r->t[i].b[b].state;
         any |= st == R_DATA;
         dirty += st == R_DATA;
