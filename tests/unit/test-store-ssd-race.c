@@ -168,12 +168,10 @@ writer (void *arg)
       pattern (buf, b, v);
       store_write (s, dst, buf, BLOCK);           /* data, persist */
       atomic_store (&latest[b], v);
-      if (v == 1) {                               /* then the bits */
-        set_bit (s, slot, FP_UPTODATE, i);
-        set_bit (s, slot, FP_DIRTY, i);
-        s->ops->persist (s, s->ops->bitmap (s, slot),
-                         s->bitmap_words * sizeof (uint64_t));
-      }
+      set_bit (s, slot, FP_UPTODATE, i);         /* then the bits */
+      set_bit (s, slot, FP_DIRTY, i);
+      s->ops->persist (s, s->ops->bitmap (s, slot),
+                       s->bitmap_words * sizeof (uint64_t));
     }
   }
   return NULL;
