@@ -139,8 +139,15 @@ struct store_ops {
    * once, or at the next sync with STORE_DEFERRED).  0 or -1/errno. */
   int (*persist) (struct store *s, const void *p, size_t len);
   /* Copy len bytes from src to dst inside the store and persist them.
-   * NULL: memcpy, then persist. */
+   * NULL: write_begin, memcpy, write_end, then persist. */
   void (*write) (struct store *s, void *dst, const void *src, size_t len);
+  /* The cache is about to change [p, p+len) of slot memory that may hold
+   * dirty data, and is done changing it (every change of such memory
+   * goes between the two, then persist()).  For a store that copies slot
+   * memory while writers run (the ssd log's commit: a per-slot sequence
+   * count tells it that a copy may be torn).  NULL: nothing. */
+  void (*write_begin) (struct store *s, void *p, size_t len);
+  void (*write_end) (struct store *s, void *p, size_t len);
   /* Make everything persisted before the call durable (group commit).
    * NULL: nothing to do.  0, or -1/errno, sticky. */
   int (*sync) (struct store *s);
@@ -168,12 +175,28 @@ struct store {
 };
 
 static inline void
+store_write_begin (struct store *s, void *p, size_t len)
+{
+  if (s->ops->write_begin)
+    s->ops->write_begin (s, p, len);
+}
+
+static inline void
+store_write_end (struct store *s, void *p, size_t len)
+{
+  if (s->ops->write_end)
+    s->ops->write_end (s, p, len);
+}
+
+static inline void
 store_write (struct store *s, void *dst, const void *src, size_t len)
 {
   if (s->ops->write)
     s->ops->write (s, dst, src, len);
   else {
+    store_write_begin (s, dst, len);
     memcpy (dst, src, len);
+    store_write_end (s, dst, len);
     (void) s->ops->persist (s, dst, len);
   }
 }

@@ -56,8 +56,10 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
   case FIX_ZERO:
     if (!whole && !uptodate)
       return;                   /* nothing cached to update */
+    store_write_begin (c->store, p, e - s);
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
+    store_write_end (c->store, p, e - s);
     fix_persist_bytes (c, f, s, e);
     if (!whole)
       return;

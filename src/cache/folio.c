@@ -27,7 +27,9 @@ bits_assign (uint64_t *bits, uint32_t start, uint32_t end, bool on)
     uint64_t flip = (on ? ~bits[w] : bits[w]) & m;
     if (flip != 0) {           /* no store: the line stays shared */
       changed += (uint32_t) __builtin_popcountll (flip);
-      bits[w] ^= flip;
+      /* Relaxed atomic: a store's committer reads the words as they
+       * change (store-ssd.c block_live). */
+      __atomic_store_n (&bits[w], bits[w] ^ flip, __ATOMIC_RELAXED);
     }
     start = w * 64 + hi;
   }
@@ -309,7 +311,8 @@ folio_reset (struct cache *c, struct folio *f)
   assert (f->nr_dirty == 0 && f->nr_unstable == 0);
   assert (folio_all (c, f, FP_DIRTY, false, 0, bpf));
   assert (folio_all (c, f, FP_UNSTABLE, false, 0, bpf));
-  memset (f->bits, 0, c->store->bitmap_words * sizeof (uint64_t));
+  for (uint32_t w = 0; w < c->store->bitmap_words; w++)
+    __atomic_store_n (&f->bits[w], 0, __ATOMIC_RELAXED);   /* as bits_assign */
   f->nr_uptodate = f->nr_dirty = f->nr_unstable = 0;
   f->dirtied_ms = 0;
   f->ra = false;                /* the caller counted it (ra_dropped) */

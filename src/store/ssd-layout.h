@@ -162,6 +162,7 @@ uint64_t ssd_compaction_max (uint32_t nslots, uint32_t folio_size,
 struct ssd_stats {
   uint64_t syncs, batches, records, compactions;
   uint64_t reclaims, reclaimed;  /* checkpoint moves, bytes they freed */
+  uint64_t recopies;             /* block copies a write overlapped */
   uint64_t sync_ns_total, sync_ns_max;
 };
 

@@ -67,6 +67,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -90,6 +92,10 @@ struct store_ssd {
   size_t data_len;
   uint64_t *bitmaps;
   uint32_t bpf, bs, mwords;      /* blocks per folio, block size, mask words */
+  /* per slot, the cache's writes into its memory (write_begin, write_end):
+   * a commit's copy of a block is whole when no write began or ran
+   * meanwhile (a sequence count, as a seqlock's) */
+  _Atomic uint32_t *wbegun, *wended;
 
   pthread_mutex_t mu;            /* everything below; never held over I/O */
   pthread_cond_t cv;
@@ -150,11 +156,14 @@ mset (uint64_t *m, uint32_t b, bool on)
     m[b / 64] &= ~(1ull << (b % 64));
 }
 
+/* The cache changes the words under its stripe, while a commit reads
+ * them: relaxed atomic loads (folio.c's stores are too). */
 static bool
 plane_test (const uint64_t *bits, uint32_t bpf, int plane, uint32_t b)
 {
   uint32_t i = (uint32_t) plane * bpf + b;
-  return bits[i / 64] & (1ull << (i % 64));
+  return __atomic_load_n (&bits[i / 64], __ATOMIC_RELAXED) &
+         (1ull << (i % 64));
 }
 
 /* Must block b of the slot survive a crash (dirty or unstable)? */
@@ -176,6 +185,96 @@ static uint64_t *
 ssd_bitmap (struct store *s, uint32_t slot)
 {
   return SS (s)->bitmaps + (size_t) slot * s->bitmap_words;
+}
+
+/* The slots [*a, *b] that [ptr, ptr+len) of slot memory covers; false:
+ * none (not slot memory). */
+static bool
+slots_of (struct store_ssd *p, const void *ptr, size_t len, uint32_t *a,
+          uint32_t *b)
+{
+  const unsigned char *c = ptr;
+
+  if (len == 0 || c < p->data || c >= p->data + p->data_len)
+    return false;
+  *a = (uint32_t) ((size_t) (c - p->data) / p->s.folio_size);
+  *b = (uint32_t) ((size_t) (c - p->data + len - 1) / p->s.folio_size);
+  if (*b >= p->s.nslots)
+    *b = p->s.nslots - 1;
+  return true;
+}
+
+/* One more write into the slots of [ptr, ptr+len) begun (or ended). */
+static void
+count_writes (struct store *s, void *ptr, size_t len, bool end)
+{
+  struct store_ssd *p = SS (s);
+  uint32_t a, b;
+
+  if (!slots_of (p, ptr, len, &a, &b))
+    return;
+  /* A beginning comes before the data changes (acquire: no store after
+   * it moves before it); block_copy reads the count with a read-modify-
+   * write after its copy, so either it comes first in the count's order
+   * (and its copy before any of the change) or it sees the count moved.
+   * An end comes after them (release). */
+  for (uint32_t i = a; i <= b; i++)
+    atomic_fetch_add_explicit (end ? &p->wended[i] : &p->wbegun[i], 1,
+                               end ? memory_order_release
+                                   : memory_order_acq_rel);
+}
+
+static void
+ssd_write_begin (struct store *s, void *ptr, size_t len)
+{
+  count_writes (s, ptr, len, false);
+}
+
+static void
+ssd_write_end (struct store *s, void *ptr, size_t len)
+{
+  count_writes (s, ptr, len, true);
+}
+
+/* The words of a block, each read once (not memcpy: no byte of a word
+ * torn, and no call TSan intercepts).  TSan does not instrument it: the
+ * reads race with the cache's writes on purpose (a seqlock's read side;
+ * block_copy keeps only a copy no write overlapped). */
+#if defined __has_attribute
+#if __has_attribute (no_sanitize)
+__attribute__ ((no_sanitize ("thread")))
+#endif
+#endif
+static void
+copy_words (uint64_t *dst, const uint64_t *src, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    dst[i] = __atomic_load_n (&src[i], __ATOMIC_RELAXED);
+}
+
+/* Copy block b of slot into d as one version the cache wrote whole: a
+ * copy that a write into the slot began or ran over is read again
+ * (writers hold a folio a block's copy at a time: they leave gaps). */
+static void
+block_copy (struct store_ssd *p, uint32_t slot, uint32_t b, unsigned char *d)
+{
+  const unsigned char *src = p->data + (size_t) slot * p->s.folio_size +
+                             (size_t) b * p->bs;
+
+  for (;;) {
+    uint32_t e0 = atomic_load_explicit (&p->wended[slot],
+                                        memory_order_acquire);
+    uint32_t b0 = atomic_load_explicit (&p->wbegun[slot],
+                                        memory_order_relaxed);
+    if (b0 == e0) {             /* no write under way */
+      copy_words ((uint64_t *) d, (const uint64_t *) src, p->bs / 8);
+      if (atomic_fetch_add_explicit (&p->wbegun[slot], 0,
+                                     memory_order_acq_rel) == b0)
+        return;
+    }
+    p->st.recopies++;
+    sched_yield ();
+  }
 }
 
 static void
@@ -490,10 +589,9 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
         e->flags = SSD_ENT_CLEAN;
         continue;
       }
-      /* The block as it is now (a writer may be changing it: its own
-       * persist queued it again). */
-      memcpy (d, p->data + (size_t) v[k].slot * p->s.folio_size +
-              (size_t) v[k].block * p->bs, p->bs);
+      /* The block as it is now, a version a writer wrote whole (one may
+       * be changing it: its own persist queued it again). */
+      block_copy (p, v[k].slot, v[k].block, d);
       e->crc = ssd_data_crc (d, p->bs);
       p->rec_lsn[(size_t) v[k].slot * p->bpf + v[k].block] = lsn;
       d += p->bs;
@@ -754,13 +852,18 @@ struct rblock {
 
 struct rfolio {
   uint64_t folio;
-  struct rblock *b;
+  struct rblock *b;             /* NULL: a free entry; &gone: a folio
+                                 * whose blocks are all clean again */
+  uint32_t nkeep;               /* blocks whose newest record is data */
 };
 
-/* What the scan found: folios by index (open addressing). */
+/* What the scan found: folios by index (open addressing).  A folio only
+ * while the log holds data of it: one whose every block was cleaned
+ * since gives its blocks back (memory follows the live folios, not every
+ * folio the log ever named). */
 struct recovered {
   struct rfolio *t;
-  size_t cap, n;
+  size_t cap, n, used;          /* n: with blocks; used: and gone ones */
   uint64_t lost_blocks, batches, records;
   uint64_t lost_batches;        /* headers unreadable where the log was
                                  * flushed past them: their blocks unknown */
@@ -784,16 +887,42 @@ hash64 (uint64_t v)
   return v;
 }
 
+static struct rblock gone;      /* see struct rfolio */
+
+static bool
+has_blocks (const struct rfolio *f)
+{
+  return f->b != NULL && f->b != &gone;
+}
+
+/* The entry of folio (with blocks or gone), or NULL. */
+static struct rfolio *
+rec_find (struct recovered *r, uint64_t folio)
+{
+  if (r->cap == 0)
+    return NULL;
+  size_t h = hash64 (folio) & (r->cap - 1);
+  while (r->t[h].b && r->t[h].folio != folio)
+    h = (h + 1) & (r->cap - 1);
+  return r->t[h].b ? &r->t[h] : NULL;
+}
+
 static struct rfolio *
 rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
 {
-  if (2 * (r->n + 1) > r->cap) {
-    size_t cap = r->cap ? 2 * r->cap : 1024;
+  struct rfolio *f = rec_find (r, folio);
+
+  if (f == NULL && 2 * (r->used + 1) > r->cap) {
+    /* Rehashed without the gone entries: sized by the folios that
+     * have blocks. */
+    size_t cap = 1024;
+    while (cap < 4 * (r->n + 1))
+      cap *= 2;
     struct rfolio *t = calloc (cap, sizeof *t);
     if (t == NULL)
       return NULL;
     for (size_t i = 0; i < r->cap; i++)
-      if (r->t[i].b) {
+      if (has_blocks (&r->t[i])) {
         size_t h = hash64 (r->t[i].folio) & (cap - 1);
         while (t[h].b)
           h = (h + 1) & (cap - 1);
@@ -802,18 +931,41 @@ rec_get (struct recovered *r, uint64_t folio, uint32_t bpf)
     free (r->t);
     r->t = t;
     r->cap = cap;
+    r->used = r->n;
   }
-  size_t h = hash64 (folio) & (r->cap - 1);
-  while (r->t[h].b && r->t[h].folio != folio)
-    h = (h + 1) & (r->cap - 1);
-  if (r->t[h].b == NULL) {
+  if (f == NULL) {
+    size_t h = hash64 (folio) & (r->cap - 1);
+    while (r->t[h].b)
+      h = (h + 1) & (r->cap - 1);
+    f = &r->t[h];
+    *f = (struct rfolio) { folio, NULL, 0 };
+    r->used++;
+  }
+  if (!has_blocks (f)) {
     struct rblock *b = calloc (bpf, sizeof *b);
-    if (b == NULL)
+    if (b == NULL) {
+      f->b = &gone;             /* probes go on past it */
       return NULL;
-    r->t[h] = (struct rfolio) { folio, b };
+    }
+    f->b = b;
+    f->nkeep = 0;
     r->n++;
   }
-  return &r->t[h];
+  return f;
+}
+
+/* Block b of f was data (or failed its crc) before a record, and is
+ * (now): the folio's count follows, and a folio with nothing kept gives
+ * its blocks back. */
+static void
+rec_keep (struct recovered *r, struct rfolio *f, bool before, bool now)
+{
+  f->nkeep += (uint32_t) now - (uint32_t) before;
+  if (f->nkeep == 0) {
+    free (f->b);
+    f->b = &gone;
+    r->n--;
+  }
 }
 
 static void
@@ -822,7 +974,8 @@ rec_free (struct recovered *r)
   if (r == NULL)
     return;
   for (size_t i = 0; i < r->cap; i++)
-    free (r->t[i].b);
+    if (has_blocks (&r->t[i]))
+      free (r->t[i].b);
   free (r->t);
   free (r);
 }
@@ -1083,15 +1236,25 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       errno = EBADMSG;
       return -1;
     }
-    struct rfolio *f = rec_get (r, e->folio, p->bpf);
+    struct rfolio *f;
+    if (e->flags & SSD_ENT_CLEAN) {
+      /* Nothing of a folio without blocks to clean. */
+      f = rec_find (r, e->folio);
+      if (f == NULL || !has_blocks (f))
+        continue;
+      struct rblock *b = &f->b[e->block];
+      bool before = b->state == R_DATA || b->bad;
+      b->bad = false;           /* a newer record: the failed one is moot */
+      b->state = R_CLEAN;
+      rec_keep (r, f, before, false);
+      continue;
+    }
+    f = rec_get (r, e->folio, p->bpf);
     if (f == NULL)
       return -1;
     struct rblock *b = &f->b[e->block];
+    bool before = b->state == R_DATA || b->bad;
     b->bad = false;             /* a newer record: the failed one is moot */
-    if (e->flags & SSD_ENT_CLEAN) {
-      b->state = R_CLEAN;
-      continue;
-    }
     if (ssd_data_crc (data, p->bs) == e->crc) {
       b->state = R_DATA;
       b->pos = dpos;
@@ -1104,6 +1267,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       r->c_bad = true;
       r->comp_sound = false;
     }
+    rec_keep (r, f, before, true);
     data += p->bs;
     dpos += p->bs;
   }
@@ -1127,12 +1291,32 @@ static void
 settle_damage (struct store_ssd *p, struct recovered *r)
 {
   for (size_t i = 0; i < r->cap; i++)
-    for (uint32_t b = 0; r->t[i].b && b < p->bpf; b++) {
+    for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p->bpf; b++) {
       struct rblock *rb = &r->t[i].b[b];
       if (rb->bad)
         rb->state = R_LOST;
       rb->bad = false;
     }
+}
+
+/* After the scan: the batch of the oldest newest data record of a live
+ * block (end: none), or UINT64_MAX when a record failed its crc (the
+ * log must not start past damage). */
+static uint64_t
+oldest_live (const struct store_ssd *p, const struct recovered *r,
+             uint64_t end)
+{
+  uint64_t m = end;
+
+  for (size_t i = 0; i < r->cap; i++)
+    for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p->bpf; b++) {
+      const struct rblock *rb = &r->t[i].b[b];
+      if (rb->bad || rb->state == R_LOST)
+        return UINT64_MAX;
+      if (rb->state == R_DATA && rb->lsn < m)
+        m = rb->lsn;
+    }
+  return m;
 }
 
 /* After an unclean stop: what the log holds, into p->rec. */
@@ -1178,6 +1362,36 @@ recover_scan (struct store_ssd *p, char *err, size_t errlen)
     rec_free (r);
     p->rec = NULL;
     goto again;
+  }
+  if (n > 0 && p->cmax > 0 && p->scan_limit == UINT64_MAX &&
+      r->lost_batches == 0 &&
+      end - p->sb.tail_lsn + p->cmax > p->sb.log_bytes) {
+    /* The log leaves no room for a compaction, the room every commit
+     * keeps (issue 33 item 16).  Its last commit needed a reclaim, and
+     * the checkpoint it moved was lost (one superblock copy damaged) or
+     * never written: the log starts at the batch of the oldest live
+     * record (nothing before it is live), which that reclaim's copies
+     * moved past the old start when they were all written. */
+    uint64_t oldest = oldest_live (p, r, end);
+    const struct ssd_batch *h;
+    if (oldest != UINT64_MAX && oldest > p->sb.tail_lsn &&
+        header_at (p, &rd, oldest, 0, &h) == 1) {
+      p->sb.tail_lsn = oldest;
+      p->sb.tail_seq = h->seq;
+      rec_free (r);
+      p->rec = NULL;
+      goto again;
+    }
+    if (oldest != UINT64_MAX && !p->sb_suspect) {
+      /* Killed in the middle of that commit's batches (a reclaim's or a
+       * compaction's): its sync never returned, nothing of it was
+       * acknowledged.  Dropped whole, as a torn one: the log ends where
+       * the room was kept. */
+      p->scan_limit = r->c_lsn;
+      rec_free (r);
+      p->rec = NULL;
+      goto again;
+    }
   }
   free (buf);
   if (n < 0) {
@@ -1241,7 +1455,7 @@ ssd_recover (struct store *s, store_recover_fn fn, void *arg,
     return -1;
   size_t ndata = 0;
   for (size_t i = 0; i < r->cap; i++)
-    if (r->t[i].b) {
+    if (has_blocks (&r->t[i])) {
       bool any = false;
       for (uint32_t b = 0; b < p->bpf; b++)
         if (r->t[i].b[b].state == R_DATA) {
@@ -1339,6 +1553,8 @@ ssd_destroy (struct store *s)
   free (p->queue);
   free (p->wbuf);
   free (p->rec_lsn);
+  free ((void *) p->wbegun);
+  free ((void *) p->wended);
   free (p->segs);
   free (p->seg_live);
   free (p->path_buf);
@@ -1354,6 +1570,8 @@ static const struct store_ops ssd_ops = {
   .bitmap = ssd_bitmap,
   .set_index = ssd_set_index,
   .persist = ssd_persist,
+  .write_begin = ssd_write_begin,
+  .write_end = ssd_write_end,
   .sync = ssd_sync,
   .may_reuse = ssd_may_reuse,
   .recover = ssd_recover,
@@ -1446,11 +1664,13 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   p->queued = calloc (n, sizeof *p->queued);
   p->queue = calloc (n, sizeof *p->queue);
   p->rec_lsn = calloc ((size_t) n * p->bpf, sizeof *p->rec_lsn);
+  p->wbegun = calloc (n, sizeof *p->wbegun);
+  p->wended = calloc (n, sizeof *p->wended);
   if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
     p->wbuf = NULL;
   if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
       !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf ||
-      !p->rec_lsn)
+      !p->rec_lsn || !p->wbegun || !p->wended)
     return -1;
   for (uint32_t i = 0; i < n; i++)
     p->log_folio[i] = STORE_NO_FOLIO;
@@ -1636,7 +1856,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     struct recovered *rc = p->rec;
     for (size_t i = 0; i < rc->cap; i++) {
       bool any = false;
-      for (uint32_t b = 0; rc->t[i].b && b < p->bpf; b++) {
+      for (uint32_t b = 0; has_blocks (&rc->t[i]) && b < p->bpf; b++) {
         any |= rc->t[i].b[b].state == R_DATA;
         rc->lost_blocks += rc->t[i].b[b].state == R_LOST;
       }
@@ -1792,7 +2012,7 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
     struct recovered *r = p.rec;
     for (size_t i = 0; i < r->cap; i++) {
       bool any = false;
-      for (uint32_t b = 0; r->t[i].b && b < p.bpf; b++) {
+      for (uint32_t b = 0; has_blocks (&r->t[i]) && b < p.bpf; b++) {
         uint8_t st = r->t[i].b[b].state;
         any |= st == R_DATA;
         dirty += st == R_DATA;
