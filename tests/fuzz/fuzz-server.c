@@ -197,6 +197,8 @@ fuzz_env_new (void)
 
   fuzz_log_on = getenv ("FUZZ_LOG") != NULL;
   log_to_sink (fuzz_log_line);
+  if (fuzz_log_on)
+    log_set_level (LOG_LVL_DEBUG);  /* the replay checks debug lines */
   snprintf (env.dir, sizeof env.dir, "%.40s/fuzz-server-XXXXXX",
             tmpdir && *tmpdir ? tmpdir : "/tmp");
   if (!mkdtemp (env.dir))
