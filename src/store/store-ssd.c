@@ -1250,7 +1250,7 @@ apply_batch (struct store_ssd *p, const struct ssd_batch *h,
       continue;
     }
     f = rec_get (r, e->folio, p->bpf);
-    if (f == NULL)
+    if (f == NULL || !has_blocks (f))  /* rec_get gives blocks or NULL */
       return -1;
     struct rblock *b = &f->b[e->block];
     bool before = b->state == R_DATA || b->bad;
