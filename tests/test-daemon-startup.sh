@@ -31,12 +31,13 @@ n=$(grep -o "127.0.0.1:$port" "$tmp/busy.log" | wc -l)
 grep -q "Address already in use" "$tmp/busy.log" || fail "no 'Address already in use'"
 [ "$n" -eq 1 ] || fail "the address is said $n times"
 
-# Ready before populated, and a client served meanwhile.
+# Ready before populated, and a client served meanwhile (the populating
+# thread runs at nice 19: on a busy host it may take minutes).
 truncate -s 64M "$tmp/disk.img"
 start_foliod --export "disk0=file:$tmp/disk.img,cache-size=1G"
 nbdsh -u "$(uri disk0)" -c 'h.pwrite(b"x" * 4096, 0); assert h.pread(4096, 0) == b"x" * 4096'
 wait_for_text "$FOLIOD_LOG" "export disk0: cache populated: 1073741824 bytes" \
-  "no 'cache populated' line for the whole cache" 600
+  "no 'cache populated' line for the whole cache" 3000
 ready=$(grep -n "ready:" "$FOLIOD_LOG" | head -n1 | cut -d: -f1)
 populated=$(grep -n "cache populated" "$FOLIOD_LOG" | head -n1 | cut -d: -f1)
 [ "$ready" -lt "$populated" ] || fail "populated (line $populated) before ready (line $ready)"
