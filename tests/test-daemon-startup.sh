@@ -32,7 +32,7 @@ grep -q "Address already in use" "$tmp/busy.log" || fail "no 'Address already in
 [ "$n" -eq 1 ] || fail "the address is said $n times"
 
 # Ready before populated, and a client served meanwhile (the populating
-# thread runs at nice 19: on a busy host it may take minutes).
+# thread rests half the time: on a busy host it may take minutes).
 truncate -s 64M "$tmp/disk.img"
 start_foliod --export "disk0=file:$tmp/disk.img,cache-size=1G"
 nbdsh -u "$(uri disk0)" -c 'h.pwrite(b"x" * 4096, 0); assert h.pread(4096, 0) == b"x" * 4096'

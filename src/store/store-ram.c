@@ -1,13 +1,11 @@
 /* The ram store: folio memory in one anonymous mapping, bitmaps in one
  * array.  The memory is populated in the background once the server
  * listens (store_ram_populate), not when the store is made. */
-#define _GNU_SOURCE               /* gettid */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "foliod/store.h"
@@ -101,22 +99,26 @@ ram_populate_main (void *arg)
   size_t off = 0;
   int err = 0;
 
-  /* Nice 19, not SCHED_IDLE: a SCHED_IDLE thread on a busy host is
-   * preempted inside madvise holding mmap_lock for reading and gets no
-   * CPU again until the host idles, while every mmap, munmap and thread
-   * start of foliod waits behind it (and page faults behind them): the
-   * first client waited for the whole population (27 s for 256 MiB
-   * under 12 CPU-bound threads on 2 cores).  Nice 19 still gets a
-   * slice within a scheduling period, so the lock comes back soon. */
-  (void) setpriority (PRIO_PROCESS, (id_t) gettid (), 19); /* a hint */
+  /* At the normal priority, resting after each chunk as long as it
+   * took (at most half a core), never SCHED_IDLE or nice 19: such a
+   * thread preempted inside madvise holds mmap_lock for reading and gets
+   * no CPU again until the host idles (nice 19: until every other task
+   * has had its share), while every mmap, brk and thread start of foliod
+   * waits behind it, and page faults behind those: the first client
+   * waited for the whole population (27 s for 256 MiB under 12
+   * CPU-bound threads on 2 cores; 6 s at nice 19 under twice that). */
   while (off < r->data_len && !atomic_load (&r->populate_stop)) {
     size_t n = r->data_len - off < POPULATE_CHUNK ? r->data_len - off
                                                   : POPULATE_CHUNK;
+    uint64_t t0 = now_ms ();
     if (madvise (r->data + off, n, MADV_POPULATE_WRITE) == -1) {
       err = errno;     /* EINVAL: an old kernel; ENOMEM: not that much memory */
       break;
     }
     off += n;
+    uint64_t took = now_ms () - t0;
+    if (took > 0)
+      usleep ((useconds_t) (took < 100 ? took : 100) * 1000);
   }
   if (r->populated && !atomic_load (&r->populate_stop))
     r->populated (r->populated_arg, err, off, now_ms () - start);
