@@ -248,6 +248,8 @@ struct conn {
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
   ev_timer idle_timer;           /* idle timeout in transmission */
+  ev_tstamp last_active;         /* loop time of the last activity: the
+                                    timer re-arms from it when it fires */
   bool client_key_set;           /* counted in srv->clients under ... */
   char client_key[64];           /* ... this source (address or pid) */
   bool in_flush_list;            /* linked in lp->flush_list */
