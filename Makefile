@@ -218,7 +218,8 @@ check-integration: all
 
 check-asan: deps
 	$(MAKE) BUILD=build-asan SAN=1 all
-	$(MAKE) BUILD=build-asan SAN=1 check-unit check-integration
+	STORE_CRASHES=$${STORE_CRASHES:-2000} \
+	  $(MAKE) BUILD=build-asan SAN=1 check-unit check-integration
 
 # The unit tests under ThreadSanitizer (the daemon's tests run under
 # ASan): the first report fails the test; tests/unit/tsan.supp says why
