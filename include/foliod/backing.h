@@ -63,6 +63,7 @@ struct backing_stats {
   uint64_t retries;
   uint64_t errors;
   uint64_t writes_in_doubt;     /* see backing_ops.clear_doubt */
+  uint64_t abandoned;           /* requests given up on at their timeout */
 };
 
 struct backing;

@@ -28,7 +28,7 @@ enum metric_id {
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
-  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_COUNT
+  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_ABANDONED, M_COUNT
 };
 
 static const struct {
@@ -72,6 +72,10 @@ static const struct {
                      "Reconnections of an nbd: backing." },
   [M_RETRIES] = { "foliod_backing_retries_total", "counter",
                   "Requests an nbd: backing sent again after a reconnect." },
+  [M_ABANDONED] = { "foliod_backing_requests_abandoned_total", "counter",
+                    "Requests to an rbd: backing given up on at "
+                    "request-timeout (librbd cannot cancel them; it keeps "
+                    "their buffers until the cluster answers)." },
   [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
                    "Writes to an nbd: backing given up on that the remote "
                    "may still carry out: FLUSH fails until 'foliod "
@@ -198,6 +202,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_RECONNECTS] = bst.reconnects;
   v[M_RETRIES] = bst.retries;
   v[M_IN_DOUBT] = bst.writes_in_doubt;
+  v[M_ABANDONED] = bst.abandoned;
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
   v[M_PT_LOST] = st.passthrough_lost;
