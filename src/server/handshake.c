@@ -208,7 +208,8 @@ hs_enter_transmission (struct conn *c, struct export *e)
   c->optbuf = NULL;
   c->hdr_have = 0;
   log_info ("conn %" PRIu64 ": export '%s'%s%s%s", c->id, e->name,
-            c->structured ? ", structured replies" : "",
+            c->extended ? ", extended headers"
+            : c->structured ? ", structured replies" : "",
             c->meta_alloc ? ", base:allocation" : "",
             c->meta_cache ? ", foliod:cache" : "");
   conn_set_state (c, CONN_TX_REQ_HDR);
@@ -236,6 +237,13 @@ opt_export_name (struct conn *c)
   uint8_t reply[8 + 2 + 124] = { 0 };
   char esc[ESCAPED_MAX];
 
+  if (c->extended) {
+    /* The spec forbids it after extended headers: its reply has no room
+     * to say which headers follow, and it cannot carry an error. */
+    log_warn ("conn %" PRIu64 ": NBD_OPT_EXPORT_NAME after extended"
+              " headers were negotiated: use NBD_OPT_GO", c->id);
+    return STEP_CLOSE;
+  }
   if (hs_string (name, c->optbuf, c->opt_len) < 0
       || !(e = server_find_export (c->srv, name))
       || hs_tls_required (c, e)) {
@@ -315,6 +323,7 @@ opt_starttls (struct conn *c)
     return STEP_CLOSE;
   c->tls_active = true;
   c->structured = false;
+  c->extended = false;
   c->meta_alloc = false;
   c->meta_cache = false;
   c->meta_exp = NULL;
@@ -327,6 +336,24 @@ opt_structured_reply (struct conn *c)
   if (c->opt_len != 0)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
                                   "NBD_OPT_STRUCTURED_REPLY takes no data"));
+  if (c->extended)
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_EXT_HEADER_REQD,
+                                  "extended headers already negotiated"));
+  c->structured = true;
+  return hs_done (hs_reply (c, NBD_REP_ACK, NULL, 0));
+}
+
+/* Extended headers take precedence over structured replies and imply
+ * them (every reply a 32-byte chunk header), with or without an earlier
+ * NBD_OPT_STRUCTURED_REPLY.  Metadata contexts already set stay set:
+ * ours report 32-bit states, sent in either chunk type. */
+static enum step
+opt_extended_headers (struct conn *c)
+{
+  if (c->opt_len != 0)
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
+                                  "NBD_OPT_EXTENDED_HEADERS takes no data"));
+  c->extended = true;
   c->structured = true;
   return hs_done (hs_reply (c, NBD_REP_ACK, NULL, 0));
 }
@@ -522,6 +549,7 @@ hs_handle_option (struct conn *c)
   case NBD_OPT_INFO:
   case NBD_OPT_GO:               return opt_info_go (c);
   case NBD_OPT_STRUCTURED_REPLY: return opt_structured_reply (c);
+  case NBD_OPT_EXTENDED_HEADERS: return opt_extended_headers (c);
   case NBD_OPT_LIST_META_CONTEXT:
   case NBD_OPT_SET_META_CONTEXT: return opt_meta_context (c);
   default:
