@@ -4,8 +4,9 @@
 # 10, from the root tests/lib-trixie.sh makes.  Over a sparse 16 GiB export:
 # negotiation, read/write/flush past 4 GiB, block status that answers one
 # extent longer than 4 GiB as one 64-bit descriptor (base:allocation and
-# foliod:cache), a 6 GiB zero and a 5 GiB trim each in one request, errors
-# as extended error chunks; the malformed extended headers of
+# foliod:cache), the block status payload form (one context asked for), a
+# 6 GiB zero and a 5 GiB trim each in one request, errors as extended
+# error chunks; the malformed extended headers of
 # tests/tools/bad-client; and the clients without extended headers (libnbd
 # 1.22 told not to ask, Debian 12's nbdsh and qemu-img) still served as
 # before.
@@ -54,6 +55,15 @@ hole = 12 * G - 65536
 assert got["base:allocation"][0][:3] == [(65536, 0), (hole, 3), (65536, 0)], got
 assert got["foliod:cache"][0][:3] == [(65536, 1), (hole, 0), (65536, 1)], got
 print("block status: one %d-byte extent" % hole)
+
+# The payload form (NBD_FLAG_BLOCK_STATUS_PAYLOAD): only the contexts
+# asked for are answered.
+assert h.can_block_status_payload(), "block status payload form not offered"
+got = {}
+h.block_status_filter(h.get_size(), 0, ["foliod:cache"],
+                      lambda meta, off, ents, err: got.setdefault(meta, []).append(list(ents)) or 0)
+assert list(got) == ["foliod:cache"], got
+assert got["foliod:cache"][0][:2] == [(65536, 1), (hole, 0)], got
 
 # A 6 GiB zero in one request (libnbd refuses > 4 GiB without extended
 # headers) over data on both sides of 4 GiB.
@@ -145,7 +155,7 @@ n_qemu=$(grep -c "export 'disk0', extended headers, base:allocation$" "$FOLIOD_L
 [ "$n_qemu" -ge 2 ] || fail "qemu 10 did not negotiate extended headers"
 
 # 4. Malformed extended headers: a clear error or a close, never a crash.
-for c in ext-negotiate ext-wrong-magic ext-payload ext-lengths; do
+for c in ext-negotiate ext-wrong-magic ext-payload ext-lengths ext-bs-payload; do
   echo "case $c"
   timeout $((60 * TSCALE)) "$BAD" "$SOCK" disk0 "$c" || fail "bad-client $c"
   foliod_alive

@@ -492,7 +492,8 @@ exec_block_status (struct req *r)
   bool ext = r->conn->extended;
   size_t one = bs_head_len (ext) + bs_desc_len (ext) * max;
   size_t need = NBD_META_CONTEXTS * one;
-  bool alloc = r->conn->meta_alloc, cache = r->conn->meta_cache;
+  bool alloc = r->bs_contexts & REQ_BS_ALLOC;
+  bool cache = r->bs_contexts & REQ_BS_CACHE;
 
   if (req_buf_room (r, need) == -1)
     return -1;

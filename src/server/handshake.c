@@ -174,18 +174,22 @@ hs_tls_required (const struct conn *c, const struct export *e)
 
 /* ---- transmission entry ------------------------------------------------- */
 
-/* The transmission flags of e.  e->read_only already says whether the
- * backing is read-only (export_open folds its caps in). */
+/* The transmission flags of e for c.  e->read_only already says whether
+ * the backing is read-only (export_open folds its caps in).  The block
+ * status payload form only with extended headers and contexts selected
+ * for e (spec: SHOULD NOT without). */
 static uint16_t
-hs_tflags (const struct export *e, bool structured)
+hs_tflags (const struct conn *c, const struct export *e)
 {
   /* The cache is shared by every connection to the export, so a flush on
    * one makes all completed writes durable: multi-conn is safe. */
   uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
     | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
 
-  if (structured)
+  if (c->structured)
     f |= NBD_FLAG_SEND_DF;
+  if (c->extended && c->meta_exp == e && (c->meta_alloc || c->meta_cache))
+    f |= NBD_FLAG_BLOCK_STATUS_PAYLOAD;
   if (e->read_only)
     f |= NBD_FLAG_READ_ONLY;
   else
@@ -198,7 +202,7 @@ static void
 hs_enter_transmission (struct conn *c, struct export *e)
 {
   c->exp = e;
-  c->tflags = hs_tflags (e, c->structured);
+  c->tflags = hs_tflags (c, e);
   if (c->meta_exp != e) {
     c->meta_alloc = false; /* contexts were chosen for another export */
     c->meta_cache = false;
@@ -253,7 +257,7 @@ opt_export_name (struct conn *c)
     return STEP_CLOSE;
   }
   put_be64 (reply, e->size);
-  put_be16 (reply + 8, hs_tflags (e, c->structured));
+  put_be16 (reply + 8, hs_tflags (c, e));
   if (conn_out_append (c, reply, c->no_zeroes ? 10 : sizeof reply) < 0)
     return STEP_CLOSE;
   hs_enter_transmission (c, e);
@@ -379,7 +383,7 @@ hs_info_export (struct conn *c, const struct export *e, bool want_name,
   uint32_t pref = cache_get_config (e->cache)->block_size;
 
   put_be64 (ex, e->size);
-  put_be16 (ex + 8, hs_tflags (e, c->structured));
+  put_be16 (ex + 8, hs_tflags (c, e));
   /* Minimum 1: the cache takes any alignment.  Preferred: the cache's
    * block, below which writes read-modify-write. */
   put_be32 (bs, 1);

@@ -161,6 +161,9 @@ struct export;
  * (NBD_REPLY_TYPE_BLOCK_STATUS_EXT: an 8-byte head, 16-byte
  * descriptors). */
 #define REQ_BS_BUF_MAX      (NBD_META_CONTEXTS * (8 + 16 * 16384u))
+/* Metadata contexts, as bits of req.bs_contexts. */
+#define REQ_BS_ALLOC        1u  /* base:allocation */
+#define REQ_BS_CACHE        2u  /* foliod:cache */
 /* A reply chunk's header and the fixed part of its payload fit in one
  * slot: 32 bytes of extended header, then up to 12 (OFFSET_HOLE). */
 #define REQ_HDR_SLOT_LEN    48
@@ -189,6 +192,9 @@ struct req {
   struct cache_prep prep;
   size_t charged;            /* buffer bytes counted in the budgets */
 
+  unsigned bs_contexts;      /* block status: the contexts to answer
+                                (REQ_BS_*): all selected, or those a
+                                payload names */
   int error;                 /* NBD error (NBD_E*) or 0; set by checks or
                                 by the worker */
   const char *errmsg;        /* static text for the structured error */

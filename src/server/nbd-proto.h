@@ -33,6 +33,7 @@
 #define NBD_FLAG_CAN_MULTI_CONN    (1u << 8)
 #define NBD_FLAG_SEND_CACHE        (1u << 10)
 #define NBD_FLAG_SEND_FAST_ZERO    (1u << 11)
+#define NBD_FLAG_BLOCK_STATUS_PAYLOAD (1u << 12) /* extended headers only */
 
 /* Options. */
 #define NBD_OPT_EXPORT_NAME        1

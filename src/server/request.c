@@ -64,7 +64,9 @@ req_allowed_flags (const struct conn *c, uint16_t type)
   case NBD_CMD_WRITE_ZEROES:
     return fua | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
   case NBD_CMD_BLOCK_STATUS:
-    return fua | NBD_CMD_FLAG_REQ_ONE;
+    return fua | NBD_CMD_FLAG_REQ_ONE
+      | ((c->tflags & NBD_FLAG_BLOCK_STATUS_PAYLOAD)
+         ? NBD_CMD_FLAG_PAYLOAD_LEN : 0);
   default:
     return fua;
   }
@@ -110,6 +112,67 @@ req_check (struct conn *c, struct req *r)
     if (r->count == 0)
       return req_refuse (r, NBD_EINVAL, "block status of zero length");
   }
+  return 0;
+}
+
+/* The contexts a block status answers: those selected, unless its
+ * payload names some. */
+static unsigned
+req_bs_selected (const struct conn *c)
+{
+  return (c->meta_alloc ? REQ_BS_ALLOC : 0)
+    | (c->meta_cache ? REQ_BS_CACHE : 0);
+}
+
+/* Block status payload form (NBD_FLAG_BLOCK_STATUS_PAYLOAD): 64-bit
+ * effect length, then 32-bit context ids, at least one.  Each id must be
+ * selected and named once, so no valid payload is longer than one id per
+ * context: anything else is refused (after reading it, as any payload). */
+#define BS_PAYLOAD_MAX (8 + 4 * NBD_META_CONTEXTS)
+
+static bool
+req_bs_payload_len_ok (uint64_t len)
+{
+  return len >= 12 && len <= BS_PAYLOAD_MAX && (len - 8) % 4 == 0;
+}
+
+/* The payload in r->buf is complete: take its effect length and the
+ * contexts it names, and check the request again with that length.
+ * Returns 0 or the NBD error. */
+static int
+req_bs_payload (struct conn *c, struct req *r)
+{
+  unsigned sel = req_bs_selected (c), want = 0;
+
+  for (size_t i = 8; i < r->count; i += 4) {
+    uint32_t id = get_be32 (r->buf + i);
+    unsigned bit = id == NBD_META_ID_BASE_ALLOCATION ? REQ_BS_ALLOC
+                 : id == NBD_META_ID_FOLIOD_CACHE ? REQ_BS_CACHE : 0;
+
+    if (!(bit & sel))
+      return req_refuse (r, NBD_EINVAL, "block status payload names a"
+                         " context not selected");
+    if (want & bit)
+      return req_refuse (r, NBD_EINVAL, "block status payload names a"
+                         " context twice");
+    want |= bit;
+  }
+  r->count = get_be64 (r->buf);
+  r->bs_contexts = want;
+  return req_check (c, r);
+}
+
+/* Bytes r->buf must hold once its header is checked: a read's data, a
+ * write's payload, a block status payload (its reply's room comes at
+ * execution). */
+static size_t
+req_buf_need (const struct req *r)
+{
+  if (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
+    return r->count;           /* <= NBD_MAX_PAYLOAD: req_check */
+  if (r->type == NBD_CMD_BLOCK_STATUS
+      && (r->flags & NBD_CMD_FLAG_PAYLOAD_LEN))
+    return r->count;           /* <= BS_PAYLOAD_MAX */
   return 0;
 }
 
@@ -206,6 +269,7 @@ tx_step_req_hdr (struct conn *c)
   r->cookie = get_be64 (c->hdr + 8);
   r->offset = get_be64 (c->hdr + 16);
   r->count = conn_hdr_length (c);
+  r->bs_contexts = req_bs_selected (c);
 
   if (r->type == NBD_CMD_DISC) {
     log_debug ("conn %" PRIu64 ": NBD_CMD_DISC", c->id);
@@ -214,16 +278,23 @@ tx_step_req_hdr (struct conn *c)
     return STEP_NEXT;
   }
   r->error = req_check (c, r);
-  if (!r->error && (r->type == NBD_CMD_READ || r->type == NBD_CMD_WRITE)
-      && req_reserve (r, r->count) < 0)
+  if (!r->error && r->type == NBD_CMD_BLOCK_STATUS
+      && (r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)
+      && !req_bs_payload_len_ok (r->count))
+    r->error = req_refuse (r, NBD_EINVAL, "block status payload of a"
+                           " wrong length");
+  if (!r->error && req_reserve (r, req_buf_need (r)) < 0)
     r->error = req_refuse (r, NBD_ENOMEM, "out of memory");
   conn_budget_charge (c, r, r->type == NBD_CMD_BLOCK_STATUS && !r->error
                       ? REQ_BS_BUF_MAX : 0);
   if (req_has_payload (c, r->flags, r->type)) {
     c->cur = r;
-    /* Only a write takes a payload (req_check refused the rest). */
-    assert (r->error || r->type == NBD_CMD_WRITE);
-    if (!r->error && !(r->flags & NBD_CMD_FLAG_FUA))
+    /* Only a write and a block status (its payload form) take a
+     * payload: req_check refused the rest. */
+    assert (r->error || r->type == NBD_CMD_WRITE
+            || r->type == NBD_CMD_BLOCK_STATUS);
+    if (!r->error && r->type == NBD_CMD_WRITE
+        && !(r->flags & NBD_CMD_FLAG_FUA))
       (void) cache_write_prepare (c->exp->cache, r->count, r->offset,
                                   &r->prep);   /* else all into buf */
     if (r->error) {
@@ -284,6 +355,8 @@ tx_step_req_payload (struct conn *c)
   }
   c->cur = NULL;
   conn_set_state (c, CONN_TX_REQ_HDR);
+  if (r->type == NBD_CMD_BLOCK_STATUS)
+    r->error = req_bs_payload (c, r);
   req_submit (c, r);
   return STEP_NEXT;
 }

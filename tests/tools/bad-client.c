@@ -36,6 +36,7 @@
 #define OPT_STARTTLS   5
 #define OPT_GO         7
 #define OPT_STRUCTURED 8
+#define OPT_SET_META   10
 #define OPT_EXTENDED   11
 #define REP_ACK        1
 #define REP_ERR(n)     ((1u << 31) | (n))
@@ -54,6 +55,7 @@
 #define CMD_BLOCK_STATUS 7
 
 static const char *sock_path, *export_name;
+static uint16_t go_tflags;  /* transmission flags of the last GO's INFO */
 
 static void __attribute__ ((noreturn, format (printf, 1, 2)))
 die (const char *fmt, ...)
@@ -232,6 +234,8 @@ opt_go (int fd, const char *name, uint64_t *size)
       must_read (fd, d, 12, "INFO_EXPORT");
       if (get16 (d) == 0 && size)
         *size = get64 (d + 2);
+      if (get16 (d) == 0)
+        go_tflags = get16 (d + 10);
       continue;
     }
     while (len > 0) {
@@ -552,6 +556,85 @@ case_ext_lengths (void)
   expect_ext_error (fd, 5, 0, 22, "block status without a meta context");
   send_ext_req (fd, 0, 99, 6, 0, 0, false);
   expect_ext_error (fd, 6, 0, 22, "unknown command");
+  ext_still_works (fd);
+  close (fd);
+}
+
+/* Send block status at offset 0 with payload p of len bytes: refused
+ * with EINVAL. */
+static void
+bs_payload_refused (int fd, uint64_t cookie, const uint8_t *p, size_t len,
+                    const char *what)
+{
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_BLOCK_STATUS, cookie, 0, len,
+                false);
+  xwrite (fd, p, len);
+  expect_ext_error (fd, cookie, 0, 22, what);
+}
+
+/* Extended headers and both contexts selected (ids 1 and 2, the order
+ * foliod gives them): the block status payload form is offered.  Its
+ * payload (64-bit effect length, then context ids) is checked: a wrong
+ * length, an id not selected, an id twice, or a zero effect length are
+ * refused with EINVAL, the stream kept in step; a valid one answers the
+ * contexts it names only. */
+static void
+case_ext_bs_payload (void)
+{
+  int fd = open_conn ();
+  static const char *q[] = { "base:allocation", "foliod:cache" };
+  uint8_t o[256], p[32], buf[256];
+  size_t n = strlen (export_name), len = 0;
+  uint32_t t, err;
+  uint16_t flags;
+
+  hs_begin (fd, 3);
+  opt_send (fd, OPT_EXTENDED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_EXTENDED)) != REP_ACK)
+    die ("EXTENDED_HEADERS: reply 0x%x, expected ACK", t);
+  put32 (o, n);
+  memcpy (o + 4, export_name, n);
+  put32 (o + 4 + n, 2);
+  len = 8 + n;
+  for (int i = 0; i < 2; i++) {
+    put32 (o + len, strlen (q[i]));
+    memcpy (o + len + 4, q[i], strlen (q[i]));
+    len += 4 + strlen (q[i]);
+  }
+  opt_send (fd, OPT_SET_META, o, len);
+  while ((t = opt_reply (fd, OPT_SET_META)) == 4 /* META_CONTEXT */)
+    ;
+  if (t != REP_ACK)
+    die ("SET_META_CONTEXT: 0x%x", t);
+  if ((t = opt_go (fd, export_name, NULL)) != REP_ACK)
+    die ("GO: 0x%x", t);
+  if (!(go_tflags & (1u << 12)))
+    die ("NBD_FLAG_BLOCK_STATUS_PAYLOAD not offered: flags 0x%x", go_tflags);
+
+  memset (p, 0, sizeof p);
+  put64 (p, 8192);
+  put32 (p + 8, 1);
+  put32 (p + 12, 1);
+  put32 (p + 16, 2);
+  bs_payload_refused (fd, 1, p, 10, "a payload of 10 bytes (not 8 + 4n)");
+  bs_payload_refused (fd, 2, p, 16, "a payload naming id 1 twice");
+  bs_payload_refused (fd, 4, p, 20, "a payload of three ids");
+  put32 (p + 12, 99);
+  bs_payload_refused (fd, 3, p, 16, "a payload naming id 99");
+  put64 (p, 0);
+  bs_payload_refused (fd, 5, p, 12, "a payload of effect length 0");
+  /* Valid: foliod:cache only, one BLOCK_STATUS_EXT chunk, context 2. */
+  put64 (p, 8192);
+  put32 (p + 8, 2);
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_BLOCK_STATUS, 6, 0, 12, false);
+  xwrite (fd, p, 12);
+  t = ext_chunk (fd, 6, 0, &err, &flags, buf, sizeof buf);
+  if (t != REPLY_TYPE_BLOCK_STATUS_EXT || !(flags & 1))
+    die ("filtered block status: chunk type %u flags %u, expected one"
+         " final BLOCK_STATUS_EXT", t, flags);
+  if (get32 (buf) != 2 || get32 (buf + 4) < 1)
+    die ("filtered block status: context %u, %u descriptors", get32 (buf),
+         get32 (buf + 4));
   ext_still_works (fd);
   close (fd);
 }
@@ -1084,6 +1167,7 @@ static const struct bad_case cases[] = {
   { "ext-wrong-magic", case_ext_wrong_magic },
   { "ext-payload", case_ext_payload },
   { "ext-lengths", case_ext_lengths },
+  { "ext-bs-payload", case_ext_bs_payload },
   { NULL, NULL },
 };
 
