@@ -53,7 +53,7 @@ conn_input_paused (const struct conn *c)
       && c->nactive >= c->srv->cfg.max_inflight)
     return true;
   /* A header read, its buffer over budget: wait for replies to go. */
-  if (c->state == CONN_TX_REQ_HDR && c->hdr_have == NBD_REQUEST_LEN
+  if (c->state == CONN_TX_REQ_HDR && c->hdr_have == conn_req_hdr_len (c)
       && !conn_budget_hdr_fits (c))
     return true;
   return false;
