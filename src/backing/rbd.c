@@ -724,7 +724,7 @@ rbdb_close (struct backing *b)
   }
   /* The same for a cluster that is gone: wait for the close until the
    * shutdown deadline (else request-timeout), then leave it. */
-  if (pthread_create (&t, NULL, closer_main, rb) != 0)
+  if (thread_start (&t, closer_main, rb, "rbd-close") != 0)
     closer_main (rb);
   else
     pthread_detach (t);
@@ -1103,7 +1103,7 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
     goto fail;
   }
   op->read_only = o->read_only || op->snap != NULL;
-  if (pthread_create (&t, NULL, opening_main, op) != 0) {
+  if (thread_start (&t, opening_main, op, "rbd-open") != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
   }
@@ -1131,7 +1131,7 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
   }
   opening_put (op);
   op = NULL;
-  if (pthread_create (&rb->reaper, NULL, reaper_main, rb) != 0) {
+  if (thread_start (&rb->reaper, reaper_main, rb, "rbd-reaper") != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
   }
