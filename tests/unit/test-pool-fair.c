@@ -4,9 +4,16 @@
  * connection queued, plus the workers' count), not after all of them.
  *
  * pool.c is compiled in here with req_execute stubbed: adversary
- * requests block on a gate until the victim's request is queued, and
- * every start is recorded in order.
+ * requests block on a gate, and every start is recorded in order.  The
+ * gate opens only once the pool is at rest (every worker idle or inside
+ * req_execute): a request the pool has handed to a worker counts as
+ * started even if that worker has not run yet.  Opening it as soon as
+ * the victim's request was queued measured the scheduler instead: the
+ * worker handed the victim's request could be left off the CPU while
+ * the freed adversary workers ran through up to 192 requests (5 runs
+ * in 30 failed so, every time with the victim's request already taken).
  */
+#include <unistd.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +35,7 @@ static unsigned adv_at_submit;   /* ... when the victim's was queued */
 static unsigned adv_at_victim;   /* ... when the victim's started */
 static bool victim_ran;
 static unsigned done_count;
+static unsigned in_execute;      /* workers inside req_execute now */
 
 static struct conn victim_conn;
 
@@ -35,6 +43,7 @@ void
 req_execute (struct req *r)
 {
   pthread_mutex_lock (&mu);
+  in_execute++;
   if (r->conn == &victim_conn) {
     adv_at_victim = adv_started;
     victim_ran = true;
@@ -44,7 +53,33 @@ req_execute (struct req *r)
     while (!gate_open)
       pthread_cond_wait (&cv, &mu);
   }
+  in_execute--;
   pthread_mutex_unlock (&mu);
+}
+
+/* Wait until no worker is on its way anywhere: each is idle (on the
+ * pool's idle stack), or inside req_execute (an adversary's, blocked at
+ * the gate; the victim's returns, and its worker goes idle).  Both are
+ * read under the pool's lock: a worker handed a request is off the stack
+ * and not yet in req_execute, and is waited for.  With the gate shut,
+ * nothing moves after that. */
+static void
+wait_at_rest (struct pool *p)
+{
+  for (;;) {
+    unsigned nidle = 0, busy;
+
+    lock_or_die (&p->lock);
+    pthread_mutex_lock (&mu);
+    for (struct pool_worker *w = p->idle; w; w = w->next_idle)
+      nidle++;
+    busy = in_execute;
+    pthread_mutex_unlock (&mu);
+    unlock_or_die (&p->lock);
+    if (nidle + busy == NWORKERS)
+      return;
+    usleep (1000);
+  }
 }
 
 static void
@@ -66,6 +101,7 @@ test_victim_waits_bounded (void **state)
   struct pool p;
   struct pool_batch b = { NULL, NULL };
   unsigned waited;
+  bool ran_before_gate;
 
   (void) state;
   assert_int_equal (pool_start (&p, NWORKERS, done, NULL), 0);
@@ -77,6 +113,8 @@ test_victim_waits_bounded (void **state)
     }
     pool_submit_flush (&p, &b);
   }
+  /* The adversaries hold every worker their caps give them. */
+  wait_at_rest (&p);
   victim_conn.exp = &exp;
   vreq.conn = &victim_conn;
   pthread_mutex_lock (&mu);
@@ -84,13 +122,17 @@ test_victim_waits_bounded (void **state)
   pthread_mutex_unlock (&mu);
   pool_submit (&b, &vreq);
   pool_submit_flush (&p, &b);
+  wait_at_rest (&p);
 
   pthread_mutex_lock (&mu);
+  ran_before_gate = victim_ran;
   gate_open = true;
   pthread_cond_broadcast (&cv);
   pthread_mutex_unlock (&mu);
   pool_stop (&p);
 
+  /* Started while the adversaries' 192 requests were all still there. */
+  assert_true (ran_before_gate);
   assert_true (victim_ran);
   assert_int_equal (done_count, NADV * PER_ADV + 1);
   assert_int_equal (exp.workers_busy, 0);
