@@ -13,8 +13,9 @@
  * and the connections with requests queued take turns (a ring: the one
  * served goes to the back).  One connection runs at most a quarter of
  * the workers (at least one) at a time, and the last quarter of an
- * export's share is kept for its connections that hold no worker and
- * have a single request queued.  64 BLOCK_STATUS or CACHE
+ * export's share (at least one worker of a share of 2 or more) is kept
+ * for its connections that hold no worker and have a single request
+ * queued.  64 BLOCK_STATUS or CACHE
  * requests from each of a few clients no longer stand in one FIFO before
  * another client's 4 KiB read: a request queued waits for at most one
  * request of each other connection queued to start, plus the workers
@@ -51,6 +52,19 @@ pool_conn_share (const struct pool *p)
   return p->nthreads >= 4 ? p->nthreads / 4 : 1;
 }
 
+/* Of an export's share, the workers kept for connections that hold none
+ * and have one request queued: a quarter, and at least one as soon as
+ * the share is 2 (--workers 4 to 7, where a quarter rounds to nothing
+ * and a one-block read waited for a whole CACHE of 64 MiB).  A share of
+ * 1 keeps none: the others would never run. */
+static unsigned
+pool_kept (unsigned share)
+{
+  if (share < 2)
+    return 0;
+  return share >= 8 ? share / 4 : 1;
+}
+
 /* Put c at the back of the ring (lock held). */
 static void
 pool_ring_append (struct pool *p, struct conn *c)
@@ -78,7 +92,7 @@ pool_may_run (const struct pool *p, const struct conn *c)
   if (c->exp == NULL)
     return true;
   if (c->pool_busy > 0 || c->pq_head->next)
-    cap -= cap / 4;
+    cap -= pool_kept (cap);
   return c->exp->workers_busy < cap;
 }
 
