@@ -200,6 +200,10 @@ struct req {
   enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
   int fetch_err;
   struct cache_fetched fetched;
+
+  /* A CACHE longer than POOL_TURN_BYTES runs a turn at a time (pool.c):
+   * offset and count are the turn's, turn_rest what follows it. */
+  uint64_t turn_rest;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake

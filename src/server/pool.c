@@ -22,6 +22,14 @@
  * busy when it came (tests/unit/test-pool-fair.c).  A request over a cap
  * waits in its queue; the other connections pass it.
  *
+ * Turns of long requests: a CACHE runs POOL_TURN_BYTES (1 MiB) at a time;
+ * after each turn it goes back to the head of its connection's queue and
+ * its connection to the back of the ring, so that a CACHE of 1 GiB holds
+ * a worker (and the cache's range locks: a window of up to 256 folios,
+ * whose stripes a read elsewhere may share) for 1 MiB at a time, not for
+ * seconds, and a connection whose queue is closed stops after the turn.
+ * Its one reply goes out after the last turn (or the first that fails).
+ *
  * Wake-ups: an idle worker sleeps on its own semaphore, on a stack (the
  * one idle last is woken first: its cache lines are warm).  Whoever wakes
  * it takes the request for it first and hands it over, so a woken worker
@@ -37,6 +45,12 @@
 #include "foliod/export.h"
 #include "foliod/util.h"
 #include "server/internal.h"
+#include "server/nbd-proto.h"
+
+/* The most of a CACHE request one worker runs in one turn. */
+#ifndef POOL_TURN_BYTES
+#define POOL_TURN_BYTES (1u << 20)
+#endif
 
 /* Workers one export may hold at once. */
 static unsigned
@@ -153,6 +167,46 @@ pool_hand_locked (struct pool *p)
   return wake;
 }
 
+/* Cut r to its first turn if it is a long CACHE (before it runs). */
+static void
+pool_turn_begin (struct req *r)
+{
+  if (r->type != NBD_CMD_CACHE || r->turn_rest || r->count <= POOL_TURN_BYTES)
+    return;
+  r->turn_rest = r->count - POOL_TURN_BYTES;
+  r->count = POOL_TURN_BYTES;
+}
+
+/* After a turn of r: true if r goes on with its next turn, put back at
+ * the head of its connection's queue, its connection at the back of the
+ * ring if it was not in it (lock held).  Not after an error, nor for a
+ * closed connection: its reply (built for the whole request: a CACHE
+ * reply names no range) goes out now. */
+static bool
+pool_turn_next (struct pool *p, struct req *r)
+{
+  struct conn *c = r->conn;
+
+  if (r->turn_rest == 0)
+    return false;
+  if (r->error || atomic_load_explicit (&c->closed, memory_order_relaxed)) {
+    r->turn_rest = 0;
+    return false;
+  }
+  r->niov = r->nhdr = 0;        /* the turn's reply: not sent */
+  r->offset += r->count;
+  r->count = r->turn_rest < POOL_TURN_BYTES ? r->turn_rest : POOL_TURN_BYTES;
+  r->turn_rest -= r->count;
+  r->next = c->pq_head;
+  c->pq_head = r;
+  if (!c->pq_tail) {
+    c->pq_tail = r;
+    pool_ring_append (p, c);
+  }
+  p->nqueued++;
+  return true;
+}
+
 static void
 pool_wake (struct pool_worker *list)
 {
@@ -214,12 +268,15 @@ pool_worker (void *arg)
       struct conn *c = r->conn;
       struct req *next = NULL;
       struct pool_worker *wake;
+      bool again;
 
+      pool_turn_begin (r);
       req_execute (r);
       lock_or_die (&p->lock);
       c->pool_busy--;
       if (c->exp)
         c->exp->workers_busy--;
+      again = pool_turn_next (p, r);
       /* A request of c or of its export may have waited for this
        * worker's share: this worker takes the next one itself; an idle
        * one gets what is left over. */
@@ -231,7 +288,8 @@ pool_worker (void *arg)
         wake = NULL;
       unlock_or_die (&p->lock);
       pool_wake (wake);
-      p->done (p->done_opaque, r);
+      if (!again)
+        p->done (p->done_opaque, r);
       r = next;
     }
   }

@@ -18,11 +18,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <string.h>
 #include <cmocka.h>
 
 #include "server/pool.c"
+#include "server/nbd-proto.h"
 
 #define NADV     3
 #define PER_ADV  64
@@ -40,10 +42,21 @@ static unsigned in_execute;      /* workers inside req_execute now */
 static struct conn victim_conn;
 static unsigned nworkers;
 
+/* What ran, in order, for test_cache_turns. */
+struct ran {
+  const struct conn *conn;
+  uint64_t offset;
+  uint32_t count;
+};
+static struct ran ran[256];
+static unsigned nran;
+
 void
 req_execute (struct req *r)
 {
   pthread_mutex_lock (&mu);
+  if (nran < sizeof ran / sizeof ran[0])
+    ran[nran++] = (struct ran) { r->conn, r->offset, r->count };
   in_execute++;
   if (r->conn == &victim_conn) {
     adv_at_victim = adv_started;
@@ -178,6 +191,55 @@ test_victim_waits_bounded_4 (void **state)
   victim_waits_bounded (4);
 }
 
+/* A CACHE of 8 MiB runs a turn of 1 MiB at a time, and another
+ * connection's request queued behind it runs after its first turn, not
+ * after all 8 (one worker: the CACHE would hold it for the whole 8 MiB,
+ * and a CACHE of 1 GiB for seconds).  One reply each. */
+static void
+test_cache_turns (void **state)
+{
+  struct export exp = { 0 };
+  static struct conn a, b;
+  static struct req cache, read;
+  struct pool p;
+  struct pool_batch bt = { NULL, NULL };
+  uint64_t next = 0;
+
+  (void) state;
+  gate_open = true;
+  nran = done_count = 0;
+  memset (&a, 0, sizeof a);
+  memset (&b, 0, sizeof b);
+  a.exp = b.exp = &exp;
+  cache = (struct req) { .conn = &a, .type = NBD_CMD_CACHE,
+                         .offset = 0, .count = 8u << 20 };
+  read = (struct req) { .conn = &b, .type = NBD_CMD_READ,
+                        .offset = 0, .count = 4096 };
+  assert_int_equal (pool_start (&p, 1, done, NULL), 0);
+  pool_submit (&bt, &cache);
+  pool_submit (&bt, &read);
+  pool_submit_flush (&p, &bt);  /* both queued before the first turn */
+  pool_stop (&p);
+
+  assert_int_equal (done_count, 2);
+  assert_int_equal (nran, 9);
+  for (unsigned i = 0; i < nran; i++)
+    print_message ("%u: %s %" PRIu64 "+%" PRIu32 "\n", i,
+                   ran[i].conn == &a ? "cache" : "read", ran[i].offset,
+                   ran[i].count);
+  assert_ptr_equal (ran[1].conn, &b);
+  for (unsigned i = 0; i < nran; i++) {
+    if (i == 1)
+      continue;
+    assert_ptr_equal (ran[i].conn, &a);
+    assert_int_equal (ran[i].offset, next);
+    assert_int_equal (ran[i].count, 1u << 20);
+    next += ran[i].count;
+  }
+  assert_int_equal (next, 8u << 20);
+  assert_int_equal (a.pool_busy + b.pool_busy + exp.workers_busy, 0);
+}
+
 int
 main (void)
 {
@@ -185,6 +247,7 @@ main (void)
     cmocka_unit_test (test_victim_waits_bounded_16),
     cmocka_unit_test (test_victim_waits_bounded_8),
     cmocka_unit_test (test_victim_waits_bounded_4),
+    cmocka_unit_test (test_cache_turns),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
