@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <inttypes.h>
 #include <stdint.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -38,6 +40,41 @@ static unsigned adv_at_victim;   /* ... when the victim's started */
 static bool victim_ran;
 static unsigned done_count;
 static unsigned in_execute;      /* workers inside req_execute now */
+static int victim_nice, adv_nice; /* the workers' as they ran (the first
+                                     adversary request's) */
+
+static void *
+probe_nice (void *arg)
+{
+  int base = getpriority (PRIO_PROCESS, 0);
+  pid_t tid = (pid_t) syscall (SYS_gettid);
+
+  *(bool *) arg = base < 19 && setpriority (PRIO_PROCESS, tid, base + 1) == 0
+    && setpriority (PRIO_PROCESS, tid, base) == 0;
+  return NULL;
+}
+
+/* May a thread here lower its priority and raise it back (root, or
+ * RLIMIT_NICE)?  The pool uses background priorities only then. */
+static bool
+nice_allowed (void)
+{
+  pthread_t t;
+  bool ok = false;
+
+  assert_int_equal (pthread_create (&t, NULL, probe_nice, &ok), 0);
+  pthread_join (t, NULL);
+  return ok;
+}
+
+/* The nice value a background request runs at. */
+static int
+bg_nice (const struct pool *p)
+{
+  if (!nice_allowed ())
+    return p->nice_base;
+  return p->nice_base + 10 < 19 ? p->nice_base + 10 : 19;
+}
 
 static struct conn victim_conn;
 static unsigned nworkers;
@@ -47,6 +84,7 @@ struct ran {
   const struct conn *conn;
   uint64_t offset;
   uint32_t count;
+  int nice;                     /* the worker's, as it ran */
 };
 static struct ran ran[256];
 static unsigned nran;
@@ -56,14 +94,17 @@ req_execute (struct req *r)
 {
   pthread_mutex_lock (&mu);
   if (nran < sizeof ran / sizeof ran[0])
-    ran[nran++] = (struct ran) { r->conn, r->offset, r->count };
+    ran[nran++] = (struct ran) { r->conn, r->offset, r->count,
+                                 getpriority (PRIO_PROCESS, 0) };
   in_execute++;
   if (r->conn == &victim_conn) {
     adv_at_victim = adv_started;
     victim_ran = true;
+    victim_nice = getpriority (PRIO_PROCESS, 0);
   }
   else {
-    adv_started++;
+    if (adv_started++ == 0)
+      adv_nice = getpriority (PRIO_PROCESS, 0);
     while (!gate_open)
       pthread_cond_wait (&cv, &mu);
   }
@@ -156,6 +197,11 @@ victim_waits_bounded (unsigned n)
   assert_true (victim_ran);
   assert_int_equal (done_count, NADV * PER_ADV + 1);
   assert_int_equal (exp.workers_busy, 0);
+  /* The adversaries' requests (their connections have more queued) run
+   * at a lower priority than the victim's, where the pool may. */
+  assert_int_equal (p.nice_bg, nice_allowed ());
+  assert_int_equal (adv_nice, bg_nice (&p));
+  assert_int_equal (victim_nice, p.nice_base);
   waited = adv_at_victim - adv_at_submit;
   print_message ("adversary requests started while the victim's waited: "
                  "%u (bound %u, %u workers)\n", waited, NADV + n, n);
@@ -228,9 +274,13 @@ test_cache_turns (void **state)
                    ran[i].conn == &a ? "cache" : "read", ran[i].offset,
                    ran[i].count);
   assert_ptr_equal (ran[1].conn, &b);
+  /* The worker back at its own priority for the read, and at the
+   * background one for the CACHE (a hint, never waited for). */
+  assert_int_equal (ran[1].nice, p.nice_base);
   for (unsigned i = 0; i < nran; i++) {
     if (i == 1)
       continue;
+    assert_int_equal (ran[i].nice, bg_nice (&p));
     assert_ptr_equal (ran[i].conn, &a);
     assert_int_equal (ran[i].offset, next);
     assert_int_equal (ran[i].count, 1u << 20);
