@@ -215,6 +215,13 @@ struct req {
   enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
   int fetch_err;
   struct cache_fetched fetched;
+
+  /* A CACHE longer than POOL_TURN_BYTES runs a turn at a time (pool.c):
+   * offset and count are the turn's, turn_rest what follows it. */
+  uint64_t turn_rest;
+  /* Taken from a connection with more queued or running, or a CACHE:
+   * runs at the pool's background priority (pool.c). */
+  bool pool_bg;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
@@ -343,6 +350,7 @@ struct pool_worker {
   sem_t wake;
   struct req *handed;            /* set by whoever popped it off idle */
   struct pool_worker *next_idle;
+  int nice;                      /* this thread's nice value now */
 };
 
 struct pool {
@@ -354,6 +362,10 @@ struct pool {
   unsigned nthreads;
   struct pool_worker *idle;      /* waiting workers, the last idle first */
   struct pool_worker *workers;
+  int nice_base;                 /* the workers' nice value at start */
+  bool nice_bg;                  /* they may lower their priority for
+                                    background requests and raise it again
+                                    (probed by pool_start) */
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
 };
