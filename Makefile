@@ -159,9 +159,11 @@ $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 $(FILTER): $(FILTER_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
 
+# -MMD -MF: a unit test that includes a .c of src/ (test-pool-fair
+# includes pool.c) is rebuilt when that file changes.
 $(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
+	$(CC) $(ALLCFLAGS) -Itests/unit -MMD -MP -MF $@.d $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
 
 $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
@@ -175,7 +177,7 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 # make from deleting them as intermediates (and relinking everything).
 .SECONDARY: $(TESTLIB_OBJS)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/tests/unit -name '*.d' 2>/dev/null)
 
 # The packages each entry point needs (scripts/install-deps SET): make run
 # only what builds and runs foliod, make check the test toolchain too.
