@@ -117,6 +117,25 @@ ifneq ($(wildcard plugins/folio-filter/*.c),)
 TARGETS += $(FILTER)
 endif
 
+# nbdkit loads only a filter built against its own version's headers (its
+# struct nbdkit_filter changes between versions): the same filter again
+# for another nbdkit, from that nbdkit's nbdkit-plugin-dev headers in
+# NBDKIT142_INCLUDE (by default Debian 13's nbdkit 1.42, in the root that
+# tests/lib-trixie.sh makes).  Only the filter's two files see them (copied
+# to a directory of their own, a system one as /usr/include is for the
+# first: the root's other headers stay out, and their warnings); the
+# core is the same library.  Built by "all" when the headers are there;
+# tests/test-filter-nbdkit142.sh builds it itself otherwise.
+NBDKIT142_INCLUDE ?= /var/cache/foliod-tests/trixie/usr/include
+NBDKIT142_HDRS = nbdkit-common.h nbdkit-filter.h nbdkit-plugin.h nbdkit-version.h
+FILTER142 = $(BUILD)/nbdkit-folio-filter-1.42.so
+FILTER142_OBJS := $(patsubst %.c,$(BUILD)/obj-nbdkit142/%.o,$(FILTER_SRCS))
+ifneq ($(wildcard plugins/folio-filter/*.c),)
+ifneq ($(wildcard $(NBDKIT142_INCLUDE)/nbdkit-filter.h),)
+TARGETS += $(FILTER142)
+endif
+endif
+
 .PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-layout check-integration check-asan \
         check-valgrind check-model-long check-vm check-vm-systemd check-crash bench install install-files \
         uninstall clean deb check-deb \
@@ -159,6 +178,17 @@ $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 $(FILTER): $(FILTER_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
 
+$(BUILD)/include-nbdkit142/%.h: $(NBDKIT142_INCLUDE)/%.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(BUILD)/obj-nbdkit142/%.o: %.c $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -isystem $(BUILD)/include-nbdkit142 -MMD -MP -c -o $@ $<
+
+$(FILTER142): $(FILTER142_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER142_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
 $(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
@@ -173,9 +203,9 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 
 # The test library objects are prerequisites of pattern rules only: keep
 # make from deleting them as intermediates (and relinking everything).
-.SECONDARY: $(TESTLIB_OBJS)
+.SECONDARY: $(TESTLIB_OBJS) $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/obj-nbdkit142 -name '*.d' 2>/dev/null)
 
 # The packages each entry point needs (scripts/install-deps SET): make run
 # only what builds and runs foliod, make check the test toolchain too.
@@ -190,7 +220,8 @@ deps-analyze:
 # that prints "N passed, N failed, N skipped" and fails if anything failed.
 TEST_ENV = PATH=/usr/bin:$$PATH TOP=$(CURDIR) BUILD=$(abspath $(BUILD)) \
            FOLIOD=$(abspath $(FOLIOD)) PLUGIN=$(abspath $(PLUGIN)) \
-           FILTER=$(abspath $(FILTER)) SAN=$(SAN)
+           FILTER=$(abspath $(FILTER)) FILTER142=$(abspath $(FILTER142)) \
+           NBDKIT142_INCLUDE=$(NBDKIT142_INCLUDE) SAN=$(SAN)
 
 check: deps
 	$(MAKE) all
