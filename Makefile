@@ -362,7 +362,7 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= core-bench nbd-bench scaling contention write-amp seed-workload remote-read remote-seqread pmem-bench ssd-recovery wb-stall ceph-bench
+BENCHES ?= core-bench nbd-bench scaling contention write-amp seed-workload remote-read remote-seqread pmem-bench ssd-recovery wb-stall ceph-bench filter-bench
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \
