@@ -309,7 +309,9 @@ filter_init () {
 # arguments $fail_file, the log filter's file $plog, and where to write
 # what the image must then hold).  fe.py fails unless every byte reads
 # back through failed FLUSHes and what was written back before a failed
-# flush reaches the plugin again.  nbdkit runs them as
+# flush reaches the plugin again.  The script's dd runs without the
+# sanitizer build's LD_PRELOAD (ASan rejects dd's aligned_alloc).
+# nbdkit runs them as
 #   nbdkit --filter=FOLIO --filter=log sh $tmp/plugin.sh cache-size=1M \
 #     dirty-expire=600000 logfile=$plog --run "python3 $tmp/fe.py ..."
 filter_flush_error_files () {
@@ -322,8 +324,8 @@ filter_flush_error_files () {
 case "\$1" in
   get_size) echo 16777216 ;;
   can_write|can_flush) exit 0 ;;
-  pread) dd if=$img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
-  pwrite) dd of=$img seek=\$4 conv=notrunc oflag=seek_bytes status=none ;;
+  pread) env -u LD_PRELOAD dd if=$img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
+  pwrite) env -u LD_PRELOAD dd of=$img seek=\$4 conv=notrunc oflag=seek_bytes status=none ;;
   flush) if [ -e $fail_file ]; then echo 'EIO flush fails' >&2; exit 1; fi ;;
   *) exit 2 ;;
 esac

@@ -180,8 +180,8 @@ case "\$1" in
   get_size) echo 1048576 ;;
   can_write|can_flush) exit 0 ;;
   can_fua) echo none ;;
-  pread) dd if=$tmp/fua.img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
-  pwrite) dd of=$tmp/fua.img seek=\$4 conv=notrunc oflag=seek_bytes status=none ;;
+  pread) env -u LD_PRELOAD dd if=$tmp/fua.img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
+  pwrite) env -u LD_PRELOAD dd of=$tmp/fua.img seek=\$4 conv=notrunc oflag=seek_bytes status=none ;;
   flush) ;;
   *) exit 2 ;;
 esac
