@@ -169,15 +169,7 @@ $(CORE_LIB): $(CORE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
-
-$(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
-
-$(FILTER): $(FILTER_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
-
+# The filter for nbdkit 1.42 (FILTER142, above).
 $(BUILD)/include-nbdkit142/%.h: $(NBDKIT142_INCLUDE)/%.h
 	@mkdir -p $(dir $@)
 	cp $< $@
@@ -188,6 +180,19 @@ $(BUILD)/obj-nbdkit142/%.o: %.c $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT
 
 $(FILTER142): $(FILTER142_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER142_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
+# The copied headers are prerequisites of a pattern rule only: keep them.
+.SECONDARY: $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
+-include $(shell find $(BUILD)/obj-nbdkit142 -name '*.d' 2>/dev/null)
+
+$(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+
+$(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
+$(FILTER): $(FILTER_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
 
 $(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
@@ -203,9 +208,9 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 
 # The test library objects are prerequisites of pattern rules only: keep
 # make from deleting them as intermediates (and relinking everything).
-.SECONDARY: $(TESTLIB_OBJS) $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
+.SECONDARY: $(TESTLIB_OBJS)
 
--include $(shell find $(BUILD)/obj $(BUILD)/obj-nbdkit142 -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # The packages each entry point needs (scripts/install-deps SET): make run
 # only what builds and runs foliod, make check the test toolchain too.
