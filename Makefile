@@ -117,6 +117,25 @@ ifneq ($(wildcard plugins/folio-filter/*.c),)
 TARGETS += $(FILTER)
 endif
 
+# nbdkit loads only a filter built against its own version's headers (its
+# struct nbdkit_filter changes between versions): the same filter again
+# for another nbdkit, from that nbdkit's nbdkit-plugin-dev headers in
+# NBDKIT142_INCLUDE (by default Debian 13's nbdkit 1.42, in the root that
+# tests/lib-trixie.sh makes).  Only the filter's two files see them (copied
+# to a directory of their own, a system one as /usr/include is for the
+# first: the root's other headers stay out, and their warnings); the
+# core is the same library.  Built by "all" when the headers are there;
+# tests/test-filter-nbdkit142.sh builds it itself otherwise.
+NBDKIT142_INCLUDE ?= /var/cache/foliod-tests/trixie/usr/include
+NBDKIT142_HDRS = nbdkit-common.h nbdkit-filter.h nbdkit-plugin.h nbdkit-version.h
+FILTER142 = $(BUILD)/nbdkit-folio-filter-1.42.so
+FILTER142_OBJS := $(patsubst %.c,$(BUILD)/obj-nbdkit142/%.o,$(FILTER_SRCS))
+ifneq ($(wildcard plugins/folio-filter/*.c),)
+ifneq ($(wildcard $(NBDKIT142_INCLUDE)/nbdkit-filter.h),)
+TARGETS += $(FILTER142)
+endif
+endif
+
 .PHONY: FORCE all deps deps-run deps-analyze run check check-unit check-layout check-integration check-asan \
         check-valgrind check-model-long check-vm check-vm-systemd check-crash bench install install-files \
         uninstall clean deb check-deb \
@@ -149,6 +168,22 @@ $(BUILD)/VERSION: FORCE
 $(CORE_LIB): $(CORE_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+# The filter for nbdkit 1.42 (FILTER142, above).
+$(BUILD)/include-nbdkit142/%.h: $(NBDKIT142_INCLUDE)/%.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(BUILD)/obj-nbdkit142/%.o: %.c $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -isystem $(BUILD)/include-nbdkit142 -MMD -MP -c -o $@ $<
+
+$(FILTER142): $(FILTER142_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -shared -o $@ $(FILTER142_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
+
+# The copied headers are prerequisites of a pattern rule only: keep them.
+.SECONDARY: $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
+-include $(shell find $(BUILD)/obj-nbdkit142 -name '*.d' 2>/dev/null)
 
 $(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
@@ -192,7 +227,8 @@ deps-analyze:
 # that prints "N passed, N failed, N skipped" and fails if anything failed.
 TEST_ENV = PATH=/usr/bin:$$PATH TOP=$(CURDIR) BUILD=$(abspath $(BUILD)) \
            FOLIOD=$(abspath $(FOLIOD)) PLUGIN=$(abspath $(PLUGIN)) \
-           FILTER=$(abspath $(FILTER)) SAN=$(SAN)
+           FILTER=$(abspath $(FILTER)) FILTER142=$(abspath $(FILTER142)) \
+           NBDKIT142_INCLUDE=$(NBDKIT142_INCLUDE) SAN=$(SAN)
 
 check: deps
 	$(MAKE) all
@@ -334,7 +370,7 @@ $(BUILD)/obj/src/daemon/default-conf.o: conf/foliod.conf
 
 # Benchmarks against peers: print figures, not pass/fail (see bench/*).
 # make bench BENCH_SHORT=1 for a smoke run; BENCHES= to pick some.
-BENCHES ?= core-bench nbd-bench scaling contention write-amp seed-workload remote-read remote-seqread pmem-bench ssd-recovery wb-stall ceph-bench
+BENCHES ?= core-bench nbd-bench scaling contention write-amp seed-workload remote-read remote-seqread pmem-bench ssd-recovery wb-stall ceph-bench filter-bench
 bench: deps
 	$(MAKE) all
 	@rc=0; for b in $(BENCHES); do echo "== bench/$$b"; \
