@@ -15,15 +15,9 @@
 # The root lives in ${TRIXIE_DIR:-/var/cache/foliod-tests/trixie} and is
 # rebuilt when TRIXIE_PKGS changes.  Making it takes a few minutes (the
 # packages are fetched from the mirror the host uses); later runs reuse it.
-# TRIXIE_ADD_PKGS are installed into the root with apt-get afterwards,
-# under the same lock, when it lacks one (recorded in .foliod-stamp-add):
-# a package added there does not rebuild the root (and a tree that does
-# not list it yet does not take it out again).
-
-TRIXIE_PKGS=${TRIXIE_PKGS:-"nbdkit nbdkit-plugin-dev libnbd-bin python3-libnbd qemu-utils \
-qemu-block-extra ca-certificates"}
 # libpmem2: a shared library of nbdkit-folio-filter-1.42.so (store=pmem:).
-TRIXIE_ADD_PKGS=${TRIXIE_ADD_PKGS:-"libpmem2"}
+TRIXIE_PKGS=${TRIXIE_PKGS:-"nbdkit nbdkit-plugin-dev libnbd-bin python3-libnbd qemu-utils \
+qemu-block-extra ca-certificates libpmem2"}
 TRIXIE_MIRROR=${TRIXIE_MIRROR:-http://deb.debian.org/debian}
 
 trixie_root() {
@@ -33,10 +27,7 @@ trixie_root() {
   mkdir -p "$(dirname "$dir")"
   (
     flock 9
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-      trixie_add_pkgs "$dir"
-      exit
-    fi
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
     command -v debootstrap >/dev/null || { echo "no debootstrap (scripts/install-deps)"; exit 77; }
     rm -rf "$dir"
     echo "lib-trixie: making a Debian 13 root in $dir (a few minutes, once)"
@@ -48,7 +39,6 @@ trixie_root() {
       exit 77
     fi
     echo "$want" > "$stamp"
-    trixie_add_pkgs "$dir"
   ) 9> "$(dirname "$dir")/.trixie.lock"
   case $? in
     0) ;;
@@ -56,24 +46,6 @@ trixie_root() {
     *) fail "making the Debian 13 root" ;;
   esac
   TRIXIE=$dir
-}
-
-# trixie_add_pkgs DIR: install the TRIXIE_ADD_PKGS the root DIR lacks
-# (the lock held); 77 when apt-get fails there.
-trixie_add_pkgs() {
-  local dir=$1 p missing=""
-  for p in $TRIXIE_ADD_PKGS; do
-    grep -qx "$p" "$dir/.foliod-stamp-add" 2>/dev/null || missing="$missing $p"
-  done
-  [ -n "$missing" ] || return 0
-  echo "lib-trixie: adding$missing to $dir"
-  if ! TRIXIE=$dir trixie_run sh -c "apt-get update && DEBIAN_FRONTEND=noninteractive \
-         apt-get install -y --no-install-recommends $missing" >> "$dir.log" 2>&1; then
-    tail -5 "$dir.log"
-    echo "apt-get install$missing in the trixie root failed (log: $dir.log)"
-    return 77
-  fi
-  for p in $missing; do echo "$p" >> "$dir/.foliod-stamp-add"; done
 }
 
 trixie_run() {
