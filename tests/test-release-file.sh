@@ -112,6 +112,12 @@ grep -q "no longer served" "$tmp/stop.out" || fail "release --stop: $(cat "$tmp/
 if nbdinfo "$(uri disk1 "$A_SOCK")" >/dev/null 2>&1; then
   fail "A still serves disk1 after release --stop"
 fi
+[ "$(foliod_stat "$tmp/ctlA" foliod_export_released disk0)" = 1 ] &&
+  [ "$(foliod_stat "$tmp/ctlA" foliod_export_released disk1)" = 2 ] ||
+  fail "foliod stats does not say released: $(grep released "$tmp/stats.prom")"
+"$FOLIOD" stats --control "$tmp/ctlA" > "$tmp/table" || fail "foliod stats"
+grep -q "disk0: released to another host (foliod release): served read-only" \
+  "$tmp/table" || fail "the stats table does not say so: $(cat "$tmp/table")"
 
 FOLIOD_PID=$A_PID FOLIOD_LOG=$A_LOG stop_foliod
 FOLIOD_PID=$B_PID stop_foliod
