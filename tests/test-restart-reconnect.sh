@@ -12,6 +12,8 @@
 #    stall the client saw (its slowest write).
 # RESTART_STORE=ssd (or ram) runs the same with another store: see what
 # foliod(8) says of them (acknowledged but unflushed writes are lost).
+# RESTART_SIGNAL=TERM stops foliod cleanly instead (systemctl restart):
+# then the ram store loses nothing either.
 . "$(dirname "$0")/lib.sh"
 lib_init restart-reconnect
 requires qemu-io nbdinfo stdbuf
@@ -71,13 +73,19 @@ for round in 1 2; do
   at_kill=$(written)
   [ "$at_kill" -lt "$chunks" ] || fail "round $round: the writes were over before the kill"
   t0=$(date +%s%N)
-  kill9_foliod "$tmp/pid"
+  if [ "${RESTART_SIGNAL:-KILL}" = KILL ]; then
+    kill9_foliod "$tmp/pid"
+  else                       # a clean stop: writes back, then exits
+    kill -TERM "$(cat "$tmp/pid")"
+    wait "$FOLIOD_PID" || fail "foliod exited $? at SIGTERM"
+    FOLIOD_PID=
+  fi
   mv "$FOLIOD_LOG" "$tmp/foliod-$round.log"
   run_foliod
   ready=$(grep -m1 'info: ready:' "$FOLIOD_LOG" | cut -d' ' -f1)
   t1=$(date -d "$ready" +%s%N)
-  echo "round $round: killed after $at_kill writes; restart (kill -9 to" \
-    "ready) $(( (t1 - t0) / 1000000 )) ms"
+  echo "round $round: SIG${RESTART_SIGNAL:-KILL} after $at_kill writes;" \
+    "restart (signal to ready) $(( (t1 - t0) / 1000000 )) ms"
   grep -E "recover|dirty" "$FOLIOD_LOG" | head -3 || true
   # The client is back: its next write is answered.
   for ((i = 0; i < 600 * TSCALE; i++)); do
@@ -122,4 +130,4 @@ bad = [i for i in range(int(sys.argv[2]))
 if bad:
     sys.exit("chunks differ: %r" % bad[:8])
 EOF
-echo "restart-reconnect: $chunks writes, 2 kill -9, no error, nothing lost"
+echo "restart-reconnect: $chunks writes, 2 SIG${RESTART_SIGNAL:-KILL}, no error, nothing lost"
