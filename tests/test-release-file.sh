@@ -119,6 +119,22 @@ fi
 grep -q "disk0: released to another host (foliod release): served read-only" \
   "$tmp/table" || fail "the stats table does not say so: $(cat "$tmp/table")"
 
+# A read-only export holds the image too (it shares no write): its
+# release lets a writer in.
+img3=$tmp/disk3.img
+truncate -s 16M "$img3"
+SOCK_PATH=$tmp/sockR start_foliod --state-dir "$tmp/stA" --control "$tmp/ctlR" \
+  --export "ro=file:$img3,read-only=true"
+R_PID=$FOLIOD_PID
+start_refused "a writer next to a read-only export" "$img3: in use" \
+  --state-dir "$tmp/stB" --export "rw=file:$img3"
+"$FOLIOD" release ro --control "$tmp/ctlR" > "$tmp/ro.out" || fail "release ro"
+grep -q "read-only export, nothing to write back; image released" "$tmp/ro.out" ||
+  fail "release ro: $(cat "$tmp/ro.out")"
+SOCK_PATH=$tmp/sockW start_foliod --state-dir "$tmp/stB" --export "rw=file:$img3"
+stop_foliod
+FOLIOD_PID=$R_PID stop_foliod
+
 FOLIOD_PID=$A_PID FOLIOD_LOG=$A_LOG stop_foliod
 FOLIOD_PID=$B_PID stop_foliod
 cmp <(head -c $(( 5 << 20 )) "$img" | tail -c +$(( (1 << 20) + 1 ))) \

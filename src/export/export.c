@@ -338,8 +338,13 @@ export_release (struct export *e, int stop, unsigned timeout_ms, char *msg,
     return -1;
   }
   atomic_store (&e->release_state, stop ? EXPORT_STOPPED : EXPORT_RELEASED);
-  snprintf (msg, msglen, "%llu dirty bytes written back, backing flushed, "
-            "image released; %s", (unsigned long long) dirty,
-            stop ? "no longer served" : "served read-only");
+  if (e->read_only)
+    snprintf (msg, msglen, "read-only export, nothing to write back; "
+              "image released; %s", stop ? "no longer served"
+                                         : "served read-only");
+  else
+    snprintf (msg, msglen, "%llu dirty bytes written back, backing "
+              "flushed, image released; %s", (unsigned long long) dirty,
+              stop ? "no longer served" : "served read-only");
   return 0;
 }
