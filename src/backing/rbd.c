@@ -518,8 +518,8 @@ rbdb_flush (struct backing *b)
   struct rbdb_backing *rb = to_rbd (b);
   uint64_t before;
 
-  if (b->caps & BACKING_READ_ONLY)
-    return 0;
+  if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
+    return 0;     /* released: the release flushed what it wrote */
   before = atomic_load (&rb->unflushed);
   if (rreq_run (rb, RREQ_FLUSH, NULL, 0, 0) == -1) {
     if (atomic_load (&rb->unflushed) > 0)
@@ -745,6 +745,33 @@ rbdb_close (struct backing *b)
   free (rb);
 }
 
+/* foliod release: the exclusive lock goes, so that the next host's
+ * rbd_lock_acquire gets it at once (not after a watch expires); the
+ * image stays open for reads.  Not while an abandoned write may still
+ * land (it would land after the next host began).  rbd_lock_release
+ * waits for the cluster without a bound of its own. */
+static int
+rbdb_release (struct backing *b)
+{
+  struct rbdb_backing *rb = to_rbd (b);
+  int r;
+
+  if (!rb->locked)
+    return 0;
+  if (atomic_load (&rb->in_doubt) > 0) {
+    errno = EBUSY;
+    return -1;
+  }
+  r = rbd_lock_release (rb->image);
+  if (r < 0) {
+    errno = -r;
+    return -1;
+  }
+  rb->locked = 0;
+  log_info ("rbd:%s: exclusive lock released", rb->name);
+  return 0;
+}
+
 static const struct backing_ops rbdb_ops = {
   .name = "rbd",
   .read = rbdb_read,
@@ -757,6 +784,7 @@ static const struct backing_ops rbdb_ops = {
   .loss_epoch = rbdb_loss_epoch,
   .stats = rbdb_stats,
   .set_deadline = rbdb_set_deadline,
+  .release = rbdb_release,
   .close = rbdb_close,
 };
 

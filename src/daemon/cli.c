@@ -28,7 +28,7 @@
 
 enum {
   OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG, OPT_WATCH,
-  OPT_COUNT,
+  OPT_COUNT, OPT_STOP,
   OPT_SERVER_KEY = 512,     /* + index in server_keys[] */
 };
 
@@ -52,6 +52,8 @@ static const struct {
   { "watch", 2, OPT_WATCH, "[=SECONDS]", "stats: print the table again "
     "every SECONDS (default 1), with the rates over each interval" },
   { "count", 1, OPT_COUNT, "N", "stats --watch: stop after N reports" },
+  { "stop", 0, OPT_STOP, NULL, "release: no longer serve the export once "
+    "released (default: serve it read-only)" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
@@ -132,6 +134,7 @@ usage (void)
           "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod clear-doubt EXPORT [--control PATH]\n"
+          "       foliod release EXPORT [--stop] [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
@@ -381,6 +384,7 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
     case OPT_PROMETHEUS: cli->prometheus = 1; break;
     case OPT_WATCH: r = parse_watch (cli, optarg); break;
     case OPT_COUNT: r = parse_count (cli, optarg); break;
+    case OPT_STOP: cli->stop = 1; break;
     case 'h': usage (); r = 1; break;
     case 'V': print_version (); r = 1; break;
     case '?':
@@ -509,7 +513,8 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
   memset (cli, 0, sizeof *cli);
   if (argc > 1 && (strcmp (argv[1], "stats") == 0 ||
                    strcmp (argv[1], "flush") == 0 ||
-                   strcmp (argv[1], "clear-doubt") == 0)) {
+                   strcmp (argv[1], "clear-doubt") == 0 ||
+                   strcmp (argv[1], "release") == 0)) {
     cli->subcommand = argv[1];
     argc--;
     argv++;
@@ -528,6 +533,11 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
        cli->prometheus)) {
     fprintf (stderr, "foliod: --watch and --count go with 'foliod stats' "
              "(the table, not --prometheus)\n");
+    r = -1;
+  }
+  if (r == 0 && cli->stop &&
+      (cli->subcommand == NULL || strcmp (cli->subcommand, "release") != 0)) {
+    fprintf (stderr, "foliod: --stop goes with 'foliod release'\n");
     r = -1;
   }
   if (r == 0 && cli->count && cli->watch == 0)

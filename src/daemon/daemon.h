@@ -149,6 +149,7 @@ struct cli {
   int prometheus;           /* stats: Prometheus text, not the table */
   double watch;             /* stats --watch: seconds between reports */
   unsigned count;           /* stats --count: reports (0: no limit) */
+  int stop;                 /* release --stop: no longer serve it */
   const char *config_file;
   const char *check_config;
 };

@@ -899,7 +899,8 @@ main (int argc, char **argv)
       const char *arg = cli.sub_arg;
       if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
         arg = "table";
-      snprintf (cmd, sizeof cmd, "%s%s%s\n", cli.subcommand,
+      snprintf (cmd, sizeof cmd, "%s%s%s%s\n", cli.subcommand,
+                cli.stop ? "-stop" : "",
                 arg ? " " : "", arg ? arg : "");
       r = control_client (path ? path : cfg.control, cmd);
     }

@@ -28,7 +28,8 @@ enum metric_id {
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
-  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_ABANDONED, M_COUNT
+  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_ABANDONED, M_RELEASED,
+  M_COUNT
 };
 
 static const struct {
@@ -87,6 +88,9 @@ static const struct {
                   "Passthrough writes the backing may have lost before a "
                   "flush: not 0, every FLUSH fails with EIO until the "
                   "export is reopened (foliod(8))." },
+  [M_RELEASED] = { "foliod_export_released", "gauge",
+                   "1: handed to another host by 'foliod release', served "
+                   "read-only; 2: the same, no longer served; 0: not." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -206,6 +210,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
   v[M_PT_LOST] = st.passthrough_lost;
+  v[M_RELEASED] = export_release_state (ex) == EXPORT_STOPPED ? 2
+                : export_release_state (ex) == EXPORT_RELEASED ? 1 : 0;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_CLIENT_FLUSHES] = st.flush_ops;
@@ -510,6 +516,10 @@ durability_lines (struct outbuf *o, struct daemon_export *ex, size_t n)
            "export is reopened\n", ex[i].cfg.name,
            (unsigned long long) v.v[M_PT_LOST],
            v.v[M_PT_LOST] == 1 ? "" : "s");
+    if (v.v[M_RELEASED])
+      out (o, "%s: released to another host (foliod release): %s\n",
+           ex[i].cfg.name, v.v[M_RELEASED] == 2 ? "no longer served"
+                                               : "served read-only");
   }
 }
 

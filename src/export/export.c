@@ -236,10 +236,15 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
     if (lost && e->store == NULL)   /* a persistent store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
     r = -1;
-  } else if (e->store && store_mark_clean (e->store) == -1) {
+  } else if (e->store && export_release_state (e) == EXPORT_SERVING &&
+             store_mark_clean (e->store) == -1) {
     err = errno;    /* not clean: the next start recovers it all */
     r = -1;
   }
+  /* A released export's store is left unclean on purpose: the next host
+   * may have written the image since, so the next start here must not
+   * trust the warm cache (a clean pmem store's is trusted on a remote or
+   * rbd); it recovers the dirty blocks only, and there are none. */
   /* After the deadline the backing fails at once: this does not wait. */
   if (cache_destroy (e->cache) == -1 && r == 0) {
     err = errno;
@@ -252,4 +257,94 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
   free (e);
   errno = err;
   return r;
+}
+
+#define EXPORT_RELEASE_POLL_MS 1
+
+/* Wait for the write-class requests inside the gate to leave it: 0, or
+ * -1 (ETIMEDOUT) at the deadline.  A release is rare and short: a poll. */
+static int
+export_writers_drain (struct export *e, uint64_t deadline)
+{
+  while (atomic_load (&e->writers) > 0) {
+    if (now_ms () >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    pause_ms (EXPORT_RELEASE_POLL_MS);
+  }
+  return 0;
+}
+
+/* The release's steps once writes are refused: drain, write back (the
+ * backing's flush and the store's sync included), check that nothing is
+ * left to write, release the image.  0, or -1 with errno and msg. */
+static int
+export_release_steps (struct export *e, uint64_t deadline, uint64_t *dirty,
+                      char *msg, size_t msglen)
+{
+  struct cache_stats st;
+
+  if (export_writers_drain (e, deadline) == -1) {
+    snprintf (msg, msglen, "writes in progress did not end in time");
+    return -1;
+  }
+  cache_get_stats (e->cache, &st);
+  *dirty = st.dirty_bytes;
+  if (!e->read_only && cache_write_back (e->cache) == -1) {
+    int err = errno;
+    cache_get_stats (e->cache, &st);
+    snprintf (msg, msglen, "write back: %s (%llu bytes dirty, %llu "
+              "unflushed, kept)", strerror (err),
+              (unsigned long long) st.dirty_bytes,
+              (unsigned long long) st.unstable_bytes);
+    errno = err;
+    return -1;
+  }
+  cache_get_stats (e->cache, &st);
+  if (st.dirty_bytes || st.unstable_bytes) {   /* a bug, not a race */
+    snprintf (msg, msglen, "%llu bytes still dirty, %llu unflushed after "
+              "the write back", (unsigned long long) st.dirty_bytes,
+              (unsigned long long) st.unstable_bytes);
+    errno = EIO;
+    return -1;
+  }
+  if (backing_release (e->backing) == -1) {
+    snprintf (msg, msglen, "releasing the image: %s", strerror (errno));
+    return -1;
+  }
+  return 0;
+}
+
+int
+export_release (struct export *e, int stop, unsigned timeout_ms, char *msg,
+                size_t msglen)
+{
+  int state = EXPORT_SERVING;
+  uint64_t dirty = 0;
+
+  if (!atomic_compare_exchange_strong (&e->release_state, &state,
+                                       EXPORT_RELEASING)) {
+    snprintf (msg, msglen, state == EXPORT_RELEASING ? "a release is "
+              "already running" : "already released");
+    errno = state == EXPORT_RELEASING ? EBUSY : EALREADY;
+    return -1;
+  }
+  if (export_release_steps (e, now_ms () + timeout_ms, &dirty, msg,
+                            msglen) == -1) {
+    int err = errno;
+    atomic_store (&e->release_state, EXPORT_SERVING);   /* as it was */
+    errno = err;
+    return -1;
+  }
+  atomic_store (&e->release_state, stop ? EXPORT_STOPPED : EXPORT_RELEASED);
+  if (e->read_only)
+    snprintf (msg, msglen, "read-only export, nothing to write back; "
+              "image released; %s", stop ? "no longer served"
+                                         : "served read-only");
+  else
+    snprintf (msg, msglen, "%llu dirty bytes written back, backing "
+              "flushed, image released; %s", (unsigned long long) dirty,
+              stop ? "no longer served" : "served read-only");
+  return 0;
 }

@@ -545,24 +545,13 @@ exec_write (struct req *r, unsigned flags)
 
 /* ---- dispatch -------------------------------------------------------------- */
 
-void
-req_execute (struct req *r)
+/* The request on the cache: 0, or -1 with errno. */
+static int
+req_run (struct req *r, struct cache *cache)
 {
-  struct cache *cache = r->conn->exp->cache;
   unsigned fua = (r->flags & NBD_CMD_FLAG_FUA) ? CACHE_FUA : 0;
   int rc = 0;
 
-  /* Its connection was closed while it waited in the queue (a forced
-   * shutdown, a send error): nobody is left to answer, and its client
-   * never saw it acknowledged.  Skip it, so that a closed connection's
-   * queue costs no backing time (issue 34: a shutdown bounded by
-   * shutdown-timeout). */
-  if (atomic_load_explicit (&r->conn->closed, memory_order_relaxed)) {
-    cache_write_abort (cache, &r->prep);
-    r->fetch = REQ_FETCH_NONE;
-    r->niov = r->nhdr = 0;
-    return;
-  }
   switch (r->type) {
   case NBD_CMD_READ:
     exec_read (r, 0);
@@ -600,6 +589,44 @@ req_execute (struct req *r)
   default:
     abort (); /* req_check lets no other command through */
   }
+  return rc;
+}
+
+/* Write, zero and trim pass the export's gate (export_write_begin): a
+ * release refuses them, as a read-only export would. */
+static bool
+req_writes (const struct req *r)
+{
+  return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM
+    || r->type == NBD_CMD_WRITE_ZEROES;
+}
+
+void
+req_execute (struct req *r)
+{
+  struct cache *cache = r->conn->exp->cache;
+  int rc;
+
+  /* Its connection was closed while it waited in the queue (a forced
+   * shutdown, a send error): nobody is left to answer, and its client
+   * never saw it acknowledged.  Skip it, so that a closed connection's
+   * queue costs no backing time (issue 34: a shutdown bounded by
+   * shutdown-timeout). */
+  if (atomic_load_explicit (&r->conn->closed, memory_order_relaxed)) {
+    cache_write_abort (cache, &r->prep);
+    r->fetch = REQ_FETCH_NONE;
+    r->niov = r->nhdr = 0;
+    return;
+  }
+  if (req_writes (r) && export_write_begin (r->conn->exp) == -1)
+    rc = -1;
+  else if (req_writes (r)) {
+    rc = req_run (r, cache);
+    int err = errno;
+    export_write_end (r->conn->exp);
+    errno = err;
+  } else
+    rc = req_run (r, cache);
   if (rc < 0) {
     r->error = wire_errno (errno);
     r->errmsg = NULL;
@@ -633,8 +660,15 @@ req_try_execute (struct req *r)
     if (exec_read (r, CACHE_NOWAIT) < 0)
       return false;
   }
-  else if (exec_write (r, CACHE_NOWAIT) < 0)
-    return false;
+  else {
+    int rc;
+    if (export_write_begin (r->conn->exp) == -1)
+      return false;    /* a worker refuses it */
+    rc = exec_write (r, CACHE_NOWAIT);
+    export_write_end (r->conn->exp);
+    if (rc < 0)
+      return false;
+  }
   req_build_reply (r);
   return true;
 }

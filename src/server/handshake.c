@@ -175,9 +175,10 @@ hs_tls_required (const struct conn *c, const struct export *e)
 /* ---- transmission entry ------------------------------------------------- */
 
 /* The transmission flags of e for c.  e->read_only already says whether
- * the backing is read-only (export_open folds its caps in).  The block
- * status payload form only with extended headers and contexts selected
- * for e (spec: SHOULD NOT without). */
+ * the backing is read-only (export_open folds its caps in); a released
+ * export (foliod release) is read-only from then on.  The block status
+ * payload form only with extended headers and contexts selected for e
+ * (spec: SHOULD NOT without). */
 static uint16_t
 hs_tflags (const struct conn *c, const struct export *e)
 {
@@ -190,7 +191,7 @@ hs_tflags (const struct conn *c, const struct export *e)
     f |= NBD_FLAG_SEND_DF;
   if (c->extended && c->meta_exp == e && (c->meta_alloc || c->meta_cache))
     f |= NBD_FLAG_BLOCK_STATUS_PAYLOAD;
-  if (e->read_only)
+  if (e->read_only || export_release_state (e) >= EXPORT_RELEASED)
     f |= NBD_FLAG_READ_ONLY;
   else
     f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
@@ -288,6 +289,8 @@ opt_list (struct conn *c)
 
     if (hs_tls_required (c, e))
       continue; /* TLS-only exports are not shown in plaintext */
+    if (export_release_state (e) == EXPORT_STOPPED)
+      continue; /* released to another host */
     size_t dlen = e->description ? strlen (e->description) : 0;
     uint8_t len[4];
 

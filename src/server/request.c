@@ -84,6 +84,8 @@ req_check (struct conn *c, struct req *r)
 
   if (atomic_load_explicit (&c->srv->shutting_down, memory_order_relaxed))
     return req_refuse (r, NBD_ESHUTDOWN, "server is shutting down");
+  if (export_release_state (e) == EXPORT_STOPPED)
+    return req_refuse (r, NBD_ESHUTDOWN, "export released to another host");
   if (r->type > NBD_CMD_BLOCK_STATUS)
     return req_refuse (r, NBD_EINVAL, "unknown command");
   if (r->flags & ~req_allowed_flags (c, r->type))
