@@ -25,6 +25,7 @@
 
 #include "foliod/store.h"
 #include "store/ssd-layout.h"
+#include "lib/ssd-disk.h"
 
 #define FOLIO 65536
 #define BLOCK 4096
@@ -33,7 +34,7 @@
 #define NB (SLOTS * BPF)
 
 static unsigned char *disk;
-static uint64_t disk_size, written;
+static uint64_t disk_size;
 static char err[512];
 
 /* The kill of test_restart_keeps_room: the disk as a kill leaves it in
@@ -66,31 +67,13 @@ kill_in (const unsigned char *buf, size_t len, uint64_t off)
   memcpy (snap_version, version, sizeof version);
 }
 
-static int
-m_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
+static void
+watch_write (struct ssd_disk *k, const void *buf, size_t len, uint64_t off)
 {
-  (void) d;
-  assert_true (off + len <= disk_size);
+  (void) k;
   if (snap && off >= SSD_LOG_OFF)
     kill_in (buf, len, off);
-  memcpy (disk + off, buf, len);
-  written += len;
-  return 0;
 }
-
-static int
-m_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
-{
-  (void) d;
-  assert_true (off + len <= disk_size);
-  memcpy (buf, disk + off, len);
-  return 0;
-}
-
-static int m_flush (struct ssd_dev *d) { (void) d; return 0; }
-static void m_close (struct ssd_dev *d) { free (d); }
-
-static const struct ssd_dev_ops m_ops = { m_pwrite, m_pread, m_flush, m_close };
 
 static const struct store_config cfg = {
   .path = "(memory)", .nslots = SLOTS, .folio_size = FOLIO,
@@ -98,15 +81,17 @@ static const struct store_config cfg = {
   .backing_spec = "none", .backing_size = (uint64_t) SLOTS * FOLIO,
 };
 
+/* The disk: disk, disk_size bytes (dk.written counts what the store
+ * writes to it). */
+static struct ssd_disk dk;
+
 static struct store *
 open_store (void)
 {
-  struct ssd_dev *d = calloc (1, sizeof *d);
-
-  assert_non_null (d);
-  d->ops = &m_ops;
-  d->size = disk_size;
-  struct store *s = store_ssd_open_dev (&cfg, d, err, sizeof err);
+  dk.bytes = disk;
+  dk.size = disk_size;
+  dk.before_write = watch_write;
+  struct store *s = ssd_disk_open (&dk, &cfg, err, sizeof err);
   if (s == NULL)
     fail_msg ("open: %s", err);
   return s;
@@ -171,7 +156,7 @@ overwrite (uint64_t log, double max_amplification)
   for (uint32_t gb = 0; gb < NB; gb++)      /* every block dirty */
     write_block (s, gb, gb + 1);
   assert_int_equal (store_sync (s), 0);
-  written = 0;
+  dk.written = 0;
   for (uint32_t round = 0; round < 20000; round++) {
     uint32_t n = 1 + (uint32_t) rand_r (&seed) % 8;
     for (uint32_t k = 0; k < n; k++) {
@@ -186,10 +171,10 @@ overwrite (uint64_t log, double max_amplification)
   }
   printf ("log %" PRIu64 " bytes for a cache of %u; clients wrote %" PRIu64
           ", the store %" PRIu64 " (%.2fx); %" PRIu64 " reclaims, %" PRIu64
-          " compactions\n", log, SLOTS * FOLIO, client, written,
-          (double) written / (double) client, ss.reclaims, ss.compactions);
+          " compactions\n", log, SLOTS * FOLIO, client, dk.written,
+          (double) dk.written / (double) client, ss.reclaims, ss.compactions);
   if (max_amplification > 0)
-    assert_true (written <= max_amplification * client);
+    assert_true (dk.written <= max_amplification * client);
   store_destroy (s);        /* a crash: no mark_clean */
   s = open_store ();
   struct store_recovery rec = { 0 };
