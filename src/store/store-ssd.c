@@ -788,15 +788,19 @@ ssd_mark_clean (struct store *s)
   struct store_ssd *p = SS (s);
   int r;
 
-  if (ssd_sync (s) == -1)
-    return -1;
+  /* Everything was written back and the backing flushed: nothing in the
+   * log is live, and the checkpoint says so.  The commit first is not
+   * needed for that, and its failure does not stop it: a store whose
+   * log failed (an fdatasync: sticky) lacks what was persisted since
+   * and holds older versions of those blocks, which the next start
+   * would write back over the backing's newer data unless the log is
+   * retired here (issue 33 item 14). */
+  (void) ssd_sync (s);
   pthread_mutex_lock (&p->mu);
   while (p->running)
     pthread_cond_wait (&p->cv, &p->mu);
   p->running = true;            /* no commit meanwhile */
   pthread_mutex_unlock (&p->mu);
-  /* Everything was written back and the backing flushed: nothing in the
-   * log is live.  The checkpoint says so. */
   p->sb.flags |= SSD_FLAG_CLEAN;
   p->sb.tail_lsn = p->head;
   p->sb.tail_seq = p->next_seq;

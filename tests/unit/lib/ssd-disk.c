@@ -48,9 +48,13 @@ disk_flush (struct ssd_dev *d)
 
   if (k->flush_fails > 0) {
     k->flush_fails--;
+    if (k->durable)
+      memcpy (k->bytes, k->durable, k->size);
     errno = EIO;
     return -1;
   }
+  if (k->durable)
+    memcpy (k->durable, k->bytes, k->size);
   k->flushes++;
   return 0;
 }
