@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "foliod/export.h"
+#include "foliod/log.h"
 #include "foliod/util.h"
 
 /* The file a file: backing spec names, or NULL (nbd, rbd). */
@@ -220,6 +221,46 @@ export_write_back (struct export *e, uint64_t deadline)
   }
 }
 
+/* The writeback at close failed, and e has a persistent store.  If the
+ * backing holds every cached block, flushed (nothing dirty or unstable
+ * left), and the store is what failed (a log whose fdatasync failed can take nothing more): the store
+ * is marked clean all the same (the ssd log retires its records), since
+ * what it holds is older than the backing and the next start must not
+ * write it back over the backing (issue 33 item 14).  0 then.  Else -1,
+ * *lost set when the store failed too: it holds older versions of the
+ * dirty data, if any, not the data itself. */
+static int
+export_close_failed_store (struct export *e, uint64_t *lost)
+{
+  struct cache_stats st;
+  int err = errno;
+
+  cache_get_stats (e->cache, &st);
+  bool on_backing = st.dirty_bytes + st.unstable_bytes == 0;
+  bool store_failed = store_sync (e->store) == -1;
+  if (on_backing && store_failed) {
+    if (store_mark_clean (e->store) == 0) {
+      log_warn ("export %s: the store failed (%s): every block was written "
+                "back and the backing flushed; the store is marked clean "
+                "(nothing older comes back at the next start)", e->name,
+                strerror (err));
+      if (st.flush_error == 0)  /* else passthrough writes were lost */
+        return 0;
+      errno = st.flush_error;
+      return -1;
+    }
+    log_error ("export %s: the store failed (%s) and could not be marked "
+               "clean (%s): every block is on the backing, but the next "
+               "start would write back what the store holds, which may be "
+               "older: remove the store before starting again", e->name,
+               strerror (err), strerror (errno));
+  } else if (store_failed && lost) {
+    *lost = st.dirty_bytes + st.unstable_bytes;
+  }
+  errno = err;
+  return -1;
+}
+
 int
 export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 {
@@ -235,7 +276,9 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
     cache_get_stats (e->cache, &st);
     if (lost && e->store == NULL)   /* a persistent store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
-    r = -1;
+    /* A released export's store stays unclean (below) either way. */
+    r = e->store && export_release_state (e) == EXPORT_SERVING
+      ? export_close_failed_store (e, lost) : -1;
   } else if (e->store && export_release_state (e) == EXPORT_SERVING &&
              store_mark_clean (e->store) == -1) {
     err = errno;    /* not clean: the next start recovers it all */
