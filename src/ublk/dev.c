@@ -82,7 +82,9 @@ params_fill (struct ublk_params *p, const struct ublk_dev *d)
   p->basic.io_min_shift = (uint8_t) bs_shift;
   p->basic.io_opt_shift = (uint8_t) log2u (cfg->folio_size);
   p->basic.max_sectors = d->max_io >> 9;
-  p->basic.dev_sectors = d->exp->size >> 9;
+  /* Whole logical blocks: a tail shorter than one is not served. */
+  p->basic.dev_sectors = (d->exp->size >> (p->basic.logical_bs_shift)) <<
+    (p->basic.logical_bs_shift - 9);
   /* A write-back cache that honours FLUSH and FUA. */
   p->basic.attrs = UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA;
   if (d->exp->read_only) {

@@ -140,7 +140,9 @@ q_cqe (struct qrun *qr, const struct io_uring_cqe *cqe)
 
   if (tag == EVENT_TAG) {
     q_take_done (qr);
-    if (!atomic_load (&qr->q->stop))
+    /* Stopping, the thread still waits for what workers hold: their
+     * answers come through the eventfd. */
+    if (!atomic_load (&qr->q->stop) || qr->at_workers > 0)
       q_arm_event (qr);
     return;
   }
