@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +312,41 @@ dev_remove (struct ublk_dev *d, int ctrl_fd)
   dev_teardown (d, ctrl_fd, true);
 }
 
+/* /dev/ublkbN that this foliod does not serve: removed only when the
+ * process that served it is gone (a foliod killed with SIGKILL leaves
+ * such a device behind, failing all I/O: there is no user recovery yet).
+ * A live server's device is never touched.  0, or -1 with the reason. */
+static int
+dev_del_orphan (int ctrl_fd, int id, char *err, size_t errlen)
+{
+  struct ublksrv_ctrl_dev_info info;
+  int r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_GET_DEV_INFO, (uint32_t) id,
+                         &info, sizeof info, 0);
+
+  if (r < 0) {
+    snprintf (err, errlen, "foliod serves no /dev/ublkb%d, nor does the "
+              "kernel know one (%s)", id, strerror (-r));
+    return -1;
+  }
+  if (info.ublksrv_pid > 0 &&
+      (kill (info.ublksrv_pid, 0) == 0 || errno != ESRCH)) {
+    snprintf (err, errlen, "/dev/ublkb%d is served by process %d, not by "
+              "this foliod", id, (int) info.ublksrv_pid);
+    return -1;
+  }
+  log_warn ("ublk: removing /dev/ublkb%d, left behind by process %d (gone)",
+            id, (int) info.ublksrv_pid);
+  r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_STOP_DEV, (uint32_t) id, NULL, 0, 0);
+  if (r < 0)
+    log_warn ("ublk%d: STOP_DEV: %s", id, strerror (-r));
+  r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_DEL_DEV, (uint32_t) id, NULL, 0, 0);
+  if (r < 0) {
+    snprintf (err, errlen, "/dev/ublkb%d: DEL_DEV: %s", id, strerror (-r));
+    return -1;
+  }
+  return 0;
+}
+
 int
 ublk_del (struct ublk_set *s, int id, bool force, char *err, size_t errlen)
 {
@@ -321,11 +357,6 @@ ublk_del (struct ublk_set *s, int id, bool force, char *err, size_t errlen)
   for (pp = &s->devs; (d = *pp) != NULL; pp = &d->next)
     if (d->id == id)
       break;
-  if (d == NULL) {
-    unlock_or_die (&s->lock);
-    snprintf (err, errlen, "foliod serves no /dev/ublkb%d", id);
-    return -1;
-  }
   if (!force && dev_busy (id)) {
     unlock_or_die (&s->lock);
     snprintf (err, errlen, "/dev/ublkb%d is in use (mounted or held "
@@ -333,9 +364,16 @@ ublk_del (struct ublk_set *s, int id, bool force, char *err, size_t errlen)
     errno = EBUSY;
     return -1;
   }
-  if ((ctrl_fd = control_open (err, errlen)) < 0) {
+  ctrl_fd = control_open (err, errlen);
+  if (ctrl_fd < 0 || d == NULL) {
+    int r = -1;
+    if (ctrl_fd >= 0) {
+      r = dev_del_orphan (ctrl_fd, id, err, errlen);
+      close (ctrl_fd);
+    } else if (d == NULL)      /* no driver: no device either */
+      snprintf (err, errlen, "foliod serves no /dev/ublkb%d", id);
     unlock_or_die (&s->lock);
-    return -1;
+    return r;
   }
   *pp = d->next;
   log_info ("ublk: removing /dev/ublkb%d (export '%s')", id, d->exp->name);
