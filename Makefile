@@ -8,6 +8,7 @@
 #   make check-layout  no cycle between files of src/, no call up a room
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
+#   make check-vm-ublk   the ublk front end in a qemu guest (backports kernel)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make ceph-up / ceph-down   a one-node Ceph cluster in CEPH_DIR (rbd:)
 #   make check-crash  the kill -9 loops on a pmem and an ssd store, ROUNDS
@@ -291,6 +292,14 @@ check-vm-systemd: deps
 check-vm-pmem: deps
 	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
 	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
+
+# The ublk front end in a qemu guest on bookworm-backports' kernel
+# (tests/vm/bpo-kernel fetches it once); also part of "make check" as
+# tests/test-vm-ublk.sh.
+.PHONY: check-vm-ublk
+check-vm-ublk: deps
+	$(MAKE) $(FOLIOD)
+	$(TEST_ENV) tests/run-tests tests/test-vm-ublk.sh
 
 # The kill -9 loop of make check (100 rounds there) for ROUNDS rounds:
 # foliod on a pmem store killed at random moments under writing clients,
