@@ -12,6 +12,7 @@
 #include <errno.h>
 
 #include "foliod/cache.h"
+#include "foliod/export.h"
 #include "ublk/internal.h"
 
 /* -errno for the kernel; -EIO when errno says nothing. */
@@ -21,22 +22,17 @@ exec_error (void)
   return errno > 0 ? -errno : -EIO;
 }
 
-int
-ublk_exec (struct cache *c, bool read_only, const struct ublksrv_io_desc *iod,
-           void *buf, bool nowait)
+/* The request on the cache, once admitted. */
+static int
+exec_op (struct cache *c, const struct ublksrv_io_desc *iod, void *buf,
+         bool nowait)
 {
   unsigned op = ublksrv_get_op (iod);
   uint64_t off = iod->start_sector << 9, len = (uint64_t) iod->nr_sectors << 9;
   unsigned fua = (iod->op_flags & UBLK_IO_F_FUA) ? CACHE_FUA : 0;
-  unsigned f;
+  unsigned f = nowait ? CACHE_NOWAIT : 0;
   int r;
 
-  if (op != UBLK_IO_OP_READ && op != UBLK_IO_OP_FLUSH && read_only)
-    return -EROFS;              /* the device is read-only: a bug upstairs */
-  if (nowait && (len > UBLK_INLINE_MAX || fua ||
-                 (op != UBLK_IO_OP_READ && op != UBLK_IO_OP_WRITE)))
-    return -EAGAIN;
-  f = nowait ? CACHE_NOWAIT : 0;
   switch (op) {
   case UBLK_IO_OP_READ:
     r = len ? cache_read (c, buf, len, off, f) : 0;
@@ -57,4 +53,28 @@ ublk_exec (struct cache *c, bool read_only, const struct ublksrv_io_desc *iod,
   if (r < 0)
     return exec_error ();
   return (int) len;             /* <= max_io, < 2^31 */
+}
+
+/* Write, discard and zeroes change the image: the one place where a gate
+ * on writes (a read-only export; a hand-over to another host) applies. */
+static bool
+op_writes (unsigned op)
+{
+  return op == UBLK_IO_OP_WRITE || op == UBLK_IO_OP_DISCARD ||
+    op == UBLK_IO_OP_WRITE_ZEROES;
+}
+
+int
+ublk_exec (struct export *e, const struct ublksrv_io_desc *iod, void *buf,
+           bool nowait)
+{
+  unsigned op = ublksrv_get_op (iod);
+  uint64_t len = (uint64_t) iod->nr_sectors << 9;
+
+  if (nowait && (len > UBLK_INLINE_MAX || (iod->op_flags & UBLK_IO_F_FUA) ||
+                 (op != UBLK_IO_OP_READ && op != UBLK_IO_OP_WRITE)))
+    return -EAGAIN;
+  if (op_writes (op) && e->read_only)
+    return -EROFS;              /* the device is read-only: a bug upstairs */
+  return exec_op (e->cache, iod, buf, nowait);
 }

@@ -103,8 +103,8 @@ int ublk_ctrl_cmd (int ctrl_fd, uint32_t op, uint32_t dev_id, void *buf,
 /* exec.c: one request on the cache.  With nowait, only what needs no
  * waiting runs; -EAGAIN says "give it to a worker".  Returns bytes
  * done (READ, WRITE), 0 (the others), or -errno. */
-int ublk_exec (struct cache *c, bool read_only,
-               const struct ublksrv_io_desc *iod, void *buf, bool nowait);
+int ublk_exec (struct export *e, const struct ublksrv_io_desc *iod,
+               void *buf, bool nowait);
 
 /* queue.c: start queue q's thread (it maps the descriptors, fetches every
  * tag and says so in q->ready), and its end: stop asks the thread to

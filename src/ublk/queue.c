@@ -104,7 +104,7 @@ q_request (struct qrun *qr, struct ublk_io *io)
 {
   struct ublk_dev *d = qr->q->dev;
   const struct ublksrv_io_desc *iod = &qr->q->descs[io->tag];
-  int r = ublk_exec (d->exp->cache, d->exp->read_only, iod, io->buf, true);
+  int r = ublk_exec (d->exp, iod, io->buf, true);
 
   if (r == -EAGAIN) {
     q_to_worker (qr, io);
@@ -332,8 +332,7 @@ worker_thread (void *arg)
     if (d->work == NULL)
       d->work_tail = &d->work;
     unlock_or_die (&d->work_lock);
-    io->result = ublk_exec (d->exp->cache, d->exp->read_only,
-                            &io->q->descs[io->tag], io->buf, false);
+    io->result = ublk_exec (d->exp, &io->q->descs[io->tag], io->buf, false);
     worker_done (io);
     lock_or_die (&d->work_lock);
   }
