@@ -8,6 +8,7 @@
 #   make check-layout  no cycle between files of src/, no call up a room
 #   make check-vm   the Linux kernel nbd client test alone (qemu guest)
 #   make check-vm-systemd   foliod under a real systemd (qemu guest)
+#   make check-vm-ublk   the ublk front end in a qemu guest (backports kernel)
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make ceph-up / ceph-down   a one-node Ceph cluster in CEPH_DIR (rbd:)
 #   make check-crash  the kill -9 loops on a pmem and an ssd store, ROUNDS
@@ -54,6 +55,8 @@ LDLIBS_CORE += -Wl,--as-needed -lrbd -lrados -Wl,--no-as-needed
 LDLIBS_SERVER = -lev $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
 # The daemon alone: metrics-listen's HTTP server (src/daemon/metrics.c).
 LDLIBS_DAEMON = $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
+# The ublk front end (src/ublk/): io_uring through liburing.
+LDLIBS_UBLK = $(shell pkg-config --libs liburing 2>/dev/null || echo -luring)
 ifeq ($(SAN),1)
 ALLCFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -O1
 LDFLAGS   += -fsanitize=address,undefined
@@ -82,6 +85,7 @@ endif
 
 CORE_SRCS   := $(wildcard src/store/*.c src/cache/*.c src/backing/*.c src/export/*.c src/util/*.c)
 SERVER_SRCS := $(wildcard src/server/*.c)
+UBLK_SRCS   := $(wildcard src/ublk/*.c)
 DAEMON_SRCS := $(wildcard src/daemon/*.c)
 PLUGIN_SRCS := $(wildcard plugins/folio/*.c plugins/common/*.c)
 FILTER_SRCS := $(wildcard plugins/folio-filter/*.c plugins/common/*.c)
@@ -93,6 +97,7 @@ BENCH_SRCS  := $(wildcard bench/*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 CORE_OBJS   := $(call obj,$(CORE_SRCS))
 SERVER_OBJS := $(call obj,$(SERVER_SRCS))
+UBLK_OBJS   := $(call obj,$(UBLK_SRCS))
 DAEMON_OBJS := $(call obj,$(DAEMON_SRCS))
 PLUGIN_OBJS := $(call obj,$(PLUGIN_SRCS))
 FILTER_OBJS := $(call obj,$(FILTER_SRCS))
@@ -185,8 +190,8 @@ $(FILTER142): $(FILTER142_OBJS) $(CORE_LIB)
 .SECONDARY: $(addprefix $(BUILD)/include-nbdkit142/,$(NBDKIT142_HDRS))
 -include $(shell find $(BUILD)/obj-nbdkit142 -name '*.d' 2>/dev/null)
 
-$(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_CORE)
+$(FOLIOD): $(DAEMON_OBJS) $(SERVER_OBJS) $(UBLK_OBJS) $(CORE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJS) $(SERVER_OBJS) $(UBLK_OBJS) $(CORE_LIB) $(LDLIBS_DAEMON) $(LDLIBS_SERVER) $(LDLIBS_UBLK) $(LDLIBS_CORE)
 
 $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB)
 	$(CC) $(LDFLAGS) -shared -o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS_CORE)
@@ -279,7 +284,7 @@ check-tsan-unit: $(UNIT_BINS)
 # Static analysis of src/ and plugins/: cppcheck, clang-tidy (the checks
 # in .clang-tidy) and gcc -fanalyzer.  The bar is zero findings; a false
 # positive is suppressed where it is, with the reason.
-ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(DAEMON_SRCS) $(sort $(PLUGIN_SRCS) $(FILTER_SRCS))
+ANALYZE_SRCS = $(CORE_SRCS) $(SERVER_SRCS) $(UBLK_SRCS) $(DAEMON_SRCS) $(sort $(PLUGIN_SRCS) $(FILTER_SRCS))
 ANALYZE_DEFS = -DFOLIOD_VERSION='"$(VERSION)"'
 ANALYZE_CFLAGS = -std=gnu11 -D_GNU_SOURCE $(ANALYZE_DEFS) -Iinclude -Isrc \
   $(shell pkg-config --cflags libnbd nbdkit 2>/dev/null)
@@ -326,6 +331,14 @@ check-vm-systemd: deps
 check-vm-pmem: deps
 	$(MAKE) $(FOLIOD) $(BUILD)/tests/tools/nbd-acklog
 	$(TEST_ENV) tests/run-tests tests/test-vm-pmem.sh
+
+# The ublk front end in a qemu guest on bookworm-backports' kernel
+# (tests/vm/bpo-kernel fetches it once); also part of "make check" as
+# tests/test-vm-ublk.sh.
+.PHONY: check-vm-ublk
+check-vm-ublk: deps
+	$(MAKE) $(FOLIOD)
+	$(TEST_ENV) tests/run-tests tests/test-vm-ublk.sh
 
 # The kill -9 loop of make check (100 rounds there) for ROUNDS rounds:
 # foliod on a pmem store killed at random moments under writing clients,
