@@ -254,9 +254,15 @@ dev_run (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
 int
 ublk_add (struct ublk_set *s, struct export *e, char *err, size_t errlen)
 {
-  int ctrl_fd = control_open (err, errlen), id;
+  int ctrl_fd, id;
   struct ublk_dev *d;
 
+  if (export_release_state (e) != EXPORT_SERVING) {
+    snprintf (err, errlen, "export '%s' was released (foliod release): "
+              "it is another host's now", e->name);
+    return -1;
+  }
+  ctrl_fd = control_open (err, errlen);
   if (ctrl_fd < 0)
     return -1;
   d = dev_new (e);

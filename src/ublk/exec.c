@@ -74,7 +74,15 @@ ublk_exec (struct export *e, const struct ublksrv_io_desc *iod, void *buf,
   if (nowait && (len > UBLK_INLINE_MAX || (iod->op_flags & UBLK_IO_F_FUA) ||
                  (op != UBLK_IO_OP_READ && op != UBLK_IO_OP_WRITE)))
     return -EAGAIN;
-  if (op_writes (op) && e->read_only)
+  if (!op_writes (op))
+    return exec_op (e->cache, iod, buf, nowait);
+  if (e->read_only)
     return -EROFS;              /* the device is read-only: a bug upstairs */
-  return exec_op (e->cache, iod, buf, nowait);
+  /* The gate of foliod release: once the image is handed to another
+   * host, nothing more is written through this device either. */
+  if (export_write_begin (e) == -1)
+    return -EROFS;
+  int r = exec_op (e->cache, iod, buf, nowait);
+  export_write_end (e);
+  return r;
 }
