@@ -913,8 +913,10 @@ one_op (struct cache *c, bool pmem_per_write)
       rc = cache_trim (c, b1 - b0, b0, fua ? CACHE_FUA : 0);
     TRACE (b0 / SECT, b1 / SECT, "%s z%u fua=%d -> %d", r < 38 ? "zero" : "trim",
            v & ~ZFLAG, fua, rc);
-    if (host_down ())
+    if (host_down ()) {          /* in flight when the power went */
+      model_write ((uint32_t) (b0 / SECT), (uint32_t) (b1 / SECT), v, false);
       return false;
+    }
     /* A trim is advisory (backing.h, and NBD's TRIM): afterwards the
      * sector holds zeroes or any data it held, even after a FLUSH (the
      * cache drops its dirty copy; the backing may keep an older one). */
@@ -935,8 +937,10 @@ one_op (struct cache *c, bool pmem_per_write)
     fill_versions (buf, s0, s1, v);
     rc = cache_write (c, buf, (uint64_t) n * SECT, (uint64_t) s0 * SECT, fl);
     TRACE (s0, s1, "write v%u flags %#x -> %d", v, fl, rc);
-    if (host_down ())
+    if (host_down ()) {          /* in flight when the power went */
+      model_write (s0, s1, v, false);
       return false;
+    }
     model_write (s0, s1, v, rc == 0);
     if (rc == 0 && ((fl & CACHE_FUA) ||
                     (pmem_per_write && !(fl & CACHE_DIRECT))))
@@ -1280,7 +1284,7 @@ test_fault_model (void **state)
     else
       nfailed++;
   printf ("fault model: %" PRIu64 " seeds (stores ram, pmem, pmem-page, ssd;"
-          " rules file, nbd, rbd, none), %" PRIu64 " requests, %" PRIu64
+          " rules file, nbd, rbd, silent), %" PRIu64 " requests, %" PRIu64
           " recoveries checked: %" PRIu64 " held to every acknowledged"
           " write, %" PRIu64 " with the loss reported, %" PRIu64
           " stores refused, %" PRIu64 " seeds failed; %" PRIu64 " sectors of a page store held"
