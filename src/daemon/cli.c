@@ -132,6 +132,7 @@ usage (void)
           "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod clear-doubt EXPORT [--control PATH]\n"
+          "       foliod upgrade [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
@@ -509,13 +510,15 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
   memset (cli, 0, sizeof *cli);
   if (argc > 1 && (strcmp (argv[1], "stats") == 0 ||
                    strcmp (argv[1], "flush") == 0 ||
-                   strcmp (argv[1], "clear-doubt") == 0)) {
+                   strcmp (argv[1], "clear-doubt") == 0 ||
+                   strcmp (argv[1], "upgrade") == 0)) {
     cli->subcommand = argv[1];
     argc--;
     argv++;
   }
   r = parse_opts (argc, argv, cli, &a, c);
-  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0) {
+  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0 &&
+      strcmp (cli->subcommand, "upgrade") != 0) {
     if (optind + 1 != argc) {
       fprintf (stderr, "foliod: usage: foliod %s EXPORT [--control PATH]\n",
                cli->subcommand);

@@ -11,9 +11,11 @@
 #ifndef FOLIOD_DAEMON_H
 #define FOLIOD_DAEMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "foliod/export.h"
 #include "foliod/log.h"
@@ -144,7 +146,8 @@ extern const char foliod_default_conf[];
 /* Command line: fills c (and what the subcommands need).  Returns 0 to
  * run, 1 to exit 0 (help, version, check-config ok), -1 on error. */
 struct cli {
-  const char *subcommand;   /* NULL, "stats", "flush" */
+  const char *subcommand;   /* NULL, "stats", "flush", "clear-doubt",
+                               "upgrade" */
   const char *sub_arg;      /* flush: export name */
   int prometheus;           /* stats: Prometheus text, not the table */
   double watch;             /* stats --watch: seconds between reports */
@@ -169,6 +172,18 @@ struct control;
 struct control *control_start (const char *path, struct daemon_export *ex,
                                size_t n, void *server);
 void control_stop (struct control *ctl);
+/* The same on an inherited listening socket fd (upgrade; -1: bind path). */
+struct control *control_start_fd (const char *path, int fd,
+                                  struct daemon_export *ex, size_t n,
+                                  void *server);
+/* "upgrade": fn runs on the control thread and may block; it writes the
+ * reply ("OK ...\n" or "ERROR ...\n") to reply. */
+void control_set_upgrade (struct control *ctl,
+                          void (*fn) (void *arg, char *reply, size_t len),
+                          void *arg);
+/* The listening socket, for an upgrade; keep_path: control_stop leaves
+ * the socket file (the new process serves it). */
+int control_fd (struct control *ctl, bool keep_path);
 /* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
  * command, print the answer.  0 or -1 (said on stderr). */
 int control_client (const char *path, const char *command);
@@ -217,5 +232,29 @@ void metrics_stop (struct metrics *m);
  * warn when the limit cannot hold max_connections besides what is open. */
 void fd_limit_raise (void);
 void fd_limit_check (unsigned max_connections);
+
+/* upgrade.c: upgrade in place (foliod upgrade).  What the old process
+ * hands the new one. */
+#define UPGRADE_MAX_LISTEN 64
+struct upgrade_handoff {
+  int listen_fds[UPGRADE_MAX_LISTEN];
+  int n_listen;
+  int control_fd;             /* -1: none */
+  int detached;               /* the old one logged to syslog */
+  struct server_moved *conns; /* plain connections in transmission */
+  size_t n_conns;
+  int ready_fd;               /* new process: "1" here once serving */
+};
+/* New process: 1 when started by an upgrade (u filled), 0 when not, -1
+ * when what was handed over cannot be read (logged). */
+int upgrade_inherited (struct upgrade_handoff *u);
+/* New process: tell the old one we serve. */
+void upgrade_ready (struct upgrade_handoff *u);
+void upgrade_handoff_free (struct upgrade_handoff *u);
+/* Old process: start this binary (its path now) with argv and u's
+ * sockets; wait up to wait_s for it to be ready.  Its pid, or -1 with a
+ * reason in err (then it is gone: killed and reaped). */
+pid_t upgrade_spawn (char *const *argv, const struct upgrade_handoff *u,
+                     unsigned wait_s, char *err, size_t errlen);
 
 #endif /* FOLIOD_DAEMON_H */

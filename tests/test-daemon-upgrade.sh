@@ -1,0 +1,119 @@
+#!/bin/bash
+# Upgrade in place (issue 35 item 1): `foliod upgrade` starts the binary
+# again and hands it the sockets and every plain connection.  A libnbd
+# client keeps 8 requests in flight on one connection, writes and reads a
+# verified pattern without a pause while foliod is upgraded
+# UPGRADE_ROUNDS times (15): no request fails, the connection is the same
+# socket at the end, every byte reads back, each upgrade gives a new pid
+# and the old one exits.  With the pmem store, dirty data is not written
+# back across the upgrades (the image is untouched until the final
+# SIGTERM, the new process recovers it dirty); with the ram store it is
+# written back first (the warm set is not kept yet).  A new binary that
+# fails to start leaves the old process serving the same connection.
+. "$(dirname "$0")/lib.sh"
+lib_init daemon-upgrade 64
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
+  skip "python3 with the libnbd module (python3-libnbd) not installed"
+
+rounds=${UPGRADE_ROUNDS:-15}
+ctl=$tmp/ctl
+SOCK=$tmp/sock
+FOLIOD_LOG=$tmp/foliod.log
+
+# The binary foliod upgrade starts again is the path it runs from: a copy
+# this test can replace, as a package upgrade does.
+install_binary () {
+  cp "$1" "$tmp/foliod.new" && mv -f "$tmp/foliod.new" "$tmp/foliod"
+}
+
+# upgrade_once: foliod upgrade; a new pid serves, the old one is gone.
+upgrade_once () {
+  local old new out
+  old=$(cat "$tmp/pid")
+  out=$(timeout $(( 60 * TSCALE )) "$FOLIOD" upgrade --control "$ctl" 2>&1) ||
+    fail "foliod upgrade: $out"
+  echo "  $out"
+  new=$(cat "$tmp/pid")
+  [ "$new" != "$old" ] || fail "upgrade: still pid $old"
+  track "$new"
+  tr '\0' ' ' < "/proc/$new/cmdline" | grep -q -- "--pidfile $tmp/pid" ||
+    fail "pid $new is not our foliod"
+  wait_gone "$old" 100 || fail "the old foliod $old still runs"
+}
+
+# run STORE_OPTS: start foliod, the client, ROUNDS upgrades.
+run () {
+  local store=$1 n=$2
+  rm -f "$tmp/stop" "$tmp/pid" "$tmp/store"
+  random_file "$tmp/img" 16
+  cp "$tmp/img" "$tmp/img.orig"
+  install_binary "$FOLIOD"
+  "$tmp/foliod" --foreground --unix "$SOCK" --control "$ctl" \
+    --pidfile "$tmp/pid" --export "disk0=file:$tmp/img,cache-size=8M$store" \
+    >>"$FOLIOD_LOG" 2>&1 &
+  track $!
+  wait_for_socket "$SOCK" $(( 20 * TSCALE ))
+  /usr/bin/python3 "$TOP/tests/tools/upgrade-client.py" "$SOCK" \
+    "$tmp/img.orig" $((4 << 20)) "$tmp/stop" "$tmp/expect" \
+    > "$tmp/client.out" 2>&1 &
+  client=$!
+  track $client
+  sleep 0.5
+  for ((i = 1; i <= n; i++)); do
+    # Round 1 runs from a binary replaced since it started ("(deleted)").
+    [ "$i" = 1 ] && install_binary "$FOLIOD"
+    upgrade_once
+    kill -0 $client 2>/dev/null || fail "the client stopped: $(cat "$tmp/client.out")"
+    sleep 0.2
+  done
+}
+
+finish () {
+  touch "$tmp/stop"
+  wait $client || fail "client: $(cat "$tmp/client.out")"
+  grep -q "^ok .* same-socket$" "$tmp/client.out" ||
+    fail "client: $(cat "$tmp/client.out")"
+  echo "  client: $(cat "$tmp/client.out") (requests, longest pause ms)"
+}
+
+stop_last () {
+  local pid
+  pid=$(cat "$tmp/pid")
+  kill -TERM "$pid"
+  wait_gone "$pid" 600 || fail "foliod $pid still running after SIGTERM"
+  check_sanitizer_log "$FOLIOD_LOG"
+}
+
+echo "pmem store, $rounds upgrades:"
+run ",store=pmem:$tmp/store,dirty-background=90,dirty-limit=95,dirty-expire=3600000" "$rounds"
+# A binary that cannot start: the old process serves on.
+pid=$(cat "$tmp/pid")
+printf '#!/bin/sh\necho "broken foliod" >&2\nexit 1\n' > "$tmp/broken"
+chmod +x "$tmp/broken"
+install_binary "$tmp/broken"
+out=$(timeout $(( 60 * TSCALE )) "$FOLIOD" upgrade --control "$ctl" 2>&1) &&
+  fail "upgrade to a broken binary succeeded: $out"
+echo "  broken binary: $out"
+echo "$out" | grep -q "upgrade failed" || fail "upgrade to a broken binary: $out"
+[ "$(cat "$tmp/pid")" = "$pid" ] && kill -0 "$pid" || fail "foliod $pid is gone"
+sleep 0.5
+kill -0 $client 2>/dev/null || fail "the client stopped: $(cat "$tmp/client.out")"
+install_binary "$FOLIOD"
+upgrade_once
+finish
+# Nothing was written back across the upgrades: the image is untouched,
+# and the last process holds the dirty data (recovered from the store).
+cmp -s "$tmp/img" "$tmp/img.orig" ||
+  fail "the image changed: dirty data was written back across an upgrade"
+dirty=$(foliod_stat "$ctl" foliod_dirty_bytes)
+[ "${dirty:-0}" -gt 0 ] || fail "no dirty data after the upgrades ($dirty)"
+echo "  image untouched, $dirty bytes dirty in the last process"
+stop_last
+cmp -s "$tmp/img" "$tmp/expect" || fail "pmem: the image is not what was written"
+
+echo "ram store, 3 upgrades:"
+run "" 3
+finish
+stop_last
+cmp -s "$tmp/img" "$tmp/expect" || fail "ram: the image is not what was written"
+echo "ok"
