@@ -9,7 +9,8 @@
 # back across the upgrades (the image is untouched until the final
 # SIGTERM, the new process recovers it dirty); with the ram store it is
 # written back first (the warm set is not kept yet).  A new binary that
-# fails to start leaves the old process serving the same connection.
+# fails to start (at once, or after it took the hand-over) leaves the old
+# process serving the same connection.
 . "$(dirname "$0")/lib.sh"
 lib_init daemon-upgrade 64
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
@@ -86,21 +87,6 @@ stop_last () {
 
 echo "pmem store, $rounds upgrades:"
 run ",store=pmem:$tmp/store,dirty-background=90,dirty-limit=95,dirty-expire=3600000" "$rounds"
-# A binary that cannot start: the old process serves on.
-pid=$(cat "$tmp/pid")
-printf '#!/bin/sh\necho "broken foliod" >&2\nexit 1\n' > "$tmp/broken"
-chmod +x "$tmp/broken"
-install_binary "$tmp/broken"
-out=$(timeout $(( 60 * TSCALE )) "$FOLIOD" upgrade --control "$ctl" 2>&1) &&
-  fail "upgrade to a broken binary succeeded: $out"
-echo "  broken binary: $out"
-echo "$out" | grep -q "upgrade failed" || fail "upgrade to a broken binary: $out"
-[ "$(cat "$tmp/pid")" = "$pid" ] && kill -0 "$pid" || fail "foliod $pid is gone"
-sleep 0.5
-kill -0 $client 2>/dev/null || fail "the client stopped: $(cat "$tmp/client.out")"
-install_binary "$FOLIOD"
-upgrade_once
-finish
 # Nothing was written back across the upgrades: the image is untouched,
 # and the last process holds the dirty data (recovered from the store).
 cmp -s "$tmp/img" "$tmp/img.orig" ||
@@ -108,6 +94,48 @@ cmp -s "$tmp/img" "$tmp/img.orig" ||
 dirty=$(foliod_stat "$ctl" foliod_dirty_bytes)
 [ "${dirty:-0}" -gt 0 ] || fail "no dirty data after the upgrades ($dirty)"
 echo "  image untouched, $dirty bytes dirty in the last process"
+
+# A new binary that cannot start: the old process serves on.  Two ways:
+# it exits at once (before anything is handed over), or it loads, takes
+# the hand-over and then cannot open the export (the old process takes
+# its connection back and opens its store again).
+pid=$(cat "$tmp/pid")
+cp "$FOLIOD" "$tmp/foliod.real"
+printf '#!/bin/sh\necho "broken foliod" >&2\nexit 1\n' > "$tmp/broken1"
+# broken2: the same binary, its export's store in a missing directory.
+cat > "$tmp/broken2" <<EOS
+#!/bin/sh
+for a do
+  shift
+  case \$a in disk0=*) a=\$(echo "\$a" | sed 's|store=pmem:[^,]*|store=pmem:$tmp/no/such/store|') ;; esac
+  set -- "\$@" "\$a"
+done
+exec "$tmp/foliod.real" "\$@"
+EOS
+chmod +x "$tmp/broken1" "$tmp/broken2"
+for b in broken1 broken2; do
+  install_binary "$tmp/$b"
+  out=$(timeout $(( 60 * TSCALE )) "$FOLIOD" upgrade --control "$ctl" 2>&1) &&
+    fail "upgrade to a broken binary ($b) succeeded: $out"
+  echo "  $b: $out"
+  echo "$out" | grep -q "upgrade failed" || fail "upgrade to $b: $out"
+  [ "$(cat "$tmp/pid")" = "$pid" ] && kill -0 "$pid" ||
+    fail "foliod $pid is gone"
+  sleep 0.5
+  kill -0 $client 2>/dev/null ||
+    fail "the client stopped: $(cat "$tmp/client.out")"
+done
+# broken2 failed after the hand-over: the old process took its
+# connection back (and said so), and its store again.
+echo "$out" | grep -q "before it was ready" ||
+  fail "broken2 failed before the hand-over: $out"
+sed -n "/foliod\[$pid\] error: upgrade failed: .* before it was ready/,\$p" \
+  "$FOLIOD_LOG" |
+  grep -q "foliod\[$pid\] info: conn .*: export 'disk0' (handed over by the old" ||
+  fail "broken2: the old process never took its connection back"
+install_binary "$FOLIOD"
+upgrade_once
+finish
 stop_last
 cmp -s "$tmp/img" "$tmp/expect" || fail "pmem: the image is not what was written"
 

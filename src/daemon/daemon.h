@@ -243,7 +243,7 @@ struct upgrade_handoff {
   int detached;               /* the old one logged to syslog */
   struct server_moved *conns; /* plain connections in transmission */
   size_t n_conns;
-  int ready_fd;               /* new process: "1" here once serving */
+  int ready_fd;               /* new process: "R" here once serving */
 };
 /* New process: 1 when started by an upgrade (u filled), 0 when not, -1
  * when what was handed over cannot be read (logged). */
@@ -251,10 +251,18 @@ int upgrade_inherited (struct upgrade_handoff *u);
 /* New process: tell the old one we serve. */
 void upgrade_ready (struct upgrade_handoff *u);
 void upgrade_handoff_free (struct upgrade_handoff *u);
-/* Old process: start this binary (its path now) with argv and u's
- * sockets; wait up to wait_s for it to be ready.  Its pid, or -1 with a
- * reason in err (then it is gone: killed and reaped). */
-pid_t upgrade_spawn (char *const *argv, const struct upgrade_handoff *u,
-                     unsigned wait_s, char *err, size_t errlen);
+/* Old process, step 1: start this binary (its path now) with argv and
+ * wait up to wait_s until it is loaded (it waits then).  Its pid and, in
+ * *sock, the way to it; or -1 with a reason in err (it is gone). */
+pid_t upgrade_start (char *const *argv, unsigned wait_s, int *sock,
+                     char *err, size_t errlen);
+/* Step 2: hand it u and wait up to wait_s until it serves.  0, or -1
+ * with a reason in err (it is killed and reaped).  Closes sock. */
+int upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
+                  unsigned wait_s, char *err, size_t errlen);
+/* Give up on a started one (closes sock, kills it unless err is EPIPE:
+ * it exited; reaps it); the reason goes to msg. */
+void upgrade_abandon (pid_t pid, int sock, const char *what, int err,
+                      unsigned wait_s, char *msg, size_t msglen);
 
 #endif /* FOLIOD_DAEMON_H */

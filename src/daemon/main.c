@@ -64,6 +64,8 @@ struct daemon {
   char upgrade_reply[512];
   uint64_t upgrade_start_ms;
   struct export **upgrade_old; /* exports closed for the hand-over */
+  pid_t upgrade_pid;         /* the new process, loaded, waiting */
+  int upgrade_sock;          /* the way to it */
   pid_t upgraded_to;         /* the new process is ready: exit */
   int upgrade_fatal;         /* failed and cannot serve on: exit 1 */
 };
@@ -914,7 +916,12 @@ upgrade_handed (void *opaque)
                (d->inherited && d->inherit.detached);
   if (d->cfg->log_file)
     u.detached = 0;
-  pid = upgrade_spawn (d->argv, &u, UPGRADE_READY_S, err, sizeof err);
+  pid = d->upgrade_pid;
+  if (upgrade_hand (pid, d->upgrade_sock, &u, UPGRADE_READY_S, err,
+                    sizeof err) < 0)
+    pid = -1;
+  d->upgrade_pid = 0;
+  d->upgrade_sock = -1;
   if (pid > 0) {
     uint64_t t = now_ms ();
     sd_notifyf ("MAINPID=%d", (int) pid);
@@ -958,6 +965,7 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
 {
   struct daemon *d = w->data;
   struct daemon_config *cfg = d->cfg;
+  char err[512];
 
   if (d->stopping) {
     upgrade_answer (d, "ERROR foliod is stopping\n");
@@ -971,6 +979,16 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
     upgrade_answer (d, "ERROR out of memory\n");
     return;
   }
+  /* The new binary starts (exec, libraries, configuration) while this
+   * process serves; it waits for the hand-over. */
+  d->upgrade_pid = upgrade_start (d->argv, UPGRADE_READY_S,
+                                  &d->upgrade_sock, err, sizeof err);
+  if (d->upgrade_pid < 0) {
+    log_error ("upgrade failed: %s; serving on", err);
+    upgrade_answer (d, "ERROR upgrade failed: %s; pid %d serves on\n", err,
+                    (int) getpid ());
+    return;
+  }
   /* A ram store's dirty data must be written back before it is closed:
    * most of it now, while clients are still served, so that the stall
    * only covers what they write meanwhile. */
@@ -978,8 +996,11 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
     struct daemon_export *e = &cfg->exports[i];
     if (e->ex && e->ex->store == NULL &&
         cache_write_back (e->ex->cache) == -1) {
+      int werr = errno;
+      upgrade_abandon (d->upgrade_pid, d->upgrade_sock, "handed over",
+                       EINTR, 0, err, sizeof err);
       upgrade_answer (d, "ERROR export %s: cannot write back before the "
-                      "upgrade: %s\n", e->cfg.name, strerror (errno));
+                      "upgrade: %s\n", e->cfg.name, strerror (werr));
       return;
     }
   }

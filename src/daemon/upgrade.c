@@ -1,17 +1,26 @@
 /* Upgrade in place, the process half: the old foliod starts the new
  * binary and hands it its sockets; the new one takes them.
  *
- * What goes across (docs/internals.md, "Upgrade in place"): the
- * listening sockets, the control socket and every plain connection in
- * transmission (server_handover), as file descriptors the child
- * inherits, and a description of them in a memfd: a header, the
- * listening fds, then per connection its fd, what it negotiated
- * (struct server_moved) and the bytes the old process had read but not
- * parsed.  The environment says where: FOLIOD_UPGRADE=MEMFD,READYFD.
- * The new process writes "1" to READYFD once it serves (after READY=1 to
- * systemd); if it exits or says nothing within UPGRADE_READY_S, the old
- * one kills it and serves on.  The layout is versioned: a binary that
- * does not know the version refuses to start (and the old one resumes).
+ * Two steps, so that the new binary's start (exec, the dynamic loader,
+ * the libraries' constructors, the configuration: most of the time on a
+ * busy host) happens while the old process still serves:
+ *
+ *   1. upgrade_start: a socketpair; the child execs this binary's path
+ *      with the same argv and FOLIOD_UPGRADE=FD (its end).  Once main
+ *      runs and the configuration is read, it writes "L" (loaded) and
+ *      waits.  Nothing is handed over yet: if it fails now, the old
+ *      process just goes on.
+ *   2. upgrade_hand, after server_handover: one message "G" with, as
+ *      SCM_RIGHTS, a memfd describing what goes across, the listening
+ *      sockets and the control socket; then the connections' sockets in
+ *      messages "C" of at most UPGRADE_FDS_PER_MSG.  The memfd holds a
+ *      versioned header, then per connection what it negotiated (struct
+ *      server_moved) and the bytes the old process had read but not
+ *      parsed.  The child opens its exports, serves, and writes "R"; if it
+ *      exits or says nothing within wait_s, it is killed and the old
+ *      process takes everything back.
+ *
+ * A binary that does not know the header's version refuses to start.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,10 +43,14 @@
 #define UPGRADE_ENV "FOLIOD_UPGRADE"
 #define UPGRADE_MAGIC "FOLIOUP1"
 
+#define UPGRADE_FDS_PER_MSG 200  /* under the kernel's SCM_MAX_FD (253) */
+
+/* The fds travel as SCM_RIGHTS, in this order: the memfd, the listening
+ * sockets, the control socket (if any), then the connections. */
 struct blob_hdr {
   char magic[8];
   uint32_t n_listen;
-  int32_t control_fd;
+  int32_t control_fd;       /* >= 0: one is passed */
   uint32_t detached;
   uint32_t n_conns;
 };
@@ -146,7 +160,6 @@ blob_conn_read (struct cursor *c, struct server_moved *m)
   m->peer[sizeof m->peer - 1] = '\0';
   memcpy (m->key, b.key, sizeof m->key);
   m->key[sizeof m->key - 1] = '\0';
-  fcntl (m->fd, F_SETFD, FD_CLOEXEC);  /* not for our children */
   return 0;
 }
 
@@ -175,8 +188,47 @@ blob_read (const uint8_t *p, size_t len, struct upgrade_handoff *u)
   for (; u->n_conns < h.n_conns; u->n_conns++)
     if (blob_conn_read (&c, &u->conns[u->n_conns]) < 0)
       return -1;
+  return 0;
+}
+
+static int recv_fds (int sock, char *tag, int *fds, size_t *n);
+
+/* The fd numbers in the description are the old process's: ours are
+ * those received, in the order of struct blob_hdr's comment. */
+static int
+recv_handoff (int sock, struct upgrade_handoff *u)
+{
+  int fds[2 + UPGRADE_MAX_LISTEN];
+  size_t n = sizeof fds / sizeof fds[0], k = 0;
+  struct stat st;
+  uint8_t *buf = NULL;
+  char tag = 0;
+  int r = -1;
+
+  if (recv_fds (sock, &tag, fds, &n) < 0 || tag != 'G' || n < 1)
+    return -1;
+  if (fstat (fds[0], &st) == 0 && (buf = malloc ((size_t) st.st_size + 1)) &&
+      pread (fds[0], buf, (size_t) st.st_size, 0) == st.st_size &&
+      blob_read (buf, (size_t) st.st_size, u) == 0 &&
+      n == 1 + (size_t) u->n_listen + (u->control_fd >= 0))
+    r = 0;
+  free (buf);
+  close (fds[0]);
+  if (r < 0)
+    return -1;
+  for (int i = 0; i < u->n_listen; i++)
+    u->listen_fds[i] = fds[1 + i];
   if (u->control_fd >= 0)
-    fcntl (u->control_fd, F_SETFD, FD_CLOEXEC);
+    u->control_fd = fds[n - 1];
+  while (k < u->n_conns) {
+    int cf[UPGRADE_FDS_PER_MSG];
+    size_t got = UPGRADE_FDS_PER_MSG;
+    if (recv_fds (sock, &tag, cf, &got) < 0 || tag != 'C' || got == 0 ||
+        got > u->n_conns - k)
+      return -1;
+    for (size_t i = 0; i < got; i++)
+      u->conns[k++].fd = cf[i];
+  }
   return 0;
 }
 
@@ -184,31 +236,27 @@ int
 upgrade_inherited (struct upgrade_handoff *u)
 {
   const char *env = getenv (UPGRADE_ENV);
-  int mfd, rfd, r = -1;
-  struct stat st;
-  uint8_t *buf = NULL;
+  int sock;
 
   memset (u, 0, sizeof *u);
   u->control_fd = u->ready_fd = -1;
   if (env == NULL)
     return 0;
-  if (sscanf (env, "%d,%d", &mfd, &rfd) != 2 || mfd < 0 || rfd < 0) {
-    log_error ("upgrade: bad %s=%s", UPGRADE_ENV, env);
+  sock = atoi (env);
+  unsetenv (UPGRADE_ENV);
+  if (sock < 3 || fcntl (sock, F_SETFD, FD_CLOEXEC) < 0) {
+    log_error ("upgrade: bad %s", UPGRADE_ENV);
     return -1;
   }
-  unsetenv (UPGRADE_ENV);
-  u->ready_fd = rfd;
-  fcntl (rfd, F_SETFD, FD_CLOEXEC);
-  if (fstat (mfd, &st) == 0 && (buf = malloc ((size_t) st.st_size + 1)) &&
-      pread (mfd, buf, (size_t) st.st_size, 0) == st.st_size &&
-      blob_read (buf, (size_t) st.st_size, u) == 0)
-    r = 1;
-  else
-    log_error ("upgrade: cannot read what the old process handed over "
-               "(another foliod version?)");
-  free (buf);
-  close (mfd);
-  return r;
+  /* Loaded: the old process may hand over now (it serves until then). */
+  if (write (sock, "L", 1) != 1 || recv_handoff (sock, u) < 0) {
+    log_error ("upgrade: cannot take what the old process hands over "
+               "(it went away, or another foliod version?)");
+    close (sock);
+    return -1;
+  }
+  u->ready_fd = sock;
+  return 1;
 }
 
 void
@@ -216,7 +264,7 @@ upgrade_ready (struct upgrade_handoff *u)
 {
   if (u->ready_fd < 0)
     return;
-  if (write (u->ready_fd, "1", 1) != 1)
+  if (write (u->ready_fd, "R", 1) != 1)
     log_warn ("upgrade: cannot tell the old process we are ready: %s",
               strerror (errno));
   close (u->ready_fd);
@@ -250,10 +298,10 @@ self_exe (char *buf, size_t len)
   return 0;
 }
 
-/* The environment of the child: ours with FOLIOD_UPGRADE set and the
+/* The environment of the child: ours with FOLIOD_UPGRADE=fd and the
  * socket activation variables gone.  NULL: out of memory. */
 static char **
-child_env (int mfd, int rfd)
+child_env (int fd)
 {
   extern char **environ;
   size_t n = 0, k = 0;
@@ -267,43 +315,32 @@ child_env (int mfd, int rfd)
     if (strncmp (environ[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) != 0 &&
         strncmp (environ[i], "LISTEN_", 7) != 0)
       env[k++] = environ[i];
-  if (asprintf (&env[k], UPGRADE_ENV "=%d,%d", mfd, rfd) < 0) {
+  if (asprintf (&env[k], UPGRADE_ENV "=%d", fd) < 0) {
     free (env);
     return NULL;
   }
   return env;
 }
 
-/* The fds the child keeps (their FD_CLOEXEC cleared after fork).  A
- * malloc'd array of *n; NULL: out of memory. */
-static int *
-child_fds (const struct upgrade_handoff *u, int mfd, int rfd, size_t *n)
+static void
+child_env_free (char **env)
 {
-  int *fds = malloc ((u->n_listen + u->n_conns + 3) * sizeof *fds);
-  size_t k = 0;
-
-  if (!fds)
-    return NULL;
-  for (int i = 0; i < u->n_listen; i++)
-    fds[k++] = u->listen_fds[i];
-  for (size_t i = 0; i < u->n_conns; i++)
-    fds[k++] = u->conns[i].fd;
-  if (u->control_fd >= 0)
-    fds[k++] = u->control_fd;
-  fds[k++] = mfd;
-  fds[k++] = rfd;
-  *n = k;
-  return fds;
+  if (!env)
+    return;
+  for (size_t i = 0; env[i]; i++)
+    if (strncmp (env[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) == 0)
+      free (env[i]);
+  free (env);
 }
 
-/* Wait for the child's "1" on rfd: 0, or -1 with a reason. */
+/* Wait up to deadline for byte want on sock.  0, or -1 (EOF, another
+ * byte, the deadline: ETIMEDOUT). */
 static int
-wait_ready (pid_t pid, int rfd, unsigned wait_s, char *err, size_t errlen)
+wait_byte (int sock, char want, uint64_t deadline)
 {
-  struct pollfd p = { .fd = rfd, .events = POLLIN };
-  uint64_t deadline = now_ms () + wait_s * 1000ull;
+  struct pollfd p = { .fd = sock, .events = POLLIN };
   char c = 0;
-  int st, r;
+  int r;
 
   for (;;) {
     uint64_t now = now_ms ();
@@ -312,51 +349,63 @@ wait_ready (pid_t pid, int rfd, unsigned wait_s, char *err, size_t errlen)
       continue;
     break;
   }
-  if (r > 0 && read (rfd, &c, 1) == 1 && c == '1')
-    return 0;
   if (r == 0) {
-    snprintf (err, errlen, "the new process (pid %d) was not ready within "
-              "%u s: killed", (int) pid, wait_s);
-    kill (pid, SIGKILL);
+    errno = ETIMEDOUT;
+    return -1;
   }
-  while (waitpid (pid, &st, 0) < 0 && errno == EINTR)
-    ;
-  if (r != 0) {
-    if (WIFEXITED (st))
-      snprintf (err, errlen, "the new process exited with status %d before "
-                "it was ready (see its log lines)", WEXITSTATUS (st));
-    else
-      snprintf (err, errlen, "the new process died (signal %d) before it "
-                "was ready", WIFSIGNALED (st) ? WTERMSIG (st) : 0);
-  }
+  if (r > 0 && read (sock, &c, 1) == 1 && c == want)
+    return 0;
+  errno = EPIPE;
   return -1;
 }
 
+void
+upgrade_abandon (pid_t pid, int sock, const char *what, int err,
+                 unsigned wait_s, char *msg, size_t msglen)
+{
+  int st = 0;
+
+  if (err == ETIMEDOUT) {
+    snprintf (msg, msglen, "the new process (pid %d) was not %s within "
+              "%u s: killed", (int) pid, what, wait_s);
+    kill (pid, SIGKILL);
+  } else if (err != EPIPE) {
+    snprintf (msg, msglen, "the new process (pid %d): %s: killed",
+              (int) pid, strerror (err));
+    kill (pid, SIGKILL);
+  }
+  close (sock);
+  while (waitpid (pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  if (err == EPIPE && WIFEXITED (st))
+    snprintf (msg, msglen, "the new process exited with status %d before "
+              "it was %s (see its log lines)", WEXITSTATUS (st), what);
+  else if (err == EPIPE)
+    snprintf (msg, msglen, "the new process died (signal %d) before it was "
+              "%s", WIFSIGNALED (st) ? WTERMSIG (st) : 0, what);
+}
+
 pid_t
-upgrade_spawn (char *const *argv, const struct upgrade_handoff *u,
-               unsigned wait_s, char *err, size_t errlen)
+upgrade_start (char *const *argv, unsigned wait_s, int *sock, char *err,
+               size_t errlen)
 {
   char exe[PATH_MAX];
-  int mfd = -1, rp[2] = { -1, -1 };
-  int *fds = NULL;
+  int sv[2] = { -1, -1 };
   char **env = NULL;
-  size_t nfds = 0;
   pid_t pid = -1;
 
+  *sock = -1;
   if (self_exe (exe, sizeof exe) < 0 ||
-      (mfd = memfd_create ("foliod-upgrade", MFD_CLOEXEC)) < 0 ||
-      blob_write (mfd, u) < 0 || pipe2 (rp, O_CLOEXEC) < 0 ||
-      !(env = child_env (mfd, rp[1])) ||
-      !(fds = child_fds (u, mfd, rp[1], &nfds))) {
-    snprintf (err, errlen, "cannot prepare the hand-over: %s",
+      socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
+      !(env = child_env (sv[1]))) {
+    snprintf (err, errlen, "cannot start the new process: %s",
               strerror (errno));
     goto out;
   }
   pid = fork ();
   if (pid == 0) {
     /* Only async-signal-safe calls until exec: other threads ran. */
-    for (size_t i = 0; i < nfds; i++)
-      fcntl (fds[i], F_SETFD, 0);
+    fcntl (sv[1], F_SETFD, 0);
     execve (exe, argv, env);
     _exit (127);
   }
@@ -365,24 +414,119 @@ upgrade_spawn (char *const *argv, const struct upgrade_handoff *u,
     goto out;
   }
   log_info ("upgrade: started %s as pid %d", exe, (int) pid);
-  close (rp[1]);
-  rp[1] = -1;
-  if (wait_ready (pid, rp[0], wait_s, err, errlen) < 0)
+  close (sv[1]);
+  sv[1] = -1;
+  if (wait_byte (sv[0], 'L', now_ms () + wait_s * 1000ull) < 0) {
+    upgrade_abandon (pid, sv[0], "loaded", errno, wait_s, err, errlen);
+    sv[0] = -1;
     pid = -1;
-
-out:
-  if (env) {
-    for (size_t i = 0; env[i]; i++)
-      if (strncmp (env[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) == 0)
-        free (env[i]);
-    free (env);
+    goto out;
   }
-  free (fds);
+  *sock = sv[0];
+  sv[0] = -1;
+out:
+  child_env_free (env);
+  if (sv[0] >= 0)
+    close (sv[0]);
+  if (sv[1] >= 0)
+    close (sv[1]);
+  return pid;
+}
+
+/* One message: the byte tag and n fds. */
+static int
+send_fds (int sock, char tag, const int *fds, size_t n)
+{
+  union {
+    char buf[CMSG_SPACE (UPGRADE_FDS_PER_MSG * sizeof (int))];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = { .iov_base = &tag, .iov_len = 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+  struct cmsghdr *c;
+
+  if (n > 0) {
+    memset (&u, 0, sizeof u);
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE (n * sizeof (int));
+    c = CMSG_FIRSTHDR (&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN (n * sizeof (int));
+    memcpy (CMSG_DATA (c), fds, n * sizeof (int));
+  }
+  while (sendmsg (sock, &m, MSG_NOSIGNAL) < 0)
+    if (errno != EINTR)
+      return -1;
+  return 0;
+}
+
+/* Receive one message sent by send_fds: its tag; the fds go to fds
+ * (*n: room in, received out).  0 or -1. */
+static int
+recv_fds (int sock, char *tag, int *fds, size_t *n)
+{
+  union {
+    char buf[CMSG_SPACE (UPGRADE_FDS_PER_MSG * sizeof (int))];
+    struct cmsghdr align;
+  } u;
+  struct iovec iov = { .iov_base = tag, .iov_len = 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+                      .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+  size_t room = *n;
+  ssize_t r;
+
+  *n = 0;
+  while ((r = recvmsg (sock, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+    ;
+  if (r != 1)
+    return -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR (&m); c; c = CMSG_NXTHDR (&m, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t k = (c->cmsg_len - CMSG_LEN (0)) / sizeof (int);
+      if (k > room - *n)
+        return -1;
+      memcpy (fds + *n, CMSG_DATA (c), k * sizeof (int));
+      *n += k;
+    }
+  return 0;
+}
+
+int
+upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
+              unsigned wait_s, char *err, size_t errlen)
+{
+  int fds[2 + UPGRADE_MAX_LISTEN];
+  size_t n = 0;
+  int mfd = memfd_create ("foliod-upgrade", MFD_CLOEXEC);
+
+  if (mfd < 0 || blob_write (mfd, u) < 0)
+    goto fail;
+  fds[n++] = mfd;
+  for (int i = 0; i < u->n_listen; i++)
+    fds[n++] = u->listen_fds[i];
+  if (u->control_fd >= 0)
+    fds[n++] = u->control_fd;
+  if (send_fds (sock, 'G', fds, n) < 0)
+    goto fail;
+  close (mfd);
+  mfd = -1;
+  for (size_t i = 0; i < u->n_conns; i += UPGRADE_FDS_PER_MSG) {
+    int cf[UPGRADE_FDS_PER_MSG];
+    size_t k = 0;
+    for (; k < UPGRADE_FDS_PER_MSG && i + k < u->n_conns; k++)
+      cf[k] = u->conns[i + k].fd;
+    if (send_fds (sock, 'C', cf, k) < 0)
+      goto fail;
+  }
+  if (wait_byte (sock, 'R', now_ms () + wait_s * 1000ull) == 0) {
+    close (sock);
+    return 0;
+  }
+fail:
   if (mfd >= 0)
     close (mfd);
-  if (rp[0] >= 0)
-    close (rp[0]);
-  if (rp[1] >= 0)
-    close (rp[1]);
-  return pid;
+  upgrade_abandon (pid, sock, "ready", errno == ETIMEDOUT || errno == EPIPE
+                   ? errno : EPIPE, wait_s, err, errlen);
+  return -1;
 }
