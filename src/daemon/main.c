@@ -906,9 +906,11 @@ upgrade_handed (void *opaque)
             "process answers was before now (%llu ms after the upgrade "
             "began)", u.n_conns,
             (unsigned long long) (quiet_ms - d->upgrade_start_ms));
-  upgrade_close_exports (d);
-  metrics_stop (d->metrics);   /* its port is bound again by the new one */
+  /* The metrics thread reads the exports: stopped first (its port is
+   * bound again by the new process, or by this one if that fails). */
+  metrics_stop (d->metrics);
   d->metrics = NULL;
+  upgrade_close_exports (d);
   u.n_listen = server_listen_fds (d->server, u.listen_fds,
                                   UPGRADE_MAX_LISTEN);
   u.control_fd = d->ctl ? control_fd (d->ctl, false) : -1;
