@@ -10,8 +10,10 @@
 # SIGTERM, the new process recovers it dirty); with the ram store it is
 # written back first (the warm set is not kept yet).  A new binary that
 # fails to start (at once, or after it took the hand-over) leaves the old
-# process serving the same connection.
+# process serving the same connection.  TLS connections, whose session
+# cannot move, are closed and a new one is served by the new process.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib-tls.sh"
 lib_init daemon-upgrade 64
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
   skip "python3 with the libnbd module (python3-libnbd) not installed"
@@ -144,4 +146,45 @@ run "" 3
 finish
 stop_last
 cmp -s "$tmp/img" "$tmp/expect" || fail "ram: the image is not what was written"
+
+echo "TLS (tls = on), one TLS and one plain connection:"
+requires openssl
+tls_make_certs "$tmp/pki" > /dev/null
+rm -f "$tmp/pid"
+install_binary "$FOLIOD"
+"$tmp/foliod" --foreground --unix "$SOCK" --control "$ctl" --pidfile "$tmp/pid" \
+  --tls on --tls-certificates "$tmp/pki/srv" \
+  --export "disk0=file:$tmp/img,cache-size=8M" >>"$FOLIOD_LOG" 2>&1 &
+track $!
+wait_for_socket "$SOCK" $(( 20 * TSCALE ))
+/usr/bin/python3 - "$SOCK" "$tmp/pki/cli" "$FOLIOD" "$ctl" > "$tmp/tls.out" 2>&1 <<'PY' ||
+import subprocess, sys
+import nbd
+sock, cli, foliod, ctl = sys.argv[1:5]
+def conn(tls):
+    h = nbd.NBD()
+    h.set_export_name("disk0")
+    if tls:
+        h.set_tls(nbd.TLS_REQUIRE)
+        h.set_tls_certificates(cli)
+    h.connect_unix(sock)
+    return h
+t, p = conn(True), conn(False)
+want = p.pread(4096, 0)
+assert t.get_tls_negotiated() and t.pread(4096, 0) == want
+r = subprocess.run([foliod, "upgrade", "--control", ctl],
+                   capture_output=True, text=True, timeout=60)
+assert r.returncode == 0, r.stderr
+assert p.pread(4096, 0) == want, "plain connection after the upgrade"
+try:
+    t.pread(4096, 0)
+    sys.exit("the TLS connection still answers after the upgrade")
+except nbd.Error as e:
+    print("TLS connection closed:", e)
+assert conn(True).pread(4096, 0) == want, "a new TLS connection"
+print("ok")
+PY
+  fail "TLS: $(cat "$tmp/tls.out")"
+sed 's/^/  /' "$tmp/tls.out"
+stop_last
 echo "ok"
