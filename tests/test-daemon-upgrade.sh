@@ -17,6 +17,7 @@
 lib_init daemon-upgrade 64
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
   skip "python3 with the libnbd module (python3-libnbd) not installed"
+requires openssl     # the TLS part's certificates
 
 rounds=${UPGRADE_ROUNDS:-15}
 ctl=$tmp/ctl
@@ -148,7 +149,6 @@ stop_last
 cmp -s "$tmp/img" "$tmp/expect" || fail "ram: the image is not what was written"
 
 echo "TLS (tls = on), one TLS and one plain connection:"
-requires openssl
 tls_make_certs "$tmp/pki" > /dev/null
 rm -f "$tmp/pid"
 install_binary "$FOLIOD"
