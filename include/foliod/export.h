@@ -186,4 +186,11 @@ void export_get_stats (struct export *e, struct cache_stats *cst,
 int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
   FOLIOD_WUR;
 
+/* The same for an upgrade in place: with a persistent store nothing is
+ * written back (the store is synced and closed; the next process's
+ * export_open recovers its dirty data); with the ram store, as
+ * export_close.  0, or -1 with errno. */
+int export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost)
+  FOLIOD_WUR;
+
 #endif /* FOLIOD_EXPORT_H */

@@ -139,7 +139,8 @@ static void cache_free (struct cache *c);
 
 /* A slot of a persistent store that holds folio fi with bits (the store's
  * recover trimmed them): the folio goes back into the index, its dirty
- * blocks are written back in the background (dirtied long ago). */
+ * blocks are written back in the background (dirtied long ago, unless
+ * an upgrade handed them over). */
 static int
 cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
 {
@@ -162,6 +163,10 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
     uint64_t now = now_ms ();
     f->dirtied_ms = now > c->cfg.dirty_expire_ms + 1
                     ? now - c->cfg.dirty_expire_ms : 1;
+    /* Dirty in a store closed cleanly: an upgrade in place handed it
+     * over a moment ago (export_close_keep); it ages from now. */
+    if (c->sinfo.was_clean)
+      f->dirtied_ms = now;
   }
   STAT_ADD (c, dirty_bytes, (uint64_t) f->nr_dirty << c->block_shift);
   STAT_ADD (c, unstable_bytes, (uint64_t) f->nr_unstable << c->block_shift);

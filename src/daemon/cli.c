@@ -137,6 +137,7 @@ usage (void)
           "       foliod clear-doubt EXPORT [--control PATH]\n"
           "       foliod release EXPORT [--stop] [--control PATH]\n"
           "       foliod ublk add EXPORT | del N [force] | list [--control PATH]\n"
+          "       foliod upgrade [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
@@ -545,7 +546,8 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
                    strcmp (argv[1], "flush") == 0 ||
                    strcmp (argv[1], "clear-doubt") == 0 ||
                    strcmp (argv[1], "release") == 0 ||
-                   strcmp (argv[1], "ublk") == 0)) {
+                   strcmp (argv[1], "ublk") == 0 ||
+                   strcmp (argv[1], "upgrade") == 0)) {
     cli->subcommand = argv[1];
     argc--;
     argv++;
@@ -553,7 +555,8 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
   r = parse_opts (argc, argv, cli, &a, c);
   if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "ublk") == 0)
     r = cli_ublk_args (argc, argv, cli);
-  else if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0) {
+  else if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0 &&
+           strcmp (cli->subcommand, "upgrade") != 0) {
     if (optind + 1 != argc) {
       fprintf (stderr, "foliod: usage: foliod %s EXPORT [--control PATH]\n",
                cli->subcommand);

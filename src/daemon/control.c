@@ -20,6 +20,9 @@
  *                    another host, then serve it read-only, or not at all)
  *   "ublk add EXPORT\n" -> "OK /dev/ublkbN EXPORT\n" or "ERROR reason\n"
  *   "ublk del N [force]\n", "ublk list\n" (src/ublk/ublk.h)
+ *   "upgrade\n"      -> "OK ...\n" or "ERROR reason\n" (control_set_upgrade:
+ *                      the daemon runs it, this thread waits; on success
+ *                      the reply is sent as the thread stops)
  * One thread serves the clients (a flush can take as long as the dirty
  * data needs and must not stall the event loop).  It waits on none of
  * them: each has its own state (the request line so far, the reply not
@@ -78,6 +81,10 @@ struct control {
   struct server *server;
   struct ublk_set *ublk;
   struct control_client clients[CONTROL_MAX_CLIENTS];
+  /* "upgrade": the daemon's (blocks; the reply goes to reply). */
+  void (*upgrade) (void *arg, char *reply, size_t len);
+  void *upgrade_arg;
+  bool keep_path;            /* handed over: control_stop leaves the file */
 };
 
 /* ---- the daemon side ------------------------------------------------------ */
@@ -235,6 +242,8 @@ control_answer (struct control *ctl, const char *line, size_t *len)
     control_release (ctl, buf, 512, line + 13, 1);
   else if (strncmp (line, "ublk ", 5) == 0 && ctl->ublk)
     control_ublk (ctl, buf, 512, line + 5);
+  else if (strcmp (line, "upgrade") == 0 && ctl->upgrade)
+    ctl->upgrade (ctl->upgrade_arg, buf, 512);
   else
     snprintf (buf, 512, "%s", unknown);
   *len = strlen (buf);
@@ -406,8 +415,12 @@ control_thread (void *arg)
       control_accept (ctl);
   }
   for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
-    if (ctl->clients[i].fd != -1)
-      client_close (&ctl->clients[i]);
+    if (ctl->clients[i].fd != -1) {
+      if (ctl->clients[i].out)      /* a short reply: one try */
+        client_write (&ctl->clients[i]);
+      if (ctl->clients[i].fd != -1)
+        client_close (&ctl->clients[i]);
+    }
   return NULL;
 }
 
@@ -473,9 +486,25 @@ control_listen (const char *path)
   return fd;
 }
 
+void
+control_set_upgrade (struct control *ctl,
+                     void (*fn) (void *arg, char *reply, size_t len),
+                     void *arg)
+{
+  ctl->upgrade = fn;
+  ctl->upgrade_arg = arg;
+}
+
+int
+control_fd (struct control *ctl, bool keep_path)
+{
+  ctl->keep_path = keep_path;
+  return ctl->listen_fd;
+}
+
 struct control *
-control_start (const char *path, struct daemon_export *ex, size_t n,
-               void *server, struct ublk_set *ublk)
+control_start (const char *path, int fd, struct daemon_export *ex,
+               size_t n, void *server, struct ublk_set *ublk)
 {
   struct control *ctl = calloc (1, sizeof *ctl);
   int err;
@@ -490,7 +519,7 @@ control_start (const char *path, struct daemon_export *ex, size_t n,
   for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
     ctl->clients[i].fd = -1;
   ctl->path = strdup (path);
-  ctl->listen_fd = control_listen (path);
+  ctl->listen_fd = fd >= 0 ? fd : control_listen (path);
   if (ctl->path == NULL || ctl->listen_fd == -1 ||
       pipe2 (ctl->stop_pipe, O_CLOEXEC) == -1) {
     log_error ("control socket %s: %s", path, strerror (errno));
@@ -528,7 +557,8 @@ control_stop (struct control *ctl)
   close (ctl->listen_fd);
   close (ctl->stop_pipe[0]);
   close (ctl->stop_pipe[1]);
-  unlink (ctl->path);
+  if (!ctl->keep_path)
+    unlink (ctl->path);
   free (ctl->path);
   free (ctl);
 }
@@ -561,8 +591,9 @@ control_request (const char *path, const char *command, char **reply)
   struct timeval tv = {
     .tv_sec = strncmp (command, "flush", 5) == 0 ||
               strncmp (command, "release", 7) == 0 ||
-              strncmp (command, "ublk", 4) == 0 ? CONTROL_FLUSH_WAIT_S
-                                                : CONTROL_STATS_WAIT_S,
+              strncmp (command, "ublk", 4) == 0 ||
+              strncmp (command, "upgrade", 7) == 0 ? CONTROL_FLUSH_WAIT_S
+                                                   : CONTROL_STATS_WAIT_S,
   };
   if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1 ||
       setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == -1 ||

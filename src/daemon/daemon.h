@@ -11,9 +11,11 @@
 #ifndef FOLIOD_DAEMON_H
 #define FOLIOD_DAEMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "foliod/export.h"
 #include "foliod/log.h"
@@ -147,7 +149,8 @@ extern const char foliod_default_conf[];
 /* Command line: fills c (and what the subcommands need).  Returns 0 to
  * run, 1 to exit 0 (help, version, check-config ok), -1 on error. */
 struct cli {
-  const char *subcommand;   /* NULL, "stats", "flush" */
+  const char *subcommand;   /* NULL, "stats", "flush", "clear-doubt",
+                               "release", "ublk", "upgrade" */
   const char *sub_arg;      /* flush: export name; ublk: its words */
   char sub_buf[300];        /* ublk: "add EXPORT", "del N", "list" */
   int prometheus;           /* stats: Prometheus text, not the table */
@@ -172,9 +175,19 @@ int sd_listen_fds_get (int *fds, const char **names, int max);
 /* Control socket (control.c). */
 struct control;
 struct ublk_set;
-struct control *control_start (const char *path, struct daemon_export *ex,
-                               size_t n, void *server, struct ublk_set *ublk);
+/* fd: an inherited listening socket (upgrade), or -1: bind path. */
+struct control *control_start (const char *path, int fd,
+                               struct daemon_export *ex, size_t n,
+                               void *server, struct ublk_set *ublk);
 void control_stop (struct control *ctl);
+/* "upgrade": fn runs on the control thread and may block; it writes the
+ * reply ("OK ...\n" or "ERROR ...\n") to reply. */
+void control_set_upgrade (struct control *ctl,
+                          void (*fn) (void *arg, char *reply, size_t len),
+                          void *arg);
+/* The listening socket, for an upgrade; keep_path: control_stop leaves
+ * the socket file (the new process serves it). */
+int control_fd (struct control *ctl, bool keep_path);
 /* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
  * command, print the answer.  0 or -1 (said on stderr). */
 int control_client (const char *path, const char *command);
@@ -223,5 +236,37 @@ void metrics_stop (struct metrics *m);
  * warn when the limit cannot hold max_connections besides what is open. */
 void fd_limit_raise (void);
 void fd_limit_check (unsigned max_connections);
+
+/* upgrade.c: upgrade in place (foliod upgrade).  What the old process
+ * hands the new one. */
+#define UPGRADE_MAX_LISTEN 64
+struct upgrade_handoff {
+  int listen_fds[UPGRADE_MAX_LISTEN];
+  int n_listen;
+  int control_fd;             /* -1: none */
+  int detached;               /* the old one logged to syslog */
+  struct server_moved *conns; /* plain connections in transmission */
+  size_t n_conns;
+  int ready_fd;               /* new process: "R" here once serving */
+};
+/* New process: 1 when started by an upgrade (u filled), 0 when not, -1
+ * when what was handed over cannot be read (logged). */
+int upgrade_inherited (struct upgrade_handoff *u);
+/* New process: tell the old one we serve. */
+void upgrade_ready (struct upgrade_handoff *u);
+void upgrade_handoff_free (struct upgrade_handoff *u);
+/* Old process, step 1: start this binary (its path now) with argv and
+ * wait up to wait_s until it is loaded (it waits then).  Its pid and, in
+ * *sock, the way to it; or -1 with a reason in err (it is gone). */
+pid_t upgrade_start (char *const *argv, unsigned wait_s, int *sock,
+                     char *err, size_t errlen);
+/* Step 2: hand it u and wait up to wait_s until it serves.  0, or -1
+ * with a reason in err (it is killed and reaped).  Closes sock. */
+int upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
+                  unsigned wait_s, char *err, size_t errlen);
+/* Give up on a started one (closes sock, kills it unless err is EPIPE:
+ * it exited; reaps it); the reason goes to msg. */
+void upgrade_abandon (pid_t pid, int sock, const char *what, int err,
+                      unsigned wait_s, char *msg, size_t msglen);
 
 #endif /* FOLIOD_DAEMON_H */

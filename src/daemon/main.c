@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 
 #include <ev.h>
 
+#include "foliod/lock.h"
 #include "foliod/util.h"
 #include "daemon/daemon.h"
 #include "foliod/log.h"
@@ -52,6 +54,22 @@ struct daemon {
   int pidfile_written;
   size_t refused;            /* exports not served: an image format */
   char where[1024];          /* "127.0.0.1:10809, /run/foliod.sock" */
+
+  /* Upgrade in place (foliod upgrade; the section "upgrade" below). */
+  char **argv;               /* ours: the new binary gets the same */
+  struct upgrade_handoff inherit; /* what an old process handed us */
+  int inherited;             /* started by an upgrade */
+  ev_async upgrade_async;    /* the control thread asks the loop */
+  pthread_mutex_t upgrade_lock; /* upgrade_* below; a leaf */
+  pthread_cond_t upgrade_cond;
+  int upgrade_state;         /* 0 idle, 1 asked, 2 answered */
+  char upgrade_reply[512];
+  uint64_t upgrade_start_ms;
+  struct export **upgrade_old; /* exports closed for the hand-over */
+  pid_t upgrade_pid;         /* the new process, loaded, waiting */
+  int upgrade_sock;          /* the way to it */
+  pid_t upgraded_to;         /* the new process is ready: exit */
+  int upgrade_fatal;         /* failed and cannot serve on: exit 1 */
 };
 
 /* Dirty bytes over every export, for messages. */
@@ -572,8 +590,15 @@ listen_all (struct daemon *d)
   int fds[MAX_LISTEN_FDS];
   const char *names[MAX_LISTEN_FDS];
   char err[512], host[256], port[16], buf[300];
-  int n = sd_listen_fds_get (fds, names, MAX_LISTEN_FDS);
+  int n = 0;
 
+  if (d->inherited) {          /* upgrade: the old process's sockets */
+    for (; n < d->inherit.n_listen && n < MAX_LISTEN_FDS; n++) {
+      fds[n] = d->inherit.listen_fds[n];
+      names[n] = "(upgrade)";
+    }
+  } else
+    n = sd_listen_fds_get (fds, names, MAX_LISTEN_FDS);
   if (n > 0) {
     /* Socket activation: the unit's sockets replace listen/unix. */
     for (int i = 0; i < n; i++) {
@@ -585,7 +610,8 @@ listen_all (struct daemon *d)
                 names[i] ? names[i] : "");
       where_add (d, buf);
     }
-    log_info ("socket activation: %d inherited socket%s", n, n > 1 ? "s" : "");
+    log_info ("%s: %d inherited socket%s", d->inherited ? "upgrade"
+              : "socket activation", n, n > 1 ? "s" : "");
     return 0;
   }
   if (cfg->n_listen == 0 && cfg->n_unix == 0)
@@ -709,7 +735,7 @@ pidfile_write (const char *path)
 static int
 log_redirect (struct daemon *d)
 {
-  int detached = d->ready_fd >= 0;
+  int detached = d->ready_fd >= 0 || (d->inherited && d->inherit.detached);
 
   if (d->cfg->log_file) {
     if (log_to_file (d->cfg->log_file) == -1) {
@@ -812,6 +838,281 @@ ublk_start (struct daemon *d)
   return 0;
 }
 
+/* ---- upgrade in place (foliod upgrade) -------------------------------- */
+
+/* The new process gets this long to say it serves (its exports opened,
+ * a persistent store recovered), else the old one serves on. */
+#define UPGRADE_READY_S 30
+
+static void
+upgrade_answer (struct daemon *d, const char *fmt, ...)
+  __attribute__ ((format (printf, 2, 3)));
+
+/* Give the control thread its reply. */
+static void
+upgrade_answer (struct daemon *d, const char *fmt, ...)
+{
+  va_list ap;
+
+  lock_or_die (&d->upgrade_lock);
+  va_start (ap, fmt);
+  vsnprintf (d->upgrade_reply, sizeof d->upgrade_reply, fmt, ap);
+  va_end (ap);
+  d->upgrade_state = 2;
+  pthread_cond_signal (&d->upgrade_cond);
+  unlock_or_die (&d->upgrade_lock);
+}
+
+/* Close every export for the new process: a persistent store keeps its
+ * dirty data (export_close_keep), a ram one writes it back.  The closed
+ * ones are remembered in upgrade_old to reopen on failure. */
+static void
+upgrade_close_exports (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  unsigned timeout_ms = (d->cfg->shutdown_timeout_s ? d->cfg->shutdown_timeout_s
+                         : DEFAULT_SHUTDOWN_TIMEOUT_S) * 1000u;
+
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    uint64_t lost = 0;
+    d->upgrade_old[i] = e->ex;
+    if (e->ex == NULL)
+      continue;
+    e->ex = NULL;   /* the status timer and stats look no more */
+    if (export_close_keep (d->upgrade_old[i], timeout_ms, &lost) == -1)
+      log_error ("upgrade: export %s: %s%s", e->cfg.name, strerror (errno),
+                 lost ? " (dirty data not written back is LOST)" : "");
+  }
+}
+
+/* The new process failed: open the exports again and serve on.  0, or
+ * -1 when one cannot be opened (then this process must stop). */
+static int
+upgrade_reopen_exports (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+  char err[1024];
+  int r = 0;
+
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    if (d->upgrade_old[i] == NULL)
+      continue;
+    e->ex = export_open (&e->cfg, err, sizeof err);
+    if (e->ex == NULL) {
+      log_error ("upgrade: export %s cannot be opened again: %s",
+                 e->cfg.name, err);
+      r = -1;
+      continue;
+    }
+    server_replace_export (d->server, d->upgrade_old[i], e->ex);
+    log_store (e);
+    if (cache_populate (e->ex->cache, on_populated, e) == -1)
+      log_warn ("export %s: cache memory is faulted in on demand",
+                e->cfg.name);
+  }
+  return r;
+}
+
+/* Every plain connection is detached (server_handover): hand everything
+ * to a new process, or take it all back. */
+static void
+upgrade_handed (void *opaque)
+{
+  struct daemon *d = opaque;
+  struct upgrade_handoff u = { .control_fd = -1, .ready_fd = -1 };
+  uint64_t quiet_ms = now_ms ();
+  char err[512];
+  pid_t pid;
+
+  u.conns = server_handover_take (d->server, &u.n_conns);
+  log_info ("upgrade: %zu connection(s) detached; the last request this "
+            "process answers was before now (%llu ms after the upgrade "
+            "began)", u.n_conns,
+            (unsigned long long) (quiet_ms - d->upgrade_start_ms));
+  /* The metrics thread reads the exports: stopped first (its port is
+   * bound again by the new process, or by this one if that fails). */
+  metrics_stop (d->metrics);
+  d->metrics = NULL;
+  upgrade_close_exports (d);
+  u.n_listen = server_listen_fds (d->server, u.listen_fds,
+                                  UPGRADE_MAX_LISTEN);
+  u.control_fd = d->ctl ? control_fd (d->ctl, false) : -1;
+  u.detached = d->ready_fd >= 0 || getenv ("NOTIFY_SOCKET") != NULL ||
+               (d->inherited && d->inherit.detached);
+  if (d->cfg->log_file)
+    u.detached = 0;
+  pid = d->upgrade_pid;
+  if (upgrade_hand (pid, d->upgrade_sock, &u, UPGRADE_READY_S, err,
+                    sizeof err) < 0)
+    pid = -1;
+  d->upgrade_pid = 0;
+  d->upgrade_sock = -1;
+  if (pid > 0) {
+    uint64_t t = now_ms ();
+    sd_notifyf ("MAINPID=%d", (int) pid);
+    if (d->ctl)
+      control_fd (d->ctl, true);   /* the new process serves the path */
+    log_info ("upgrade: pid %d serves now: %zu connection(s) handed over; "
+              "%llu ms from the last answer here to its ready", (int) pid,
+              u.n_conns, (unsigned long long) (t - quiet_ms));
+    d->upgraded_to = pid;
+    upgrade_answer (d, "OK upgraded: pid %d, %zu connection(s) handed over, "
+                    "%llu ms without service\n", (int) pid, u.n_conns,
+                    (unsigned long long) (t - quiet_ms));
+    upgrade_handoff_free (&u);
+    ev_break (d->loop, EVBREAK_ALL);
+    return;
+  }
+  log_error ("upgrade failed: %s; serving on", err);
+  if (upgrade_reopen_exports (d) == -1) {
+    upgrade_answer (d, "ERROR upgrade failed (%s), and an export cannot be "
+                    "opened again: foliod stops\n", err);
+    d->upgrade_fatal = 1;
+    upgrade_handoff_free (&u);
+    ev_break (d->loop, EVBREAK_ALL);
+    return;
+  }
+  server_handover_abort (d->server);
+  for (size_t i = 0; i < u.n_conns; i++)
+    if (server_adopt (d->server, &u.conns[i]) == -1)
+      close (u.conns[i].fd);
+  if (d->cfg->metrics_listen)
+    d->metrics = metrics_start (d->cfg->metrics_listen, d->cfg->exports,
+                                d->cfg->n_exports, d->server);
+  upgrade_answer (d, "ERROR upgrade failed: %s; pid %d serves on\n", err,
+                  (int) getpid ());
+  upgrade_handoff_free (&u);
+}
+
+/* On the loop: the control thread asked for an upgrade. */
+static void
+on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
+{
+  struct daemon *d = w->data;
+  struct daemon_config *cfg = d->cfg;
+  char err[512];
+
+  if (d->stopping) {
+    upgrade_answer (d, "ERROR foliod is stopping\n");
+    return;
+  }
+  d->upgrade_start_ms = now_ms ();
+  log_info ("upgrade: requested");
+  free (d->upgrade_old);
+  d->upgrade_old = calloc (cfg->n_exports + 1, sizeof *d->upgrade_old);
+  if (d->upgrade_old == NULL) {
+    upgrade_answer (d, "ERROR out of memory\n");
+    return;
+  }
+  /* The new binary starts (exec, libraries, configuration) while this
+   * process serves; it waits for the hand-over. */
+  d->upgrade_pid = upgrade_start (d->argv, UPGRADE_READY_S,
+                                  &d->upgrade_sock, err, sizeof err);
+  if (d->upgrade_pid < 0) {
+    log_error ("upgrade failed: %s; serving on", err);
+    upgrade_answer (d, "ERROR upgrade failed: %s; pid %d serves on\n", err,
+                    (int) getpid ());
+    return;
+  }
+  /* A ram store's dirty data must be written back before it is closed:
+   * most of it now, while clients are still served, so that the stall
+   * only covers what they write meanwhile. */
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    if (e->ex && e->ex->store == NULL &&
+        cache_write_back (e->ex->cache) == -1) {
+      int werr = errno;
+      upgrade_abandon (d->upgrade_pid, d->upgrade_sock, "handed over",
+                       EINTR, 0, err, sizeof err);
+      upgrade_answer (d, "ERROR export %s: cannot write back before the "
+                      "upgrade: %s\n", e->cfg.name, strerror (werr));
+      return;
+    }
+  }
+  server_handover (d->server, upgrade_handed, d);
+}
+
+/* What an upgrade cannot hand over yet: NULL, or why not (in buf).  A
+ * released export's state lives in this process only: the new one
+ * would take the image back from the host it was handed to.  A ublk
+ * device would be left behind, its I/O failing (no user recovery yet). */
+static const char *
+upgrade_refusal (struct daemon *d, char *buf, size_t len)
+{
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    struct daemon_export *e = &d->cfg->exports[i];
+    if (e->ex && export_release_state (e->ex) != EXPORT_SERVING) {
+      snprintf (buf, len, "export %s was released (foliod release): a new "
+                "process would take its image back; stop foliod instead",
+                e->cfg.name);
+      return buf;
+    }
+  }
+  if (d->ublk && ublk_list (d->ublk, buf, len) > 0) {
+    snprintf (buf, len, "ublk devices are not handed over yet: remove "
+              "them first (foliod ublk del N)");
+    return buf;
+  }
+  return NULL;
+}
+
+/* Control thread: "upgrade".  Blocks until the loop has an answer. */
+static void
+upgrade_request (void *arg, char *reply, size_t len)
+{
+  struct daemon *d = arg;
+  char why[300];
+
+  if (upgrade_refusal (d, why, sizeof why)) {
+    log_warn ("upgrade refused: %s", why);
+    snprintf (reply, len, "ERROR %s\n", why);
+    return;
+  }
+  lock_or_die (&d->upgrade_lock);
+  if (d->upgrade_state != 0) {
+    unlock_or_die (&d->upgrade_lock);
+    snprintf (reply, len, "ERROR an upgrade is already running\n");
+    return;
+  }
+  d->upgrade_state = 1;
+  ev_async_send (d->loop, &d->upgrade_async);
+  while (d->upgrade_state != 2)
+    pthread_cond_wait (&d->upgrade_cond, &d->upgrade_lock);
+  snprintf (reply, len, "%s", d->upgrade_reply);
+  d->upgrade_state = 0;
+  unlock_or_die (&d->upgrade_lock);
+}
+
+static void
+upgrade_init (struct daemon *d)
+{
+  pthread_mutex_init (&d->upgrade_lock, NULL);
+  pthread_cond_init (&d->upgrade_cond, NULL);
+  ev_async_init (&d->upgrade_async, on_upgrade_async);
+  d->upgrade_async.data = d;
+  ev_async_start (d->loop, &d->upgrade_async);
+  if (d->ctl)
+    control_set_upgrade (d->ctl, upgrade_request, d);
+}
+
+/* New process, once ready: tell the old one, then take its connections
+ * (after: a failure in between leaves them to nobody rather than to
+ * two processes). */
+static void
+upgrade_adopt (struct daemon *d)
+{
+  if (!d->inherited)
+    return;
+  upgrade_ready (&d->inherit);
+  for (size_t i = 0; i < d->inherit.n_conns; i++)
+    if (server_adopt (d->server, &d->inherit.conns[i]) == -1)
+      close (d->inherit.conns[i].fd);
+  log_info ("upgrade: %zu connection(s) taken over", d->inherit.n_conns);
+  upgrade_handoff_free (&d->inherit);
+}
+
 /* Set up everything; 0 when serving, -1 on any failure (logged). */
 static int
 daemon_start (struct daemon *d)
@@ -826,9 +1127,13 @@ daemon_start (struct daemon *d)
     }
     log_info ("state directory %s", cfg->state_dir);
   }
-  /* Under systemd (NOTIFY_SOCKET) we never detach: Type=notify tracks us. */
+  d->inherited = upgrade_inherited (&d->inherit);
+  if (d->inherited < 0)
+    return -1;
+  /* Under systemd (NOTIFY_SOCKET) we never detach: Type=notify tracks us;
+   * nor when an old foliod starts us (it is detached already). */
   if (!cfg->foreground && getenv ("NOTIFY_SOCKET") == NULL &&
-      detach (d) == -1) {
+      !d->inherited && detach (d) == -1) {
     log_error ("cannot detach: %s", strerror (errno));
     return -1;
   }
@@ -845,11 +1150,12 @@ daemon_start (struct daemon *d)
   if (ublk_start (d) == -1)
     return -1;
   if (cfg->control) {
-    d->ctl = control_start (cfg->control, cfg->exports, cfg->n_exports,
-                            d->server, d->ublk);
+    d->ctl = control_start (cfg->control, d->inherit.control_fd,
+                            cfg->exports, cfg->n_exports, d->server, d->ublk);
     if (d->ctl == NULL)
       return -1;
-  }
+  } else if (d->inherit.control_fd >= 0)
+    close (d->inherit.control_fd);    /* no control socket configured now */
   if (cfg->metrics_listen) {
     d->metrics = metrics_start (cfg->metrics_listen, cfg->exports,
                                 cfg->n_exports, d->server);
@@ -863,27 +1169,39 @@ daemon_start (struct daemon *d)
   }
   fd_limit_check (max_connections (cfg));
   signals_start (d);
+  upgrade_init (d);
   if (announce_ready (d) == -1)
     return -1;
+  upgrade_adopt (d);
   exports_populate (cfg);
   return 0;
 }
 
 static int
-daemon_run (struct daemon_config *cfg)
+daemon_run (struct daemon_config *cfg, char **argv)
 {
-  struct daemon d = { .cfg = cfg, .ready_fd = -1 };
+  struct daemon d = { .cfg = cfg, .ready_fd = -1, .argv = argv };
   int r = daemon_start (&d);
 
   if (r == 0) {
     ev_run (d.loop, 0);
     signals_stop (&d);
   }
+  if (d.upgraded_to > 0) {
+    /* Everything is the new process's now: its sockets stay open there
+     * and their files stay; the exports are closed.  Just go (the
+     * control thread sends its reply as it stops). */
+    control_stop (d.ctl);
+    log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
+    free (d.upgrade_old);
+    return 0;
+  }
   metrics_stop (d.metrics);
   control_stop (d.ctl);
   ublk_set_free (d.ublk);        /* its devices use the exports */
-  if (exports_close (&d) == -1)
+  if (exports_close (&d) == -1 || d.upgrade_fatal)
     r = -1;
+  free (d.upgrade_old);
   if (d.server)
     server_free (d.server);
   if (d.pidfile_written)
@@ -934,7 +1252,7 @@ main (int argc, char **argv)
     }
     free (path);
   } else {
-    r = daemon_run (&cfg);
+    r = daemon_run (&cfg, argv);
   }
   daemon_config_free (&cfg);
   return r == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

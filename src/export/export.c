@@ -261,6 +261,25 @@ export_close_failed_store (struct export *e, uint64_t *lost)
   return -1;
 }
 
+/* Free e once its data is where it must be; r and err: the outcome so
+ * far, kept unless the cache reports loss.  Returns r, errno set. */
+static int
+export_free (struct export *e, int r, int err)
+{
+  /* After the deadline the backing fails at once: this does not wait. */
+  if (cache_destroy (e->cache) == -1 && r == 0) {
+    err = errno;
+    r = -1;
+  }
+  store_destroy (e->store);
+  backing_close (e->backing);
+  free (e->name);
+  free (e->description);
+  free (e);
+  errno = err;
+  return r;
+}
+
 int
 export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 {
@@ -288,18 +307,30 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
    * may have written the image since, so the next start here must not
    * trust the warm cache (a clean pmem store's is trusted on a remote or
    * rbd); it recovers the dirty blocks only, and there are none. */
-  /* After the deadline the backing fails at once: this does not wait. */
-  if (cache_destroy (e->cache) == -1 && r == 0) {
-    err = errno;
+  return export_free (e, r, err);
+}
+
+/* Upgrade in place: a persistent store keeps its dirty data for the next
+ * process: nothing is written back; the store is synced and marked clean
+ * (every bit in it is true: the next process keeps the warm blocks too,
+ * and its dirty ones are not "dirtied long ago").  A ram store's is
+ * written back (export_close). */
+int
+export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost)
+{
+  int r = 0, err = 0;
+
+  if (e == NULL || e->store == NULL || !store_has (e->store, STORE_DURABLE) ||
+      export_release_state (e) != EXPORT_SERVING)
+    return export_close (e, timeout_ms, lost);
+  if (lost)
+    *lost = 0;
+  cache_stop_writeback (e->cache);
+  if (store_mark_clean (e->store) == -1) {
+    err = errno;    /* not clean: recovered as after a crash */
     r = -1;
   }
-  store_destroy (e->store);
-  backing_close (e->backing);
-  free (e->name);
-  free (e->description);
-  free (e);
-  errno = err;
-  return r;
+  return export_free (e, r, err);
 }
 
 #define EXPORT_RELEASE_POLL_MS 1

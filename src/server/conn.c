@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "foliod/export.h"
 #include "server/internal.h"
 #include "server/log.h"
 
@@ -59,10 +60,28 @@ conn_input_paused (const struct conn *c)
   return false;
 }
 
+/* A connection an upgrade may hand over: plain, in transmission. */
+static bool
+conn_movable (const struct conn *c)
+{
+  return atomic_load_explicit (&c->srv->handing, memory_order_relaxed)
+    && !c->tls_active && conn_state_is_transmission (c->state);
+}
+
+/* Handing over: a movable connection reads on only to finish the request
+ * whose payload is arriving; at the next header it stops, and what the
+ * client sent since stays for the new process (server_moved). */
+static bool
+conn_handover_stops_input (const struct conn *c)
+{
+  return conn_movable (c) && c->state == CONN_TX_REQ_HDR;
+}
+
 static bool
 conn_wants_input (const struct conn *c)
 {
-  return input_steps[c->state] != NULL && !conn_input_paused (c);
+  return input_steps[c->state] != NULL && !conn_input_paused (c)
+    && !conn_handover_stops_input (c);
 }
 
 /* Drop the input side: the request being received is abandoned (it never
@@ -79,22 +98,25 @@ conn_stop_input (struct conn *c)
     conn_set_state (c, CONN_DRAINING);
 }
 
-/* Close the socket now.  The struct lives on until workers let go. */
+/* Let go of the socket: closed, or (keep_fd) left open for whoever has
+ * it next.  The struct lives on until workers let go. */
 static void
-conn_close (struct conn *c, const char *why)
+conn_release (struct conn *c, const char *why, bool keep_fd)
 {
   struct req *r;
 
   if (c->state == CONN_DEAD)
     return;
-  log_info ("conn %" PRIu64 " (%s): closed: %s", c->id, c->peer, why);
+  log_info ("conn %" PRIu64 " (%s): %s: %s", c->id, c->peer,
+            keep_fd ? "handed over" : "closed", why);
   ev_io_stop (c->lp->loop, &c->io);
   ev_timer_stop (c->lp->loop, &c->hs_timer);
   ev_timer_stop (c->lp->loop, &c->idle_timer);
   conn_budget_drop (c);
   server_client_gone (c);
   c->io_events = 0;
-  c->tops->close (c);
+  if (!keep_fd)
+    c->tops->close (c);
   if (c->cur) {
     conn_req_put (c, c->cur);
     c->cur = NULL;
@@ -109,6 +131,73 @@ conn_close (struct conn *c, const char *why)
   atomic_store (&c->closed, true);
   atomic_fetch_sub (&c->srv->nconns, 1);
   STAT_SUB (c->lp, connections_now, 1);
+}
+
+static void
+conn_close (struct conn *c, const char *why)
+{
+  conn_release (c, why, false);
+}
+
+/* Record c's negotiated state and unread input in a server_moved.  0 or
+ * -1 (no memory). */
+static int
+conn_moved_fill (const struct conn *c, struct server_moved *m)
+{
+  memset (m, 0, sizeof *m);
+  m->fd = c->fd;
+  if (!(m->export_name = strdup (c->exp->name)))
+    return -1;
+  m->pending_len = (uint32_t) (c->rlen - c->rpos);
+  if (m->pending_len && !(m->pending = malloc (m->pending_len))) {
+    free (m->export_name);
+    return -1;
+  }
+  if (m->pending_len)
+    memcpy (m->pending, c->rbuf + c->rpos, m->pending_len);
+  snprintf (m->peer, sizeof m->peer, "%s", c->peer);
+  snprintf (m->key, sizeof m->key, "%s", c->client_key);
+  m->client_flags = c->client_flags;
+  m->tflags = c->tflags;
+  m->flags = (c->structured ? SERVER_MOVED_STRUCTURED : 0)
+    | (c->extended ? SERVER_MOVED_EXTENDED : 0)
+    | (c->meta_alloc && c->meta_exp == c->exp ? SERVER_MOVED_META_ALLOC : 0)
+    | (c->meta_cache && c->meta_exp == c->exp ? SERVER_MOVED_META_CACHE : 0)
+    | (c->no_zeroes ? SERVER_MOVED_NO_ZEROES : 0)
+    | (c->requested ? SERVER_MOVED_REQUESTED : 0);
+  m->hdr_have = (uint32_t) c->hdr_have;
+  memcpy (m->hdr, c->hdr, sizeof m->hdr);
+  return 0;
+}
+
+/* Handing over, nothing in flight, everything sent: detach the socket
+ * and queue its state for the new process (server_handover_take). */
+static void
+conn_hand_over (struct conn *c)
+{
+  struct server *s = c->srv;
+  struct server_moved m;
+
+  if (conn_moved_fill (c, &m) < 0) {
+    conn_close (c, "out of memory handing over");
+    return;
+  }
+  lock_or_die (&s->moved_lock);
+  if (s->nmoved == s->moved_cap) {
+    size_t cap = s->moved_cap ? 2 * s->moved_cap : 16;
+    struct server_moved *p = realloc (s->moved, cap * sizeof *p);
+    if (!p) {
+      unlock_or_die (&s->moved_lock);
+      server_moved_free (&m);
+      conn_close (c, "out of memory handing over");
+      return;
+    }
+    s->moved = p;
+    s->moved_cap = cap;
+  }
+  s->moved[s->nmoved++] = m;
+  unlock_or_die (&s->moved_lock);
+  conn_release (c, "upgrade", true);
 }
 
 static void
@@ -282,6 +371,9 @@ conn_after_io (struct conn *c)
   if (c->state == CONN_DRAINING && c->nactive == 0
       && !conn_output_pending (c))
     conn_close (c, c->eof ? "client disconnected" : "done");
+  else if (conn_handover_stops_input (c) && !c->eof && c->nactive == 0
+           && !conn_output_pending (c))
+    conn_hand_over (c);
   else if (atomic_load_explicit (&c->srv->shutting_down,
                                  memory_order_relaxed)
            && conn_state_is_transmission (c->state)
@@ -445,9 +537,54 @@ conn_refuse (struct sloop *lp, int fd, const char *peer, const char *why)
   close (fd);
 }
 
-/* Adopt fd on lp (its thread), within the server's limits. */
+/* A connection handed over by an old process (upgrade): in transmission
+ * on the same export with what was negotiated, and the bytes the old
+ * process had read but not parsed.  0, or -1 (the export is gone). */
+static int
+conn_resume (struct conn *c, const struct server_moved *m)
+{
+  struct export *e = server_find_export (c->srv, m->export_name);
+
+  if (!e || m->pending_len > CONN_RBUF_SIZE || m->hdr_have > sizeof c->hdr)
+    return -1;
+  c->exp = e;
+  c->client_flags = m->client_flags;
+  c->tflags = m->tflags;
+  c->structured = (m->flags & SERVER_MOVED_STRUCTURED) != 0;
+  c->extended = (m->flags & SERVER_MOVED_EXTENDED) != 0;
+  c->meta_alloc = (m->flags & SERVER_MOVED_META_ALLOC) != 0;
+  c->meta_cache = (m->flags & SERVER_MOVED_META_CACHE) != 0;
+  c->meta_exp = e;
+  c->no_zeroes = (m->flags & SERVER_MOVED_NO_ZEROES) != 0;
+  c->requested = (m->flags & SERVER_MOVED_REQUESTED) != 0;
+  memcpy (c->rbuf, m->pending, m->pending_len);
+  c->rlen = m->pending_len;
+  memcpy (c->hdr, m->hdr, sizeof c->hdr);
+  ev_timer_stop (c->lp->loop, &c->hs_timer);
+  c->state = CONN_HS_OPT_HDR;        /* so that the setter starts the
+                                        transmission timers */
+  conn_set_state (c, CONN_TX_REQ_HDR);
+  c->hdr_have = m->hdr_have;
+  log_info ("conn %" PRIu64 ": export '%s' (handed over by the old "
+            "process, %u bytes unread)", c->id, e->name,
+            (unsigned) (m->pending_len + m->hdr_have));
+  return 0;
+}
+
+static void
+conn_moved_drop (struct server_moved *moved)
+{
+  if (moved) {
+    server_moved_free (moved);
+    free (moved);
+  }
+}
+
+/* Adopt fd on lp (its thread), within the server's limits; moved: a
+ * connection handed over by an old process (taken, freed here). */
 void
-conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
+conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key,
+          struct server_moved *moved)
 {
   struct server *s = lp->srv;
   struct conn *c;
@@ -457,11 +594,13 @@ conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
   if (atomic_load (&s->shutting_down)) {
     conn_refuse (lp, fd, peer, "shutting down");
     loop_conn_gone (lp);
+    conn_moved_drop (moved);
     return;
   }
   if (!conn_slot_take (s)) {
     conn_refuse (lp, fd, peer, "connection limit reached");
     loop_conn_gone (lp);
+    conn_moved_drop (moved);
     return;
   }
   c = calloc (1, sizeof *c);
@@ -480,6 +619,7 @@ conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
       close (fd);
     atomic_fetch_sub (&s->nconns, 1);
     loop_conn_gone (lp);
+    conn_moved_drop (moved);
     return;
   }
   c->srv = s;
@@ -508,7 +648,11 @@ conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
   log_info ("conn %" PRIu64 ": new connection from %s (loop %u)", c->id,
             peer, lp->idx);
 
-  hs_start (c);
+  if (!moved)
+    hs_start (c);
+  else if (conn_resume (c, moved) < 0)
+    conn_close (c, "its export is not served after the upgrade");
+  conn_moved_drop (moved);
   conn_after_io (c);
 }
 

@@ -400,6 +400,8 @@ struct handoff {
   int fd;
   char peer[80];
   char key[64];
+  struct server_moved *moved;    /* a connection handed over by an old
+                                    process (upgrade), or NULL */
 };
 
 /* Commands to a loop (sloop.cmd bits, set by the main thread). */
@@ -462,6 +464,16 @@ struct server {
   struct pool pool;
 
   _Atomic bool shutting_down;
+  _Atomic bool handing;          /* server_handover: plain connections in
+                                    transmission are detached, not closed
+                                    (set with shutting_down) */
+  pthread_mutex_t moved_lock;    /* a leaf: moved */
+  struct server_moved *moved;    /* detached connections */
+  size_t nmoved, moved_cap;
+  void (*handover_done) (void *opaque);
+  void *handover_opaque;
+  ev_idle handover_idle;         /* calls handover_done from the loop */
+  ev_timer handover_timer;       /* bounds the wait: then closes the rest */
   bool forced;
   void (*shutdown_done) (void *opaque);
   void *shutdown_opaque;
@@ -521,6 +533,7 @@ void loop_req_done (void *opaque, struct req *r);
 void loop_post (struct sloop *lp, unsigned cmd);
 void loop_hand_off (struct server *s, int fd, const char *peer,
                     const char *key);
+void loop_hand_off_moved (struct server *s, struct server_moved *m);
 void loop_conn_gone (struct sloop *lp);
 void loop_check_gone (struct sloop *lp);
 
@@ -585,12 +598,21 @@ enum step tx_step_req_discard (struct conn *c);
 
 /* conn.c: the connection driver (life cycle, input steps, sending) */
 void conn_new (struct sloop *lp, int fd, const char *peer,
-               const char *client_key);
+               const char *client_key, struct server_moved *moved);
 void conn_after_io (struct conn *c);
 void conn_flush_pending (struct sloop *lp);
 void conn_begin_shutdown (struct conn *c, bool force);
 void conn_maybe_free (struct conn *c);
 void conn_free (struct conn *c);
+
+/* listen.c (the listeners; also server_listen_*): an upgrade pauses
+ * them */
+void listeners_pause (struct server *s, bool pause);
+
+/* handover.c: upgrade in place (server.h); server.c calls these */
+void handover_init (struct server *s);
+void handover_check (struct server *s);
+void handover_free (struct server *s);
 
 /* loops.c: the connection loops (threads, wake-up, the done list) */
 int loops_start (struct server *s);

@@ -286,3 +286,26 @@ server_stop_accepting (struct server *s)
     free (l);
   }
 }
+
+/* Upgrade (handover.c): stop or go on accepting, the sockets kept. */
+void
+listeners_pause (struct server *s, bool pause)
+{
+  for (struct listener *l = s->listeners; l; l = l->next) {
+    ev_timer_stop (s->loop, &l->backoff);
+    if (pause)
+      ev_io_stop (s->loop, &l->io);
+    else
+      ev_io_start (s->loop, &l->io);
+  }
+}
+
+int
+server_listen_fds (struct server *s, int *fds, int max)
+{
+  int n = 0;
+
+  for (struct listener *l = s->listeners; l && n < max; l = l->next)
+    fds[n++] = l->fd;
+  return n;
+}

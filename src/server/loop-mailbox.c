@@ -55,33 +55,28 @@ loop_load (struct sloop *lp)
   return atomic_load (&lp->nconns) + atomic_load (&lp->nqueued);
 }
 
-/* Main thread: give an accepted socket to the loop that owns the fewest
- * connections (ties: the next one round the ring).  That loop checks the
- * limits when it adopts it (conn_new). */
-void
-loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
+/* The loop that owns the fewest connections (ties: the next one round
+ * the ring). */
+static struct sloop *
+loop_pick (struct server *s)
 {
   struct sloop *best = &s->loops[s->next_loop++ % s->nloops];
   unsigned best_load = loop_load (best);
-  struct handoff *h;
 
   for (unsigned k = 1; k < s->nloops; k++) {
     struct sloop *lp = &s->loops[(s->next_loop - 1 + k) % s->nloops];
     unsigned load = loop_load (lp);
-
     if (load < best_load) {
       best = lp;
       best_load = load;
     }
   }
-  if (!(h = calloc (1, sizeof *h))) {
-    log_error ("refusing connection from %s: out of memory", peer);
-    close (fd);
-    return;
-  }
-  h->fd = fd;
-  snprintf (h->peer, sizeof h->peer, "%s", peer);
-  snprintf (h->key, sizeof h->key, "%s", key);
+  return best;
+}
+
+static void
+loop_queue (struct sloop *best, struct handoff *h)
+{
   atomic_fetch_add (&best->nqueued, 1);
   lock_or_die (&best->lock);
   if (best->in_tail)
@@ -91,6 +86,55 @@ loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
   best->in_tail = h;
   unlock_or_die (&best->lock);
   ev_async_send (best->loop, &best->wake);
+}
+
+/* Main thread: give an accepted socket to the loop that owns the fewest
+ * connections.  That loop checks the limits when it adopts it
+ * (conn_new). */
+void
+loop_hand_off (struct server *s, int fd, const char *peer, const char *key)
+{
+  struct handoff *h;
+
+  if (!(h = calloc (1, sizeof *h))) {
+    log_error ("refusing connection from %s: out of memory", peer);
+    close (fd);
+    return;
+  }
+  h->fd = fd;
+  snprintf (h->peer, sizeof h->peer, "%s", peer);
+  snprintf (h->key, sizeof h->key, "%s", key);
+  loop_queue (loop_pick (s), h);
+}
+
+void
+server_moved_free (struct server_moved *m)
+{
+  free (m->export_name);
+  free (m->pending);
+  m->export_name = NULL;
+  m->pending = NULL;
+}
+
+/* Main thread: the same for a connection an old process handed over
+ * (upgrade); the loop adopts it in transmission.  Takes m. */
+void
+loop_hand_off_moved (struct server *s, struct server_moved *m)
+{
+  struct handoff *h;
+
+  if (!(h = calloc (1, sizeof *h))) {
+    log_error ("dropping connection from %s: out of memory", m->peer);
+    close (m->fd);
+    server_moved_free (m);
+    free (m);
+    return;
+  }
+  h->fd = m->fd;
+  snprintf (h->peer, sizeof h->peer, "%s", m->peer);
+  snprintf (h->key, sizeof h->key, "%s", m->key);
+  h->moved = m;
+  loop_queue (loop_pick (s), h);
 }
 
 /* The loop lost a connection, or refused one: during a shutdown, the

@@ -107,7 +107,8 @@ loop_wake_cb (struct ev_loop *loop, ev_async *w, int revents)
 
   for (; h; h = hn) {
     hn = h->next;
-    conn_new (lp, h->fd, h->peer, h->key); /* counts itself in nconns */
+    conn_new (lp, h->fd, h->peer, h->key, h->moved); /* counts itself
+                                                         in nconns */
     atomic_fetch_sub (&lp->nqueued, 1);    /* ... before this: never 0+0
                                               with a socket in between */
     free (h);
@@ -212,6 +213,10 @@ loops_free (struct server *s)
     while ((h = lp->in_head) != NULL) {   /* handed over, never adopted */
       lp->in_head = h->next;
       close (h->fd);
+      if (h->moved) {
+        server_moved_free (h->moved);
+        free (h->moved);
+      }
       free (h);
     }
     ev_async_stop (lp->loop, &lp->wake);

@@ -82,7 +82,11 @@ req_check (struct conn *c, struct req *r)
     || r->type == NBD_CMD_WRITE_ZEROES;
   bool beyond = r->offset > e->size || r->count > e->size - r->offset;
 
-  if (atomic_load_explicit (&c->srv->shutting_down, memory_order_relaxed))
+  /* An upgrade hands plain connections over: their requests are served
+   * (only TLS ones are refused, as in a shutdown). */
+  if (atomic_load_explicit (&c->srv->shutting_down, memory_order_relaxed)
+      && !(atomic_load_explicit (&c->srv->handing, memory_order_relaxed)
+           && !c->tls_active))
     return req_refuse (r, NBD_ESHUTDOWN, "server is shutting down");
   if (export_release_state (e) == EXPORT_STOPPED)
     return req_refuse (r, NBD_ESHUTDOWN, "export released to another host");

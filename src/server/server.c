@@ -70,6 +70,7 @@ server_gone_cb (struct ev_loop *loop, ev_async *w, int revents)
 
   if (s->shutting_down && s->shutdown_done && loops_all_gone (s))
     ev_idle_start (s->loop, &s->done_idle);
+  handover_check (s);
 }
 
 /* The default number of loops: one per CPU this process may run on, as
@@ -133,6 +134,7 @@ server_new (struct ev_loop *loop, const struct server_config *cfg)
   s->shutdown_timer.data = s;
   ev_idle_init (&s->done_idle, server_done_idle_cb);
   s->done_idle.data = s;
+  handover_init (s);
 
   if (pool_start (&s->pool, s->cfg.workers, loop_req_done, s) < 0
       || loops_start (s) < 0) {
@@ -228,6 +230,7 @@ server_free (struct server *s)
   ev_idle_stop (s->loop, &s->done_idle);
   pthread_mutex_destroy (&s->clients_lock);
   pthread_mutex_destroy (&s->tls_lock);
+  handover_free (s);
   tls_ctx_free (s->tls_ctx);
   while (s->clients) {
     struct client_count *k = s->clients;

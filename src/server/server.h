@@ -173,4 +173,53 @@ unsigned server_loop_count (struct server *s);
 void server_get_loop_stats (struct server *s, unsigned i,
                             struct server_loop_stats *st);
 
+/* Upgrade in place (handover.c): the old process hands its plain
+ * connections in transmission to a new one, which adopts them.
+ *
+ *   old: server_handover (s, done, opaque)  // returns at once
+ *        ... done runs on the loop once no connection is left: plain
+ *        ones in transmission stopped reading at a request boundary,
+ *        answered what they had and sent it, and were detached (their
+ *        socket kept open, their state in a struct server_moved);
+ *        handshakes and TLS ones were closed as by server_shutdown.
+ *        server_handover_take (s, &n)       // the detached ones
+ *        ... on failure to start the new process:
+ *        server_handover_abort (s); server_adopt (s, m) for each
+ *   new: server_adopt (s, m) for each, after its server_add_export calls.
+ * The listeners are only paused (server_listen_fds gives them to the new
+ * process).  Main thread only. */
+#define SERVER_MOVED_STRUCTURED 1u  /* structured replies negotiated */
+#define SERVER_MOVED_EXTENDED   2u  /* extended headers negotiated */
+#define SERVER_MOVED_META_ALLOC 4u  /* base:allocation selected */
+#define SERVER_MOVED_META_CACHE 8u  /* foliod:cache selected */
+#define SERVER_MOVED_NO_ZEROES  16u
+#define SERVER_MOVED_REQUESTED  32u /* has sent a request */
+struct server_moved {
+  int fd;                       /* the socket (plain, in transmission) */
+  char *export_name;            /* malloc'd */
+  char peer[80];                /* for log lines */
+  char key[64];                 /* per-client limit key */
+  uint32_t client_flags;
+  uint16_t tflags;              /* transmission flags sent at GO */
+  uint16_t flags;               /* SERVER_MOVED_* */
+  uint32_t hdr_have;            /* bytes of a request header read ... */
+  uint8_t hdr[32];              /* ... here */
+  uint32_t pending_len;         /* bytes read from the socket, unparsed */
+  uint8_t *pending;             /* malloc'd (NULL when 0) */
+};
+int server_handover (struct server *s, void (*done) (void *opaque),
+                     void *opaque);
+/* The detached connections (a malloc'd array of *n), now the caller's. */
+struct server_moved *server_handover_take (struct server *s, size_t *n);
+/* Serve again: listeners resumed, new connections accepted. */
+void server_handover_abort (struct server *s);
+/* Adopt a detached connection (takes m's fd and buffers).  0 or -1. */
+int server_adopt (struct server *s, struct server_moved *m);
+void server_moved_free (struct server_moved *m);
+/* The listening sockets (still open, owned by the server).  How many. */
+int server_listen_fds (struct server *s, int *fds, int max);
+/* Serve e where old was (an export reopened). */
+void server_replace_export (struct server *s, struct export *old,
+                            struct export *e);
+
 #endif /* FOLIOD_SERVER_H */

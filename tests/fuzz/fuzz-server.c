@@ -295,7 +295,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
     if (setsockopt (sv[i], SOL_SOCKET, SO_SNDBUF, &(int) { FUZZ_SOCKBUF },
                     sizeof (int)) < 0)
       fuzz_die ("SO_SNDBUF", strerror (errno));
-  conn_new (&env->srv->loops[0], sv[0], "fuzz", "fuzz");
+  conn_new (&env->srv->loops[0], sv[0], "fuzz", "fuzz", NULL);
   /* conn_new queued the greeting; each pass moves both directions, then
    * lets the server run until something happens (input, room to send, a
    * worker's completion).  Input stops after STARTTLS until the server
