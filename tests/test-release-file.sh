@@ -11,7 +11,7 @@
 #  - after B started and wrote, nothing of A's lands: writes through A are
 #    refused, A's writeback counter does not move, A stops cleanly, and the
 #    file holds B's data;
-#  - a second release is refused; `release --stop` of another export
+#  - a second release is refused, and so is `foliod upgrade`; `release --stop` of another export
 #    stops serving it (not found any more).
 . "$(dirname "$0")/lib.sh"
 lib_init release-file
@@ -106,6 +106,11 @@ if "$FOLIOD" release disk0 --control "$tmp/ctlA" 2>"$tmp/again.err"; then
   fail "a second release succeeded"
 fi
 grep -q "already released" "$tmp/again.err" || fail "second release: $(cat "$tmp/again.err")"
+# An upgrade in place would take the image back in the new process: refused.
+if "$FOLIOD" upgrade --control "$tmp/ctlA" > "$tmp/upgrade.out" 2>&1; then
+  fail "foliod upgrade succeeded with disk0 released: $(cat "$tmp/upgrade.out")"
+fi
+grep -q "was released" "$tmp/upgrade.out" || fail "upgrade: $(cat "$tmp/upgrade.out")"
 "$FOLIOD" release disk1 --stop --control "$tmp/ctlA" > "$tmp/stop.out" ||
   fail "release --stop"
 grep -q "no longer served" "$tmp/stop.out" || fail "release --stop: $(cat "$tmp/stop.out")"
