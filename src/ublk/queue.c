@@ -253,6 +253,7 @@ ublk_queue_start (struct ublk_dev *d, unsigned qid)
   q->bufs_len = (size_t) d->depth * d->max_io;
   /* Touched only as far as requests go: large but mostly never backed. */
   q->bufs = mmap (NULL, q->bufs_len, PROT_READ | PROT_WRITE,
+                  // cppcheck-suppress invalidFunctionArg ; MAP_ANONYMOUS: fd -1
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (q->ios == NULL || q->bufs == MAP_FAILED) {
     q->bufs = q->bufs == MAP_FAILED ? NULL : q->bufs;
