@@ -127,12 +127,12 @@ endif
 # struct nbdkit_filter changes between versions): the same filter again
 # for another nbdkit, from that nbdkit's nbdkit-plugin-dev headers in
 # NBDKIT142_INCLUDE (by default Debian 13's nbdkit 1.42, in the root that
-# tests/lib-trixie.sh makes).  Only the filter's two files see them (copied
+# tests/lib-trixie.sh makes, one per package list).  Only the filter's two files see them (copied
 # to a directory of their own, a system one as /usr/include is for the
 # first: the root's other headers stay out, and their warnings); the
 # core is the same library.  Built by "all" when the headers are there;
 # tests/test-filter-nbdkit142.sh builds it itself otherwise.
-NBDKIT142_INCLUDE ?= /var/cache/foliod-tests/trixie/usr/include
+NBDKIT142_INCLUDE ?= $(firstword $(wildcard /var/cache/foliod-tests/trixie-*/usr/include))
 NBDKIT142_HDRS = nbdkit-common.h nbdkit-filter.h nbdkit-plugin.h nbdkit-version.h
 FILTER142 = $(BUILD)/nbdkit-folio-filter-1.42.so
 FILTER142_OBJS := $(patsubst %.c,$(BUILD)/obj-nbdkit142/%.o,$(FILTER_SRCS))

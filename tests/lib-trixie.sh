@@ -12,8 +12,8 @@
 #                        tree ($TOP) are the host's own, so sockets and
 #                        built files have the same paths on both sides
 #
-# The root lives in ${TRIXIE_DIR:-/var/cache/foliod-tests/trixie} and is
-# rebuilt when TRIXIE_PKGS changes.  Making it takes a few minutes (the
+# The root lives in ${TRIXIE_DIR:-/var/cache/foliod-tests/trixie-HASH},
+# HASH of TRIXIE_PKGS: a new list makes a new root.  Making it takes a few minutes (the
 # packages are fetched from the mirror the host uses); later runs reuse it.
 # libpmem2: a shared library of nbdkit-folio-filter-1.42.so (store=pmem:).
 TRIXIE_PKGS=${TRIXIE_PKGS:-"nbdkit nbdkit-plugin-dev libnbd-bin python3-libnbd qemu-utils \
@@ -21,8 +21,12 @@ qemu-block-extra ca-certificates libpmem2"}
 TRIXIE_MIRROR=${TRIXIE_MIRROR:-http://deb.debian.org/debian}
 
 trixie_root() {
-  local dir=${TRIXIE_DIR:-/var/cache/foliod-tests/trixie} stamp want
+  local dir stamp want
   want="trixie $TRIXIE_PKGS"
+  # One root per package list: trees that list other packages (an older
+  # checkout, a branch) each have their own, never rebuilding one that
+  # another test is using.
+  dir=${TRIXIE_DIR:-/var/cache/foliod-tests/trixie-$(echo "$want" | md5sum | cut -c1-8)}
   stamp=$dir/.foliod-stamp
   mkdir -p "$(dirname "$dir")"
   (
