@@ -132,6 +132,11 @@ struct cache_stats {
    * answers for that (or 0); why writeback fails now (errno, or 0). */
   uint64_t passthrough_unflushed, passthrough_lost;
   int flush_error, writeback_error;
+  /* Losses the ledger found (the backing may have lost writes it had
+   * acknowledged: a connection ended or a flush failed with writes
+   * unflushed; cached blocks were written again), and clear-doubts that
+   * moved its epoch. */
+  uint64_t losses, doubt_clears;
 };
 
 struct cache;

@@ -211,6 +211,7 @@ enum {
 };
 
 static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why);
+static void conn_note_end (struct nbdb_conn *c);
 static void nbdb_note_down (struct nbdb_backing *nb, int hung);
 
 /* The earliest deadline of c's async commands (also the shutdown
@@ -287,6 +288,10 @@ poller_main (void *arg)
     else if (p[0].revents & (POLLOUT | POLLHUP | POLLERR))
       nbd_aio_notify_write (h);
   }
+  /* Dead under us (a reset, a remote that went away): the end is a fact
+   * now, not at the replace that a later request makes. */
+  if (!atomic_load (&c->stop))
+    conn_note_end (c);
   return NULL;
 }
 
@@ -357,6 +362,7 @@ conn_install (struct nbdb_conn *c, struct nbd_handle *h)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
+  atomic_store (&c->ended, 0);
   atomic_store (&c->up, c->h != NULL);
   if (h) {
     lock_or_die (&c->poller_lock);
@@ -378,7 +384,19 @@ conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why)
   atomic_store (&c->up, 0);
   if (fd >= 0)
     shutdown (fd, SHUT_RDWR);
+  conn_note_end (c);
   conn_wake (c);
+}
+
+/* c's handle ended (cut, found dead, or closed): counted once, at the
+ * first of these, for the cache's ledger (nb->ends).  A connection
+ * foliod cut lost what it lost at the cut, not again when it is closed
+ * and replaced later (issue 33 item 4b). */
+static void
+conn_note_end (struct nbdb_conn *c)
+{
+  if (atomic_exchange (&c->ended, 1) == 0)
+    atomic_fetch_add (&c->nb->ends, 1);
 }
 
 /* Say goodbye (NBD_CMD_DISC) on a connection that still looks alive.
@@ -406,7 +424,7 @@ conn_disconnect (struct nbd_handle *h)
 
 /* Close c's handle (caller holds c->lock for writing). */
 static void
-conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
+conn_drop (struct nbdb_conn *c)
 {
   if (c->h) {
     /* Commands on a dead handle were completed with errors already; on
@@ -420,22 +438,13 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
     lock_or_die (&c->poller_lock);
     poller_stop (c);
     unlock_or_die (&c->poller_lock);
+    /* The remote may have lost what it acknowledged on it and had not
+     * flushed: a fact for the ledger, unless counted already. */
+    conn_note_end (c);
     nbd_close (c->h);
     c->h = NULL;
     atomic_store (&c->up, 0);
-    /* The remote may have lost writes it acknowledged but never
-     * flushed: tell the cache to write them again. */
-    nbdb_note_unflushed_lost (nb);
   }
-}
-
-void
-nbdb_note_unflushed_lost (struct nbdb_backing *nb)
-{
-  /* writing too: a write the remote acknowledged whose issuer has not
-   * yet counted it in unflushed. */
-  if (atomic_load (&nb->unflushed) > 0 || atomic_load (&nb->writing) > 0)
-    atomic_fetch_add (&nb->loss_epoch, 1);
 }
 
 /* Before a replace: issue nothing more on c's handle (of generation gen)
@@ -483,7 +492,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
     atomic_store (&c->reopening, 0);
     return 0;
   }
-  conn_drop (nb, c);
+  conn_drop (c);
   c->gen++;
   pthread_rwlock_unlock (&c->lock);
 

@@ -95,6 +95,7 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->wlog_lock, &ma);
   bad |= pthread_mutex_init (&c->throttle_lock, &ma);
   bad |= pthread_mutex_init (&c->led.pt_lock, &ma);
+  bad |= pthread_mutex_init (&c->led.facts_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||

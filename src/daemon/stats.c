@@ -28,7 +28,8 @@ enum metric_id {
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
-  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_COUNT
+  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_LOSSES, M_DOUBT_CLEARS,
+  M_COUNT
 };
 
 static const struct {
@@ -83,6 +84,14 @@ static const struct {
                   "Passthrough writes the backing may have lost before a "
                   "flush: not 0, every FLUSH fails with EIO until the "
                   "export is reopened (foliod(8))." },
+  [M_LOSSES] = { "foliod_backing_losses_total", "counter",
+                 "Times the backing may have lost writes it had acknowledged "
+                 "(a remote connection ended, a flush or FUA write failed) "
+                 "while some were not flushed: the cache wrote its copies "
+                 "again; passthrough ones are counted lost." },
+  [M_DOUBT_CLEARS] = { "foliod_doubt_clears_total", "counter",
+                       "'foliod clear-doubt' runs that cleared writes in "
+                       "doubt." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -201,6 +210,8 @@ export_values (struct export *ex, struct export_values *out)
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
   v[M_PT_LOST] = st.passthrough_lost;
+  v[M_LOSSES] = st.losses;
+  v[M_DOUBT_CLEARS] = st.doubt_clears;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_CLIENT_FLUSHES] = st.flush_ops;
