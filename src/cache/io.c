@@ -55,9 +55,10 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     len = c->size - off;
   OPSTAT_ADD (c, backing_write_ops, 1);
   OPSTAT_ADD (c, backing_write_bytes, len);
-  ledger_send_begin (c, flags);
   uint64_t t0 = now_ns ();
-  int r = c->b->ops->write (c->b, buf, len, off, flags);
+  int r = ledger_send_begin (c, flags);
+  if (r == 0)
+    r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;
   ledger_send_end (c, flags, r);
   OPSTAT_ADD (c, backing_write_ns, now_ns () - t0);

@@ -93,7 +93,7 @@ failed_durable (struct cache *c, bool sent)
 {
   struct ledger *l = &c->led;
 
-  if (!sent || ledger_backing_doubt (c) > 0)
+  if (!sent || ledger_doubt (c) > 0)
     return;
   lock_or_die (&l->facts_lock);
   epoch_move_locked (c);
@@ -128,6 +128,44 @@ ledger_backing_doubt (struct cache *c)
   return st.writes_in_doubt;
 }
 
+uint64_t
+ledger_doubt (struct cache *c)
+{
+  return ledger_backing_doubt (c) + atomic_load (&c->led.doubt_inherited);
+}
+
+int
+ledger_flush_refused (struct cache *c)
+{
+  return atomic_load (&c->led.doubt_inherited) > 0 ? EIO : 0;
+}
+
+/* Doubt outlives the process (issue 33 item 3): a restart that wrote the
+ * recovered store back and flushed it would have the abandoned write
+ * land over it.  Once the backing reports a write in doubt, the store
+ * says so, durably, before the failed request is answered.  If the store
+ * cannot, its sync failure is sticky (ledger_store_sync_failed's path). */
+static void
+doubt_persist (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  if (atomic_load (&l->doubt_stored) || ledger_backing_doubt (c) == 0)
+    return;
+  lock_or_die (&l->doubt_lock);
+  if (!atomic_load (&l->doubt_stored) &&
+      store_set_doubt (c->store, true) == 0)
+    atomic_store (&l->doubt_stored, true);
+  unlock_or_die (&l->doubt_lock);
+}
+
+void
+ledger_store_opened (struct cache *c, bool doubt)
+{
+  atomic_store (&c->led.doubt_inherited, doubt ? 1 : 0);
+  atomic_store (&c->led.doubt_stored, doubt);
+}
+
 void
 ledger_init (struct cache *c)
 {
@@ -135,13 +173,19 @@ ledger_init (struct cache *c)
   atomic_store (&c->led.facts_seen, backing_events (c));
 }
 
-void
+int
 ledger_send_begin (struct cache *c, unsigned flags)
 {
-  if (flags & BACKING_FUA)
-    return;
+  if (flags & BACKING_FUA) {
+    if (ledger_flush_refused (c)) {
+      errno = ledger_flush_refused (c);
+      return -1;
+    }
+    return 0;
+  }
   atomic_fetch_add (&c->led.sending, 1);
   atomic_store (&c->led.backing_unflushed, true);
+  return 0;
 }
 
 void
@@ -158,6 +202,8 @@ ledger_send_end (struct cache *c, unsigned flags, int r)
   }
   else if (r == -1 && c->b->ops->loss_epoch)
     failed_durable (c, anything_unflushed (c));
+  if (r == -1)
+    doubt_persist (c);
   errno = err;
 }
 
@@ -230,6 +276,7 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
    * again. */
   atomic_store (&l->backing_unflushed, true);
   atomic_store (&l->flush_failing, err);
+  doubt_persist (c);
   take_facts (c);
   failed_durable (c, lf->sent);
   atomic_store (&l->flush_sent, false);
@@ -312,6 +359,7 @@ ledger_fua_may_do (struct cache *c)
 
   return !atomic_load (&l->backing_unflushed) &&
          atomic_load (&l->sending) == 0 &&
+         ledger_flush_refused (c) == 0 &&
          STAT_GET (c, unstable_bytes) == 0 &&
          atomic_load (&l->passthrough_unflushed) == 0 &&
          rewrite_epoch (c) == l->stable_epoch;
@@ -329,13 +377,20 @@ cache_clear_doubt (struct cache *c)
   uint64_t n = 0;
 
   lock_or_die (&c->wb_mutex);
-  if (ledger_backing_doubt (c) > 0) {
+  if (ledger_doubt (c) > 0) {
     take_facts (c);             /* a loss before the clear stays one */
     atomic_fetch_add (&l->forgiven, 1);
     lock_or_die (&l->facts_lock);
     epoch_move_locked (c);
     unlock_or_die (&l->facts_lock);
-    n = backing_clear_doubt (c->b);
+    n = backing_clear_doubt (c->b) + atomic_exchange (&l->doubt_inherited, 0);
+    /* The store forgets last: a crash before still finds the doubt.  Not
+     * if a new write was abandoned meanwhile. */
+    lock_or_die (&l->doubt_lock);
+    if (atomic_load (&l->doubt_stored) && ledger_backing_doubt (c) == 0 &&
+        store_set_doubt (c->store, false) == 0)
+      atomic_store (&l->doubt_stored, false);
+    unlock_or_die (&l->doubt_lock);
   }
   unlock_or_die (&c->wb_mutex);
   return n;
@@ -351,5 +406,7 @@ ledger_get_stats (struct cache *c, struct cache_stats *s)
   s->flush_error = ledger_flush_error (c);
   s->writeback_error = ledger_wb_error (c);
   s->doubt_clears = atomic_load (&l->forgiven);
+  s->writes_in_doubt = ledger_doubt (c);
+  s->doubt_inherited = atomic_load (&l->doubt_inherited);
   s->losses = atomic_load (&l->epoch) - s->doubt_clears;
 }

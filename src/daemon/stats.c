@@ -75,7 +75,8 @@ static const struct {
                   "Requests an nbd: backing sent again after a reconnect." },
   [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
                    "Writes to an nbd: backing given up on that the remote "
-                   "may still carry out: FLUSH fails until 'foliod "
+                   "may still carry out (1 for those a previous run left in "
+                   "a persistent store): FLUSH fails until 'foliod "
                    "clear-doubt' (foliod(8))." },
   [M_PT_UNFLUSHED] = { "foliod_passthrough_unflushed_writes", "gauge",
                        "Passthrough writes and zeroes the backing has "
@@ -206,7 +207,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
   v[M_RETRIES] = bst.retries;
-  v[M_IN_DOUBT] = bst.writes_in_doubt;
+  v[M_IN_DOUBT] = st.writes_in_doubt;
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
   v[M_PT_LOST] = st.passthrough_lost;
