@@ -288,10 +288,6 @@ poller_main (void *arg)
     else if (p[0].revents & (POLLOUT | POLLHUP | POLLERR))
       nbd_aio_notify_write (h);
   }
-  /* Dead under us (a reset, a remote that went away): the end is a fact
-   * now, not at the replace that a later request makes. */
-  if (!atomic_load (&c->stop))
-    conn_note_end (c);
   return NULL;
 }
 
@@ -388,7 +384,7 @@ conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why)
   conn_wake (c);
 }
 
-/* c's handle ended (cut, found dead, or closed): counted once, at the
+/* c's handle ended (cut, or closed to be replaced): counted once, at the
  * first of these, for the cache's ledger (nb->ends).  A connection
  * foliod cut lost what it lost at the cut, not again when it is closed
  * and replaced later (issue 33 item 4b). */

@@ -100,10 +100,11 @@ struct nbdb_backing {
   atomic_uint_fast64_t down_since, next_probe, deadline;
   /* Facts for the cache's durability ledger, which alone decides what
    * they cost (src/cache/ledger.c).  ends: connections that ended, each
-   * counted once, when it ended: foliod cut it (conn_cut), its poller
-   * found it dead (a reset, a remote that went away), or it was closed
-   * to be replaced (conn_drop) -- the remote may have dropped what it
-   * acknowledged on it and had not flushed (backing_ops.loss_epoch).
+   * counted once, at the first of: foliod cut it (conn_cut), or closed
+   * it to replace it (conn_drop: one a reset or a remote that went away
+   * ended is counted there, when a request finds it dead) -- the remote
+   * may have dropped what it acknowledged on it and had not flushed
+   * (backing_ops.loss_epoch).
    * in_doubt: write-class requests sent, then not answered in time or
    * lost with their connection (whoever ended it), so the remote may
    * still carry them out.  Flush and FUA fail with EIO while this is
