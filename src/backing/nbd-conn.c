@@ -51,6 +51,7 @@
 #include <sys/socket.h>
 
 #include "foliod/lock.h"
+#include "foliod/log.h"
 #include "backing/nbd-private.h"
 #include "foliod/minmax.h"
 #include "foliod/util.h"
@@ -128,6 +129,7 @@ nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
   /* The spec comes from the administrator: let it name local files
    * (tls-certificates=, tls-psk-file= in the query). */
   if (nbd_set_uri_allow_local_file (h, true) == -1 ||
+      nbd_set_full_info (h, true) == -1 ||
       nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
     goto fail;
   if (nb->tls_certificates &&
@@ -151,20 +153,92 @@ nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
   return NULL;
 }
 
-/* A new handle for a dropped one: same export, same size. */
+unsigned
+nbdb_id_flags (struct nbd_handle *h)
+{
+  return (nbd_is_read_only (h) == 1) | (nbd_can_flush (h) == 1) << 1 |
+         (nbd_can_fua (h) == 1) << 2 | (nbd_can_trim (h) == 1) << 3 |
+         (nbd_can_zero (h) == 1) << 4 | (nbd_can_fast_zero (h) == 1) << 5 |
+         (nbd_can_multi_conn (h) == 1) << 6 |
+         (nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1) << 7;
+}
+
+char *
+nbdb_id_desc (struct nbd_handle *h)
+{
+  return nbd_get_export_description (h);   /* NULL: none given */
+}
+
+static bool
+same_desc (const char *a, const char *b)
+{
+  return a == b || (a && b && strcmp (a, b) == 0);
+}
+
+/* Is h another export than the one opened (size, flags, description)?
+ * The reason in why, or false. */
+static bool
+remote_changed (struct nbdb_backing *nb, struct nbd_handle *h, char *why,
+                size_t len)
+{
+  int64_t size = nbd_get_size (h);
+  unsigned flags = nbdb_id_flags (h);
+  char *desc = nbdb_id_desc (h);
+  bool changed = true;
+
+  if (size != (int64_t) nb->b.size)
+    snprintf (why, len, "size %lld, was %llu", (long long) size,
+              (unsigned long long) nb->b.size);
+  else if (flags != nb->id_flags)
+    snprintf (why, len, "handshake flags 0x%x, were 0x%x (read-only, flush, "
+              "FUA, trim, zero, fast zero, multi-conn, block status)", flags,
+              nb->id_flags);
+  else if (!same_desc (desc, nb->id_desc))
+    snprintf (why, len, "description \"%s\", was \"%s\"",
+              desc ? desc : "", nb->id_desc ? nb->id_desc : "");
+  else
+    changed = false;
+  free (desc);
+  return changed;
+}
+
+/* FNV-1a of s, never 0. */
+static uint64_t
+reason_hash (const char *s)
+{
+  uint64_t h = 14695981039346656037u;
+
+  while (*s)
+    h = (h ^ (unsigned char) *s++) * 1099511628211u;
+  return h ? h : 1;
+}
+
+/* A new handle for a dropped one: the same export (remote_changed), or
+ * none.  Either is logged: a reconnect at info level, each new reason for
+ * a refusal (not each probe's) at warning level. */
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
   struct nbd_handle *h = nbdb_conn_open (nb, 0, NULL, 0);
+  char why[256];
 
-  if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
+  if (h == NULL)
+    return NULL;
+  if (remote_changed (nb, h, why, sizeof why)) {
+    uint64_t r = reason_hash (why);
+    if (atomic_exchange (&nb->refusal_logged, r) != r)
+      log_warn ("nbd %s: the remote came back as another export (%s): "
+                "refused; requests fail until it serves the one foliod "
+                "opened", nb->uri, why);
     nbd_close (h);
     return NULL;
   }
   /* Also the extent cache's epoch: what the remote told before is
    * dropped at lookup (nbd.c). */
-  if (h)
-    atomic_fetch_add (&nb->reconnects, 1);
+  uint64_t n = atomic_fetch_add (&nb->reconnects, 1) + 1;
+  atomic_store (&nb->refusal_logged, 0);
+  log_info ("nbd %s: reconnected (%llu reconnect%s)", nb->uri,
+            (unsigned long long) n, n == 1 ? "" : "s");
   return h;
 }
 

@@ -112,6 +112,17 @@ struct nbdb_backing {
   atomic_uint_fast64_t ends;
   atomic_uint_fast64_t in_doubt;
 
+  /* What the remote said of its export at open, checked at every
+   * reconnect besides the size (issue 33 item 8): the handshake flags
+   * the backing relies on (nbdb_id_flags) and its description, if it
+   * gives one (NULL).  NBD names no image: another one of the same size,
+   * flags and description cannot be told apart.  refusal_logged: a hash
+   * of the last refusal logged since the last good reconnect (0: none),
+   * so that each new reason is logged once, not at every probe. */
+  unsigned id_flags;
+  char *id_desc;
+  atomic_uint_fast64_t refusal_logged;
+
   struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
 };
@@ -145,6 +156,13 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
  * writer, a thread start or malloc. */
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
+
+/* The handshake flags of h that the backing relies on: read-only, flush,
+ * FUA, trim, zero, fast zero, multi-conn, base:allocation, one bit each. */
+unsigned nbdb_id_flags (struct nbd_handle *h);
+/* The export's description h got (NBD_INFO_DESCRIPTION), malloc'd, or
+ * NULL when none. */
+char *nbdb_id_desc (struct nbd_handle *h);
 
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);

@@ -591,6 +591,7 @@ nbdb_close (struct backing *b)
   free (nb->tls_certificates);
   free (nb->tls_psk_file);
   free (nb->tls_username);
+  free (nb->id_desc);
   pthread_mutex_destroy (&nb->ext_lock);
   free (nb);
 }
@@ -664,6 +665,8 @@ read_caps (struct nbdb_backing *nb, struct nbd_handle *h,
     nb->b.caps |= BACKING_CAN_MAP;
   if (nbd_can_multi_conn (h) == 1)
     nb->b.caps |= BACKING_CAN_MULTI_CONN;
+  nb->id_flags = nbdb_id_flags (h);
+  nb->id_desc = nbdb_id_desc (h);
   return 0;
 }
 
