@@ -15,9 +15,9 @@
 # The root lives in ${TRIXIE_DIR:-/var/cache/foliod-tests/trixie} and is
 # rebuilt when TRIXIE_PKGS changes.  Making it takes a few minutes (the
 # packages are fetched from the mirror the host uses); later runs reuse it.
-
+# libpmem2: a shared library of nbdkit-folio-filter-1.42.so (store=pmem:).
 TRIXIE_PKGS=${TRIXIE_PKGS:-"nbdkit nbdkit-plugin-dev libnbd-bin python3-libnbd qemu-utils \
-qemu-block-extra ca-certificates"}
+qemu-block-extra ca-certificates libpmem2"}
 TRIXIE_MIRROR=${TRIXIE_MIRROR:-http://deb.debian.org/debian}
 
 trixie_root() {

@@ -300,3 +300,85 @@ filter_init () {
     NBDKIT_ENV=("${NBDKIT_ENV[@]/#ASAN_OPTIONS=detect_leaks=1/ASAN_OPTIONS=detect_leaks=0}")
   fi
 }
+
+# filter_flush_error_files: the pieces of the tiny-cache, failing-flush
+# test of the filter, shared by test-filter-flush-error.sh (Debian 12's
+# nbdkit) and test-filter-nbdkit142.sh (Debian 13's): $img (16 MiB,
+# empty), the sh plugin $tmp/plugin.sh over it whose flush fails while
+# $fail_file exists, and the client $tmp/fe.py (its URI in $uri; its
+# arguments $fail_file, the log filter's file $plog, and where to write
+# what the image must then hold).  fe.py fails unless every byte reads
+# back through failed FLUSHes and what was written back before a failed
+# flush reaches the plugin again.  The script's dd runs without the
+# sanitizer build's LD_PRELOAD (ASan rejects dd's aligned_alloc).
+# nbdkit runs them as
+#   nbdkit --filter=FOLIO --filter=log sh $tmp/plugin.sh cache-size=1M \
+#     dirty-expire=600000 logfile=$plog --run "python3 $tmp/fe.py ..."
+filter_flush_error_files () {
+  img=$tmp/disk.img
+  truncate -s 16M "$img"
+  fail_file=$tmp/flush-fails
+  plog=$tmp/plugin.log
+  cat > "$tmp/plugin.sh" <<EOF2
+#!/bin/bash
+case "\$1" in
+  get_size) echo 16777216 ;;
+  can_write|can_flush) exit 0 ;;
+  pread) env -u LD_PRELOAD dd if=$img skip=\$4 count=\$3 iflag=skip_bytes,count_bytes status=none ;;
+  pwrite) env -u LD_PRELOAD dd of=$img seek=\$4 conv=notrunc oflag=seek_bytes status=none ;;
+  flush) if [ -e $fail_file ]; then echo 'EIO flush fails' >&2; exit 1; fi ;;
+  *) exit 2 ;;
+esac
+EOF2
+  chmod +x "$tmp/plugin.sh"
+
+  cat > "$tmp/fe.py" <<'EOF2'
+import os, random, sys
+import nbd
+fail_file, plog, model_out = sys.argv[1:4]
+h = nbd.NBD()
+h.connect_uri(os.environ["uri"])
+rng = random.Random(7)
+model = bytearray(16 << 20)
+for k in range(32):                    # 4 MiB in 128 KiB writes, cache 1 MiB
+    off = (1 << 20) + k * (128 << 10)
+    d = rng.randbytes(128 << 10)
+    h.pwrite(d, off)
+    model[off:off + len(d)] = d
+h.flush()
+open(fail_file, "w").close()           # the plugin's flush fails from now
+for k in range(4):                     # 256 KiB: room in the cache
+    off = (8 << 20) + k * (64 << 10) + 512
+    d = rng.randbytes(64 << 10)
+    h.pwrite(d, off)
+    model[off:off + len(d)] = d
+try:
+    h.flush()
+    sys.exit("FAIL: FLUSH succeeded while the plugin's flush fails")
+except nbd.Error as e:
+    print("FLUSH failed as it must:", e.string)
+try:
+    h.flush()
+    sys.exit("FAIL: a second FLUSH succeeded while the plugin's flush fails")
+except nbd.Error:
+    pass
+if h.pread(16 << 20, 0) != model:
+    sys.exit("FAIL: data read back differs after the failed FLUSH")
+os.unlink(fail_file)                   # the plugin's flush works again
+h.flush()
+# What was written back before a failed plugin flush may be lost: it must
+# reach the plugin again after the LAST failed flush (the background
+# writeback may do it before the client's good FLUSH, or that FLUSH).
+lines = open(plog).read().splitlines()
+last_fail = max(i for i, line in enumerate(lines)
+                if "...Flush" in line and "return=-1" in line)
+rewrites = sum(1 for line in lines[last_fail + 1:] if " Write " in line)
+print("writes the plugin got after its last failed flush:", rewrites)
+if rewrites == 0:
+    sys.exit("FAIL: nothing written again after a failed flush")
+if h.pread(16 << 20, 0) != model:
+    sys.exit("FAIL: data read back differs after FLUSH")
+open(model_out, "wb").write(model)
+h.shutdown()
+EOF2
+}

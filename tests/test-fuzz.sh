@@ -21,6 +21,8 @@ FUZZ_LOG=1 "$FB/fuzz-server" "$TOP"/tests/fuzz/corpus/*.bin \
   { tail -n 40 "$tmp/replay.log" >&2; fail "a seed input crashes the server"; }
 grep -q "export 'disk', structured replies, base:allocation" "$tmp/replay.log" ||
   fail "no seed reaches transmission with structured replies"
+grep -q "export 'disk', extended headers, base:allocation" "$tmp/replay.log" ||
+  fail "no seed reaches transmission with extended headers"
 grep -q "NBD_CMD_DISC" "$tmp/replay.log" || fail "no seed session ends with NBD_CMD_DISC"
 
 FUZZ_BUILD=$FB timeout $(( ${FUZZ_SECONDS:-45} + 120 )) \

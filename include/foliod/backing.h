@@ -17,6 +17,7 @@
 #define FOLIOD_BACKING_H
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,7 @@ struct backing_stats {
   uint64_t retries;
   uint64_t errors;
   uint64_t writes_in_doubt;     /* see backing_ops.clear_doubt */
+  uint64_t abandoned;           /* requests given up on at their timeout */
 };
 
 struct backing;
@@ -152,6 +154,15 @@ struct backing_ops {
   void (*set_deadline) (struct backing *b, uint64_t deadline_ms)
     FOLIOD_NONNULL (1);
 
+  /* Give the image up to another host (foliod release), the cache
+   * having written back and flushed everything: drop the image's lock (a
+   * file's OFD locks, rbd's exclusive lock) so that the next writer may
+   * take it.  backing_release has already set b->released, so that no
+   * write, zero or trim reaches the image from then on (EROFS); reads go
+   * on.  0, or -1 with errno: then the lock is still held (the caller
+   * clears b->released).  NULL: nothing to release (a remote). */
+  int (*release) (struct backing *b) FOLIOD_NONNULL (1) FOLIOD_WUR;
+
   /* Release everything.  Called once, with no op in flight. */
   void (*close) (struct backing *b) FOLIOD_NONNULL (1);
 };
@@ -175,6 +186,7 @@ struct backing {
                         * avoids a bounce copy (and, for writes, reading
                         * the partial edge sectors first). */
   int direct;          /* 1 when opened for direct I/O (O_DIRECT) */
+  _Atomic int released; /* backing_release: writes fail with EROFS */
 };
 
 /* Options that backing_open understands. */
@@ -240,12 +252,28 @@ static inline int
 backing_check_range (const struct backing *b, uint64_t len, uint64_t off,
                      int write)
 {
-  if (write && (b->caps & BACKING_READ_ONLY)) {
+  if (write && ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))) {
     errno = EROFS;
     return -1;
   }
   if (off > b->size || len > b->size - off) {
     errno = EINVAL;
+    return -1;
+  }
+  return 0;
+}
+
+/* Writes end here for good (each backing's write ops check b->released),
+ * then the image's lock goes: 0, or -1 with errno and the backing as it
+ * was (writable, locked). */
+static inline int
+backing_release (struct backing *b)
+{
+  atomic_store (&b->released, 1);
+  if (b->ops->release && b->ops->release (b) == -1) {
+    int e = errno;
+    atomic_store (&b->released, 0);
+    errno = e;
     return -1;
   }
   return 0;

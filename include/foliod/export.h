@@ -7,6 +7,8 @@
 #ifndef FOLIOD_EXPORT_H
 #define FOLIOD_EXPORT_H
 
+#include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,7 +101,61 @@ struct export {
   struct cache *cache;
   unsigned workers_busy;   /* server: pool workers on its requests (the
                             * pool's lock) */
+  /* Hand-over to another host (export_release): the gate every
+   * write-class request passes (export_write_begin/_end), as a freeze of
+   * a file system: writers count themselves in, then look at the state;
+   * the release sets the state, then waits for the count to drain.  Both
+   * sequentially consistent, so one of the two always sees the other. */
+  _Atomic int release_state;   /* enum export_release_state */
+  _Atomic unsigned writers;    /* write-class requests inside the gate */
 };
+
+enum export_release_state {
+  EXPORT_SERVING = 0,      /* writable (if not read-only) */
+  EXPORT_RELEASING,        /* writes refused; a release is running */
+  EXPORT_RELEASED,         /* written back, image released: read-only */
+  EXPORT_STOPPED,          /* the same, and no longer served at all */
+};
+
+/* The state above, for the server: a released export is read-only (new
+ * connections see NBD_FLAG_READ_ONLY), a stopped one is not found. */
+static inline int
+export_release_state (const struct export *e)
+{
+  return atomic_load (&e->release_state);
+}
+
+/* A write-class request (write, zero, trim) enters: 0, or -1 with errno
+ * EROFS once a release began (as a read-only export answers).  Every 0
+ * is paired with one export_write_end when the request is done with the
+ * cache. */
+static inline int
+export_write_begin (struct export *e)
+{
+  atomic_fetch_add (&e->writers, 1);
+  if (atomic_load (&e->release_state) != EXPORT_SERVING) {
+    atomic_fetch_sub (&e->writers, 1);
+    errno = EROFS;
+    return -1;
+  }
+  return 0;
+}
+
+static inline void
+export_write_end (struct export *e)
+{
+  atomic_fetch_sub (&e->writers, 1);
+}
+
+/* Hand the image to another host: refuse writes from now on, wait (at
+ * most timeout_ms) for those inside the gate, write back every dirty
+ * block, flush the backing and sync the store, then release the image
+ * (backing_release: the file's locks, the rbd exclusive lock).  stop: no
+ * longer serve the export at all (else: read-only).  Returns 0 with what
+ * was done in msg, or -1 with errno and the reason in msg; then nothing
+ * was given up: dirty data, the lock and writes are as before. */
+int export_release (struct export *e, int stop, unsigned timeout_ms,
+                    char *msg, size_t msglen) FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 
 /* Open the backing, the store and the cache.  NULL with a reason in err;
  * errno EMEDIUMTYPE when the file backing holds an image format (its

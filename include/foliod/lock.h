@@ -14,7 +14,11 @@
  *      clients_lock, tls_lock are leaves, released before any other call
  *      (tls_lock is held across SSL_new, which takes only OpenSSL's own
  *      locks).  The daemon (control, closers, metrics) likewise calls
- *      the cache with none of its state locked.
+ *      the cache with none of its state locked.  ublk (src/ublk/): the
+ *      set's lock is held across a device's add and del (control
+ *      commands, joining its threads, which never take it); a device's
+ *      work_lock and a queue's done_lock are leaves, and the queue
+ *      threads and workers call the cache with nothing held.
  *   2. cache writeback (src/cache/cache-int.h): wb_mutex, then walk_lock.
  *      walk_lock is held while a batch is cut, its stripes taken by
  *      trylock only: it never waits for a stripe.

@@ -201,3 +201,13 @@ file_lock_image (int fd, const char *path, int writable, char *err,
     }
   return 0;
 }
+
+int
+file_unlock_image (int fd)
+{
+  struct flock fl = { .l_type = F_UNLCK, .l_whence = SEEK_SET,
+                      .l_start = LOCK_PERM_BASE,
+                      .l_len = LOCK_SHARED_BASE + PERM_NBITS - LOCK_PERM_BASE };
+
+  return fcntl (fd, F_OFD_SETLK, &fl);
+}

@@ -92,6 +92,11 @@ int file_statx_dioalign (int fd, uint32_t *offset_align, uint32_t *mem_align);
 int file_lock_image (int fd, const char *path, int writable, char *err,
                      size_t errlen);
 
+/* Drop every lock file_lock_image took on fd (and none of anyone
+ * else's: OFD locks are per open file description).  0, or -1 with
+ * errno. */
+int file_unlock_image (int fd);
+
 /* Refuse a file holding an image format qemu knows (qcow2, vmdk, ...):
  * foliod serves raw bytes (see file-probe.c).  Returns 0 when none is
  * recognised, -1 with the format and the way out in err. */

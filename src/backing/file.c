@@ -271,7 +271,7 @@ check_range (struct backing *b, uint64_t len, uint64_t off)
 static int
 check_writable (struct backing *b, uint64_t len, uint64_t off)
 {
-  if (b->caps & BACKING_READ_ONLY) {
+  if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released)) {
     errno = EROFS;
     return -1;
   }
@@ -549,9 +549,18 @@ file_flush (struct backing *b)
 {
   struct file_backing *fb = to_file (b);
 
-  if (b->caps & BACKING_READ_ONLY)
-    return 0;
+  if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
+    return 0;     /* released: the release flushed what it wrote */
   return file_sync (fb, fb->fd_flush);
+}
+
+/* foliod release: the image's locks go (all of them are on fd_buf's open
+ * file description); this foliod goes on reading it unlocked, as
+ * qemu-img -U does, while the next host writes it. */
+static int
+file_release (struct backing *b)
+{
+  return file_unlock_image (to_file (b)->fd_buf);
 }
 
 static uint64_t
@@ -646,6 +655,7 @@ static const struct backing_ops file_ops = {
   .map = file_map,
   .loss_epoch = file_loss_epoch,
   .stats = NULL,
+  .release = file_release,
   .close = file_close,
 };
 

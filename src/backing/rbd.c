@@ -61,6 +61,8 @@
 
 #define RBD_DEFAULT_REQUEST_MS 30000
 #define RBD_REAPER_TICK_MS     100
+#define RBD_PROBE_MS           2000     /* down: one request let through */
+#define RBD_ABANDONED_MAX      (64ull << 20)  /* bytes librbd may keep */
 
 enum rreq_kind { RREQ_READ, RREQ_WRITE, RREQ_ZERO, RREQ_TRIM, RREQ_FLUSH };
 
@@ -119,7 +121,13 @@ struct rbdb_backing {
   atomic_uint_fast64_t loss_epoch;
   atomic_uint_fast64_t in_doubt;   /* abandoned write-class ops still out */
   atomic_uint_fast64_t abandoned;  /* abandoned ops of any kind still out */
+  atomic_uint_fast64_t abandoned_bytes; /* what librbd keeps for them */
+  atomic_uint_fast64_t abandoned_total; /* every op ever abandoned */
   atomic_uint_fast64_t errors;
+  /* Down (see rbd_may_issue): now_ms() of the first request abandoned
+   * since the cluster last answered, 0: up. */
+  _Atomic uint64_t down_since;
+  _Atomic uint64_t next_probe;
 };
 
 static inline struct rbdb_backing *
@@ -252,6 +260,52 @@ deliver (struct rbdb_backing *rb, const struct rdeliver *d, int err)
   unlock_or_die (&d->w->lock);
 }
 
+/* The cluster answered (a request completed, even with an error): up. */
+static void
+rbd_note_answer (struct rbdb_backing *rb)
+{
+  if (atomic_load (&rb->down_since) && atomic_exchange (&rb->down_since, 0))
+    log_info ("rbd %s: the cluster answers again", rb->name);
+}
+
+/* A request was abandoned at its deadline: down, unless already. */
+static void
+rbd_note_abandoned (struct rbdb_backing *rb, uint64_t now)
+{
+  uint64_t zero = 0;
+
+  atomic_store (&rb->next_probe, now + RBD_PROBE_MS);
+  if (atomic_compare_exchange_strong (&rb->down_since, &zero, now))
+    log_warn ("rbd %s: no answer within request-timeout (%u ms): down; "
+              "requests fail at once but one probe every %u ms, until "
+              "the cluster answers", rb->name, rb->request_timeout_ms,
+              RBD_PROBE_MS);
+}
+
+/* May a request of len bytes be issued now?  Not while the cluster is
+ * down (a request abandoned, none answered since), but for one probe per
+ * RBD_PROBE_MS: every request would otherwise wait the full timeout
+ * through an outage (the nbd backing's down state does the same).  Not
+ * when what librbd keeps for abandoned requests would pass
+ * RBD_ABANDONED_MAX either: librbd cannot cancel, it holds each
+ * abandoned request's buffer until the cluster returns. */
+static int
+rbd_may_issue (struct rbdb_backing *rb, uint64_t len)
+{
+  uint64_t held = atomic_load (&rb->abandoned_bytes);
+  uint64_t now, probe;
+
+  if (held > 0 && held + len > RBD_ABANDONED_MAX)
+    return 0;
+  if (!atomic_load (&rb->down_since))
+    return 1;
+  now = now_ms ();
+  probe = atomic_load (&rb->next_probe);
+  return now >= probe &&
+    atomic_compare_exchange_strong (&rb->next_probe, &probe,
+                                    now + RBD_PROBE_MS);
+}
+
 /* librbd's completion callback, on its thread. */
 static void
 rreq_complete (rbd_completion_t c, void *arg)
@@ -266,12 +320,14 @@ rreq_complete (rbd_completion_t c, void *arg)
     err = (int) -r;
   else if (q->kind == RREQ_READ && (uint64_t) r != q->len)
     err = EIO;                  /* a short read from librbd: never seen */
+  rbd_note_answer (rb);
   lock_or_die (&rb->lock);
   mine = rreq_claim (q, &d);
   if (!mine) {
     /* The reaper gave up on it before: it has ended now. */
     if (write_class (q->kind))
       atomic_fetch_sub (&rb->in_doubt, 1);
+    atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
   }
   unlock_or_die (&rb->lock);
@@ -312,8 +368,14 @@ reaper_main (void *arg)
       if (q->deadline <= now) {
         late = rreq_claim (q, &d);
         atomic_fetch_add (&rb->abandoned, 1);
+        atomic_fetch_add (&rb->abandoned_total, 1);
+        atomic_fetch_add (&rb->abandoned_bytes, q->len);
         if (write_class (q->kind))
           atomic_fetch_add (&rb->in_doubt, 1);
+        /* At shutdown a request ends at the deadline, not for want of
+         * an answer within request-timeout. */
+        if (!atomic_load (&rb->deadline))
+          rbd_note_abandoned (rb, now);
         break;
       }
     if (late) {
@@ -357,6 +419,11 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
   struct rdeliver d;
   int r, was_claimed;
 
+  if (!rbd_may_issue (rb, q->len)) {
+    rreq_free (q);
+    errno = ETIMEDOUT;
+    return -1;
+  }
   if (rbd_aio_create_completion (q, rreq_complete, &q->c) < 0) {
     rreq_free (q);
     errno = ENOMEM;
@@ -393,6 +460,7 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
   lock_or_die (&rb->lock);
   was_claimed = !rreq_claim (q, &d);
   if (was_claimed) {
+    atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
     if (write_class (q->kind))
       atomic_fetch_sub (&rb->in_doubt, 1);
@@ -450,8 +518,8 @@ rbdb_flush (struct backing *b)
   struct rbdb_backing *rb = to_rbd (b);
   uint64_t before;
 
-  if (b->caps & BACKING_READ_ONLY)
-    return 0;
+  if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
+    return 0;     /* released: the release flushed what it wrote */
   before = atomic_load (&rb->unflushed);
   if (rreq_run (rb, RREQ_FLUSH, NULL, 0, 0) == -1) {
     if (atomic_load (&rb->unflushed) > 0)
@@ -588,6 +656,7 @@ static void
 rbdb_stats (struct backing *b, struct backing_stats *st)
 {
   st->errors = atomic_load (&to_rbd (b)->errors);
+  st->abandoned = atomic_load (&to_rbd (b)->abandoned_total);
 }
 
 static void
@@ -655,7 +724,7 @@ rbdb_close (struct backing *b)
   }
   /* The same for a cluster that is gone: wait for the close until the
    * shutdown deadline (else request-timeout), then leave it. */
-  if (pthread_create (&t, NULL, closer_main, rb) != 0)
+  if (thread_start (&t, closer_main, rb, "rbd-close") != 0)
     closer_main (rb);
   else
     pthread_detach (t);
@@ -676,6 +745,33 @@ rbdb_close (struct backing *b)
   free (rb);
 }
 
+/* foliod release: the exclusive lock goes, so that the next host's
+ * rbd_lock_acquire gets it at once (not after a watch expires); the
+ * image stays open for reads.  Not while an abandoned write may still
+ * land (it would land after the next host began).  rbd_lock_release
+ * waits for the cluster without a bound of its own. */
+static int
+rbdb_release (struct backing *b)
+{
+  struct rbdb_backing *rb = to_rbd (b);
+  int r;
+
+  if (!rb->locked)
+    return 0;
+  if (atomic_load (&rb->in_doubt) > 0) {
+    errno = EBUSY;
+    return -1;
+  }
+  r = rbd_lock_release (rb->image);
+  if (r < 0) {
+    errno = -r;
+    return -1;
+  }
+  rb->locked = 0;
+  log_info ("rbd:%s: exclusive lock released", rb->name);
+  return 0;
+}
+
 static const struct backing_ops rbdb_ops = {
   .name = "rbd",
   .read = rbdb_read,
@@ -688,6 +784,7 @@ static const struct backing_ops rbdb_ops = {
   .loss_epoch = rbdb_loss_epoch,
   .stats = rbdb_stats,
   .set_deadline = rbdb_set_deadline,
+  .release = rbdb_release,
   .close = rbdb_close,
 };
 
@@ -1034,7 +1131,7 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
     goto fail;
   }
   op->read_only = o->read_only || op->snap != NULL;
-  if (pthread_create (&t, NULL, opening_main, op) != 0) {
+  if (thread_start (&t, opening_main, op, "rbd-open") != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
   }
@@ -1062,7 +1159,7 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
   }
   opening_put (op);
   op = NULL;
-  if (pthread_create (&rb->reaper, NULL, reaper_main, rb) != 0) {
+  if (thread_start (&rb->reaper, reaper_main, rb, "rbd-reaper") != 0) {
     snprintf (err, errlen, "rbd:%s: cannot start a thread", spec);
     goto fail;
   }

@@ -40,8 +40,9 @@ fix_persist_bytes (struct cache *c, struct folio *f, uint64_t s, uint64_t e)
 }
 
 /* Apply the fix to block i of folio f, whose part [s, e) (export offsets)
- * the request covers. */
-static void
+ * the request covers.  Returns true when it changed the data of a block
+ * a persistent store keeps across a crash (dirty or unstable). */
+static bool
 fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
            uint64_t e, const struct fix *x)
 {
@@ -50,19 +51,22 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
   bool whole = s == bstart && (e == bend || (e == c->size && bend > e));
   bool uptodate = folio_block_uptodate (c, f, i);
   unsigned char *p = f->data + (s - folio_pos (c, f->index));
+  bool kept;
 
   switch (x->kind) {
   case FIX_WRITE:
   case FIX_ZERO:
     if (!whole && !uptodate)
-      return;                   /* nothing cached to update */
+      return false;             /* nothing cached to update */
+    kept = store_has (c->store, STORE_DURABLE) &&
+           (folio_block_dirty (c, f, i) || folio_test (c, f, FP_UNSTABLE, i));
     store_write_begin (c->store, p, e - s);
     if (x->kind == FIX_WRITE) memcpy (p, x->src + (s - x->off), e - s);
     else memset (p, 0, e - s);
     store_write_end (c->store, p, e - s);
     fix_persist_bytes (c, f, s, e);
     if (!whole)
-      return;
+      return kept;
     folio_set_uptodate (c, f, i, i + 1);
     /* A persistent store answers for a dirty block after a crash: until
      * the backing has flushed what replaced it, the block stays in the
@@ -74,12 +78,12 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
       folio_written (c, f, i, i + 1, true);
     else
       folio_clear_dirty (c, f, i, i + 1);
-    return;
+    return kept;
   case FIX_DROP:
     /* Unstable too: after a trim the block may read as anything, so a
      * loss of the write before it needs no rewrite. */
     folio_drop (c, f, i, i + 1);
-    return;
+    return false;
   case FIX_FAILED:
     /* An unstable block was acknowledged and is still ours to make
      * durable, and the failed request may have half overwritten it in
@@ -88,43 +92,50 @@ fix_block (struct cache *c, struct folio *f, uint32_t i, uint64_t s,
       folio_set_dirty (c, f, i, i + 1);
     else if (!folio_block_dirty (c, f, i))
       folio_clear_uptodate (c, f, i, i + 1);
-    return;
+    return false;
   case FIX_OVERLAY:
     if (folio_block_dirty (c, f, i))
       memcpy (x->dst + (s - x->off), p, e - s);
-    return;
+    return false;
   }
+  return false;
 }
 
-static void
+/* Returns true when it changed a block the store keeps (fix_block). */
+static bool
 fix_folio (struct cache *c, struct folio *f, const struct fix *x)
 {
   uint64_t fstart = folio_pos (c, f->index);
   uint64_t s = x->off > fstart ? x->off : fstart;
   uint64_t fend = fstart + ((uint64_t) 1 << c->folio_shift);
   uint64_t e = x->end < fend ? x->end : fend;
+  bool kept = false;
 
   while (s < e) {
     uint32_t i = (uint32_t) ((s - fstart) >> c->block_shift);
     uint64_t bend = fstart + block_pos (c, i + 1);
     uint64_t be = e < bend ? e : bend;
-    fix_block (c, f, i, s, be, x);
+    kept |= fix_block (c, f, i, s, be, x);
     s = be;
   }
   if (x->kind != FIX_OVERLAY)
     folio_persist_bits (c, f);
+  return kept;
 }
 
-/* The caller holds the stripes of the folios of x (a piece). */
-static void
+/* The caller holds the stripes of the folios of x (a piece).  Returns
+ * true when it changed a block the store keeps (fix_block). */
+static bool
 fix_cached (struct cache *c, const struct fix *x)
 {
   uint64_t end = folio_of (c, x->end - 1) + 1;
   struct folio *f;
+  bool kept = false;
 
   for (uint64_t fi = folio_of (c, x->off);
        (f = cached_folio_next (c, &fi, end)) != NULL; fi++)
-    fix_folio (c, f, x);
+    kept |= fix_folio (c, f, x);
+  return kept;
 }
 
 /* Passthrough requests leave no copy in the cache: if the backing loses
@@ -289,13 +300,19 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   if (r == -1)
     x->kind = FIX_FAILED;
   x->unflushed = !(flags & CACHE_FUA);
-  fix_cached (c, x);
+  bool kept = fix_cached (c, x);
   range_unlock (c, start, end);
   /* A FUA request is answered as durable: on a deferred store the cached
    * copy's new state (clean, new data) must be durable too, or a crash
-   * brings the store's older dirty version back over the backing. */
-  if (r == 0 && (flags & CACHE_FUA) && (c->store->caps & STORE_DEFERRED) &&
-      cache_store_sync (c) == -1) {
+   * brings the store's older dirty version back over the backing.  So is
+   * one that is not FUA but changed a block the store keeps (dirty, or
+   * unstable): the backing has the new data, the store's log only the
+   * older version until its next sync, which a crash would bring back
+   * over the backing's newer data (foliod(8): "never an older one";
+   * issue 33 item 17).  A deferred store only: the others persisted the
+   * new data already. */
+  if (r == 0 && ((flags & CACHE_FUA) || kept) &&
+      (c->store->caps & STORE_DEFERRED) && cache_store_sync (c) == -1) {
     err = errno;
     r = -1;
   }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,7 @@
 
 enum {
   OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG, OPT_WATCH,
-  OPT_COUNT,
+  OPT_COUNT, OPT_STOP,
   OPT_SERVER_KEY = 512,     /* + index in server_keys[] */
 };
 
@@ -52,6 +53,8 @@ static const struct {
   { "watch", 2, OPT_WATCH, "[=SECONDS]", "stats: print the table again "
     "every SECONDS (default 1), with the rates over each interval" },
   { "count", 1, OPT_COUNT, "N", "stats --watch: stop after N reports" },
+  { "stop", 0, OPT_STOP, NULL, "release: no longer serve the export once "
+    "released (default: serve it read-only)" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
@@ -132,6 +135,8 @@ usage (void)
           "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod clear-doubt EXPORT [--control PATH]\n"
+          "       foliod release EXPORT [--stop] [--control PATH]\n"
+          "       foliod ublk add EXPORT | del N [force] | list [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
           "\n"
@@ -152,6 +157,8 @@ usage (void)
     print_key (export_keys[i].key, export_keys[i].help);
   print_key (EXPORT_KEY_CREATE_SIZE, "file backing: create a sparse file "
              "of this size if it does not exist (foliod only)");
+  print_key (EXPORT_KEY_UBLK, "yes: also serve it as /dev/ublkbN at start "
+             "(Linux 6.4+ with ublk_drv; foliod only)");
   printf ("\nWith no --config and no --export, foliod runs the built-in\n"
           "configuration (conf/foliod.conf): export disk0 on %s.\n"
           "See foliod(8) and foliod.conf(5).\n", DEFAULT_LISTEN);
@@ -381,6 +388,7 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
     case OPT_PROMETHEUS: cli->prometheus = 1; break;
     case OPT_WATCH: r = parse_watch (cli, optarg); break;
     case OPT_COUNT: r = parse_count (cli, optarg); break;
+    case OPT_STOP: cli->stop = 1; break;
     case 'h': usage (); r = 1; break;
     case 'V': print_version (); r = 1; break;
     case '?':
@@ -500,6 +508,32 @@ cli_store (int argc, char **argv)
   return 0;
 }
 
+/* foliod ublk add EXPORT | del N [force] | list: the words after the
+ * options, joined into the control command's argument.  0 or -1. */
+static int
+cli_ublk_args (int argc, char **argv, struct cli *cli)
+{
+  int n = argc - optind;
+  const char *verb = n > 0 ? argv[optind] : "";
+  bool ok = (strcmp (verb, "add") == 0 && n == 2) ||
+    (strcmp (verb, "list") == 0 && n == 1) ||
+    (strcmp (verb, "del") == 0 &&
+     (n == 2 || (n == 3 && strcmp (argv[optind + 2], "force") == 0)));
+
+  if (!ok) {
+    fprintf (stderr, "foliod: usage: foliod ublk add EXPORT | del N [force] "
+             "| list [--control PATH]\n");
+    return -1;
+  }
+  cli->sub_buf[0] = '\0';
+  for (; optind < argc; optind++)
+    snprintf (cli->sub_buf + strlen (cli->sub_buf),
+              sizeof cli->sub_buf - strlen (cli->sub_buf), "%s%s",
+              cli->sub_buf[0] ? " " : "", argv[optind]);
+  cli->sub_arg = cli->sub_buf;
+  return 0;
+}
+
 int
 cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
 {
@@ -509,13 +543,17 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
   memset (cli, 0, sizeof *cli);
   if (argc > 1 && (strcmp (argv[1], "stats") == 0 ||
                    strcmp (argv[1], "flush") == 0 ||
-                   strcmp (argv[1], "clear-doubt") == 0)) {
+                   strcmp (argv[1], "clear-doubt") == 0 ||
+                   strcmp (argv[1], "release") == 0 ||
+                   strcmp (argv[1], "ublk") == 0)) {
     cli->subcommand = argv[1];
     argc--;
     argv++;
   }
   r = parse_opts (argc, argv, cli, &a, c);
-  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0) {
+  if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "ublk") == 0)
+    r = cli_ublk_args (argc, argv, cli);
+  else if (r == 0 && cli->subcommand && strcmp (cli->subcommand, "stats") != 0) {
     if (optind + 1 != argc) {
       fprintf (stderr, "foliod: usage: foliod %s EXPORT [--control PATH]\n",
                cli->subcommand);
@@ -528,6 +566,11 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
        cli->prometheus)) {
     fprintf (stderr, "foliod: --watch and --count go with 'foliod stats' "
              "(the table, not --prometheus)\n");
+    r = -1;
+  }
+  if (r == 0 && cli->stop &&
+      (cli->subcommand == NULL || strcmp (cli->subcommand, "release") != 0)) {
+    fprintf (stderr, "foliod: --stop goes with 'foliod release'\n");
     r = -1;
   }
   if (r == 0 && cli->count && cli->watch == 0)

@@ -341,6 +341,13 @@ static int
 export_key_set (struct daemon_export *e, const char *key, const char *value,
                 char *err, size_t errlen)
 {
+  if (strcmp (key, EXPORT_KEY_UBLK) == 0) {
+    if (parse_bool (value, &e->ublk) == -1) {
+      snprintf (err, errlen, "bad value for %s: '%s'", key, value);
+      return -1;
+    }
+    return 0;
+  }
   if (strcmp (key, EXPORT_KEY_CREATE_SIZE) != 0)
     return export_config_set (&e->cfg, key, value, err, errlen);
   if (parse_size (value, &e->create_size) == -1 || e->create_size == 0) {

@@ -15,6 +15,11 @@
  *   "stats table\n"  -> the table of `foliod stats` (stats.c)
  *   "flush EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
  *   "clear-doubt EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
+ *   "release EXPORT\n", "release-stop EXPORT\n" -> "OK ...\n" or
+ *                    "ERROR reason\n" (export_release: hand the image to
+ *                    another host, then serve it read-only, or not at all)
+ *   "ublk add EXPORT\n" -> "OK /dev/ublkbN EXPORT\n" or "ERROR reason\n"
+ *   "ublk del N [force]\n", "ublk list\n" (src/ublk/ublk.h)
  * One thread serves the clients (a flush can take as long as the dirty
  * data needs and must not stall the event loop).  It waits on none of
  * them: each has its own state (the request line so far, the reply not
@@ -43,12 +48,15 @@
 #include "foliod/util.h"
 #include "foliod/log.h"
 #include "server/server.h"
+#include "ublk/ublk.h"
 
 #define CONTROL_IO_TIMEOUT_S 5
 #define CONTROL_MAX_CLIENTS 16
 #define CONTROL_LINE_MAX 512     /* a request line, '\n' included */
 #define CONTROL_STATS_WAIT_S 30  /* the command line's wait for an answer */
 #define CONTROL_FLUSH_WAIT_S 3600 /* ... for a flush (writes back first) */
+#define CONTROL_RELEASE_DRAIN_MS 60000 /* a release waits this long for the
+                                        * writes in progress */
 
 /* One control client: reading its line, then sending the reply. */
 struct control_client {
@@ -68,6 +76,7 @@ struct control {
   struct daemon_export *exports;
   size_t n_exports;
   struct server *server;
+  struct ublk_set *ublk;
   struct control_client clients[CONTROL_MAX_CLIENTS];
 };
 
@@ -135,12 +144,79 @@ control_clear_doubt (struct control *ctl, char *reply, size_t len,
   snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
 }
 
+/* "release NAME" / "release-stop NAME": stop its writes, write it back,
+ * release the image (export_release), and say so in the log as well as
+ * to the operator. */
+static void
+control_release (struct control *ctl, char *reply, size_t len,
+                 const char *name, int stop)
+{
+  char msg[300];
+
+  for (size_t i = 0; i < ctl->n_exports; i++) {
+    struct daemon_export *e = &ctl->exports[i];
+    if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
+      continue;
+    log_info ("control: release %s: refusing writes, writing back", name);
+    if (export_release (e->ex, stop, CONTROL_RELEASE_DRAIN_MS, msg,
+                        sizeof msg) == -1) {
+      log_error ("export %s: release failed: %s; still serving it "
+                 "writable, lock kept", name, msg);
+      snprintf (reply, len, "ERROR release %.150s: %.250s; nothing released, "
+                "still writable\n", name, msg);
+    } else {
+      log_info ("export %s: released: %s", name, msg);
+      snprintf (reply, len, "OK %.150s released: %.250s\n", name, msg);
+    }
+    return;
+  }
+  snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
+}
+
+/* "ublk add EXPORT", "ublk del N [force]", "ublk list" (after "ublk "). */
+static void
+control_ublk (struct control *ctl, char *reply, size_t len, const char *arg)
+{
+  char err[300], *end;
+
+  if (strncmp (arg, "add ", 4) == 0) {
+    for (size_t i = 0; i < ctl->n_exports; i++) {
+      struct daemon_export *e = &ctl->exports[i];
+      if (strcmp (e->cfg.name, arg + 4) != 0 || e->ex == NULL)
+        continue;
+      int id = ublk_add (ctl->ublk, e->ex, err, sizeof err);
+      if (id < 0)
+        snprintf (reply, len, "ERROR ublk add %.100s: %.300s\n", arg + 4, err);
+      else
+        snprintf (reply, len, "OK /dev/ublkb%d %.200s\n", id, arg + 4);
+      return;
+    }
+    snprintf (reply, len, "ERROR no export named '%.200s'\n", arg + 4);
+  } else if (strncmp (arg, "del ", 4) == 0) {
+    long id = strtol (arg + 4, &end, 10);
+    bool force = strcmp (end, " force") == 0;
+    if (end == arg + 4 || id < 0 || id > INT32_MAX || (*end && !force))
+      snprintf (reply, len, "ERROR ublk del: want a device number, "
+                "N of /dev/ublkbN\n");
+    else if (ublk_del (ctl->ublk, (int) id, force, err, sizeof err) == -1)
+      snprintf (reply, len, "ERROR ublk del %ld: %.300s\n", id, err);
+    else
+      snprintf (reply, len, "OK /dev/ublkb%ld removed\n", id);
+  } else if (strcmp (arg, "list") == 0) {
+    size_t n = ublk_list (ctl->ublk, reply, len);
+    if (n == 0)
+      snprintf (reply, len, "OK no ublk device\n");
+  } else
+    snprintf (reply, len, "ERROR ublk: add EXPORT, del N [force] or list\n");
+}
+
 /* The reply to one request line, in a malloc'd buffer (*len bytes). */
 static char *
 control_answer (struct control *ctl, const char *line, size_t *len)
 {
   static const char unknown[] = "ERROR unknown command (try 'stats', "
-                                "'flush EXPORT' or 'clear-doubt EXPORT')\n";
+                                "'flush EXPORT', 'clear-doubt EXPORT', "
+                                "'release EXPORT' or 'ublk list')\n";
   char *buf;
 
   if (strcmp (line, "stats") == 0 || strcmp (line, "stats table") == 0)
@@ -153,6 +229,12 @@ control_answer (struct control *ctl, const char *line, size_t *len)
     control_flush (ctl, buf, 512, line + 6);
   else if (strncmp (line, "clear-doubt ", 12) == 0)
     control_clear_doubt (ctl, buf, 512, line + 12);
+  else if (strncmp (line, "release ", 8) == 0)
+    control_release (ctl, buf, 512, line + 8, 0);
+  else if (strncmp (line, "release-stop ", 13) == 0)
+    control_release (ctl, buf, 512, line + 13, 1);
+  else if (strncmp (line, "ublk ", 5) == 0 && ctl->ublk)
+    control_ublk (ctl, buf, 512, line + 5);
   else
     snprintf (buf, 512, "%s", unknown);
   *len = strlen (buf);
@@ -393,7 +475,7 @@ control_listen (const char *path)
 
 struct control *
 control_start (const char *path, struct daemon_export *ex, size_t n,
-               void *server)
+               void *server, struct ublk_set *ublk)
 {
   struct control *ctl = calloc (1, sizeof *ctl);
   int err;
@@ -403,6 +485,7 @@ control_start (const char *path, struct daemon_export *ex, size_t n,
   ctl->exports = ex;
   ctl->n_exports = n;
   ctl->server = server;
+  ctl->ublk = ublk;
   ctl->stop_pipe[0] = ctl->stop_pipe[1] = -1;
   for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
     ctl->clients[i].fd = -1;
@@ -476,8 +559,10 @@ control_request (const char *path, const char *command, char **reply)
    * not hang the command: stats answers at once; a flush may write back
    * a lot of data first. */
   struct timeval tv = {
-    .tv_sec = strncmp (command, "flush", 5) == 0 ? CONTROL_FLUSH_WAIT_S
-                                                 : CONTROL_STATS_WAIT_S,
+    .tv_sec = strncmp (command, "flush", 5) == 0 ||
+              strncmp (command, "release", 7) == 0 ||
+              strncmp (command, "ublk", 4) == 0 ? CONTROL_FLUSH_WAIT_S
+                                                : CONTROL_STATS_WAIT_S,
   };
   if (setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == -1 ||
       setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == -1 ||

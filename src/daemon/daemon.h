@@ -30,6 +30,7 @@ struct daemon_export {
   struct export *ex;      /* once opened */
   int from_cli;           /* given with --export */
   uint64_t create_size;   /* create-size: make a sparse file if missing */
+  int ublk;               /* ublk = yes: also /dev/ublkbN at start */
   uint64_t doubt_logged;  /* writes in doubt last logged (main.c) */
 };
 
@@ -104,6 +105,8 @@ int daemon_config_add_export_arg (struct daemon_config *c, const char *arg,
 /* Daemon-only export key (not known to the plugin): when the backing
  * file does not exist, create it, sparse, of this size. */
 #define EXPORT_KEY_CREATE_SIZE "create-size"
+/* Daemon-only export key: serve it as /dev/ublkbN too (src/ublk/). */
+#define EXPORT_KEY_UBLK "ublk"
 
 /* Create missing backing files of exports with create-size.  0 or -1
  * (logged). */
@@ -145,10 +148,12 @@ extern const char foliod_default_conf[];
  * run, 1 to exit 0 (help, version, check-config ok), -1 on error. */
 struct cli {
   const char *subcommand;   /* NULL, "stats", "flush" */
-  const char *sub_arg;      /* flush: export name */
+  const char *sub_arg;      /* flush: export name; ublk: its words */
+  char sub_buf[300];        /* ublk: "add EXPORT", "del N", "list" */
   int prometheus;           /* stats: Prometheus text, not the table */
   double watch;             /* stats --watch: seconds between reports */
   unsigned count;           /* stats --count: reports (0: no limit) */
+  int stop;                 /* release --stop: no longer serve it */
   const char *config_file;
   const char *check_config;
 };
@@ -166,8 +171,9 @@ int sd_listen_fds_get (int *fds, const char **names, int max);
 
 /* Control socket (control.c). */
 struct control;
+struct ublk_set;
 struct control *control_start (const char *path, struct daemon_export *ex,
-                               size_t n, void *server);
+                               size_t n, void *server, struct ublk_set *ublk);
 void control_stop (struct control *ctl);
 /* "stats\n" (Prometheus text), "stats table\n", "flush EXPORT\n": send
  * command, print the answer.  0 or -1 (said on stderr). */

@@ -31,6 +31,7 @@
 #include "daemon/daemon.h"
 #include "foliod/log.h"
 #include "server/server.h"
+#include "ublk/ublk.h"
 
 #define MAX_LISTEN_FDS 64
 #define DEFAULT_SHUTDOWN_TIMEOUT_S 60
@@ -41,6 +42,7 @@ struct daemon {
   struct ev_loop *loop;
   struct server *server;
   struct control *ctl;
+  struct ublk_set *ublk;     /* ublk devices (src/ublk/) */
   struct metrics *metrics;
   ev_signal sig_term, sig_int, sig_usr1, sig_hup;
   ev_timer status_timer;     /* refreshes systemd's STATUS= line */
@@ -795,6 +797,29 @@ announce_ready (struct daemon *d)
   return 0;
 }
 
+/* The ublk set, and /dev/ublkbN for each export with ublk = yes: one
+ * that cannot be made stops the start (the configuration asked for it).
+ * 0 or -1 (logged). */
+static int
+ublk_start (struct daemon *d)
+{
+  char err[400];
+
+  d->ublk = ublk_set_new ();
+  if (d->ublk == NULL) {
+    log_error ("ublk: out of memory");
+    return -1;
+  }
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    struct daemon_export *e = &d->cfg->exports[i];
+    if (e->ublk && e->ex && ublk_add (d->ublk, e->ex, err, sizeof err) < 0) {
+      log_error ("export %s: ublk = yes: %s", e->cfg.name, err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* Set up everything; 0 when serving, -1 on any failure (logged). */
 static int
 daemon_start (struct daemon *d)
@@ -825,9 +850,11 @@ daemon_start (struct daemon *d)
   if (exports_create_missing (cfg) == -1 || exports_open (d) == -1 ||
       server_add_exports (d) == -1)
     return -1;
+  if (ublk_start (d) == -1)
+    return -1;
   if (cfg->control) {
     d->ctl = control_start (cfg->control, cfg->exports, cfg->n_exports,
-                            d->server);
+                            d->server, d->ublk);
     if (d->ctl == NULL)
       return -1;
   }
@@ -862,6 +889,7 @@ daemon_run (struct daemon_config *cfg)
   }
   metrics_stop (d.metrics);
   control_stop (d.ctl);
+  ublk_set_free (d.ublk);        /* its devices use the exports */
   if (exports_close (&d) == -1)
     r = -1;
   if (d.server)
@@ -907,7 +935,8 @@ main (int argc, char **argv)
       const char *arg = cli.sub_arg;
       if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
         arg = "table";
-      snprintf (cmd, sizeof cmd, "%s%s%s\n", cli.subcommand,
+      snprintf (cmd, sizeof cmd, "%s%s%s%s\n", cli.subcommand,
+                cli.stop ? "-stop" : "",
                 arg ? " " : "", arg ? arg : "");
       r = control_client (path ? path : cfg.control, cmd);
     }

@@ -29,6 +29,7 @@ enum metric_id {
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
   M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_LOSSES, M_DOUBT_CLEARS,
+  M_ABANDONED, M_RELEASED,
   M_COUNT
 };
 
@@ -73,6 +74,10 @@ static const struct {
                      "Reconnections of an nbd: backing." },
   [M_RETRIES] = { "foliod_backing_retries_total", "counter",
                   "Requests an nbd: backing sent again after a reconnect." },
+  [M_ABANDONED] = { "foliod_backing_requests_abandoned_total", "counter",
+                    "Requests to an rbd: backing given up on at "
+                    "request-timeout (librbd cannot cancel them; it keeps "
+                    "their buffers until the cluster answers)." },
   [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
                    "Writes to an nbd: backing given up on that the remote "
                    "may still carry out (1 for those a previous run left in "
@@ -93,6 +98,9 @@ static const struct {
   [M_DOUBT_CLEARS] = { "foliod_doubt_clears_total", "counter",
                        "'foliod clear-doubt' runs that cleared writes in "
                        "doubt." },
+  [M_RELEASED] = { "foliod_export_released", "gauge",
+                   "1: handed to another host by 'foliod release', served "
+                   "read-only; 2: the same, no longer served; 0: not." },
   [M_UNSTABLE] = { "foliod_unstable_bytes", "gauge",
                    "Bytes written to a remote backing, not yet flushed by it." },
   [M_EVICTIONS] = { "foliod_evictions_total", "counter",
@@ -213,6 +221,9 @@ export_values (struct export *ex, struct export_values *out)
   v[M_PT_LOST] = st.passthrough_lost;
   v[M_LOSSES] = st.losses;
   v[M_DOUBT_CLEARS] = st.doubt_clears;
+  v[M_ABANDONED] = bst.abandoned;
+  v[M_RELEASED] = export_release_state (ex) == EXPORT_STOPPED ? 2
+                : export_release_state (ex) == EXPORT_RELEASED ? 1 : 0;
   v[M_EVICTIONS] = st.evictions;
   v[M_FLUSHES] = st.backing_flush_ops;
   v[M_CLIENT_FLUSHES] = st.flush_ops;
@@ -517,6 +528,10 @@ durability_lines (struct outbuf *o, struct daemon_export *ex, size_t n)
            "export is reopened\n", ex[i].cfg.name,
            (unsigned long long) v.v[M_PT_LOST],
            v.v[M_PT_LOST] == 1 ? "" : "s");
+    if (v.v[M_RELEASED])
+      out (o, "%s: released to another host (foliod release): %s\n",
+           ex[i].cfg.name, v.v[M_RELEASED] == 2 ? "no longer served"
+                                               : "served read-only");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "foliod/export.h"
+#include "foliod/log.h"
 #include "foliod/util.h"
 
 /* The file a file: backing spec names, or NULL (nbd, rbd). */
@@ -220,6 +221,46 @@ export_write_back (struct export *e, uint64_t deadline)
   }
 }
 
+/* The writeback at close failed, and e has a persistent store.  If the
+ * backing holds every cached block, flushed (nothing dirty or unstable
+ * left), and the store is what failed (a log whose fdatasync failed can take nothing more): the store
+ * is marked clean all the same (the ssd log retires its records), since
+ * what it holds is older than the backing and the next start must not
+ * write it back over the backing (issue 33 item 14).  0 then.  Else -1,
+ * *lost set when the store failed too: it holds older versions of the
+ * dirty data, if any, not the data itself. */
+static int
+export_close_failed_store (struct export *e, uint64_t *lost)
+{
+  struct cache_stats st;
+  int err = errno;
+
+  cache_get_stats (e->cache, &st);
+  bool on_backing = st.dirty_bytes + st.unstable_bytes == 0;
+  bool store_failed = store_sync (e->store) == -1;
+  if (on_backing && store_failed) {
+    if (store_mark_clean (e->store) == 0) {
+      log_warn ("export %s: the store failed (%s): every block was written "
+                "back and the backing flushed; the store is marked clean "
+                "(nothing older comes back at the next start)", e->name,
+                strerror (err));
+      if (st.flush_error == 0)  /* else passthrough writes were lost */
+        return 0;
+      errno = st.flush_error;
+      return -1;
+    }
+    log_error ("export %s: the store failed (%s) and could not be marked "
+               "clean (%s): every block is on the backing, but the next "
+               "start would write back what the store holds, which may be "
+               "older: remove the store before starting again", e->name,
+               strerror (err), strerror (errno));
+  } else if (store_failed && lost) {
+    *lost = st.dirty_bytes + st.unstable_bytes;
+  }
+  errno = err;
+  return -1;
+}
+
 int
 export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 {
@@ -235,11 +276,18 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
     cache_get_stats (e->cache, &st);
     if (lost && e->store == NULL)   /* a persistent store keeps them */
       *lost = st.dirty_bytes + st.unstable_bytes;
-    r = -1;
-  } else if (e->store && store_mark_clean (e->store) == -1) {
+    /* A released export's store stays unclean (below) either way. */
+    r = e->store && export_release_state (e) == EXPORT_SERVING
+      ? export_close_failed_store (e, lost) : -1;
+  } else if (e->store && export_release_state (e) == EXPORT_SERVING &&
+             store_mark_clean (e->store) == -1) {
     err = errno;    /* not clean: the next start recovers it all */
     r = -1;
   }
+  /* A released export's store is left unclean on purpose: the next host
+   * may have written the image since, so the next start here must not
+   * trust the warm cache (a clean pmem store's is trusted on a remote or
+   * rbd); it recovers the dirty blocks only, and there are none. */
   /* After the deadline the backing fails at once: this does not wait. */
   if (cache_destroy (e->cache) == -1 && r == 0) {
     err = errno;
@@ -252,4 +300,94 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
   free (e);
   errno = err;
   return r;
+}
+
+#define EXPORT_RELEASE_POLL_MS 1
+
+/* Wait for the write-class requests inside the gate to leave it: 0, or
+ * -1 (ETIMEDOUT) at the deadline.  A release is rare and short: a poll. */
+static int
+export_writers_drain (struct export *e, uint64_t deadline)
+{
+  while (atomic_load (&e->writers) > 0) {
+    if (now_ms () >= deadline) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    pause_ms (EXPORT_RELEASE_POLL_MS);
+  }
+  return 0;
+}
+
+/* The release's steps once writes are refused: drain, write back (the
+ * backing's flush and the store's sync included), check that nothing is
+ * left to write, release the image.  0, or -1 with errno and msg. */
+static int
+export_release_steps (struct export *e, uint64_t deadline, uint64_t *dirty,
+                      char *msg, size_t msglen)
+{
+  struct cache_stats st;
+
+  if (export_writers_drain (e, deadline) == -1) {
+    snprintf (msg, msglen, "writes in progress did not end in time");
+    return -1;
+  }
+  cache_get_stats (e->cache, &st);
+  *dirty = st.dirty_bytes;
+  if (!e->read_only && cache_write_back (e->cache) == -1) {
+    int err = errno;
+    cache_get_stats (e->cache, &st);
+    snprintf (msg, msglen, "write back: %s (%llu bytes dirty, %llu "
+              "unflushed, kept)", strerror (err),
+              (unsigned long long) st.dirty_bytes,
+              (unsigned long long) st.unstable_bytes);
+    errno = err;
+    return -1;
+  }
+  cache_get_stats (e->cache, &st);
+  if (st.dirty_bytes || st.unstable_bytes) {   /* a bug, not a race */
+    snprintf (msg, msglen, "%llu bytes still dirty, %llu unflushed after "
+              "the write back", (unsigned long long) st.dirty_bytes,
+              (unsigned long long) st.unstable_bytes);
+    errno = EIO;
+    return -1;
+  }
+  if (backing_release (e->backing) == -1) {
+    snprintf (msg, msglen, "releasing the image: %s", strerror (errno));
+    return -1;
+  }
+  return 0;
+}
+
+int
+export_release (struct export *e, int stop, unsigned timeout_ms, char *msg,
+                size_t msglen)
+{
+  int state = EXPORT_SERVING;
+  uint64_t dirty = 0;
+
+  if (!atomic_compare_exchange_strong (&e->release_state, &state,
+                                       EXPORT_RELEASING)) {
+    snprintf (msg, msglen, state == EXPORT_RELEASING ? "a release is "
+              "already running" : "already released");
+    errno = state == EXPORT_RELEASING ? EBUSY : EALREADY;
+    return -1;
+  }
+  if (export_release_steps (e, now_ms () + timeout_ms, &dirty, msg,
+                            msglen) == -1) {
+    int err = errno;
+    atomic_store (&e->release_state, EXPORT_SERVING);   /* as it was */
+    errno = err;
+    return -1;
+  }
+  atomic_store (&e->release_state, stop ? EXPORT_STOPPED : EXPORT_RELEASED);
+  if (e->read_only)
+    snprintf (msg, msglen, "read-only export, nothing to write back; "
+              "image released; %s", stop ? "no longer served"
+                                         : "served read-only");
+  else
+    snprintf (msg, msglen, "%llu dirty bytes written back, backing "
+              "flushed, image released; %s", (unsigned long long) dirty,
+              stop ? "no longer served" : "served read-only");
+  return 0;
 }

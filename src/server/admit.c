@@ -42,15 +42,20 @@ server_no_default_export (struct server *s)
   s->no_default = 1;
 }
 
+/* An export released with --stop (foliod release) is no longer found. */
 struct export *
 server_find_export (struct server *s, const char *name)
 {
+  struct export *e = NULL;
+
   if (!*name)
-    return s->nexports && !s->no_default ? s->exports[0] : NULL; /* default */
-  for (size_t i = 0; i < s->nexports; i++)
+    e = s->nexports && !s->no_default ? s->exports[0] : NULL; /* default */
+  for (size_t i = 0; *name && i < s->nexports; i++)
     if (strcmp (s->exports[i]->name, name) == 0)
-      return s->exports[i];
-  return NULL;
+      e = s->exports[i];
+  if (e && export_release_state (e) == EXPORT_STOPPED)
+    return NULL;
+  return e;
 }
 
 /* ---- connections per client (max_connections_per_client) ---------------- */

@@ -155,7 +155,7 @@ static size_t
 conn_hdr_need (const struct conn *c)
 {
   uint16_t type = get_be16 (c->hdr + 6);
-  uint32_t count = get_be32 (c->hdr + 24);
+  uint64_t count = conn_hdr_length (c);
 
   if (type == NBD_CMD_BLOCK_STATUS)
     return REQ_BS_BUF_MAX;

@@ -53,7 +53,7 @@ conn_input_paused (const struct conn *c)
       && c->nactive >= c->srv->cfg.max_inflight)
     return true;
   /* A header read, its buffer over budget: wait for replies to go. */
-  if (c->state == CONN_TX_REQ_HDR && c->hdr_have == NBD_REQUEST_LEN
+  if (c->state == CONN_TX_REQ_HDR && c->hdr_have == conn_req_hdr_len (c)
       && !conn_budget_hdr_fits (c))
     return true;
   return false;
@@ -367,19 +367,38 @@ conn_slots_crowded (struct server *s)
  * connection sends its first request; one that has sent none by then
  * while the last slots are taken is closed, so that clients that connect
  * and idle cannot hold every slot against those that use theirs. */
+/* The idle timer's period: idle-timeout, or without one the handshake
+ * timeout (how long a connection may go without its first request while
+ * the server is nearly full). */
+static ev_tstamp
+conn_idle_secs (const struct server *s)
+{
+  return s->cfg.idle_timeout_s ? s->cfg.idle_timeout_s
+    : s->cfg.handshake_timeout_s;
+}
+
 static void
 conn_idle_timeout_cb (struct ev_loop *loop, ev_timer *w, int revents)
 {
   struct conn *c = w->data;
   struct sloop *lp = c->lp;
   struct server *s = c->srv;
+  ev_tstamp left = c->last_active + conn_idle_secs (s) - ev_now (loop);
 
   if (!s->cfg.idle_timeout_s && c->requested) {
     ev_timer_stop (loop, w);
     return;
   }
+  if (left > 0.) {
+    /* Touched since the timer was armed: wait for what is left. */
+    w->repeat = left;
+    ev_timer_again (loop, w);
+    w->repeat = conn_idle_secs (s);
+    return;
+  }
   if (c->nactive > 0 || conn_output_pending (c)
       || (!s->cfg.idle_timeout_s && !conn_slots_crowded (s))) {
+    c->last_active = ev_now (loop);
     ev_timer_again (loop, w);
     return;
   }
@@ -477,8 +496,7 @@ conn_new (struct sloop *lp, int fd, const char *peer, const char *client_key)
   c->hs_timer.data = c;
   ev_timer_start (lp->loop, &c->hs_timer);
   ev_init (&c->idle_timer, conn_idle_timeout_cb);
-  c->idle_timer.repeat = s->cfg.idle_timeout_s ? s->cfg.idle_timeout_s
-    : s->cfg.handshake_timeout_s;
+  c->idle_timer.repeat = conn_idle_secs (s);
   c->idle_timer.data = c;
 
   c->next = lp->conns;

@@ -22,8 +22,10 @@
 #define READ_HOLE_MIN       4096u
 /* Cap of descriptors in one block status reply (spec: SHOULD <= 2^20). */
 #define BS_MAX_EXTENTS      16384u
-_Static_assert (REQ_BS_BUF_MAX >= NBD_META_CONTEXTS * (4 + 8 * BS_MAX_EXTENTS),
+_Static_assert (REQ_BS_BUF_MAX >= NBD_META_CONTEXTS * (8 + 16 * BS_MAX_EXTENTS),
                 "the buffer budget counts a block status reply");
+_Static_assert (REQ_HDR_SLOT_LEN >= NBD_EXTENDED_HDR_LEN + 12,
+                "a slot holds a chunk header and an OFFSET_HOLE payload");
 
 /* errno to the error sent on the wire (the spec's short list). */
 static int
@@ -79,18 +81,35 @@ req_iov (struct req *r, const void *p, size_t n)
   r->niov++;
 }
 
-/* Write a structured chunk header into a new slot; returns the slot so
- * the caller can append up to 12 fixed payload bytes after byte 20. */
+/* Length of a chunk header on r's connection: 20 bytes structured, 32
+ * extended; a chunk's fixed payload bytes follow it in the same slot. */
+static size_t
+chunk_hlen (const struct req *r)
+{
+  return r->conn->extended ? NBD_EXTENDED_HDR_LEN : NBD_STRUCTURED_HDR_LEN;
+}
+
+/* Write a chunk header (the negotiated form) into a new slot; returns the
+ * slot so the caller can append up to REQ_HDR_SLOT_LEN - chunk_hlen (r)
+ * fixed payload bytes after the header.  An extended header echoes the
+ * request's offset (spec) and has a 64-bit length. */
 static uint8_t *
 chunk_hdr (struct req *r, uint16_t flags, uint16_t type, uint32_t len)
 {
   uint8_t *h = req_slot (r);
 
-  put_be32 (h, NBD_STRUCTURED_REPLY_MAGIC);
   put_be16 (h + 4, flags);
   put_be16 (h + 6, type);
   put_be64 (h + 8, r->cookie);
-  put_be32 (h + 16, len);
+  if (r->conn->extended) {
+    put_be32 (h, NBD_EXTENDED_REPLY_MAGIC);
+    put_be64 (h + 16, r->offset);
+    put_be64 (h + 24, len);
+  }
+  else {
+    put_be32 (h, NBD_STRUCTURED_REPLY_MAGIC);
+    put_be32 (h + 16, len);
+  }
   return h;
 }
 
@@ -123,10 +142,11 @@ reply_error_chunk (struct req *r, bool has_off, uint64_t off)
                           has_off ? NBD_REPLY_TYPE_ERROR_OFFSET
                           : NBD_REPLY_TYPE_ERROR,
                           6 + mlen + (has_off ? 8 : 0));
+  size_t hl = chunk_hlen (r);
 
-  put_be32 (h + 20, r->error);
-  put_be16 (h + 24, mlen);
-  req_iov (r, h, 26);
+  put_be32 (h + hl, r->error);
+  put_be16 (h + hl + 4, mlen);
+  req_iov (r, h, hl + 6);
   req_iov (r, msg, mlen);
   if (has_off) {
     uint8_t *o = req_slot (r);
@@ -142,9 +162,11 @@ req_build_reply (struct req *r)
     return; /* built by the command itself (read, block status) */
   if (r->error && r->conn->structured)
     reply_error_chunk (r, false, 0);
-  else if (r->type == NBD_CMD_READ && r->conn->structured) {
+  else if (r->conn->structured
+           && (r->type == NBD_CMD_READ || r->conn->extended)) {
+    /* Extended headers allow no simple reply, even without a payload. */
     uint8_t *h = chunk_hdr (r, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0);
-    req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
+    req_iov (r, h, chunk_hlen (r));
   }
   else
     reply_simple (r);
@@ -245,6 +267,7 @@ exec_read_structured (struct req *r, unsigned flags)
 {
   struct seg_list l;
   uint8_t *last = NULL;
+  size_t hl = chunk_hlen (r);
 
   if (r->count == 0)
     return 0; /* req_build_reply sends a NONE chunk */
@@ -255,9 +278,9 @@ exec_read_structured (struct req *r, unsigned flags)
 
     if (s->hole) {
       last = chunk_hdr (r, 0, NBD_REPLY_TYPE_OFFSET_HOLE, 12);
-      put_be64 (last + 20, s->off);
-      put_be32 (last + 28, s->len);
-      req_iov (r, last, 32);
+      put_be64 (last + hl, s->off);
+      put_be32 (last + hl + 8, s->len);
+      req_iov (r, last, hl + 12);
       continue;
     }
     if (read_range (r, data, s->len, s->off, flags) < 0) {
@@ -273,8 +296,8 @@ exec_read_structured (struct req *r, unsigned flags)
       return 0;
     }
     last = chunk_hdr (r, 0, NBD_REPLY_TYPE_OFFSET_DATA, 8 + s->len);
-    put_be64 (last + 20, s->off);
-    req_iov (r, last, 28);
+    put_be64 (last + hl, s->off);
+    req_iov (r, last, hl + 8);
     req_iov (r, data, s->len);
   }
   assert (last);                /* count > 0 gave at least one chunk */
@@ -316,13 +339,58 @@ req_buf_room (struct req *r, size_t need)
 
 /* ---- BLOCK_STATUS ---------------------------------------------------------- */
 
+/* Descriptors of one context: 32-bit length and flags
+ * (NBD_REPLY_TYPE_BLOCK_STATUS), or with extended headers 64-bit length
+ * and status (NBD_REPLY_TYPE_BLOCK_STATUS_EXT), so that one extent of a
+ * 64-bit request is one descriptor. */
 struct bs_ctx {
-  uint8_t *desc;       /* descriptors: 32-bit length, 32-bit flags */
+  uint8_t *desc;       /* the first descriptor */
   unsigned n, max;
   uint64_t next, end;
   uint32_t last_flags;
   bool one;            /* NBD_CMD_FLAG_REQ_ONE */
+  bool ext;            /* 16-byte descriptors */
 };
+
+/* Size of the head before the descriptors (context id; with extended
+ * headers also their count) and of one descriptor. */
+static size_t
+bs_head_len (bool ext)
+{
+  return ext ? 8 : 4;
+}
+
+static size_t
+bs_desc_len (bool ext)
+{
+  return ext ? 16 : 8;
+}
+
+static uint64_t
+bs_desc_get_len (const struct bs_ctx *b, unsigned i)
+{
+  const uint8_t *d = b->desc + bs_desc_len (b->ext) * i;
+
+  return b->ext ? get_be64 (d) : get_be32 (d);
+}
+
+/* Set descriptor i.  A compact descriptor's length fits: its request's
+ * length was 32 bits, and extents are clipped to it. */
+static void
+bs_desc_set (struct bs_ctx *b, unsigned i, uint64_t len, uint32_t flags)
+{
+  uint8_t *d = b->desc + bs_desc_len (b->ext) * i;
+
+  if (b->ext) {
+    put_be64 (d, len);
+    put_be64 (d + 8, flags); /* 32-bit states: the high half zero (spec) */
+  }
+  else {
+    assert (len <= UINT32_MAX);
+    put_be32 (d, len);
+    put_be32 (d + 4, flags);
+  }
+}
 
 static uint32_t
 bs_flags (enum backing_extent_type t)
@@ -346,15 +414,13 @@ bs_add (struct bs_ctx *b, uint64_t off, uint64_t len, uint32_t flags)
     return b->next >= b->end;
   if (s != b->next)
     return 1; /* extents must be consecutive: stop at a gap */
-  if (b->n > 0 && flags == b->last_flags) {
-    uint8_t *d = b->desc + 8 * (b->n - 1);
-    put_be32 (d, get_be32 (d) + (e - s)); /* total <= count < 2^32 */
-  }
+  if (b->n > 0 && flags == b->last_flags)
+    bs_desc_set (b, b->n - 1, bs_desc_get_len (b, b->n - 1) + (e - s),
+                 flags);
   else {
     if (b->n == b->max)
       return 1;
-    put_be32 (b->desc + 8 * b->n, e - s);
-    put_be32 (b->desc + 8 * b->n + 4, flags);
+    bs_desc_set (b, b->n, e - s, flags);
     b->n++;
     b->last_flags = flags;
   }
@@ -377,18 +443,22 @@ bs_state_cb (void *opaque, uint64_t off, uint64_t len, uint32_t state)
   return bs_add (opaque, off, len, state);
 }
 
-/* One context's descriptors at buf (id, then length/flags pairs) and the
- * chunk carrying them; done on the last chunk of the reply. */
+/* One context's descriptors at buf (id, [count,] then length/flags
+ * pairs) and the chunk carrying them; done on the last chunk of the
+ * reply. */
 static int
 bs_context (struct req *r, uint8_t *buf, uint32_t id, bool done)
 {
+  bool ext = r->conn->extended;
   struct bs_ctx b = {
     .max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS,
     .next = r->offset,
     .end = r->offset + r->count,
     .one = (r->flags & NBD_CMD_FLAG_REQ_ONE) != 0,
-    .desc = buf + 4,
+    .ext = ext,
+    .desc = buf + bs_head_len (ext),
   };
+  size_t len;
   struct cache *cache = r->conn->exp->cache;
   int rc = id == NBD_META_ID_FOLIOD_CACHE
     ? cache_state_status (cache, r->count, r->offset, bs_state_cb, &b)
@@ -398,15 +468,18 @@ bs_context (struct req *r, uint8_t *buf, uint32_t id, bool done)
   if (rc < 0)
     return -1;
   if (b.n == 0) { /* nothing said: "allocated, contents unknown" */
-    put_be32 (b.desc, r->count);
-    put_be32 (b.desc + 4, 0);
+    bs_desc_set (&b, 0, r->count, 0);
     b.n = 1;
   }
   put_be32 (buf, id);
+  if (ext)
+    put_be32 (buf + 4, b.n);
+  len = bs_head_len (ext) + bs_desc_len (ext) * b.n;
   h = chunk_hdr (r, done ? NBD_REPLY_FLAG_DONE : 0,
-                 NBD_REPLY_TYPE_BLOCK_STATUS, 4 + 8 * b.n);
-  req_iov (r, h, NBD_STRUCTURED_HDR_LEN);
-  req_iov (r, buf, 4 + 8 * b.n);
+                 ext ? NBD_REPLY_TYPE_BLOCK_STATUS_EXT
+                     : NBD_REPLY_TYPE_BLOCK_STATUS, len);
+  req_iov (r, h, chunk_hlen (r));
+  req_iov (r, buf, len);
   return 0;
 }
 
@@ -416,8 +489,11 @@ static int
 exec_block_status (struct req *r)
 {
   size_t max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS;
-  size_t one = 4 + 8 * max, need = NBD_META_CONTEXTS * one;
-  bool alloc = r->conn->meta_alloc, cache = r->conn->meta_cache;
+  bool ext = r->conn->extended;
+  size_t one = bs_head_len (ext) + bs_desc_len (ext) * max;
+  size_t need = NBD_META_CONTEXTS * one;
+  bool alloc = r->bs_contexts & REQ_BS_ALLOC;
+  bool cache = r->bs_contexts & REQ_BS_CACHE;
 
   if (req_buf_room (r, need) == -1)
     return -1;
@@ -469,24 +545,13 @@ exec_write (struct req *r, unsigned flags)
 
 /* ---- dispatch -------------------------------------------------------------- */
 
-void
-req_execute (struct req *r)
+/* The request on the cache: 0, or -1 with errno. */
+static int
+req_run (struct req *r, struct cache *cache)
 {
-  struct cache *cache = r->conn->exp->cache;
   unsigned fua = (r->flags & NBD_CMD_FLAG_FUA) ? CACHE_FUA : 0;
   int rc = 0;
 
-  /* Its connection was closed while it waited in the queue (a forced
-   * shutdown, a send error): nobody is left to answer, and its client
-   * never saw it acknowledged.  Skip it, so that a closed connection's
-   * queue costs no backing time (issue 34: a shutdown bounded by
-   * shutdown-timeout). */
-  if (atomic_load_explicit (&r->conn->closed, memory_order_relaxed)) {
-    cache_write_abort (cache, &r->prep);
-    r->fetch = REQ_FETCH_NONE;
-    r->niov = r->nhdr = 0;
-    return;
-  }
   switch (r->type) {
   case NBD_CMD_READ:
     exec_read (r, 0);
@@ -524,6 +589,44 @@ req_execute (struct req *r)
   default:
     abort (); /* req_check lets no other command through */
   }
+  return rc;
+}
+
+/* Write, zero and trim pass the export's gate (export_write_begin): a
+ * release refuses them, as a read-only export would. */
+static bool
+req_writes (const struct req *r)
+{
+  return r->type == NBD_CMD_WRITE || r->type == NBD_CMD_TRIM
+    || r->type == NBD_CMD_WRITE_ZEROES;
+}
+
+void
+req_execute (struct req *r)
+{
+  struct cache *cache = r->conn->exp->cache;
+  int rc;
+
+  /* Its connection was closed while it waited in the queue (a forced
+   * shutdown, a send error): nobody is left to answer, and its client
+   * never saw it acknowledged.  Skip it, so that a closed connection's
+   * queue costs no backing time (issue 34: a shutdown bounded by
+   * shutdown-timeout). */
+  if (atomic_load_explicit (&r->conn->closed, memory_order_relaxed)) {
+    cache_write_abort (cache, &r->prep);
+    r->fetch = REQ_FETCH_NONE;
+    r->niov = r->nhdr = 0;
+    return;
+  }
+  if (req_writes (r) && export_write_begin (r->conn->exp) == -1)
+    rc = -1;
+  else if (req_writes (r)) {
+    rc = req_run (r, cache);
+    int err = errno;
+    export_write_end (r->conn->exp);
+    errno = err;
+  } else
+    rc = req_run (r, cache);
   if (rc < 0) {
     r->error = wire_errno (errno);
     r->errmsg = NULL;
@@ -557,8 +660,15 @@ req_try_execute (struct req *r)
     if (exec_read (r, CACHE_NOWAIT) < 0)
       return false;
   }
-  else if (exec_write (r, CACHE_NOWAIT) < 0)
-    return false;
+  else {
+    int rc;
+    if (export_write_begin (r->conn->exp) == -1)
+      return false;    /* a worker refuses it */
+    rc = exec_write (r, CACHE_NOWAIT);
+    export_write_end (r->conn->exp);
+    if (rc < 0)
+      return false;
+  }
   req_build_reply (r);
   return true;
 }

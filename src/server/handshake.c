@@ -174,19 +174,24 @@ hs_tls_required (const struct conn *c, const struct export *e)
 
 /* ---- transmission entry ------------------------------------------------- */
 
-/* The transmission flags of e.  e->read_only already says whether the
- * backing is read-only (export_open folds its caps in). */
+/* The transmission flags of e for c.  e->read_only already says whether
+ * the backing is read-only (export_open folds its caps in); a released
+ * export (foliod release) is read-only from then on.  The block status
+ * payload form only with extended headers and contexts selected for e
+ * (spec: SHOULD NOT without). */
 static uint16_t
-hs_tflags (const struct export *e, bool structured)
+hs_tflags (const struct conn *c, const struct export *e)
 {
   /* The cache is shared by every connection to the export, so a flush on
    * one makes all completed writes durable: multi-conn is safe. */
   uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH
     | NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE;
 
-  if (structured)
+  if (c->structured)
     f |= NBD_FLAG_SEND_DF;
-  if (e->read_only)
+  if (c->extended && c->meta_exp == e && (c->meta_alloc || c->meta_cache))
+    f |= NBD_FLAG_BLOCK_STATUS_PAYLOAD;
+  if (e->read_only || export_release_state (e) >= EXPORT_RELEASED)
     f |= NBD_FLAG_READ_ONLY;
   else
     f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES
@@ -198,7 +203,7 @@ static void
 hs_enter_transmission (struct conn *c, struct export *e)
 {
   c->exp = e;
-  c->tflags = hs_tflags (e, c->structured);
+  c->tflags = hs_tflags (c, e);
   if (c->meta_exp != e) {
     c->meta_alloc = false; /* contexts were chosen for another export */
     c->meta_cache = false;
@@ -208,7 +213,8 @@ hs_enter_transmission (struct conn *c, struct export *e)
   c->optbuf = NULL;
   c->hdr_have = 0;
   log_info ("conn %" PRIu64 ": export '%s'%s%s%s", c->id, e->name,
-            c->structured ? ", structured replies" : "",
+            c->extended ? ", extended headers"
+            : c->structured ? ", structured replies" : "",
             c->meta_alloc ? ", base:allocation" : "",
             c->meta_cache ? ", foliod:cache" : "");
   conn_set_state (c, CONN_TX_REQ_HDR);
@@ -236,6 +242,13 @@ opt_export_name (struct conn *c)
   uint8_t reply[8 + 2 + 124] = { 0 };
   char esc[ESCAPED_MAX];
 
+  if (c->extended) {
+    /* The spec forbids it after extended headers: its reply has no room
+     * to say which headers follow, and it cannot carry an error. */
+    log_warn ("conn %" PRIu64 ": NBD_OPT_EXPORT_NAME after extended"
+              " headers were negotiated: use NBD_OPT_GO", c->id);
+    return STEP_CLOSE;
+  }
   if (hs_string (name, c->optbuf, c->opt_len) < 0
       || !(e = server_find_export (c->srv, name))
       || hs_tls_required (c, e)) {
@@ -245,7 +258,7 @@ opt_export_name (struct conn *c)
     return STEP_CLOSE;
   }
   put_be64 (reply, e->size);
-  put_be16 (reply + 8, hs_tflags (e, c->structured));
+  put_be16 (reply + 8, hs_tflags (c, e));
   if (conn_out_append (c, reply, c->no_zeroes ? 10 : sizeof reply) < 0)
     return STEP_CLOSE;
   hs_enter_transmission (c, e);
@@ -276,6 +289,8 @@ opt_list (struct conn *c)
 
     if (hs_tls_required (c, e))
       continue; /* TLS-only exports are not shown in plaintext */
+    if (export_release_state (e) == EXPORT_STOPPED)
+      continue; /* released to another host */
     size_t dlen = e->description ? strlen (e->description) : 0;
     uint8_t len[4];
 
@@ -315,6 +330,7 @@ opt_starttls (struct conn *c)
     return STEP_CLOSE;
   c->tls_active = true;
   c->structured = false;
+  c->extended = false;
   c->meta_alloc = false;
   c->meta_cache = false;
   c->meta_exp = NULL;
@@ -327,6 +343,24 @@ opt_structured_reply (struct conn *c)
   if (c->opt_len != 0)
     return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
                                   "NBD_OPT_STRUCTURED_REPLY takes no data"));
+  if (c->extended)
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_EXT_HEADER_REQD,
+                                  "extended headers already negotiated"));
+  c->structured = true;
+  return hs_done (hs_reply (c, NBD_REP_ACK, NULL, 0));
+}
+
+/* Extended headers take precedence over structured replies and imply
+ * them (every reply a 32-byte chunk header), with or without an earlier
+ * NBD_OPT_STRUCTURED_REPLY.  Metadata contexts already set stay set:
+ * ours report 32-bit states, sent in either chunk type. */
+static enum step
+opt_extended_headers (struct conn *c)
+{
+  if (c->opt_len != 0)
+    return hs_done (hs_reply_err (c, NBD_REP_ERR_INVALID,
+                                  "NBD_OPT_EXTENDED_HEADERS takes no data"));
+  c->extended = true;
   c->structured = true;
   return hs_done (hs_reply (c, NBD_REP_ACK, NULL, 0));
 }
@@ -352,7 +386,7 @@ hs_info_export (struct conn *c, const struct export *e, bool want_name,
   uint32_t pref = cache_get_config (e->cache)->block_size;
 
   put_be64 (ex, e->size);
-  put_be16 (ex + 8, hs_tflags (e, c->structured));
+  put_be16 (ex + 8, hs_tflags (c, e));
   /* Minimum 1: the cache takes any alignment.  Preferred: the cache's
    * block, below which writes read-modify-write. */
   put_be32 (bs, 1);
@@ -522,6 +556,7 @@ hs_handle_option (struct conn *c)
   case NBD_OPT_INFO:
   case NBD_OPT_GO:               return opt_info_go (c);
   case NBD_OPT_STRUCTURED_REPLY: return opt_structured_reply (c);
+  case NBD_OPT_EXTENDED_HEADERS: return opt_extended_headers (c);
   case NBD_OPT_LIST_META_CONTEXT:
   case NBD_OPT_SET_META_CONTEXT: return opt_meta_context (c);
   default:

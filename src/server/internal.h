@@ -94,7 +94,7 @@
  *
  * Worker threads only ever touch the struct req they were handed (and
  * read the connection fields that are fixed during transmission: exp,
- * structured).  A request travels:
+ * structured, extended).  A request travels:
  *
  *   conn free list -> receiving (conn->cur) -> [worker queue -> done list]
  *   -> conn send queue -> conn free list
@@ -134,6 +134,7 @@
 #include "server/server.h"
 #include "server/transport.h"
 #include "server/nbd-proto.h"
+#include "server/wire.h"
 
 struct export;
 
@@ -156,8 +157,16 @@ struct export;
 #define CONN_KEEP_BUF_TOTAL (64u * 1024 * 1024) /* per-connection retained */
 #define SERVER_KEEP_DIV     8   /* all retained <= max_buffer_total / this */
 /* Buffer a block status reply may need (execute.c allocates it): one
- * descriptor list per metadata context. */
-#define REQ_BS_BUF_MAX      (NBD_META_CONTEXTS * (4 + 8 * 16384u))
+ * descriptor list per metadata context, in the larger of its two forms
+ * (NBD_REPLY_TYPE_BLOCK_STATUS_EXT: an 8-byte head, 16-byte
+ * descriptors). */
+#define REQ_BS_BUF_MAX      (NBD_META_CONTEXTS * (8 + 16 * 16384u))
+/* Metadata contexts, as bits of req.bs_contexts. */
+#define REQ_BS_ALLOC        1u  /* base:allocation */
+#define REQ_BS_CACHE        2u  /* foliod:cache */
+/* A reply chunk's header and the fixed part of its payload fit in one
+ * slot: 32 bytes of extended header, then up to 12 (OFFSET_HOLE). */
+#define REQ_HDR_SLOT_LEN    48
 
 /* One NBD request and, once executed, its reply. */
 struct req {
@@ -169,7 +178,10 @@ struct req {
   uint16_t type;
   uint64_t cookie;
   uint64_t offset;
-  uint32_t count;
+  uint64_t count;            /* length: compact requests 32 bits; with
+                                extended headers a 64-bit effect length,
+                                or the payload length (a write, <=
+                                NBD_MAX_PAYLOAD) */
 
   uint8_t *buf;              /* write payload, read data, block status */
   size_t buf_cap;
@@ -180,6 +192,9 @@ struct req {
   struct cache_prep prep;
   size_t charged;            /* buffer bytes counted in the budgets */
 
+  unsigned bs_contexts;      /* block status: the contexts to answer
+                                (REQ_BS_*): all selected, or those a
+                                payload names */
   int error;                 /* NBD error (NBD_E*) or 0; set by checks or
                                 by the worker */
   const char *errmsg;        /* static text for the structured error */
@@ -190,7 +205,7 @@ struct req {
   unsigned niov;
   unsigned iov_next;
   size_t iov_off;
-  uint8_t hdr[REQ_HDR_SLOTS][32];
+  uint8_t hdr[REQ_HDR_SLOTS][REQ_HDR_SLOT_LEN];
   unsigned nhdr;
 
   /* A read miss parked on an asynchronous backing read (req_fetch_start):
@@ -200,6 +215,13 @@ struct req {
   enum { REQ_FETCH_NONE = 0, REQ_FETCHING, REQ_FETCHED } fetch;
   int fetch_err;
   struct cache_fetched fetched;
+
+  /* A CACHE longer than POOL_TURN_BYTES runs a turn at a time (pool.c):
+   * offset and count are the turn's, turn_rest what follows it. */
+  uint64_t turn_rest;
+  /* Taken from a connection with more queued or running, or a CACHE:
+   * runs at the pool's background priority (pool.c). */
+  bool pool_bg;
 };
 
 /* Connection states.  Input is driven by the state; output (handshake
@@ -248,6 +270,8 @@ struct conn {
   int io_events;                 /* events io is currently started with */
   ev_timer hs_timer;             /* handshake timeout */
   ev_timer idle_timer;           /* idle timeout in transmission */
+  ev_tstamp last_active;         /* loop time of the last activity: the
+                                    timer re-arms from it when it fires */
   bool client_key_set;           /* counted in srv->clients under ... */
   char client_key[64];           /* ... this source (address or pid) */
   bool in_flush_list;            /* linked in lp->flush_list */
@@ -277,7 +301,11 @@ struct conn {
   uint8_t *hsout;                /* handshake replies waiting to be sent */
   size_t hsout_len, hsout_sent, hsout_cap;
   bool tls_active;               /* STARTTLS done (TLS transport in tops) */
-  bool structured;               /* NBD_OPT_STRUCTURED_REPLY acked */
+  bool structured;               /* NBD_OPT_STRUCTURED_REPLY or
+                                    NBD_OPT_EXTENDED_HEADERS acked */
+  bool extended;                 /* NBD_OPT_EXTENDED_HEADERS acked: 32-byte
+                                    requests and replies, no simple
+                                    reply (implies structured) */
   bool meta_alloc;               /* base:allocation selected ... */
   bool meta_cache;               /* foliod:cache selected ... */
   struct export *meta_exp;       /* ... for this export */
@@ -322,6 +350,7 @@ struct pool_worker {
   sem_t wake;
   struct req *handed;            /* set by whoever popped it off idle */
   struct pool_worker *next_idle;
+  int nice;                      /* this thread's nice value now */
 };
 
 struct pool {
@@ -333,6 +362,10 @@ struct pool {
   unsigned nthreads;
   struct pool_worker *idle;      /* waiting workers, the last idle first */
   struct pool_worker *workers;
+  int nice_base;                 /* the workers' nice value at start */
+  bool nice_bg;                  /* they may lower their priority for
+                                    background requests and raise it again
+                                    (probed by pool_start) */
   void (*done) (void *opaque, struct req *r); /* on the worker, after */
   void *done_opaque;
 };
@@ -450,6 +483,21 @@ io_step (enum io_res r)
   case IO_AGAIN: return STEP_BLOCK;
   default:       return STEP_CLOSE;
   }
+}
+
+/* Length of a request header on c (known from the negotiation). */
+static inline size_t
+conn_req_hdr_len (const struct conn *c)
+{
+  return c->extended ? NBD_EXTENDED_REQUEST_LEN : NBD_REQUEST_LEN;
+}
+
+/* The length field of the request header in c->hdr: 32 bits compact,
+ * 64 bits extended (the same offset in both). */
+static inline uint64_t
+conn_hdr_length (const struct conn *c)
+{
+  return c->extended ? get_be64 (c->hdr + 24) : get_be32 (c->hdr + 24);
 }
 
 static inline bool

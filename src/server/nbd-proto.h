@@ -10,6 +10,10 @@
 #define NBD_REQUEST_MAGIC          0x25609513u
 #define NBD_SIMPLE_REPLY_MAGIC     0x67446698u
 #define NBD_STRUCTURED_REPLY_MAGIC 0x668e33efu
+/* Extended headers (NBD_OPT_EXTENDED_HEADERS): 32-byte requests and
+ * replies with 64-bit lengths. */
+#define NBD_EXTENDED_REQUEST_MAGIC 0x21e41c71u
+#define NBD_EXTENDED_REPLY_MAGIC   0x6e8a278cu
 
 /* Handshake flags (server) and client flags. */
 #define NBD_FLAG_FIXED_NEWSTYLE    (1u << 0)
@@ -29,6 +33,7 @@
 #define NBD_FLAG_CAN_MULTI_CONN    (1u << 8)
 #define NBD_FLAG_SEND_CACHE        (1u << 10)
 #define NBD_FLAG_SEND_FAST_ZERO    (1u << 11)
+#define NBD_FLAG_BLOCK_STATUS_PAYLOAD (1u << 12) /* extended headers only */
 
 /* Options. */
 #define NBD_OPT_EXPORT_NAME        1
@@ -40,6 +45,7 @@
 #define NBD_OPT_STRUCTURED_REPLY   8
 #define NBD_OPT_LIST_META_CONTEXT  9
 #define NBD_OPT_SET_META_CONTEXT   10
+#define NBD_OPT_EXTENDED_HEADERS   11
 
 /* Option replies. */
 #define NBD_REP_ACK                1
@@ -56,6 +62,7 @@
 #define NBD_REP_ERR_SHUTDOWN       NBD_REP_ERR (7)
 #define NBD_REP_ERR_BLOCK_SIZE_REQD NBD_REP_ERR (8)
 #define NBD_REP_ERR_TOO_BIG        NBD_REP_ERR (9)
+#define NBD_REP_ERR_EXT_HEADER_REQD NBD_REP_ERR (10)
 
 /* NBD_REP_INFO types. */
 #define NBD_INFO_EXPORT            0
@@ -78,6 +85,7 @@
 #define NBD_CMD_FLAG_DF            (1u << 2)
 #define NBD_CMD_FLAG_REQ_ONE       (1u << 3)
 #define NBD_CMD_FLAG_FAST_ZERO     (1u << 4)
+#define NBD_CMD_FLAG_PAYLOAD_LEN   (1u << 5) /* extended headers only */
 
 /* Structured reply flags and types. */
 #define NBD_REPLY_FLAG_DONE        (1u << 0)
@@ -85,6 +93,7 @@
 #define NBD_REPLY_TYPE_OFFSET_DATA 1
 #define NBD_REPLY_TYPE_OFFSET_HOLE 2
 #define NBD_REPLY_TYPE_BLOCK_STATUS 5
+#define NBD_REPLY_TYPE_BLOCK_STATUS_EXT 6 /* extended headers only */
 #define NBD_REPLY_TYPE_ERROR       ((1u << 15) + 1)
 #define NBD_REPLY_TYPE_ERROR_OFFSET ((1u << 15) + 2)
 
@@ -109,6 +118,8 @@
 #define NBD_REQUEST_LEN            28
 #define NBD_SIMPLE_REPLY_LEN       16
 #define NBD_STRUCTURED_HDR_LEN     20
+#define NBD_EXTENDED_REQUEST_LEN   32
+#define NBD_EXTENDED_HDR_LEN       32 /* an extended reply chunk header */
 
 /* The metadata contexts we serve, and the ids we give them. */
 #define NBD_META_BASE_ALLOCATION   "base:allocation"

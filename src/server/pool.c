@@ -13,13 +13,34 @@
  * and the connections with requests queued take turns (a ring: the one
  * served goes to the back).  One connection runs at most a quarter of
  * the workers (at least one) at a time, and the last quarter of an
- * export's share is kept for its connections that hold no worker and
- * have a single request queued.  64 BLOCK_STATUS or CACHE
+ * export's share (at least one worker of a share of 2 or more) is kept
+ * for its connections that hold no worker and have a single request
+ * queued.  64 BLOCK_STATUS or CACHE
  * requests from each of a few clients no longer stand in one FIFO before
  * another client's 4 KiB read: a request queued waits for at most one
  * request of each other connection queued to start, plus the workers
  * busy when it came (tests/unit/test-pool-fair.c).  A request over a cap
  * waits in its queue; the other connections pass it.
+ *
+ * Turns of long requests: a CACHE runs POOL_TURN_BYTES (1 MiB) at a time;
+ * after each turn it goes back to the head of its connection's queue and
+ * its connection to the back of the ring, so that a CACHE of 1 GiB holds
+ * a worker (and the cache's range locks: a window of up to 256 folios,
+ * whose stripes a read elsewhere may share) for 1 MiB at a time, not for
+ * seconds, and a connection whose queue is closed stops after the turn.
+ * Its one reply goes out after the last turn (or the first that fails).
+ *
+ * Priorities: a request taken from a connection that has more queued or
+ * running, and a CACHE (a hint nobody waits for), runs with the worker's
+ * nice value raised by POOL_BG_NICE (10); any other at the workers' own.
+ * On two loaded cores, six workers running the adversaries' requests at
+ * the victim's priority made its worker wait 20-35 ms (p99) for a CPU
+ * once handed its read, and its loop as long; at nice +10 they yield it
+ * at once.  Only where a worker may raise its priority back (root,
+ * CAP_SYS_NICE, or RLIMIT_NICE: systemd's LimitNICE=+0, which the shipped
+ * units set), which pool_start probes on a thread of its own: elsewhere
+ * every request runs at the workers' priority.  Linux: nice is per
+ * thread.
  *
  * Wake-ups: an idle worker sleeps on its own semaphore, on a stack (the
  * one idle last is woken first: its cache lines are warm).  Whoever wakes
@@ -32,10 +53,23 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "foliod/export.h"
 #include "foliod/util.h"
 #include "server/internal.h"
+#include "server/nbd-proto.h"
+
+/* Added to the workers' nice value while they run a background request
+ * (see the top). */
+#define POOL_BG_NICE 10
+
+/* The most of a CACHE request one worker runs in one turn. */
+#ifndef POOL_TURN_BYTES
+#define POOL_TURN_BYTES (1u << 20)
+#endif
 
 /* Workers one export may hold at once. */
 static unsigned
@@ -49,6 +83,19 @@ static unsigned
 pool_conn_share (const struct pool *p)
 {
   return p->nthreads >= 4 ? p->nthreads / 4 : 1;
+}
+
+/* Of an export's share, the workers kept for connections that hold none
+ * and have one request queued: a quarter, and at least one as soon as
+ * the share is 2 (--workers 4 to 7, where a quarter rounds to nothing
+ * and a one-block read waited for a whole CACHE of 64 MiB).  A share of
+ * 1 keeps none: the others would never run. */
+static unsigned
+pool_kept (unsigned share)
+{
+  if (share < 2)
+    return 0;
+  return share >= 8 ? share / 4 : 1;
 }
 
 /* Put c at the back of the ring (lock held). */
@@ -78,7 +125,7 @@ pool_may_run (const struct pool *p, const struct conn *c)
   if (c->exp == NULL)
     return true;
   if (c->pool_busy > 0 || c->pq_head->next)
-    cap -= cap / 4;
+    cap -= pool_kept (cap);
   return c->exp->workers_busy < cap;
 }
 
@@ -112,6 +159,8 @@ pool_take_locked (struct pool *p)
   }
   p->nqueued--;
   c->pool_busy++;
+  r->pool_bg = c->pq_head != NULL || c->pool_busy > 1
+    || r->type == NBD_CMD_CACHE;
   if (c->exp)
     c->exp->workers_busy++;
   return r;
@@ -137,6 +186,85 @@ pool_hand_locked (struct pool *p)
     wake = w;
   }
   return wake;
+}
+
+/* Cut r to its first turn if it is a long CACHE (before it runs). */
+static void
+pool_turn_begin (struct req *r)
+{
+  if (r->type != NBD_CMD_CACHE || r->turn_rest || r->count <= POOL_TURN_BYTES)
+    return;
+  r->turn_rest = r->count - POOL_TURN_BYTES;
+  r->count = POOL_TURN_BYTES;
+}
+
+/* After a turn of r: true if r goes on with its next turn, put back at
+ * the head of its connection's queue, its connection at the back of the
+ * ring if it was not in it (lock held).  Not after an error, nor for a
+ * closed connection: its reply (built for the whole request: a CACHE
+ * reply names no range) goes out now. */
+static bool
+pool_turn_next (struct pool *p, struct req *r)
+{
+  struct conn *c = r->conn;
+
+  if (r->turn_rest == 0)
+    return false;
+  if (r->error || atomic_load_explicit (&c->closed, memory_order_relaxed)) {
+    r->turn_rest = 0;
+    return false;
+  }
+  r->niov = r->nhdr = 0;        /* the turn's reply: not sent */
+  r->offset += r->count;
+  r->count = r->turn_rest < POOL_TURN_BYTES ? r->turn_rest : POOL_TURN_BYTES;
+  r->turn_rest -= r->count;
+  r->next = c->pq_head;
+  c->pq_head = r;
+  if (!c->pq_tail) {
+    c->pq_tail = r;
+    pool_ring_append (p, c);
+  }
+  p->nqueued++;
+  return true;
+}
+
+/* Set the calling thread's nice value (Linux: per thread).  0 or -1. */
+static int
+thread_set_nice (int nice)
+{
+  return setpriority (PRIO_PROCESS, (id_t) syscall (SYS_gettid), nice);
+}
+
+static int
+pool_bg_nice (const struct pool *p)
+{
+  return p->nice_base + POOL_BG_NICE < 19 ? p->nice_base + POOL_BG_NICE : 19;
+}
+
+/* Run at the background priority for r if it is a background request,
+ * else at the workers' own (a no-op unless pool_start found that a worker
+ * may raise its priority back: CAP_SYS_NICE or RLIMIT_NICE). */
+static void
+pool_set_priority (const struct pool *p, struct pool_worker *w,
+                   const struct req *r)
+{
+  int want = r->pool_bg ? pool_bg_nice (p) : p->nice_base;
+
+  if (p->nice_bg && want != w->nice && thread_set_nice (want) == 0)
+    w->nice = want;
+}
+
+/* On a thread of its own: may a worker lower its priority and raise it
+ * back? */
+static void *
+pool_probe_nice (void *arg)
+{
+  struct pool *p = arg;
+
+  p->nice_bg = pool_bg_nice (p) != p->nice_base
+    && thread_set_nice (pool_bg_nice (p)) == 0
+    && thread_set_nice (p->nice_base) == 0;
+  return NULL;
 }
 
 static void
@@ -200,12 +328,16 @@ pool_worker (void *arg)
       struct conn *c = r->conn;
       struct req *next = NULL;
       struct pool_worker *wake;
+      bool again;
 
+      pool_turn_begin (r);
+      pool_set_priority (p, w, r);
       req_execute (r);
       lock_or_die (&p->lock);
       c->pool_busy--;
       if (c->exp)
         c->exp->workers_busy--;
+      again = pool_turn_next (p, r);
       /* A request of c or of its export may have waited for this
        * worker's share: this worker takes the next one itself; an idle
        * one gets what is left over. */
@@ -217,7 +349,8 @@ pool_worker (void *arg)
         wake = NULL;
       unlock_or_die (&p->lock);
       pool_wake (wake);
-      p->done (p->done_opaque, r);
+      if (!again)
+        p->done (p->done_opaque, r);
       r = next;
     }
   }
@@ -236,6 +369,16 @@ pool_start (struct pool *p, unsigned nthreads,
   p->stop = false;
   p->nthreads = 0;
   p->idle = NULL;
+  p->nice_bg = false;
+  errno = 0;
+  p->nice_base = getpriority (PRIO_PROCESS, 0);   /* this thread's */
+  if (p->nice_base == -1 && errno)
+    p->nice_base = 0;
+  else {
+    pthread_t probe;
+    if (thread_start (&probe, pool_probe_nice, p, "worker/probe") == 0)
+      pthread_join (probe, NULL);
+  }
   p->workers = calloc (nthreads, sizeof *p->workers);
   if (!p->workers)
     return -1;
@@ -243,6 +386,7 @@ pool_start (struct pool *p, unsigned nthreads,
   for (unsigned i = 0; i < nthreads; i++) {
     struct pool_worker *w = &p->workers[i];
     w->pool = p;
+    w->nice = p->nice_base;     /* a thread starts with its creator's */
     sem_init (&w->wake, 0, 0);
     err = thread_start (&w->thread, pool_worker, w, "worker/%u", i);
     if (err) {

@@ -165,6 +165,16 @@ struct ssd_stats {
   uint64_t reclaims, reclaimed;  /* checkpoint moves, bytes they freed */
   uint64_t recopies;             /* block copies a write overlapped */
   uint64_t sync_ns_total, sync_ns_max;
+  uint64_t hold_slots_max;       /* the most slots a commit looked at in
+                                  * one hold of the store's lock, which
+                                  * every client write takes */
 };
+
+/* A commit looks at this many blocks (of whole slots, one slot at
+ * least) per hold of the store's lock, whatever the cache's size. */
+#define SSD_HOLD_BLOCKS 1024u
+
+/* What the ssd store s did (once no commit runs). */
+void store_ssd_get_stats (struct store *s, struct ssd_stats *out);
 
 #endif /* FOLIOD_SSD_LAYOUT_H */

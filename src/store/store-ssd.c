@@ -10,13 +10,17 @@
  *    (dirty or unstable) differs from what the log holds for the slot,
  *    the slot is queued.
  * sync() is the group commit: one commit at a time, and every sync()
- * that arrives while one runs shares the next.  A commit takes the queued
- * slots under the lock, and for each block decides from the bitmap as it
- * is then: a block that must survive and is wanted (or not in the log
- * yet) gets a data record with its data as it is now in RAM; a block the
- * log holds that no longer must survive (written back and flushed, or
- * overwritten on the backing directly) gets a "clean" record, so that
- * recovery never writes an old version over the backing.  Then the
+ * that arrives while one runs shares the next.  A commit takes the queue
+ * and collects its slots a few at a time (SSD_HOLD_BLOCKS blocks per
+ * hold of the lock, which every client write's persist takes: the hold
+ * is bounded whatever the cache's size), for each block deciding from
+ * the bitmap as it is then: a block that must survive and is wanted (or
+ * not in the log yet) gets a data record with its data as it is now in
+ * RAM; a block the log holds that no longer must survive (written back
+ * and flushed, or overwritten on the backing directly) gets a "clean"
+ * record, so that recovery never writes an old version over the
+ * backing.  A taken slot stays marked queued until collected, so a
+ * persist meanwhile is in this commit, not the next.  Then the
  * batches go out in one or a few large sequential writes, and one device
  * flush (fdatasync) makes them durable.  Data is copied at commit time,
  * not at persist: repeated writes to a block between two FLUSHes cost
@@ -33,7 +37,11 @@
  * keep it reclaims first, in the same write: the log is cut into 64
  * segments, and the log's start moves past the oldest ones, their few
  * live blocks (those whose newest record lies there) copied forward with
- * the commit's records.  Once the batches are durable the superblock's
+ * the commit's records.  The reclaim takes no lock: the committer alone
+ * changes what the log holds and where, so it chooses the cut, and finds
+ * the copies as it writes the batches, without one (the cache's bits are
+ * atomic; a slot the log holds blocks of keeps its folio).  Once the
+ * batches are durable the superblock's
  * checkpoint moves (a second flush; a crash before it scans from the old
  * start, where the copies are newer).  Only when no start short of the
  * head keeps the room is the commit a compaction (every live block again:
@@ -108,6 +116,7 @@ struct store_ssd {
   uint64_t *slot_commit;         /* the commit that last wrote for it */
   bool *queued;
   uint32_t *queue, nqueue;
+  uint32_t *taken;               /* the committer's: the queue it took */
   /* commits */
   bool running;
   uint64_t started, done;        /* commits begun, and durable */
@@ -341,7 +350,14 @@ ssd_may_reuse (struct store *s, uint32_t slot)
 
   pthread_mutex_lock (&p->mu);
   r = p->nlogged[slot] == 0 && p->slot_commit[slot] <= p->done;
-  if (r && p->queued[slot])      /* only if it would log nothing */
+  /* A queued slot only if it would log nothing, and not while a commit
+   * runs: it may be one the commit took and has yet to collect, which
+   * would log the new folio's data in this commit, and the clean records
+   * of the slot that folio left (collected already) in the next one,
+   * after its data: recovery would then drop the data. */
+  if (r && p->queued[slot])
+    r = !p->running;
+  if (r && p->queued[slot])
     for (uint32_t b = 0; b < p->bpf && r; b++)
       r = !block_live (p, slot, b);
   pthread_mutex_unlock (&p->mu);
@@ -361,61 +377,57 @@ struct plist {
   size_t n, cap;
 };
 
+/* Room for extra more entries in l.  0, or -1 (out of memory: l as it
+ * was). */
 static int
-plist_add (struct plist *l, uint64_t folio, uint32_t slot, uint32_t block,
-           bool clean)
+plist_reserve (struct plist *l, size_t extra)
 {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 1024;
-    struct pend *v = realloc (l->v, cap * sizeof *v);
-    if (v == NULL)
-      return -1;
-    l->v = v;
-    l->cap = cap;
-  }
-  l->v[l->n++] = (struct pend) { folio, slot, block, clean };
+  if (l->n + extra <= l->cap)
+    return 0;
+  size_t cap = l->cap ? 2 * l->cap : 1024;
+  while (cap < l->n + extra)
+    cap *= 2;
+  struct pend *v = realloc (l->v, cap * sizeof *v);
+  if (v == NULL)
+    return -1;
+  l->v = v;
+  l->cap = cap;
   return 0;
 }
 
-/* Under mu: the records slot needs now.  A live block gets a data record
- * when it was written since, is not in the log yet, or its newest record
- * lies before cut (a reclaim copies it forward; UINT64_MAX: a compaction,
- * every live block again).
+/* Under mu: the records slot needs now, into room plist_reserve made
+ * (bpf entries in each list).  A live block gets a data record when it
+ * was written since or is not in the log yet; a block the log holds
+ * that no longer must survive gets a clean one.
  * Clean records go to cl, data records to dl: a commit writes every clean
  * record before any data record, because a folio evicted from one slot
  * may be in another already, written again, and the old slot's clean
- * records must not follow the new slot's data.  Changes nothing else: a
- * failed allocation (-1) leaves the store as it was (note_records makes
- * the log's view follow once every record is listed). */
-static int
-collect_slot (struct store_ssd *p, uint32_t slot, uint64_t cut,
-              struct plist *cl, struct plist *dl)
+ * records must not follow the new slot's data. */
+static void
+collect_slot (struct store_ssd *p, uint32_t slot, struct plist *cl,
+              struct plist *dl)
 {
   const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
   const uint64_t *w = p->want + (size_t) slot * p->mwords;
-  const uint64_t *rl = p->rec_lsn + (size_t) slot * p->bpf;
   uint64_t fi = p->log_folio[slot];
 
   for (uint32_t b = 0; b < p->bpf; b++) {
     bool live = block_live (p, slot, b), in = mtest (lg, b);
-    if (live && (mtest (w, b) || !in || rl[b] < cut)) {
-      if (plist_add (dl, fi, slot, b, false) == -1)
-        return -1;
-    } else if (!live && in) {
-      if (plist_add (cl, fi, slot, b, true) == -1)
-        return -1;
-    }
+    if (live && (mtest (w, b) || !in))
+      dl->v[dl->n++] = (struct pend) { fi, slot, b, false };
+    else if (!live && in)
+      cl->v[cl->n++] = (struct pend) { fi, slot, b, true };
   }
-  return 0;
 }
 
-/* Under mu, every record of commit listed in l: the log's view of their
- * slots as if they were written (a data record: the block is in the log;
- * a clean one: no longer). */
+/* Under mu, the records of commit in l from index from on: the log's
+ * view of their slots as if they were written (a data record: the block
+ * is in the log; a clean one: no longer). */
 static void
-note_records (struct store_ssd *p, const struct plist *l, uint64_t commit)
+note_records (struct store_ssd *p, const struct plist *l, size_t from,
+              uint64_t commit)
 {
-  for (size_t i = 0; i < l->n; i++) {
+  for (size_t i = from; i < l->n; i++) {
     const struct pend *e = &l->v[i];
     uint64_t *lg = p->logged + (size_t) e->slot * p->mwords;
     if (mtest (lg, e->block) == e->clean) {
@@ -424,21 +436,6 @@ note_records (struct store_ssd *p, const struct plist *l, uint64_t commit)
     }
     p->slot_commit[e->slot] = commit;
   }
-}
-
-/* Under mu: the records collect_slot (cut 0) would write for slot. */
-static uint32_t
-slot_records (struct store_ssd *p, uint32_t slot)
-{
-  const uint64_t *lg = p->logged + (size_t) slot * p->mwords;
-  const uint64_t *w = p->want + (size_t) slot * p->mwords;
-  uint32_t n = 0;
-
-  for (uint32_t b = 0; b < p->bpf; b++) {
-    bool live = block_live (p, slot, b), in = mtest (lg, b);
-    n += (live && (mtest (w, b) || !in)) || (!live && in);
-  }
-  return n;
 }
 
 /* The bytes a batch of n entries with nd data blocks takes. */
@@ -481,14 +478,18 @@ records_bytes (const struct store_ssd *p, uint64_t n)
          batch_bytes (p, per);
 }
 
-/* Under mu, when a commit of est bytes would leave less free log than a
+/* When a commit of est bytes would leave less free log than a
  * compaction needs (the room every commit keeps, so that the next one
  * fits whatever it writes): where the log's start moves to.  Segment by
  * segment from the oldest, the live blocks whose newest record lies
  * before the new start are copied forward (few: most of an old segment
  * was overwritten or written back since); the first start that leaves a
  * quarter of the spare room free, else the first that keeps the room,
- * else (*compact) every live block again and the log starts there. */
+ * else (*compact) every live block again and the log starts there.
+ * Without mu (the committer's, p->running): it reads what only the
+ * committer changes (what the log holds, and where) and the cache's bits
+ * (atomic), and counts every block the log holds, live or not, so that a
+ * block that turns live before its copy is written was counted too. */
 static void
 choose_cut (struct store_ssd *p, uint64_t est, uint64_t *cut, uint64_t *tail,
             uint64_t *tail_seq, bool *compact)
@@ -505,7 +506,7 @@ choose_cut (struct store_ssd *p, uint64_t est, uint64_t *cut, uint64_t *tail,
     const uint64_t *lg = p->logged + (size_t) s * p->mwords;
     const uint64_t *rl = p->rec_lsn + (size_t) s * p->bpf;
     for (uint32_t b = 0; b < p->bpf; b++)
-      if (mtest (lg, b) && block_live (p, s, b))
+      if (mtest (lg, b))
         p->seg_live[(rl[b] >= t ? rl[b] : t) / p->seg % p->nseg]++;
   }
   *compact = false;
@@ -532,23 +533,72 @@ choose_cut (struct store_ssd *p, uint64_t est, uint64_t *cut, uint64_t *tail,
   }
 }
 
-/* The batches of l[0, n) appended at p->head: written in runs as large as
- * the buffer, never across the end of the ring.  Not flushed. */
+/* The records of a commit in the order they are written: the clean
+ * ones, the data ones, then a reclaim's copies.  The copies are found as
+ * the batches are written, with no list and no lock: every block the log
+ * holds whose newest record lies before copy_cut and that must survive
+ * now.  What the log holds, and where, only the committer changes; a
+ * slot whose blocks the log holds keeps its folio (may_reuse); the
+ * cache's bits are read atomically. */
+struct rsrc {
+  const struct plist *cl, *dl;
+  size_t i;                     /* the next of cl, then of dl */
+  uint64_t copy_cut;            /* 0: no copies */
+  uint32_t slot, block;         /* the copies' cursor */
+};
+
+static bool
+rsrc_next (struct store_ssd *p, struct rsrc *r, struct pend *out)
+{
+  if (r->i < r->cl->n) {
+    *out = r->cl->v[r->i++];
+    return true;
+  }
+  if (r->i < r->cl->n + r->dl->n) {
+    *out = r->dl->v[r->i++ - r->cl->n];
+    return true;
+  }
+  if (r->copy_cut == 0)
+    return false;
+  for (; r->slot < p->s.nslots; r->slot++, r->block = 0) {
+    if (p->nlogged[r->slot] == 0)
+      continue;
+    const uint64_t *lg = p->logged + (size_t) r->slot * p->mwords;
+    const uint64_t *rl = p->rec_lsn + (size_t) r->slot * p->bpf;
+    while (r->block < p->bpf) {
+      uint32_t b = r->block++;
+      if (mtest (lg, b) && rl[b] < r->copy_cut && block_live (p, r->slot, b)) {
+        *out = (struct pend) { p->log_folio[r->slot], r->slot, b, false };
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+/* The batches of src's records appended at p->head: written in runs as
+ * large as the buffer, never across the end of the ring.  Not flushed.
+ * *first: the first batch's lsn (unchanged when there is none). */
 static int
-write_batches (struct store_ssd *p, const struct pend *v, size_t n,
-               bool compact, uint64_t *first)
+write_batches (struct store_ssd *p, struct rsrc *src, bool compact,
+               uint64_t *first)
 {
   uint64_t C = p->sb.log_bytes;
   uint64_t run_lsn = p->head;   /* where wbuf[0] goes */
-  size_t used = 0, i = 0;
+  size_t used = 0;
   uint32_t dmax = batch_data_max (p);
+  struct pend v[SSD_ENTRIES], next;
+  bool have = rsrc_next (p, src, &next), first_batch = true;
 
-  while (i < n) {
+  while (have) {
     /* The next batch: up to SSD_ENTRIES entries, dmax data blocks. */
-    size_t j = i;
+    size_t j = 0;
     uint32_t nd = 0;
-    while (j < n && j - i < SSD_ENTRIES && (v[j].clean || nd < dmax))
-      nd += !v[j++].clean;
+    while (have && j < SSD_ENTRIES && (next.clean || nd < dmax)) {
+      nd += !next.clean;
+      v[j++] = next;
+      have = rsrc_next (p, src, &next);
+    }
     uint64_t len = batch_bytes (p, nd);
     uint64_t lsn = run_lsn + used;
     /* A run is one write: it ends at the ring's end and when full. */
@@ -564,7 +614,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
         run_lsn += C - run_lsn % C;   /* the next lap */
       lsn = run_lsn;
     }
-    if (i == 0)
+    if (first_batch)
       *first = lsn;
     note_seg (p, lsn, p->next_seq);
     /* Never over the log's start (commit keeps room: see its check). */
@@ -579,11 +629,13 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
     h->epoch = p->sb.epoch;
     h->lsn = lsn;
     h->flushed_lsn = p->flushed;
-    h->nentries = (uint32_t) (j - i);
+    h->nentries = (uint32_t) j;
     h->ndata = nd;
     if (compact)
-      h->flags = (i == 0 ? SSD_BATCH_FIRST : 0) | (j == n ? SSD_BATCH_LAST : 0);
-    for (size_t k = i; k < j; k++, e++) {
+      h->flags = (first_batch ? SSD_BATCH_FIRST : 0) |
+                 (!have ? SSD_BATCH_LAST : 0);
+    first_batch = false;
+    for (size_t k = 0; k < j; k++, e++) {
       e->folio = v[k].folio;
       e->block = v[k].block;
       if (v[k].clean) {
@@ -601,8 +653,7 @@ write_batches (struct store_ssd *p, const struct pend *v, size_t n,
     h->crc = ssd_batch_crc (h);
     used += len;
     p->st.batches++;
-    p->st.records += j - i;
-    i = j;
+    p->st.records += j;
   }
   if (used > 0 &&
       p->dev->ops->pwrite (p->dev, p->wbuf, used,
@@ -635,63 +686,101 @@ publish_stats (struct store_ssd *p)
   p->pub.compactions = p->st.compactions;
 }
 
+/* The slots a commit looks at per hold of mu (SSD_HOLD_BLOCKS). */
+static uint32_t
+hold_slots (const struct store_ssd *p)
+{
+  uint32_t n = SSD_HOLD_BLOCKS / p->bpf;
+  return n ? n : 1;
+}
+
+/* The records of the taken slots tq[0, n), into cl and dl, a few slots
+ * per hold of mu: persist, which every client write calls, waits for
+ * it.  A slot stays marked queued until its hold: a persist before that
+ * needs no new entry, since the collection comes after it.  Returns the
+ * slots collected: fewer than n when out of memory (the others go back
+ * into the queue, as they were). */
+static uint32_t
+collect_taken (struct store_ssd *p, const uint32_t *tq, uint32_t n,
+               struct plist *cl, struct plist *dl, uint64_t me)
+{
+  uint32_t k = 0;
+
+  while (k < n) {
+    uint32_t m = n - k < hold_slots (p) ? n - k : hold_slots (p);
+    if (plist_reserve (cl, (size_t) m * p->bpf) == -1 ||
+        plist_reserve (dl, (size_t) m * p->bpf) == -1)
+      break;
+    pthread_mutex_lock (&p->mu);
+    size_t c0 = cl->n, d0 = dl->n;
+    for (uint32_t i = k; i < k + m; i++) {
+      uint32_t s = tq[i];
+      collect_slot (p, s, cl, dl);
+      p->queued[s] = false;
+      memset (p->want + (size_t) s * p->mwords, 0, p->mwords * 8);
+    }
+    note_records (p, cl, c0, me);
+    note_records (p, dl, d0, me);
+    if (m > p->st.hold_slots_max)
+      p->st.hold_slots_max = m;
+    pthread_mutex_unlock (&p->mu);
+    k += m;
+  }
+  if (k < n) {
+    pthread_mutex_lock (&p->mu);
+    for (uint32_t i = k; i < n; i++)    /* still marked queued */
+      p->queue[p->nqueue++] = tq[i];
+    pthread_mutex_unlock (&p->mu);
+  }
+  return k;
+}
+
 /* One commit (only one runs at a time: p->running).  0 or -1/errno;
- * *retry: it failed before it changed anything (out of memory), and the
- * next one may succeed. */
+ * *retry: it ran out of memory (what it collected before is written),
+ * and the next one may succeed. */
 static int
 commit (struct store_ssd *p, uint64_t me, bool *retry)
 {
-  struct plist l = { 0 }, dl = { 0 };
+  struct plist cl = { 0 }, dl = { 0 };
   bool compact = false, sb_dirty;
   uint64_t t0 = now_ns (), start;
   uint64_t old_tail = p->sb.tail_lsn;
   uint64_t cut = 0, tail = old_tail, tail_seq = p->sb.tail_seq;
+  uint32_t n, *tq;
   int r = 0;
 
+  /* The queue, taken whole (its slots stay marked queued). */
   pthread_mutex_lock (&p->mu);
-  /* Will what the queue writes fit, leaving room for a compaction? */
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < p->nqueue; i++)
-    n += slot_records (p, p->queue[i]);
-  uint64_t est = records_bytes (p, n);
-  if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
-    choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
-  if (cut > 0) {                /* a reclaim: every slot may have copies */
-    for (uint32_t s = 0; s < p->s.nslots && r == 0; s++)
-      r = collect_slot (p, s, cut, &l, &dl);
-  } else {
-    for (uint32_t i = 0; i < p->nqueue && r == 0; i++)
-      r = collect_slot (p, p->queue[i], 0, &l, &dl);
-  }
-  for (size_t i = 0; i < dl.n && r == 0; i++)   /* data after the cleans */
-    r = plist_add (&l, dl.v[i].folio, dl.v[i].slot, dl.v[i].block, false);
-  free (dl.v);
-  if (r == -1) {
-    /* Out of memory: nothing changed, the queue stays for the next
-     * commit (this one fails, ENOMEM; not sticky: *retry). */
-    pthread_mutex_unlock (&p->mu);
-    free (l.v);
+  n = p->nqueue;
+  tq = p->queue;
+  p->queue = p->taken;
+  p->taken = tq;
+  p->nqueue = 0;
+  pthread_mutex_unlock (&p->mu);
+  bool short_of_memory = collect_taken (p, tq, n, &cl, &dl, me) < n;
+  if (short_of_memory && cl.n + dl.n == 0) {
+    free (cl.v);
+    free (dl.v);
     *retry = true;
     errno = ENOMEM;
-    return -1;
+    return -1;                  /* nothing changed */
   }
-  note_records (p, &l, me);
-  for (uint32_t i = 0; i < p->nqueue; i++) {
-    uint32_t s = p->queue[i];
-    p->queued[s] = false;
-    memset (p->want + (size_t) s * p->mwords, 0, p->mwords * 8);
-  }
-  if (cut > 0)                  /* every slot was collected */
-    memset (p->want, 0, (size_t) p->s.nslots * p->mwords * 8);
-  p->nqueue = 0;
+  /* Will they fit, leaving room for a compaction?  If not, the reclaim's
+   * cut (outside mu: choose_cut) and its copies (write_batches) take no
+   * lock. */
+  uint64_t est = records_bytes (p, cl.n + dl.n);
+  if ((p->head - p->sb.tail_lsn) + est > p->sb.log_bytes - p->cmax)
+    choose_cut (p, est, &cut, &tail, &tail_seq, &compact);
   /* After a clean stop the superblock says "replay nothing": it says
    * otherwise before the first record counts. */
-  sb_dirty = p->sb_dirty && l.n > 0;
+  pthread_mutex_lock (&p->mu);
+  sb_dirty = p->sb_dirty && (cl.n + dl.n > 0 || cut > 0);
   if (sb_dirty)
     p->sb_dirty = false;
   pthread_mutex_unlock (&p->mu);
-  if (l.n == 0 && cut == 0) {
-    free (l.v);
+  if (cl.n + dl.n == 0 && cut == 0) {
+    free (cl.v);
+    free (dl.v);
     return 0;                   /* nothing was persisted since */
   }
   if (sb_dirty) {               /* the same flush covers both */
@@ -701,7 +790,11 @@ commit (struct store_ssd *p, uint64_t me, bool *retry)
   }
   start = p->head;
   uint64_t start_seq = p->next_seq;
-  if (write_batches (p, l.v, l.n, compact, &start) == -1 ||
+  /* A reclaim copies what lies before its cut; a compaction every block
+   * the log holds from before this commit. */
+  struct rsrc src = { &cl, &dl, 0, cut == 0 ? 0 : compact ? start : cut,
+                      0, 0 };
+  if (write_batches (p, &src, compact, &start) == -1 ||
       p->dev->ops->flush (p->dev) == -1)
     goto fail;
   p->flushed = p->head;
@@ -723,17 +816,24 @@ commit (struct store_ssd *p, uint64_t me, bool *retry)
     p->st.reclaims++;
     p->st.reclaimed += tail - old_tail;
   }
-  free (l.v);
+  free (cl.v);
+  free (dl.v);
   uint64_t dt = now_ns () - t0;
   p->st.syncs++;
   p->st.sync_ns_total += dt;
   if (dt > p->st.sync_ns_max)
     p->st.sync_ns_max = dt;
+  if (short_of_memory) {        /* the rest waits in the queue */
+    *retry = true;
+    errno = ENOMEM;
+    return -1;
+  }
   return 0;
 
  fail:
   r = errno;
-  free (l.v);
+  free (cl.v);
+  free (dl.v);
   errno = r;
   return -1;
 }
@@ -823,15 +923,31 @@ ssd_mark_clean (struct store *s)
 {
   struct store_ssd *p = SS (s);
 
-  if (ssd_sync (s) == -1)
-    return -1;
-  super_exclusive (p);          /* no commit meanwhile */
   /* Everything was written back and the backing flushed: nothing in the
-   * log is live.  The checkpoint says so. */
+   * log is live, and the checkpoint says so.  The commit first is not
+   * needed for that, and its failure does not stop it: a store whose
+   * log failed (an fdatasync: sticky) lacks what was persisted since
+   * and holds older versions of those blocks, which the next start
+   * would write back over the backing's newer data unless the log is
+   * retired here (issue 33 item 14). */
+  (void) ssd_sync (s);
+  super_exclusive (p);          /* no commit meanwhile */
   p->sb.flags |= SSD_FLAG_CLEAN;
   p->sb.tail_lsn = p->head;
   p->sb.tail_seq = p->next_seq;
   return super_write_end (p, true);
+}
+
+void
+store_ssd_get_stats (struct store *s, struct ssd_stats *out)
+{
+  struct store_ssd *p = SS (s);
+
+  pthread_mutex_lock (&p->mu);
+  while (p->running)
+    pthread_cond_wait (&p->cv, &p->mu);
+  *out = p->st;
+  pthread_mutex_unlock (&p->mu);
 }
 
 static void
@@ -1585,6 +1701,7 @@ ssd_destroy (struct store *s)
   free (p->slot_commit);
   free (p->queued);
   free (p->queue);
+  free (p->taken);
   free (p->wbuf);
   free (p->rec_lsn);
   free ((void *) p->wbegun);
@@ -1698,13 +1815,14 @@ alloc_state (struct store_ssd *p, const struct store_config *cfg)
   p->slot_commit = calloc (n, sizeof *p->slot_commit);
   p->queued = calloc (n, sizeof *p->queued);
   p->queue = calloc (n, sizeof *p->queue);
+  p->taken = calloc (n, sizeof *p->taken);
   p->rec_lsn = calloc ((size_t) n * p->bpf, sizeof *p->rec_lsn);
   p->wbegun = calloc (n, sizeof *p->wbegun);
   p->wended = calloc (n, sizeof *p->wended);
   if (posix_memalign ((void **) &p->wbuf, SSD_ALIGN, WBUF_BYTES) != 0)
     p->wbuf = NULL;
   if (!p->bitmaps || !p->log_folio || !p->logged || !p->want ||
-      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->wbuf ||
+      !p->nlogged || !p->slot_commit || !p->queued || !p->queue || !p->taken || !p->wbuf ||
       !p->rec_lsn || !p->wbegun || !p->wended)
     return -1;
   for (uint32_t i = 0; i < n; i++)

@@ -7,13 +7,15 @@
 # harness serves (same names and sizes, see tests/fuzz/fuzz-server.c), puts
 # the recording proxy tests/fuzz/nbd-record.py in front of it, and runs
 # nbdinfo, nbdsh (libnbd), nbdcopy, qemu-img, qemu-io, nbdkit's nbd plugin,
-# nbd-client and the test suite's bad-client through the proxy.  Each connection's client-to-server
+# nbd-client, the test suite's bad-client and (extended headers) Debian
+# 13's nbdsh and qemu-io through the proxy.  Each connection's client-to-server
 # bytes become OUTDIR/CLIENT-WHAT.bin (under 64 KiB each), which the
 # harness replays as one client.  Sessions are plain text (a TLS session
 # would record ciphertext); two STARTTLS attempts (certificate, PSK) keep
 # their options and ClientHello.  Existing files in OUTDIR are replaced.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/../lib-tls.sh"
+. "$(dirname "$0")/../lib-trixie.sh"
 lib_init fuzz-record
 requires nbdinfo nbdsh nbdcopy qemu-img qemu-io nbdkit
 
@@ -284,6 +286,48 @@ record qemu-io-unaligned qemu-io -f raw \
   -c 'write -P 0x11 1 511' -c 'read 3 1000' -c 'write -z -u 8192 8192' \
   "$(u wt)"
 record qemu-io-ro qemu-io -r -f raw -c 'read 0 64k' -c 'map' "$(u ro)"
+
+# Extended headers: libnbd 1.22 (nbdsh) and qemu-io 10 from Debian 13's
+# root (tests/lib-trixie.sh), when it can be made; both ask for them.
+if (trixie_root) >/dev/null 2>&1; then
+  trixie_root >/dev/null
+  cat > "$tmp/trixie" <<SH
+#!/bin/bash
+TOP=$TOP TRIXIE=$TRIXIE
+. "$TOP/tests/lib-trixie.sh"
+trixie_run "\$@"
+SH
+  chmod +x "$tmp/trixie"
+  record nbdsh-ext-io "$tmp/trixie" env URI="$(u disk)" python3 -c '
+import os, nbd
+h = nbd.NBD()
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.connect_uri(os.environ["URI"])
+assert h.get_extended_headers_negotiated()
+h.pwrite(b"\xab" * 5000, 777)
+h.pread(9000, 500)
+h.pread_structured(65536, 0, lambda *a: 0, nbd.CMD_FLAG_DF)
+h.zero(786432, 8192)
+h.trim(65536, 131072)
+h.cache(1048576, 0)
+h.block_status_64(1048576, 0, lambda *a: 0)
+h.block_status_64(300000, 1000, lambda *a: 0, nbd.CMD_FLAG_REQ_ONE)
+h.block_status_filter(1048576 - 4096, 4096, ["base:allocation"], lambda *a: 0)
+h.set_strict_mode(0)
+for f in (lambda: h.pread(512, 1 << 40),
+          lambda: h.zero(1 << 40, 4096),
+          lambda: h.trim(1 << 63, 1 << 63),
+          lambda: h.pread((64 << 20) + 1, 0)):
+    try:
+        f()
+    except nbd.Error:
+        pass
+h.flush()
+h.shutdown()'
+  record qemu-io-ext "$tmp/trixie" qemu-io -f raw \
+    -c 'write -P 0x55 4096 8k' -c 'write -z 65536 640k' -c 'discard 131072 64k' \
+    -c 'read -P 0x55 4096 8k' -c 'flush' -c 'map' "$(u disk)"
+fi
 
 # nbdkit's nbd plugin as the client, with a client of its own in front.
 record nbdkit-nbd-plugin nbdkit -U - nbd socket="$REC" export=disk \

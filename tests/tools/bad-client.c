@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,11 +29,15 @@
 #define REQMAGIC      0x25609513u
 #define SIMPLEMAGIC   0x67446698u
 #define STRUCTMAGIC   0x668e33efu
+#define EXTREQMAGIC   0x21e41c71u
+#define EXTREPMAGIC   0x6e8a278cu
 
 #define OPT_EXPORT_NAME 1
 #define OPT_STARTTLS   5
 #define OPT_GO         7
 #define OPT_STRUCTURED 8
+#define OPT_SET_META   10
+#define OPT_EXTENDED   11
 #define REP_ACK        1
 #define REP_ERR(n)     ((1u << 31) | (n))
 
@@ -40,9 +45,17 @@
 #define CMD_WRITE 1
 #define CMD_DISC 2
 #define CMD_FLUSH 3
+#define CMD_TRIM 4
+#define CMD_WRITE_ZEROES 6
+#define FLAG_PAYLOAD_LEN (1u << 5)
+#define REPLY_TYPE_NONE 0
+#define REPLY_TYPE_OFFSET_DATA 1
+#define REPLY_TYPE_BLOCK_STATUS_EXT 6
+#define REPLY_TYPE_ERROR ((1u << 15) + 1)
 #define CMD_BLOCK_STATUS 7
 
 static const char *sock_path, *export_name;
+static uint16_t go_tflags;  /* transmission flags of the last GO's INFO */
 
 static void __attribute__ ((noreturn, format (printf, 1, 2)))
 die (const char *fmt, ...)
@@ -221,6 +234,8 @@ opt_go (int fd, const char *name, uint64_t *size)
       must_read (fd, d, 12, "INFO_EXPORT");
       if (get16 (d) == 0 && size)
         *size = get64 (d + 2);
+      if (get16 (d) == 0)
+        go_tflags = get16 (d + 10);
       continue;
     }
     while (len > 0) {
@@ -248,17 +263,27 @@ connect_export (uint64_t *size)
   return fd;
 }
 
-/* A 28-byte request header at r. */
+/* A request header at r: 28 bytes compact, 32 extended (64-bit len). */
 static void
-req_header (uint8_t *r, uint16_t flags, uint16_t type, uint64_t cookie,
-            uint64_t off, uint32_t len)
+req_header_form (uint8_t *r, bool ext, uint16_t flags, uint16_t type,
+                 uint64_t cookie, uint64_t off, uint64_t len)
 {
-  put32 (r, REQMAGIC);
+  put32 (r, ext ? EXTREQMAGIC : REQMAGIC);
   put16 (r + 4, flags);
   put16 (r + 6, type);
   put64 (r + 8, cookie);
   put64 (r + 16, off);
-  put32 (r + 24, len);
+  if (ext)
+    put64 (r + 24, len);
+  else
+    put32 (r + 24, len);
+}
+
+static void
+req_header (uint8_t *r, uint16_t flags, uint16_t type, uint64_t cookie,
+            uint64_t off, uint32_t len)
+{
+  req_header_form (r, false, flags, type, cookie, off, len);
 }
 
 static void
@@ -271,6 +296,19 @@ send_req (int fd, uint16_t flags, uint16_t type, uint64_t cookie,
   xwrite (fd, r, sizeof r);
 }
 
+/* Read a reply header of n bytes into h: its magic must be magic, its
+ * cookie (at byte 8 in every form) cookie. */
+static void
+reply_header (int fd, uint8_t *h, size_t n, uint32_t magic, uint64_t cookie)
+{
+  must_read (fd, h, n, "reply");
+  if (get32 (h) != magic)
+    die ("bad reply magic 0x%x, expected 0x%x", get32 (h), magic);
+  if (get64 (h + 8) != cookie)
+    die ("reply for cookie %llu, expected %llu",
+         (unsigned long long) get64 (h + 8), (unsigned long long) cookie);
+}
+
 /* Read a simple reply for cookie; returns its error.  Read data (if ok
  * and datalen) is discarded. */
 static uint32_t
@@ -279,12 +317,7 @@ simple_reply (int fd, uint64_t cookie, uint32_t datalen)
   uint8_t h[16];
   uint32_t err;
 
-  must_read (fd, h, sizeof h, "reply");
-  if (get32 (h) != SIMPLEMAGIC)
-    die ("bad reply magic 0x%x", get32 (h));
-  if (get64 (h + 8) != cookie)
-    die ("reply for cookie %llu, expected %llu",
-         (unsigned long long) get64 (h + 8), (unsigned long long) cookie);
+  reply_header (fd, h, sizeof h, SIMPLEMAGIC, cookie);
   err = get32 (h + 4);
   while (!err && datalen > 0) {
     char junk[65536];
@@ -323,6 +356,287 @@ write_zeroes_payload (int fd, uint64_t n)
     xwrite (fd, z, k);
     n -= k;
   }
+}
+
+/* ---- extended headers ------------------------------------------------------ */
+
+/* A connection in transmission with extended headers negotiated. */
+static int
+connect_extended (void)
+{
+  int fd = open_conn ();
+  uint32_t t;
+
+  hs_begin (fd, 3);
+  opt_send (fd, OPT_EXTENDED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_EXTENDED)) != REP_ACK)
+    die ("EXTENDED_HEADERS: reply 0x%x, expected ACK", t);
+  if ((t = opt_go (fd, export_name, NULL)) != REP_ACK)
+    die ("GO to '%s' failed: reply 0x%x", export_name, t);
+  return fd;
+}
+
+/* A 32-byte extended request header, then len payload bytes of zeroes
+ * when payload is set. */
+static void
+send_ext_req (int fd, uint16_t flags, uint16_t type, uint64_t cookie,
+              uint64_t off, uint64_t len, bool payload)
+{
+  uint8_t r[32];
+
+  req_header_form (r, true, flags, type, cookie, off, len);
+  xwrite (fd, r, sizeof r);
+  if (payload)
+    write_zeroes_payload (fd, len);
+}
+
+/* Read one extended reply chunk for cookie, whose header must echo off;
+ * returns its type, the error of an error chunk in *err (else 0), its
+ * flags in *flags, and its payload (up to cap bytes kept) in buf. */
+static uint16_t
+ext_chunk (int fd, uint64_t cookie, uint64_t off, uint32_t *err,
+           uint16_t *flags, uint8_t *buf, size_t cap)
+{
+  uint8_t h[32], junk[4096];
+  uint64_t len, got = 0;
+  uint16_t type;
+
+  reply_header (fd, h, sizeof h, EXTREPMAGIC, cookie);
+  if (get64 (h + 16) != off)
+    die ("reply offset %llu, expected the request's %llu",
+         (unsigned long long) get64 (h + 16), (unsigned long long) off);
+  *flags = get16 (h + 4);
+  type = get16 (h + 6);
+  len = get64 (h + 24);
+  if (len > (64u << 20) + 64)
+    die ("reply payload of %llu bytes", (unsigned long long) len);
+  while (got < len) {
+    size_t k = len - got < sizeof junk ? len - got : sizeof junk;
+    must_read (fd, junk, k, "reply payload");
+    if (buf && got < cap)
+      memcpy (buf + got, junk, got + k <= cap ? k : cap - got);
+    got += k;
+  }
+  *err = 0;
+  if (type & (1u << 15)) {
+    if (len < 6 || !buf || cap < 6)
+      die ("error chunk of %llu bytes", (unsigned long long) len);
+    *err = get32 (buf);
+  }
+  return type;
+}
+
+/* The whole reply to cookie: returns its error (0: success).  A success
+ * without a payload must be one NONE chunk, never a simple reply. */
+static uint32_t
+ext_reply (int fd, uint64_t cookie, uint64_t off)
+{
+  uint8_t buf[4096];
+  uint32_t err = 0, e;
+  uint16_t flags;
+
+  do {
+    ext_chunk (fd, cookie, off, &e, &flags, buf, sizeof buf);
+    if (e)
+      err = e;
+  } while (!(flags & 1));
+  return err;
+}
+
+static void
+expect_ext_error (int fd, uint64_t cookie, uint64_t off, uint32_t want,
+                  const char *what)
+{
+  uint32_t err = ext_reply (fd, cookie, off);
+
+  if (err != want)
+    die ("%s: error %u, expected %u", what, err, want);
+}
+
+/* Still in step: a 512-byte read answers with data, and a flush. */
+static void
+ext_still_works (int fd)
+{
+  send_ext_req (fd, 0, CMD_READ, 999, 4096, 512, false);
+  if (ext_reply (fd, 999, 4096) != 0)
+    die ("read after the bad request failed");
+  send_ext_req (fd, 0, CMD_FLUSH, 998, 0, 0, false);
+  if (ext_reply (fd, 998, 0) != 0)
+    die ("flush after the bad request failed");
+}
+
+/* Negotiation: EXTENDED_HEADERS takes no data; once acked, structured
+ * replies are refused with EXT_HEADER_REQD, and EXPORT_NAME (which
+ * cannot carry an error) closes. */
+static void
+case_ext_negotiate (void)
+{
+  int fd = open_conn ();
+  uint32_t t;
+
+  hs_begin (fd, 3);
+  opt_send (fd, OPT_EXTENDED, "x", 1);
+  if ((t = opt_reply (fd, OPT_EXTENDED)) != REP_ERR (3))
+    die ("EXTENDED_HEADERS with data: 0x%x, expected ERR_INVALID", t);
+  opt_send (fd, OPT_STRUCTURED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_STRUCTURED)) != REP_ACK)
+    die ("STRUCTURED_REPLY: 0x%x, expected ACK", t);
+  opt_send (fd, OPT_EXTENDED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_EXTENDED)) != REP_ACK)
+    die ("EXTENDED_HEADERS after STRUCTURED_REPLY: 0x%x, expected ACK", t);
+  opt_send (fd, OPT_STRUCTURED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_STRUCTURED)) != REP_ERR (10))
+    die ("STRUCTURED_REPLY after EXTENDED_HEADERS: 0x%x, expected"
+         " ERR_EXT_HEADER_REQD", t);
+  opt_send (fd, OPT_EXPORT_NAME, export_name, strlen (export_name));
+  expect_closed (fd, "EXPORT_NAME after EXTENDED_HEADERS");
+}
+
+/* The header form is fixed by the negotiation: a compact header on an
+ * extended connection, or an extended one on a compact connection, is a
+ * protocol violation (closed). */
+static void
+case_ext_wrong_magic (void)
+{
+  int fd = connect_extended ();
+  uint8_t r[32];
+
+  req_header (r, 0, CMD_READ, 1, 0, 512);
+  put32 (r + 28, 0);
+  xwrite (fd, r, sizeof r);
+  expect_closed (fd, "compact header after extended headers");
+
+  fd = connect_export (NULL);
+  put32 (r, EXTREQMAGIC);
+  xwrite (fd, r, 28);
+  expect_closed (fd, "extended header without extended headers");
+}
+
+/* Payload rules: a payload a command does not take is read and dropped
+ * (EINVAL, the stream stays in step); a payload over the maximum closes
+ * the connection; a write carries its payload with or without
+ * NBD_CMD_FLAG_PAYLOAD_LEN (qemu 10 sends none). */
+static void
+case_ext_payload (void)
+{
+  int fd = connect_extended ();
+
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_TRIM, 1, 0, 4096, true);
+  expect_ext_error (fd, 1, 0, 22, "trim with a payload");
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_BLOCK_STATUS, 2, 0, 12, true);
+  expect_ext_error (fd, 2, 0, 22, "block status with a payload");
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_WRITE, 3, 8192, 4096, true);
+  expect_ext_error (fd, 3, 8192, 0, "write with NBD_CMD_FLAG_PAYLOAD_LEN");
+  send_ext_req (fd, 0, CMD_WRITE, 4, 8192, 4096, true);
+  expect_ext_error (fd, 4, 8192, 0, "write without NBD_CMD_FLAG_PAYLOAD_LEN");
+  ext_still_works (fd);
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_WRITE, 5, 0, (64u << 20) + 1,
+                false);
+  expect_closed (fd, "payload over the maximum");
+}
+
+/* 64-bit lengths: a read over the maximum payload is EOVERFLOW (the
+ * client may retry smaller); ranges past the end, even by 2^63, are
+ * EINVAL (ENOSPC for writes); errors come as extended error chunks that
+ * echo the request's offset, and the connection goes on. */
+static void
+case_ext_lengths (void)
+{
+  int fd = connect_extended ();
+
+  send_ext_req (fd, 0, CMD_READ, 1, 0, (64u << 20) + 1, false);
+  expect_ext_error (fd, 1, 0, 75, "read over the maximum payload");
+  send_ext_req (fd, 0, CMD_READ, 2, 0, 1ull << 40, false);
+  expect_ext_error (fd, 2, 0, 75, "read of 1 TiB");
+  send_ext_req (fd, 0, CMD_TRIM, 3, 4096, 1ull << 40, false);
+  expect_ext_error (fd, 3, 4096, 22, "trim of 1 TiB past the end");
+  send_ext_req (fd, 0, CMD_WRITE_ZEROES, 4, 1ull << 63, 1ull << 63, false);
+  expect_ext_error (fd, 4, 1ull << 63, 28, "zero at 2^63 of 2^63");
+  send_ext_req (fd, 0, CMD_BLOCK_STATUS, 5, 0, ~0ull, false);
+  expect_ext_error (fd, 5, 0, 22, "block status without a meta context");
+  send_ext_req (fd, 0, 99, 6, 0, 0, false);
+  expect_ext_error (fd, 6, 0, 22, "unknown command");
+  ext_still_works (fd);
+  close (fd);
+}
+
+/* Send block status at offset 0 with payload p of len bytes: refused
+ * with EINVAL. */
+static void
+bs_payload_refused (int fd, uint64_t cookie, const uint8_t *p, size_t len,
+                    const char *what)
+{
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_BLOCK_STATUS, cookie, 0, len,
+                false);
+  xwrite (fd, p, len);
+  expect_ext_error (fd, cookie, 0, 22, what);
+}
+
+/* Extended headers and both contexts selected (ids 1 and 2, the order
+ * foliod gives them): the block status payload form is offered.  Its
+ * payload (64-bit effect length, then context ids) is checked: a wrong
+ * length, an id not selected, an id twice, or a zero effect length are
+ * refused with EINVAL, the stream kept in step; a valid one answers the
+ * contexts it names only. */
+static void
+case_ext_bs_payload (void)
+{
+  int fd = open_conn ();
+  static const char *q[] = { "base:allocation", "foliod:cache" };
+  uint8_t o[256], p[32], buf[256];
+  size_t n = strlen (export_name), len = 0;
+  uint32_t t, err;
+  uint16_t flags;
+
+  hs_begin (fd, 3);
+  opt_send (fd, OPT_EXTENDED, NULL, 0);
+  if ((t = opt_reply (fd, OPT_EXTENDED)) != REP_ACK)
+    die ("EXTENDED_HEADERS: reply 0x%x, expected ACK", t);
+  put32 (o, n);
+  memcpy (o + 4, export_name, n);
+  put32 (o + 4 + n, 2);
+  len = 8 + n;
+  for (int i = 0; i < 2; i++) {
+    put32 (o + len, strlen (q[i]));
+    memcpy (o + len + 4, q[i], strlen (q[i]));
+    len += 4 + strlen (q[i]);
+  }
+  opt_send (fd, OPT_SET_META, o, len);
+  while ((t = opt_reply (fd, OPT_SET_META)) == 4 /* META_CONTEXT */)
+    ;
+  if (t != REP_ACK)
+    die ("SET_META_CONTEXT: 0x%x", t);
+  if ((t = opt_go (fd, export_name, NULL)) != REP_ACK)
+    die ("GO: 0x%x", t);
+  if (!(go_tflags & (1u << 12)))
+    die ("NBD_FLAG_BLOCK_STATUS_PAYLOAD not offered: flags 0x%x", go_tflags);
+
+  memset (p, 0, sizeof p);
+  put64 (p, 8192);
+  put32 (p + 8, 1);
+  put32 (p + 12, 1);
+  put32 (p + 16, 2);
+  bs_payload_refused (fd, 1, p, 10, "a payload of 10 bytes (not 8 + 4n)");
+  bs_payload_refused (fd, 2, p, 16, "a payload naming id 1 twice");
+  bs_payload_refused (fd, 4, p, 20, "a payload of three ids");
+  put32 (p + 12, 99);
+  bs_payload_refused (fd, 3, p, 16, "a payload naming id 99");
+  put64 (p, 0);
+  bs_payload_refused (fd, 5, p, 12, "a payload of effect length 0");
+  /* Valid: foliod:cache only, one BLOCK_STATUS_EXT chunk, context 2. */
+  put64 (p, 8192);
+  put32 (p + 8, 2);
+  send_ext_req (fd, FLAG_PAYLOAD_LEN, CMD_BLOCK_STATUS, 6, 0, 12, false);
+  xwrite (fd, p, 12);
+  t = ext_chunk (fd, 6, 0, &err, &flags, buf, sizeof buf);
+  if (t != REPLY_TYPE_BLOCK_STATUS_EXT || !(flags & 1))
+    die ("filtered block status: chunk type %u flags %u, expected one"
+         " final BLOCK_STATUS_EXT", t, flags);
+  if (get32 (buf) != 2 || get32 (buf + 4) < 1)
+    die ("filtered block status: context %u, %u descriptors", get32 (buf),
+         get32 (buf + 4));
+  ext_still_works (fd);
+  close (fd);
 }
 
 /* ---- cases ---------------------------------------------------------------- */
@@ -849,6 +1163,11 @@ static const struct bad_case cases[] = {
   { "shutdown-refused", case_shutdown_refused },
   { "log-forgery", case_log_forgery },
   { "connection-limit", case_connection_limit },
+  { "ext-negotiate", case_ext_negotiate },
+  { "ext-wrong-magic", case_ext_wrong_magic },
+  { "ext-payload", case_ext_payload },
+  { "ext-lengths", case_ext_lengths },
+  { "ext-bs-payload", case_ext_bs_payload },
   { NULL, NULL },
 };
 

@@ -35,6 +35,7 @@
 
 #include "foliod/store.h"
 #include "store/ssd-layout.h"
+#include "lib/ssd-disk.h"
 
 #define FOLIO 16384
 #define BLOCK 4096
@@ -67,29 +68,6 @@ realloc (void *p, size_t n)
 }
 #endif
 
-static int
-m_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
-{
-  (void) d;
-  assert_true (off + len <= DISK);
-  memcpy (disk + off, buf, len);
-  return 0;
-}
-
-static int
-m_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
-{
-  (void) d;
-  assert_true (off + len <= DISK);
-  memcpy (buf, disk + off, len);
-  return 0;
-}
-
-static int m_flush (struct ssd_dev *d) { (void) d; return 0; }
-static void m_close (struct ssd_dev *d) { free (d); }
-
-static const struct ssd_dev_ops m_ops = { m_pwrite, m_pread, m_flush, m_close };
-
 static const struct store_config cfg = {
   .path = "(memory)", .nslots = SLOTS, .folio_size = FOLIO,
   .block_size = BLOCK, .export_size = (uint64_t) SLOTS * FOLIO,
@@ -100,13 +78,10 @@ static const struct store_config cfg = {
 static struct store *
 try_open (void)
 {
-  struct ssd_dev *d = calloc (1, sizeof *d);
+  static struct ssd_disk k;
 
-  assert_non_null (d);
-  d->ops = &m_ops;
-  d->size = DISK;
-  err[0] = '\0';
-  return store_ssd_open_dev (&cfg, d, err, sizeof err);
+  k = (struct ssd_disk) { .bytes = disk, .size = DISK };
+  return ssd_disk_open (&k, &cfg, err, sizeof err);
 }
 
 /* What a recovery handed back: the version of each block it holds dirty

@@ -25,6 +25,7 @@
 
 #include "foliod/store.h"
 #include "store/ssd-layout.h"
+#include "lib/ssd-disk.h"
 
 #define FOLIO 65536
 #define BLOCK 4096
@@ -33,7 +34,7 @@
 #define NB (SLOTS * BPF)
 
 static unsigned char *disk;
-static uint64_t disk_size, written;
+static uint64_t disk_size;
 static char err[512];
 
 /* The kill of test_restart_keeps_room: the disk as a kill leaves it in
@@ -66,31 +67,13 @@ kill_in (const unsigned char *buf, size_t len, uint64_t off)
   memcpy (snap_version, version, sizeof version);
 }
 
-static int
-m_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
+static void
+watch_write (struct ssd_disk *k, const void *buf, size_t len, uint64_t off)
 {
-  (void) d;
-  assert_true (off + len <= disk_size);
+  (void) k;
   if (snap && off >= SSD_LOG_OFF)
     kill_in (buf, len, off);
-  memcpy (disk + off, buf, len);
-  written += len;
-  return 0;
 }
-
-static int
-m_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
-{
-  (void) d;
-  assert_true (off + len <= disk_size);
-  memcpy (buf, disk + off, len);
-  return 0;
-}
-
-static int m_flush (struct ssd_dev *d) { (void) d; return 0; }
-static void m_close (struct ssd_dev *d) { free (d); }
-
-static const struct ssd_dev_ops m_ops = { m_pwrite, m_pread, m_flush, m_close };
 
 static const struct store_config cfg = {
   .path = "(memory)", .nslots = SLOTS, .folio_size = FOLIO,
@@ -98,15 +81,17 @@ static const struct store_config cfg = {
   .backing_spec = "none", .backing_size = (uint64_t) SLOTS * FOLIO,
 };
 
+/* The disk: disk, disk_size bytes (dk.written counts what the store
+ * writes to it). */
+static struct ssd_disk dk;
+
 static struct store *
 open_store (void)
 {
-  struct ssd_dev *d = calloc (1, sizeof *d);
-
-  assert_non_null (d);
-  d->ops = &m_ops;
-  d->size = disk_size;
-  struct store *s = store_ssd_open_dev (&cfg, d, err, sizeof err);
+  dk.bytes = disk;
+  dk.size = disk_size;
+  dk.before_write = watch_write;
+  struct store *s = ssd_disk_open (&dk, &cfg, err, sizeof err);
   if (s == NULL)
     fail_msg ("open: %s", err);
   return s;
@@ -155,6 +140,26 @@ recovered (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
+/* s dies (a crash: no mark_clean), the store on dk opens again (config
+ * c) and recovers every one of its folios with fn, none lost; the disk
+ * is freed. */
+static void
+crash_recover (struct store *s, const struct store_config *c,
+               store_recover_fn fn, uint32_t folios)
+{
+  struct store_recovery rec = { 0 };
+
+  store_destroy (s);
+  s = ssd_disk_open (&dk, c, err, sizeof err);
+  if (s == NULL)
+    fail_msg ("reopen: %s", err);
+  assert_int_equal (store_recover (s, fn, s, &rec), 0);
+  assert_int_equal (rec.folios, folios);
+  assert_int_equal (rec.lost_blocks, 0);
+  store_destroy (s);
+  free (disk);
+}
+
 static void
 overwrite (uint64_t log, double max_amplification)
 {
@@ -171,7 +176,7 @@ overwrite (uint64_t log, double max_amplification)
   for (uint32_t gb = 0; gb < NB; gb++)      /* every block dirty */
     write_block (s, gb, gb + 1);
   assert_int_equal (store_sync (s), 0);
-  written = 0;
+  dk.written = 0;
   for (uint32_t round = 0; round < 20000; round++) {
     uint32_t n = 1 + (uint32_t) rand_r (&seed) % 8;
     for (uint32_t k = 0; k < n; k++) {
@@ -186,18 +191,11 @@ overwrite (uint64_t log, double max_amplification)
   }
   printf ("log %" PRIu64 " bytes for a cache of %u; clients wrote %" PRIu64
           ", the store %" PRIu64 " (%.2fx); %" PRIu64 " reclaims, %" PRIu64
-          " compactions\n", log, SLOTS * FOLIO, client, written,
-          (double) written / (double) client, ss.reclaims, ss.compactions);
+          " compactions\n", log, SLOTS * FOLIO, client, dk.written,
+          (double) dk.written / (double) client, ss.reclaims, ss.compactions);
   if (max_amplification > 0)
-    assert_true (written <= max_amplification * client);
-  store_destroy (s);        /* a crash: no mark_clean */
-  s = open_store ();
-  struct store_recovery rec = { 0 };
-  assert_int_equal (store_recover (s, recovered, s, &rec), 0);
-  assert_int_equal (rec.folios, SLOTS);
-  assert_int_equal (rec.lost_blocks, 0);
-  store_destroy (s);
-  free (disk);
+    assert_true (dk.written <= max_amplification * client);
+  crash_recover (s, &cfg, recovered, SLOTS);
 }
 
 static void
@@ -366,6 +364,87 @@ test_recovery_memory (void **state)
   free (disk);
 }
 
+/* A cache of many small slots (one block each), its log full of live
+ * data: the commits that reclaim look at every slot, and every client
+ * write waits for the store's lock meanwhile.  A commit holds it over a
+ * bounded number of slots at a time, whatever the cache's size (issue
+ * 33 item 15, review F8: a reclaim scanned every slot and block in one
+ * hold, tens of ms at a million slots); the data survives as before. */
+#define WIDE 2048
+
+static const struct store_config wide_cfg = {
+  .path = "(memory)", .nslots = WIDE, .folio_size = BLOCK,
+  .block_size = BLOCK, .export_size = (uint64_t) WIDE * BLOCK,
+  .backing_spec = "none", .backing_size = (uint64_t) WIDE * BLOCK,
+};
+
+static uint32_t wide_v[WIDE];   /* the version each slot's block holds */
+
+static void
+wide_write (struct store *s, uint32_t slot, uint32_t v)
+{
+  unsigned char *d = s->ops->data (s, slot);
+  uint64_t *bits = s->ops->bitmap (s, slot);
+
+  memcpy (d, &v, sizeof v);
+  wide_v[slot] = v;
+  s->ops->persist (s, d, BLOCK);
+  bits[0] |= 1ull << FP_UPTODATE | 1ull << FP_DIRTY;
+  s->ops->persist (s, bits, s->bitmap_words * 8);
+}
+
+static int
+wide_recovered (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
+{
+  struct store *s = arg;
+  uint32_t v;
+
+  assert_true (fi < WIDE);
+  assert_true (bits[0] & 1ull << FP_DIRTY);
+  memcpy (&v, s->ops->data (s, slot), sizeof v);
+  assert_int_equal (v, wide_v[fi]);     /* the last version synced */
+  return 0;
+}
+
+static void
+test_reclaim_holds_bounded (void **state)
+{
+  unsigned seed = 7;
+  struct store_stats ss = { 0 };
+  struct ssd_stats st;
+
+  (void) state;
+  disk_size = SSD_LOG_OFF + 3ull * WIDE * BLOCK;
+  disk = calloc (1, disk_size);
+  assert_non_null (disk);
+  dk = (struct ssd_disk) { .bytes = disk, .size = disk_size };
+  struct store *s = ssd_disk_open (&dk, &wide_cfg, err, sizeof err);
+  if (s == NULL)
+    fail_msg ("open: %s", err);
+  for (uint32_t slot = 0; slot < WIDE; slot++) {
+    s->ops->set_index (s, slot, slot);
+    wide_write (s, slot, 0);
+    if (slot % 256 == 255)      /* commits of 256 slots */
+      assert_int_equal (store_sync (s), 0);
+  }
+  for (uint32_t round = 0; round < 100000 && ss.reclaims < 3; round++) {
+    for (int k = 0; k < 4; k++)
+      wide_write (s, (uint32_t) rand_r (&seed) % WIDE, round + 1);
+    assert_int_equal (store_sync (s), 0);
+    store_get_stats (s, &ss);
+  }
+  assert_true (ss.reclaims >= 3);
+  store_ssd_get_stats (s, &st);
+  printf ("%u slots, %" PRIu64 " reclaims: at most %" PRIu64 " slots per "
+          "hold of the lock (bound %u)\n", WIDE, ss.reclaims,
+          st.hold_slots_max, SSD_HOLD_BLOCKS);
+  assert_true (st.hold_slots_max > 0);
+  if (st.hold_slots_max > SSD_HOLD_BLOCKS)
+    fail_msg ("a commit looked at %" PRIu64 " slots in one hold of the "
+              "store's lock", st.hold_slots_max);
+  crash_recover (s, &wide_cfg, wide_recovered, WIDE);
+}
+
 int
 main (void)
 {
@@ -374,6 +453,7 @@ main (void)
     cmocka_unit_test (test_overwrite_smallest_log),
     cmocka_unit_test (test_restart_keeps_room),
     cmocka_unit_test (test_recovery_memory),
+    cmocka_unit_test (test_reclaim_holds_bounded),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

@@ -11,6 +11,10 @@
 #                              kept in $BUILD/vm between runs, rebuilt when
 #                              an input is newer or the lists change
 #   vm_boot SECS INITRD APPEND [qemu args]
+#
+# A kernel other than the host's: VM_KERNEL (its vmlinuz) and VM_MODROOT
+# (the root its /lib/modules/$VM_KVER lies under, depmod run), with
+# VM_KVER set (tests/vm/bpo-kernel fetches Debian's backports kernel).
 #                              boot $VM_KVER (TCG, serial console in
 #                              $T/console.log) for at most SECS seconds;
 #                              sets vm_qrc (qemu's exit, 124: timed out)
@@ -41,7 +45,7 @@ vm_setup() {
       [ -r "/boot/vmlinuz-$k" ] && VM_KVER=$k
     done
   fi
-  [ -n "${VM_KVER:-}" ] && [ -r "/boot/vmlinuz-$VM_KVER" ] ||
+  [ -n "${VM_KVER:-}" ] && [ -r "${VM_KERNEL:-/boot/vmlinuz-$VM_KVER}" ] ||
     skip "no readable /boot/vmlinuz with modules (linux-image-amd64)"
   T=$(mktemp -d /tmp/foliod-vm.XXXXXX)
   case $T in *,*) fail "temp dir name has a comma: $T";; esac
@@ -58,12 +62,13 @@ vm_initrd() {
     mkdir -p "$BUILD/vm" && out=$BUILD/vm/initrd-$(basename "$init")-$VM_KVER.cpio
   fi
   for f in "$init" "$vm_here/mkinitramfs" /bin/busybox \
-           "/lib/modules/$VM_KVER/modules.dep" $tools; do
+           "${VM_MODROOT:-}/lib/modules/$VM_KVER/modules.dep" $tools; do
     [ "$f" -nt "$out" ] && rm -f "$out"
   done
   [ "$(cat "$out.lists" 2>/dev/null)" = "$modules;$tools" ] || rm -f "$out"
   if [ ! -f "$out" ]; then
-    "$vm_here/mkinitramfs" "$VM_KVER" "$init" "$T/initrd.new" "$modules" "$tools" &&
+    MODROOT=${VM_MODROOT:-} \
+      "$vm_here/mkinitramfs" "$VM_KVER" "$init" "$T/initrd.new" "$modules" "$tools" &&
       mv "$T/initrd.new" "$out" && echo "$modules;$tools" > "$out.lists" ||
       fail "building the initramfs for $init"
   fi
@@ -78,7 +83,7 @@ vm_boot() {
     -accel tcg -cpu max -smp "${VM_SMP:-1}" \
     -nographic -nodefaults -no-reboot -no-user-config \
     -serial "file:$T/console.log" \
-    -kernel "/boot/vmlinuz-$VM_KVER" -initrd "$initrd" \
+    -kernel "${VM_KERNEL:-/boot/vmlinuz-$VM_KVER}" -initrd "$initrd" \
     -append "console=ttyS0 edd=off panic=-1 $append" \
     "$@" >"$T/qemu.log" 2>&1 &
   # In the background so that a signal to the script reaches its trap at
