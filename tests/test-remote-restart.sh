@@ -5,6 +5,13 @@
 # reconnect counter moves, and after a final flush the remote's file
 # equals what the client wrote.  Then SIGTERM while the remote is down:
 # foliod waits, and writes back everything once the remote returns.
+# A write that was in flight when the remote was killed is in doubt
+# (foliod(8), "Writes in doubt": from foliod's side a killed remote and a
+# reset connection look the same), and FLUSH fails with EIO until the
+# operator's clear-doubt: after each kill the test, as the operator who
+# saw the old process gone, clears such a doubt; the client retries a
+# FLUSH refused meanwhile, and only then, and the remote's file must
+# still equal what the client wrote.
 . "$(dirname "$0")/lib.sh"
 lib_init remote-restart
 . "$(dirname "$0")/lib-remote.sh"
@@ -21,7 +28,7 @@ start_foliod --control "$ctl" \
   fail "reconnects before any fault"
 
 cat > "$tmp/client.py" <<'PY'
-import os, random, time
+import errno, os, random, time
 import nbd
 from modelclient import seeded_rng, load_model
 
@@ -31,7 +38,24 @@ model = load_model()
 h = nbd.NBD()
 h.connect_uri(env["URI"])
 size = h.get_size()
-ops = slowest = 0
+ops = slowest = refused = 0
+
+# A FLUSH refused (EIO) while a write lost with the killed remote is in
+# doubt: tried again until the test's clear-doubt (see above).
+def flush():
+    global refused
+    end = time.monotonic() + 60
+    while True:
+        try:
+            h.flush()
+            return
+        except nbd.Error as e:
+            if e.errno not in ("EIO", errno.EIO) or time.monotonic() > end:
+                raise
+            refused += 1
+            open(env["REFUSED"], "w").write("%d\n" % refused)
+            time.sleep(0.2)
+
 while not os.path.exists(env["STOP"]) and ops < 100000:
     op = rng.choice("rrwwwwf")
     n = rng.choice([512, 4096, 65536, 300000, rng.randrange(1, 100000)])
@@ -44,19 +68,19 @@ while not os.path.exists(env["STOP"]) and ops < 100000:
         h.pwrite(d, off)
         model[off:off + n] = d
     else:
-        h.flush()
+        flush()
     slowest = max(slowest, time.monotonic() - t)
     ops += 1
     if ops % 10 == 0:
         open(env["OPS"] + ".new", "w").write("%d\n" % ops)
         os.replace(env["OPS"] + ".new", env["OPS"])
-h.flush()
+flush()
 assert h.pread(32 << 20, 0) == model[:32 << 20], "final read-back (seed %d)" % seed
 h.shutdown()
 open(env["MODEL"], "wb").write(model)
-print("client: %d ops, slowest %.2f s" % (ops, slowest))
+print("client: %d ops, slowest %.2f s, %d FLUSH refused for doubt" % (ops, slowest, refused))
 PY
-MODEL=$tmp/model STOP=$tmp/stop OPS=$tmp/ops URI=$(uri disk0) timeout $((180 * TSCALE)) \
+MODEL=$tmp/model STOP=$tmp/stop OPS=$tmp/ops REFUSED=$tmp/refused URI=$(uri disk0) timeout $((180 * TSCALE)) \
   nbdsh -c "exec(open('$tmp/client.py').read())" > "$tmp/client.log" 2>&1 &
 client=$!
 track $client
@@ -74,18 +98,40 @@ progress () {
   fail "client made no progress"
 }
 
+# clear_doubt_after_kill: the old remote is gone (stop_remote waited for
+# it), so a write lost with it cannot land later: the operator's word.
+# The writes in flight on its connections have failed within the second
+# since the kill.  In the rounds it runs once the remote is back: while
+# it is down, 'foliod stats' can wait as long as a FLUSH under way waits
+# for it (about 30 s seen).
+clears=0
+clear_doubt_after_kill () {
+  local n
+  n=$(foliod_stat "$ctl" foliod_backing_writes_in_doubt)
+  [ "$n" = 0 ] && return 0
+  echo "$n write(s) in doubt after the kill: clear-doubt"
+  "$FOLIOD" clear-doubt disk0 --control "$ctl" || fail "foliod clear-doubt"
+  clears=$((clears + 1))
+}
+
+[ "$(foliod_stat "$ctl" foliod_backing_writes_in_doubt)" = 0 ] ||
+  fail "writes in doubt before any fault"
 for round in 1 2; do
   progress 100
   stop_remote KILL
   echo "round $round: remote killed"
   sleep 1
   start_remote "$tmp/remote.sock" file "$img"
+  clear_doubt_after_kill
 done
 progress 100
 touch "$tmp/stop"
 wait $client || { cat "$tmp/client.log"; fail "the client saw an error"; }
 cat "$tmp/client.log"
 foliod_alive
+refused=$(cat "$tmp/refused" 2>/dev/null || echo 0)
+[ "$refused" = 0 ] || [ "$clears" -gt 0 ] ||
+  fail "$refused FLUSH refused with no write in doubt"
 reconnects=$(foliod_stat "$ctl" foliod_backing_reconnects_total)
 echo "reconnects: $reconnects"
 [ "$reconnects" -ge 2 ] || fail "reconnect counter: $reconnects, expected >= 2"
@@ -107,6 +153,8 @@ open(os.environ["MODEL"], "wb").write(model)
 dirty=$(foliod_stat "$ctl" foliod_dirty_bytes)
 [ "$dirty" -gt 0 ] || fail "no dirty data before SIGTERM"
 stop_remote KILL
+sleep 1
+clear_doubt_after_kill
 kill -TERM "$FOLIOD_PID"
 sleep 1
 foliod_alive

@@ -119,13 +119,17 @@ struct backing_ops {
                      struct backing_extent *ext) FOLIOD_NONNULL (1, 4)
     FOLIOD_WUR;
 
-  /* A counter that moves whenever writes the backing acknowledged but had
-   * not yet flushed may have been lost (a remote that dropped the
-   * connection may have dropped its volatile cache too; a file whose
-   * fdatasync failed, in flush or in a FUA op, since Linux then forgets
-   * the error).  The cache keeps written blocks "unstable" until a flush
-   * succeeds with the epoch unchanged, and writes them again when it
-   * moved.  NULL: acknowledged writes are never lost. */
+  /* A fact for the cache's durability ledger (src/cache/ledger.c), which
+   * alone decides what it costs: a count of the events after which what
+   * the backing acknowledged and had not yet flushed may be gone (a
+   * remote connection ended: the remote may have restarted and dropped
+   * its volatile cache; a file's fdatasync failed, in flush or in a FUA
+   * op, since Linux then forgets the error).  The ledger moves its own
+   * epoch for such an event when anything was unflushed, keeps written
+   * blocks "unstable" until a flush succeeds with the epoch unchanged,
+   * and writes them again when it moved.  A failed flush need not be
+   * counted: the ledger's own rule covers it.  NULL: acknowledged writes
+   * are never lost (and passthrough writes are not counted). */
   uint64_t (*loss_epoch) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Writes in doubt: a write the backing gave up on (no answer in time,
@@ -133,9 +137,10 @@ struct backing_ops {
    * at any later time, over newer data.  While any is in doubt, flush and
    * FUA fail with EIO (no range may be reported durable).  Only the
    * operator can say the remote is done with them: this clears them
-   * (returns how many) and moves loss_epoch, so that what was written
-   * meanwhile is written again before a flush succeeds.  May be NULL:
-   * the backing abandons no write. */
+   * (returns how many).  The cache's ledger moves its epoch first, so
+   * that what was written meanwhile is written again before a flush
+   * succeeds (cache_clear_doubt).  May be NULL: the backing abandons no
+   * write. */
   uint64_t (*clear_doubt) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Fill *st with the backing's own counters.  May be NULL. */

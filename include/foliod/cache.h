@@ -132,6 +132,15 @@ struct cache_stats {
    * answers for that (or 0); why writeback fails now (errno, or 0). */
   uint64_t passthrough_unflushed, passthrough_lost;
   int flush_error, writeback_error;
+  /* Losses the ledger found (the backing may have lost writes it had
+   * acknowledged: a connection ended or a flush failed with writes
+   * unflushed; cached blocks were written again), and clear-doubts that
+   * moved its epoch. */
+  uint64_t losses, doubt_clears;
+  /* Writes in doubt: the backing's and a previous run's (1 when it left
+   * any, kept in the store), and that part alone.  Not 0: every FLUSH
+   * that reaches the backing fails until 'foliod clear-doubt'. */
+  uint64_t writes_in_doubt, doubt_inherited;
 };
 
 struct cache;
@@ -292,6 +301,8 @@ struct cache_store_info {
   int formatted;              /* pmem: a new store, nothing recovered */
   int was_clean;              /* pmem: the last shutdown was clean */
   const char *warm_dropped;   /* pmem: clean, but not trusted: why */
+  bool doubt;                 /* a previous run left writes in doubt:
+                               * FLUSH fails until clear-doubt */
   uint32_t bad_entries;       /* pmem: damaged slot entries (crc) over */
   uint64_t lost_bytes;        /* these dirty bytes: written nowhere */
   enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */

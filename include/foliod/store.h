@@ -99,6 +99,8 @@ struct store_info {
   bool formatted;            /* new store: nothing to recover */
   bool was_clean;            /* shut down cleanly: every bit is trusted */
   const char *warm_dropped;  /* shut down cleanly but not trusted: why */
+  bool doubt;                /* a previous run left writes in doubt
+                              * (set_doubt): found at open */
 };
 
 /* What a store did, read live (stats, /metrics); 0 where it has no such
@@ -161,6 +163,13 @@ struct store_ops {
    * set_index marks it in use again.  NULL: 0. */
   int (*mark_clean) (struct store *s);
   void (*info) (struct store *s, struct store_info *out);   /* NULL: zeros */
+  /* The cache's durability ledger: a write the backing abandoned may
+   * still land (doubt), or the operator cleared it (!doubt).  Durable
+   * before it returns, so that a restart finds it (store_info.doubt) and
+   * does not trust the backing with the recovered data until the
+   * operator says so.  0 or -1/errno.  NULL: not kept across a restart
+   * (ram). */
+  int (*set_doubt) (struct store *s, bool doubt);
   /* Any thread, while the store is open.  NULL: zeros. */
   void (*stats) (struct store *s, struct store_stats *out);
   void (*destroy) (struct store *s);
@@ -231,6 +240,12 @@ static inline int
 store_mark_clean (struct store *s)
 {
   return s->ops->mark_clean ? s->ops->mark_clean (s) : 0;
+}
+
+static inline int
+store_set_doubt (struct store *s, bool doubt)
+{
+  return s->ops->set_doubt ? s->ops->set_doubt (s, doubt) : 0;
 }
 
 static inline void

@@ -51,6 +51,7 @@
 #include <sys/socket.h>
 
 #include "foliod/lock.h"
+#include "foliod/log.h"
 #include "backing/nbd-private.h"
 #include "foliod/minmax.h"
 #include "foliod/util.h"
@@ -128,6 +129,7 @@ nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
   /* The spec comes from the administrator: let it name local files
    * (tls-certificates=, tls-psk-file= in the query). */
   if (nbd_set_uri_allow_local_file (h, true) == -1 ||
+      nbd_set_full_info (h, true) == -1 ||
       nbd_add_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1)
     goto fail;
   if (nb->tls_certificates &&
@@ -151,20 +153,92 @@ nbdb_conn_open (struct nbdb_backing *nb, uint64_t end, char *err,
   return NULL;
 }
 
-/* A new handle for a dropped one: same export, same size. */
+unsigned
+nbdb_id_flags (struct nbd_handle *h)
+{
+  return (nbd_is_read_only (h) == 1) | (nbd_can_flush (h) == 1) << 1 |
+         (nbd_can_fua (h) == 1) << 2 | (nbd_can_trim (h) == 1) << 3 |
+         (nbd_can_zero (h) == 1) << 4 | (nbd_can_fast_zero (h) == 1) << 5 |
+         (nbd_can_multi_conn (h) == 1) << 6 |
+         (nbd_can_meta_context (h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1) << 7;
+}
+
+char *
+nbdb_id_desc (struct nbd_handle *h)
+{
+  return nbd_get_export_description (h);   /* NULL: none given */
+}
+
+static bool
+same_desc (const char *a, const char *b)
+{
+  return a == b || (a && b && strcmp (a, b) == 0);
+}
+
+/* Is h another export than the one opened (size, flags, description)?
+ * The reason in why, or false. */
+static bool
+remote_changed (struct nbdb_backing *nb, struct nbd_handle *h, char *why,
+                size_t len)
+{
+  int64_t size = nbd_get_size (h);
+  unsigned flags = nbdb_id_flags (h);
+  char *desc = nbdb_id_desc (h);
+  bool changed = true;
+
+  if (size != (int64_t) nb->b.size)
+    snprintf (why, len, "size %lld, was %llu", (long long) size,
+              (unsigned long long) nb->b.size);
+  else if (flags != nb->id_flags)
+    snprintf (why, len, "handshake flags 0x%x, were 0x%x (read-only, flush, "
+              "FUA, trim, zero, fast zero, multi-conn, block status)", flags,
+              nb->id_flags);
+  else if (!same_desc (desc, nb->id_desc))
+    snprintf (why, len, "description \"%s\", was \"%s\"",
+              desc ? desc : "", nb->id_desc ? nb->id_desc : "");
+  else
+    changed = false;
+  free (desc);
+  return changed;
+}
+
+/* FNV-1a of s, never 0. */
+static uint64_t
+reason_hash (const char *s)
+{
+  uint64_t h = 14695981039346656037u;
+
+  while (*s)
+    h = (h ^ (unsigned char) *s++) * 1099511628211u;
+  return h ? h : 1;
+}
+
+/* A new handle for a dropped one: the same export (remote_changed), or
+ * none.  Either is logged: a reconnect at info level, each new reason for
+ * a refusal (not each probe's) at warning level. */
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
   struct nbd_handle *h = nbdb_conn_open (nb, 0, NULL, 0);
+  char why[256];
 
-  if (h && nbd_get_size (h) != (int64_t) nb->b.size) {
+  if (h == NULL)
+    return NULL;
+  if (remote_changed (nb, h, why, sizeof why)) {
+    uint64_t r = reason_hash (why);
+    if (atomic_exchange (&nb->refusal_logged, r) != r)
+      log_warn ("nbd %s: the remote came back as another export (%s): "
+                "refused; requests fail until it serves the one foliod "
+                "opened", nb->uri, why);
     nbd_close (h);
     return NULL;
   }
   /* Also the extent cache's epoch: what the remote told before is
    * dropped at lookup (nbd.c). */
-  if (h)
-    atomic_fetch_add (&nb->reconnects, 1);
+  uint64_t n = atomic_fetch_add (&nb->reconnects, 1) + 1;
+  atomic_store (&nb->refusal_logged, 0);
+  log_info ("nbd %s: reconnected (%llu reconnect%s)", nb->uri,
+            (unsigned long long) n, n == 1 ? "" : "s");
   return h;
 }
 
@@ -211,6 +285,7 @@ enum {
 };
 
 static void conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why);
+static void conn_note_end (struct nbdb_conn *c);
 static void nbdb_note_down (struct nbdb_backing *nb, int hung);
 
 /* The earliest deadline of c's async commands (also the shutdown
@@ -357,6 +432,7 @@ conn_install (struct nbdb_conn *c, struct nbd_handle *h)
 {
   c->h = h;
   atomic_store (&c->cut, 0);
+  atomic_store (&c->ended, 0);
   atomic_store (&c->up, c->h != NULL);
   if (h) {
     lock_or_die (&c->poller_lock);
@@ -378,7 +454,19 @@ conn_cut (struct nbdb_conn *c, struct nbd_handle *h, int why)
   atomic_store (&c->up, 0);
   if (fd >= 0)
     shutdown (fd, SHUT_RDWR);
+  conn_note_end (c);
   conn_wake (c);
+}
+
+/* c's handle ended (cut, or closed to be replaced): counted once, at the
+ * first of these, for the cache's ledger (nb->ends).  A connection
+ * foliod cut lost what it lost at the cut, not again when it is closed
+ * and replaced later (issue 33 item 4b). */
+static void
+conn_note_end (struct nbdb_conn *c)
+{
+  if (atomic_exchange (&c->ended, 1) == 0)
+    atomic_fetch_add (&c->nb->ends, 1);
 }
 
 /* Say goodbye (NBD_CMD_DISC) on a connection that still looks alive.
@@ -406,7 +494,7 @@ conn_disconnect (struct nbd_handle *h)
 
 /* Close c's handle (caller holds c->lock for writing). */
 static void
-conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
+conn_drop (struct nbdb_conn *c)
 {
   if (c->h) {
     /* Commands on a dead handle were completed with errors already; on
@@ -420,22 +508,13 @@ conn_drop (struct nbdb_backing *nb, struct nbdb_conn *c)
     lock_or_die (&c->poller_lock);
     poller_stop (c);
     unlock_or_die (&c->poller_lock);
+    /* The remote may have lost what it acknowledged on it and had not
+     * flushed: a fact for the ledger, unless counted already. */
+    conn_note_end (c);
     nbd_close (c->h);
     c->h = NULL;
     atomic_store (&c->up, 0);
-    /* The remote may have lost writes it acknowledged but never
-     * flushed: tell the cache to write them again. */
-    nbdb_note_unflushed_lost (nb);
   }
-}
-
-void
-nbdb_note_unflushed_lost (struct nbdb_backing *nb)
-{
-  /* writing too: a write the remote acknowledged whose issuer has not
-   * yet counted it in unflushed. */
-  if (atomic_load (&nb->unflushed) > 0 || atomic_load (&nb->writing) > 0)
-    atomic_fetch_add (&nb->loss_epoch, 1);
 }
 
 /* Before a replace: issue nothing more on c's handle (of generation gen)
@@ -483,7 +562,7 @@ conn_replace (struct nbdb_backing *nb, struct nbdb_conn *c, uint64_t gen)
     atomic_store (&c->reopening, 0);
     return 0;
   }
-  conn_drop (nb, c);
+  conn_drop (c);
   c->gen++;
   pthread_rwlock_unlock (&c->lock);
 

@@ -35,6 +35,7 @@ struct nbdb_conn {
   atomic_int used;              /* commands were issued (fork: restart) */
   atomic_int reopening;         /* a thread is connecting a new h, without
                                  * holding lock: the others do not wait */
+  atomic_int ended;             /* h's end is counted in nb->ends */
   int efd;                      /* eventfd: wakes the poller */
   atomic_int stop;              /* tells the poller to exit */
   /* The poller starts when a handle is installed, and again on first
@@ -97,18 +98,30 @@ struct nbdb_backing {
    * NBD_BACKOFF_MAX_MS, at next_probe.  deadline: set at shutdown, no
    * request waits past it (0: none). */
   atomic_uint_fast64_t down_since, next_probe, deadline;
-  /* Writes acknowledged since the last successful flush; writes sent (or
-   * about to be) whose acknowledgement is not yet counted in unflushed;
-   * and the loss epoch, moved only by nbdb_note_unflushed_lost (a
-   * connection dropped, or a flush failed, while either was not 0) and
-   * by clear_doubt.  Only non-FUA write-class requests to a remote that
-   * can flush count. */
-  atomic_uint_fast64_t unflushed, writing, loss_epoch;
-  /* Write-class requests in doubt (backing_ops.clear_doubt): sent, then
-   * not answered in time or lost with their connection (whoever ended
-   * it), so the remote may still carry them out.  Flush and FUA fail with EIO while
-   * this is not 0; only clear_doubt (the operator) resets it. */
+  /* Facts for the cache's durability ledger, which alone decides what
+   * they cost (src/cache/ledger.c).  ends: connections that ended, each
+   * counted once, at the first of: foliod cut it (conn_cut), or closed
+   * it to replace it (conn_drop: one a reset or a remote that went away
+   * ended is counted there, when a request finds it dead) -- the remote
+   * may have dropped what it acknowledged on it and had not flushed
+   * (backing_ops.loss_epoch).
+   * in_doubt: write-class requests sent, then not answered in time or
+   * lost with their connection (whoever ended it), so the remote may
+   * still carry them out.  Flush and FUA fail with EIO while this is
+   * not 0; only clear_doubt (the operator) resets it. */
+  atomic_uint_fast64_t ends;
   atomic_uint_fast64_t in_doubt;
+
+  /* What the remote said of its export at open, checked at every
+   * reconnect besides the size (issue 33 item 8): the handshake flags
+   * the backing relies on (nbdb_id_flags) and its description, if it
+   * gives one (NULL).  NBD names no image: another one of the same size,
+   * flags and description cannot be told apart.  refusal_logged: a hash
+   * of the last refusal logged since the last good reconnect (0: none),
+   * so that each new reason is logged once, not at every probe. */
+  unsigned id_flags;
+  char *id_desc;
+  atomic_uint_fast64_t refusal_logged;
 
   struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
@@ -144,13 +157,12 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
                     void (*done) (void *opaque, int err), void *opaque);
 
-/* A fact: the remote may have lost what it acknowledged and had not
- * flushed (a connection to it dropped; a flush, or a FUA request, it
- * failed: Linux drops the pages whose fdatasync failed and reports the
- * error once).  When any write was acknowledged since the last good
- * flush, or is being written, the loss epoch moves: the cache writes its
- * unstable blocks again before a flush may succeed. */
-void nbdb_note_unflushed_lost (struct nbdb_backing *nb);
+/* The handshake flags of h that the backing relies on: read-only, flush,
+ * FUA, trim, zero, fast zero, multi-conn, base:allocation, one bit each. */
+unsigned nbdb_id_flags (struct nbd_handle *h);
+/* The export's description h got (NBD_INFO_DESCRIPTION), malloc'd, or
+ * NULL when none. */
+char *nbdb_id_desc (struct nbd_handle *h);
 
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);

@@ -226,11 +226,13 @@ doubt_check (struct nbdb_backing *nb)
   return 0;
 }
 
+/* A flush that fails is a fact the cache's ledger weighs (a remote's
+ * failed fdatasync drops what it had not flushed, and its next flush
+ * succeeds): nothing is decided here. */
 static int
 nbdb_flush (struct backing *b)
 {
   struct nbdb_backing *nb = to_nbd (b);
-  uint64_t before;
 
   if (b->caps & BACKING_READ_ONLY)
     return 0;
@@ -238,42 +240,23 @@ nbdb_flush (struct backing *b)
     return -1;
   if (!nb->can_flush)
     return 0;
-  before = atomic_load (&nb->unflushed);
-  if (nbdb_run (nb, call_flush, NULL) == -1) {
-    /* A remote's failed flush may have dropped what it had not flushed
-     * (its fdatasync failed; its next one will succeed). */
-    int e = errno;
-    nbdb_note_unflushed_lost (nb);
-    errno = e;
-    return -1;
-  }
-  atomic_fetch_sub (&nb->unflushed, before); /* later ones still count */
-  return 0;
+  return nbdb_run (nb, call_flush, NULL);
 }
 
+/* Connections that ended (nb->ends): the ledger's loss facts. */
 static uint64_t
 nbdb_loss_epoch (struct backing *b)
 {
-  return atomic_load (&to_nbd (b)->loss_epoch);
+  return atomic_load (&to_nbd (b)->ends);
 }
 
-/* The operator says the remote is done with the abandoned writes.  What
- * was written since may have been overwritten by them: a new loss epoch
- * has the cache write it again before the next flush succeeds. */
+/* The operator says the remote is done with the abandoned writes.  The
+ * cache's ledger has moved its epoch before (cache_clear_doubt), so what
+ * was written since is written again before the next flush succeeds. */
 static uint64_t
 nbdb_clear_doubt (struct backing *b)
 {
-  struct nbdb_backing *nb = to_nbd (b);
-  uint64_t n = atomic_load (&nb->in_doubt);
-
-  /* The epoch first: a flush that finds no doubt must also find the new
-   * epoch, or it would settle clean what must be written again. */
-  while (n > 0) {
-    atomic_fetch_add (&nb->loss_epoch, 1);
-    if (atomic_compare_exchange_strong (&nb->in_doubt, &n, 0))
-      return n;
-  }
-  return 0;
+  return atomic_exchange (&to_nbd (b)->in_doubt, 0);
 }
 
 /* A write-class op with FUA: refused at once while a write is in doubt
@@ -282,45 +265,6 @@ static int
 fua_doubt_check (struct nbdb_backing *nb, unsigned flags)
 {
   return (flags & BACKING_FUA) ? doubt_check (nb) : 0;
-}
-
-/* Does a write-class request with these flags count in unflushed (is
- * it not durable when acknowledged)?  A FUA one without native FUA is
- * sent plain, then flushed (fua_fallback). */
-static int
-counts_unflushed (struct nbdb_backing *nb, unsigned flags)
-{
-  return nb->can_flush && !((flags & BACKING_FUA) && nb->can_fua);
-}
-
-/* Before a write-class request is sent: from here until count_unflushed
- * it counts in writing, so that a connection that drops after the remote
- * acknowledged it, but before it is counted, still moves the epoch. */
-static void
-begin_write (struct nbdb_backing *nb, unsigned flags)
-{
-  if (counts_unflushed (nb, flags))
-    atomic_fetch_add (&nb->writing, 1);
-}
-
-/* A write-class request begun with begin_write ended (r: 0 or -1):
- * without FUA, acknowledged is not yet durable.  A FUA one the remote
- * failed may have failed its fdatasync, which drops other unflushed
- * writes too. */
-static int
-count_unflushed (struct nbdb_backing *nb, unsigned flags, int r)
-{
-  if (counts_unflushed (nb, flags)) {
-    if (r == 0)
-      atomic_fetch_add (&nb->unflushed, 1);
-    atomic_fetch_sub (&nb->writing, 1);
-  }
-  else if (r == -1 && nb->can_flush) {     /* native FUA */
-    int e = errno;
-    nbdb_note_unflushed_lost (nb);
-    errno = e;
-  }
-  return r;
 }
 
 /* FUA for a remote without native FUA: flush after the op. */
@@ -374,11 +318,10 @@ nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 
   if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
-  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
                     fua_flag (nb, flags), nb->max_io);
   ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
+  return fua_fallback (nb, flags, r);
 }
 
 static int
@@ -410,7 +353,6 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   }
   if (len == 0)
     return 0;
-  begin_write (nb, flags);
   if (nb->can_zero) {
     if (!(flags & BACKING_MAY_TRIM))
       f |= LIBNBD_CMD_FLAG_NO_HOLE;
@@ -421,7 +363,7 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   else
     r = write_zeroes (nb, len, off, f);
   ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
+  return fua_fallback (nb, flags, r);
 }
 
 static int
@@ -434,11 +376,10 @@ nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
-  begin_write (nb, flags);
   r = nbdb_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
                     NBD_MAX_ZERO);
   ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, count_unflushed (nb, flags, r));
+  return fua_fallback (nb, flags, r);
 }
 
 /* base:allocation -> our types.  HOLE without ZERO reads as undefined
@@ -650,6 +591,7 @@ nbdb_close (struct backing *b)
   free (nb->tls_certificates);
   free (nb->tls_psk_file);
   free (nb->tls_username);
+  free (nb->id_desc);
   pthread_mutex_destroy (&nb->ext_lock);
   free (nb);
 }
@@ -723,6 +665,8 @@ read_caps (struct nbdb_backing *nb, struct nbd_handle *h,
     nb->b.caps |= BACKING_CAN_MAP;
   if (nbd_can_multi_conn (h) == 1)
     nb->b.caps |= BACKING_CAN_MULTI_CONN;
+  nb->id_flags = nbdb_id_flags (h);
+  nb->id_desc = nbdb_id_desc (h);
   return 0;
 }
 

@@ -95,6 +95,8 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->wlog_lock, &ma);
   bad |= pthread_mutex_init (&c->throttle_lock, &ma);
   bad |= pthread_mutex_init (&c->led.pt_lock, &ma);
+  bad |= pthread_mutex_init (&c->led.facts_lock, &ma);
+  bad |= pthread_mutex_init (&c->led.doubt_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
@@ -208,6 +210,8 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   si->formatted = info.formatted;
   si->was_clean = info.was_clean;
   si->warm_dropped = info.warm_dropped;
+  si->doubt = info.doubt;
+  ledger_store_opened (c, info.doubt);
   if (store_recover (c->store, cache_recover_one, c, &rec) != 0) {
     snprintf (err, errlen, "recovering the store: %s", strerror (errno));
     return -1;

@@ -55,11 +55,12 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     len = c->size - off;
   OPSTAT_ADD (c, backing_write_ops, 1);
   OPSTAT_ADD (c, backing_write_bytes, len);
-  if (!(flags & BACKING_FUA))
-    ledger_backing_written (c);
   uint64_t t0 = now_ns ();
-  int r = c->b->ops->write (c->b, buf, len, off, flags);
+  int r = ledger_send_begin (c, flags);
+  if (r == 0)
+    r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;
+  ledger_send_end (c, flags, r);
   OPSTAT_ADD (c, backing_write_ns, now_ns () - t0);
   backing_written (c, off, len);             /* failed: maybe partly */
   errno = err;

@@ -4,40 +4,107 @@
  * cache reports facts and asks questions (ledger.h); the bottom of the
  * cache: it calls nothing of the cache's.
  *
- * Two epochs, both from the backing's loss epoch (backing_ops.loss_epoch)
- * and the ledger's own count of losses:
+ * Facts come from the cache (a write is on its way, ended; a flush
+ * began, failed, succeeded) and from the backing, which decides nothing:
+ * it counts the events that may have lost what it acknowledged and had
+ * not flushed (backing_ops.loss_epoch: a connection ended, an fdatasync
+ * failed), and the writes it abandoned (backing_stats.writes_in_doubt).
+ * The ledger turns them into one epoch of its own, the rewrite epoch,
+ * moved once for each loss:
  *
- * - the rewrite epoch, backing + own_losses: when it moved since the last
- *   good flush, what the backing acknowledged since may be gone, and the
- *   cached (unstable) blocks are written again before a flush succeeds;
- * - the loss view, the rewrite epoch less the moves that were the
- *   operator's clear-doubt: a passthrough write (direct I/O, zero; the
- *   cache has no copy) is lost when the view moved after it was sent and
- *   before a flush succeeded.  clear-doubt is the operator's word that no
- *   abandoned write landed over newer ones: it has cached blocks written
- *   again (cheap, and safe either way), but loses no passthrough write.
+ * - a backing event taken in while anything was unflushed (a write sent
+ *   or on its way since the last good flush, a flush under way, unstable
+ *   blocks, passthrough writes): taken in before any loss view is read
+ *   and before any flush settles, so a write sent after the event (on a
+ *   new connection) is never counted in an older view;
+ * - a backing flush, or a FUA write, that failed after writes were sent
+ *   since the last good flush.  Linux marks the pages of a failed
+ *   fdatasync clean and reports the error once, so a remote over a file
+ *   (nbdkit, qemu-nbd) answers the next flush with success though it
+ *   dropped the data.  Not while the backing has writes in doubt: its
+ *   flushes fail then without being sent, and the clear moves the epoch
+ *   anyway;
+ * - the operator's clear-doubt (counted in forgiven as well).
  *
- * The cache's own rule, for every backing: a flush that fails after
- * writes were sent since the last good one is a loss.  Linux marks the
- * pages of a failed fdatasync clean and reports the error once, so a
- * remote over a file (nbdkit, qemu-nbd) answers the next flush with
- * success though it dropped the data; a backing need not say so.  Not
- * while the backing has writes in doubt: its flushes fail then without
- * being sent, and clearing the doubt moves the epoch anyway. */
+ * When the epoch moved since the last good flush, the cached (unstable)
+ * blocks are written again before a flush succeeds.  The loss view is
+ * the epoch less forgiven: a passthrough write (direct I/O, zero; the
+ * cache has no copy) is lost when the view moved after it was sent and
+ * before a flush succeeded.  clear-doubt is the operator's word that no
+ * abandoned write landed over newer ones: it has cached blocks written
+ * again (cheap, and safe either way), but loses no passthrough write. */
 #include <errno.h>
 
 #include "cache/cache-int.h"
 
 static uint64_t
-backing_epoch (struct cache *c)
+backing_events (struct cache *c)
 {
   return c->b->ops->loss_epoch ? c->b->ops->loss_epoch (c->b) : 0;
+}
+
+/* Could a loss now take anything the backing acknowledged? */
+static bool
+anything_unflushed (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  return atomic_load (&l->sending) > 0 ||
+         atomic_load (&l->backing_unflushed) ||
+         atomic_load (&l->flush_sent) ||
+         atomic_load (&l->passthrough_unflushed) > 0 ||
+         STAT_GET (c, unstable_bytes) > 0;
+}
+
+/* A loss: the epoch moves (facts_lock held). */
+static void
+epoch_move_locked (struct cache *c)
+{
+  atomic_fetch_add (&c->led.epoch, 1);
+}
+
+/* Take in the backing's loss events since the last look: one move of the
+ * epoch for all of them, if anything could be lost.  The move comes
+ * before facts_seen, so a reader that finds nothing new also finds the
+ * move (the fast path takes no lock). */
+static void
+take_facts (struct cache *c)
+{
+  struct ledger *l = &c->led;
+  uint64_t now = backing_events (c);
+
+  if (atomic_load (&l->facts_seen) == now)
+    return;
+  lock_or_die (&l->facts_lock);
+  now = backing_events (c);
+  if (atomic_load (&l->facts_seen) != now) {
+    if (anything_unflushed (c))
+      epoch_move_locked (c);
+    atomic_store (&l->facts_seen, now);
+  }
+  unlock_or_die (&l->facts_lock);
+}
+
+/* The rule for a failed flush or FUA write: a loss when writes were sent
+ * since the last good flush (sent), unless the backing refused it for
+ * writes in doubt. */
+static void
+failed_durable (struct cache *c, bool sent)
+{
+  struct ledger *l = &c->led;
+
+  if (!sent || ledger_doubt (c) > 0)
+    return;
+  lock_or_die (&l->facts_lock);
+  epoch_move_locked (c);
+  unlock_or_die (&l->facts_lock);
 }
 
 static uint64_t
 rewrite_epoch (struct cache *c)
 {
-  return backing_epoch (c) + atomic_load (&c->led.own_losses);
+  take_facts (c);
+  return atomic_load (&c->led.epoch);
 }
 
 static uint64_t
@@ -50,28 +117,94 @@ loss_view (struct cache *c)
   return e - atomic_load (&c->led.forgiven);
 }
 
-static bool
-backing_in_doubt (struct cache *c)
+uint64_t
+ledger_backing_doubt (struct cache *c)
 {
   struct backing_stats st = { 0 };
 
   if (c->b->ops->stats == NULL)
-    return false;
+    return 0;
   c->b->ops->stats (c->b, &st);
-  return st.writes_in_doubt > 0;
+  return st.writes_in_doubt;
+}
+
+uint64_t
+ledger_doubt (struct cache *c)
+{
+  return ledger_backing_doubt (c) + atomic_load (&c->led.doubt_inherited);
+}
+
+int
+ledger_flush_refused (struct cache *c)
+{
+  return atomic_load (&c->led.doubt_inherited) > 0 ? EIO : 0;
+}
+
+/* Doubt outlives the process (issue 33 item 3): a restart that wrote the
+ * recovered store back and flushed it would have the abandoned write
+ * land over it.  Once the backing reports a write in doubt, the store
+ * says so, durably, before the failed request is answered.  If the store
+ * cannot, its sync failure is sticky (ledger_store_sync_failed's path). */
+static void
+doubt_persist (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  if (atomic_load (&l->doubt_stored) || ledger_backing_doubt (c) == 0)
+    return;
+  lock_or_die (&l->doubt_lock);
+  if (!atomic_load (&l->doubt_stored) &&
+      store_set_doubt (c->store, true) == 0)
+    atomic_store (&l->doubt_stored, true);
+  unlock_or_die (&l->doubt_lock);
+}
+
+void
+ledger_store_opened (struct cache *c, bool doubt)
+{
+  atomic_store (&c->led.doubt_inherited, doubt ? 1 : 0);
+  atomic_store (&c->led.doubt_stored, doubt);
 }
 
 void
 ledger_init (struct cache *c)
 {
   c->led.pt_view = UINT64_MAX;
-  c->led.stable_epoch = backing_epoch (c);
+  atomic_store (&c->led.facts_seen, backing_events (c));
+}
+
+int
+ledger_send_begin (struct cache *c, unsigned flags)
+{
+  if (flags & BACKING_FUA) {
+    if (ledger_flush_refused (c)) {
+      errno = ledger_flush_refused (c);
+      return -1;
+    }
+    return 0;
+  }
+  atomic_fetch_add (&c->led.sending, 1);
+  atomic_store (&c->led.backing_unflushed, true);
+  return 0;
 }
 
 void
-ledger_backing_written (struct cache *c)
+ledger_send_end (struct cache *c, unsigned flags, int r)
 {
-  atomic_store (&c->led.backing_unflushed, true);
+  struct ledger *l = &c->led;
+  int err = errno;
+
+  if (!(flags & BACKING_FUA)) {
+    /* Again: a flush that began while it was on its way does not cover
+     * it.  Then no longer on its way. */
+    atomic_store (&l->backing_unflushed, true);
+    atomic_fetch_sub (&l->sending, 1);
+  }
+  else if (r == -1 && c->b->ops->loss_epoch)
+    failed_durable (c, anything_unflushed (c));
+  if (r == -1)
+    doubt_persist (c);
+  errno = err;
 }
 
 uint64_t
@@ -130,6 +263,7 @@ ledger_flush_begin (struct cache *c, struct ledger_flush *lf)
   bool unflushed = atomic_exchange (&l->backing_unflushed, false);
   lf->sent = unflushed || lf->passthrough > 0 ||
              STAT_GET (c, unstable_bytes) > 0;
+  atomic_store (&l->flush_sent, lf->sent);
   return lf->sent || rewrite_epoch (c) != l->stable_epoch;
 }
 
@@ -142,8 +276,10 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
    * again. */
   atomic_store (&l->backing_unflushed, true);
   atomic_store (&l->flush_failing, err);
-  if (lf->sent && !backing_in_doubt (c))
-    atomic_fetch_add (&l->own_losses, 1);
+  doubt_persist (c);
+  take_facts (c);
+  failed_durable (c, lf->sent);
+  atomic_store (&l->flush_sent, false);
   return rewrite_epoch (c) != l->stable_epoch;
 }
 
@@ -153,7 +289,10 @@ ledger_flush_ok (struct cache *c, const struct ledger_flush *lf)
   struct ledger *l = &c->led;
 
   atomic_store (&l->flush_failing, 0);
-  if (rewrite_epoch (c) != l->stable_epoch)
+  /* Events before the answer count while the flush is still "sent". */
+  uint64_t e = rewrite_epoch (c);
+  atomic_store (&l->flush_sent, false);
+  if (e != l->stable_epoch)
     return true;
   lock_or_die (&l->pt_lock);
   /* Later ones still count; their view is at least the lowest one's. */
@@ -219,30 +358,40 @@ ledger_fua_may_do (struct cache *c)
   struct ledger *l = &c->led;
 
   return !atomic_load (&l->backing_unflushed) &&
+         atomic_load (&l->sending) == 0 &&
+         ledger_flush_refused (c) == 0 &&
          STAT_GET (c, unstable_bytes) == 0 &&
          atomic_load (&l->passthrough_unflushed) == 0 &&
          rewrite_epoch (c) == l->stable_epoch;
 }
 
-/* The operator's clear-doubt: the backing moves its loss epoch (cached
- * blocks written since the last good flush are written again); that move
- * loses no passthrough write.  Under wb_mutex, so that no flush settles
- * anything between the backing's clear and the move (issue 33 item
- * 4a, on the cache's side). */
+/* The operator's clear-doubt: the epoch moves (cached blocks written
+ * since the last good flush are written again), a move that loses no
+ * passthrough write; then the backing forgets its writes in doubt.
+ * Under wb_mutex, and the move before the backing's clear, so that no
+ * flush finds the doubt gone and the epoch unmoved (issue 33 item 4a). */
 uint64_t
 cache_clear_doubt (struct cache *c)
 {
   struct ledger *l = &c->led;
+  uint64_t n = 0;
 
   lock_or_die (&c->wb_mutex);
-  uint64_t before = backing_epoch (c);
-  atomic_fetch_add (&l->forgiven, 1);
-  uint64_t n = backing_clear_doubt (c->b);
-  uint64_t moved = backing_epoch (c) - before;
-  /* Forgive one move, the clear's own: another one meanwhile (a
-   * reconnect) is a loss. */
-  if (n == 0 || moved == 0)
-    atomic_fetch_sub (&l->forgiven, 1);
+  if (ledger_doubt (c) > 0) {
+    take_facts (c);             /* a loss before the clear stays one */
+    atomic_fetch_add (&l->forgiven, 1);
+    lock_or_die (&l->facts_lock);
+    epoch_move_locked (c);
+    unlock_or_die (&l->facts_lock);
+    n = backing_clear_doubt (c->b) + atomic_exchange (&l->doubt_inherited, 0);
+    /* The store forgets last: a crash before still finds the doubt.  Not
+     * if a new write was abandoned meanwhile. */
+    lock_or_die (&l->doubt_lock);
+    if (atomic_load (&l->doubt_stored) && ledger_backing_doubt (c) == 0 &&
+        store_set_doubt (c->store, false) == 0)
+      atomic_store (&l->doubt_stored, false);
+    unlock_or_die (&l->doubt_lock);
+  }
   unlock_or_die (&c->wb_mutex);
   return n;
 }
@@ -256,4 +405,8 @@ ledger_get_stats (struct cache *c, struct cache_stats *s)
   s->passthrough_lost = atomic_load (&l->passthrough_lost_writes);
   s->flush_error = ledger_flush_error (c);
   s->writeback_error = ledger_wb_error (c);
+  s->doubt_clears = atomic_load (&l->forgiven);
+  s->writes_in_doubt = ledger_doubt (c);
+  s->doubt_inherited = atomic_load (&l->doubt_inherited);
+  s->losses = atomic_load (&l->epoch) - s->doubt_clears;
 }

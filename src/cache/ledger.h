@@ -31,13 +31,31 @@ struct ledger {
   pthread_mutex_t pt_lock;
   _Atomic uint64_t passthrough_unflushed;
   uint64_t pt_view;
-  /* Losses the cache's own rule found (a flush failed after writes were
-   * sent since the last good one), and the loss-epoch moves that were
-   * the operator's clear-doubt (not a loss of passthrough writes). */
-  _Atomic uint64_t own_losses, forgiven;
-  /* The rewrite epoch (backing's + own_losses) at the last good flush or
-   * loss: wb_mutex. */
+  /* The rewrite epoch: moved here only, once for each loss the ledger
+   * finds (a fact that may have lost acknowledged writes, at a time
+   * something was unflushed: see ledger.c), and by clear-doubt.  The
+   * moves that were the operator's clear-doubt (not a loss of
+   * passthrough writes) are counted in forgiven. */
+  _Atomic uint64_t epoch, forgiven;
+  /* The backing's count of loss facts (backing_ops.loss_epoch) the
+   * ledger has taken in; facts_lock (a leaf) orders taking them in with
+   * the epoch's move. */
+  pthread_mutex_t facts_lock;
+  _Atomic uint64_t facts_seen;
+  /* Writes, zeroes and trims without FUA on their way to the backing
+   * (ledger_send_begin .. _end), and "a flush is under way for writes
+   * sent before it" (ledger_flush_begin .. its end): what a loss fact
+   * may have taken with it besides backing_unflushed. */
+  _Atomic uint64_t sending;
+  _Atomic bool flush_sent;
+  /* The epoch at the last good flush or loss: wb_mutex. */
   uint64_t stable_epoch;
+  /* Writes in doubt a previous run left (the store said so at open), and
+   * whether the store says "in doubt" now (store_set_doubt): doubt_lock,
+   * a leaf above the store's locks; both read without it too. */
+  pthread_mutex_t doubt_lock;
+  _Atomic uint64_t doubt_inherited;
+  _Atomic bool doubt_stored;
   /* Some passthrough writes were lost: every FLUSH fails until the
    * export is reopened.  Set under wb_mutex, read without it. */
   _Atomic bool passthrough_lost;
@@ -54,8 +72,16 @@ struct ledger_flush {
 void ledger_init (struct cache *c);
 
 /* --- facts --- */
-/* A write, zero or trim without FUA is going to the backing. */
-void ledger_backing_written (struct cache *c);
+/* A write, zero or trim with backing flags is going to the backing;
+ * then it ended with r (0 or -1).  begin refuses a FUA one (-1, EIO)
+ * while a previous run's writes are in doubt; end is called either way.
+ * A FUA one that failed may have failed the backing's fdatasync, which
+ * drops other unflushed writes too.  One that failed may have been
+ * abandoned: the doubt is then made durable in the store. */
+int ledger_send_begin (struct cache *c, unsigned flags);
+void ledger_send_end (struct cache *c, unsigned flags, int r);
+/* The store was opened (cache_init_store): doubt a previous run left. */
+void ledger_store_opened (struct cache *c, bool doubt);
 /* The loss view to give ledger_passthrough_written: read it before the
  * passthrough write is sent. */
 uint64_t ledger_passthrough_view (struct cache *c);
@@ -87,6 +113,13 @@ bool ledger_pt_unsynced_take (struct cache *c);
 void ledger_pt_unsynced_keep (struct cache *c);
 
 /* --- queries --- */
+/* Writes the backing abandoned and reports in doubt now. */
+uint64_t ledger_backing_doubt (struct cache *c);
+/* Those and the ones a previous run left (1 when it left any). */
+uint64_t ledger_doubt (struct cache *c);
+/* Why the backing's flush may not even be tried (EIO: a previous run
+ * left writes in doubt), or 0. */
+int ledger_flush_refused (struct cache *c);
 /* What a FLUSH must answer whatever else happens: EIO when passthrough
  * writes were lost, else 0. */
 int ledger_flush_error (struct cache *c);

@@ -118,19 +118,20 @@ log_doubt (struct daemon *d)
 {
   for (size_t i = 0; i < d->cfg->n_exports; i++) {
     struct daemon_export *e = &d->cfg->exports[i];
-    struct backing_stats bst = { 0 };
+    struct cache_stats st;
     if (!e->ex)
       continue;
-    backing_get_stats (e->ex->backing, &bst);
-    if (bst.writes_in_doubt > e->doubt_logged)
+    cache_get_stats (e->ex->cache, &st);
+    uint64_t n = st.writes_in_doubt - st.doubt_inherited; /* logged at start */
+    if (n > e->doubt_logged)
       log_error ("export %s: %llu write%s to the backing in doubt (abandoned "
                  "after request-timeout; the remote may still carry %s out): "
                  "every FLUSH fails with EIO until 'foliod clear-doubt %s' "
-                 "or a restart, see foliod(8)", e->cfg.name,
-                 (unsigned long long) bst.writes_in_doubt,
-                 bst.writes_in_doubt == 1 ? "" : "s",
-                 bst.writes_in_doubt == 1 ? "it" : "them", e->cfg.name);
-    e->doubt_logged = bst.writes_in_doubt;
+                 "(a persistent store keeps the doubt across a restart), "
+                 "see foliod(8)", e->cfg.name,
+                 (unsigned long long) n, n == 1 ? "" : "s",
+                 n == 1 ? "it" : "them", e->cfg.name);
+    e->doubt_logged = n;
   }
 }
 
@@ -453,6 +454,13 @@ log_store (const struct daemon_export *e)
               !si.was_clean ? " (only dirty blocks trusted)"
               : si.recovered_folios ? " (warm: every block kept)"
               : " (nothing to replay)");
+  if (si.doubt)
+    log_error ("export %s: store %s: a previous run left writes to the "
+               "backing in doubt (the remote may still carry them out over "
+               "newer data): the store's data is not reported durable on "
+               "the backing, and every FLUSH that needs the backing fails "
+               "with EIO, until 'foliod clear-doubt %s', see foliod(8)",
+               e->cfg.name, e->cfg.store, e->cfg.name);
   if (si.warm_dropped)
     log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
               "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);

@@ -28,7 +28,8 @@ enum metric_id {
   M_BACKING_FLUSH_SECONDS, M_FLUSH_SECONDS, M_DIRTY_BACKGROUND, M_DIRTY_LIMIT,
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
-  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_ABANDONED, M_RELEASED,
+  M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_LOSSES, M_DOUBT_CLEARS,
+  M_ABANDONED, M_RELEASED,
   M_COUNT
 };
 
@@ -79,7 +80,8 @@ static const struct {
                     "their buffers until the cluster answers)." },
   [M_IN_DOUBT] = { "foliod_backing_writes_in_doubt", "gauge",
                    "Writes to an nbd: backing given up on that the remote "
-                   "may still carry out: FLUSH fails until 'foliod "
+                   "may still carry out (1 for those a previous run left in "
+                   "a persistent store): FLUSH fails until 'foliod "
                    "clear-doubt' (foliod(8))." },
   [M_PT_UNFLUSHED] = { "foliod_passthrough_unflushed_writes", "gauge",
                        "Passthrough writes and zeroes the backing has "
@@ -88,6 +90,14 @@ static const struct {
                   "Passthrough writes the backing may have lost before a "
                   "flush: not 0, every FLUSH fails with EIO until the "
                   "export is reopened (foliod(8))." },
+  [M_LOSSES] = { "foliod_backing_losses_total", "counter",
+                 "Times the backing may have lost writes it had acknowledged "
+                 "(a remote connection ended, a flush or FUA write failed) "
+                 "while some were not flushed: the cache wrote its copies "
+                 "again; passthrough ones are counted lost." },
+  [M_DOUBT_CLEARS] = { "foliod_doubt_clears_total", "counter",
+                       "'foliod clear-doubt' runs that cleared writes in "
+                       "doubt." },
   [M_RELEASED] = { "foliod_export_released", "gauge",
                    "1: handed to another host by 'foliod release', served "
                    "read-only; 2: the same, no longer served; 0: not." },
@@ -205,11 +215,13 @@ export_values (struct export *ex, struct export_values *out)
   v[M_BACKING_ERRORS] = st.writeback_errors + st.read_errors + bst.errors;
   v[M_RECONNECTS] = bst.reconnects;
   v[M_RETRIES] = bst.retries;
-  v[M_IN_DOUBT] = bst.writes_in_doubt;
-  v[M_ABANDONED] = bst.abandoned;
+  v[M_IN_DOUBT] = st.writes_in_doubt;
   v[M_UNSTABLE] = st.unstable_bytes;
   v[M_PT_UNFLUSHED] = st.passthrough_unflushed;
   v[M_PT_LOST] = st.passthrough_lost;
+  v[M_LOSSES] = st.losses;
+  v[M_DOUBT_CLEARS] = st.doubt_clears;
+  v[M_ABANDONED] = bst.abandoned;
   v[M_RELEASED] = export_release_state (ex) == EXPORT_STOPPED ? 2
                 : export_release_state (ex) == EXPORT_RELEASED ? 1 : 0;
   v[M_EVICTIONS] = st.evictions;

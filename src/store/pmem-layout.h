@@ -39,6 +39,7 @@
 #define PMEM_FLAG_CLEAN     1u           /* shut down cleanly: all trusted */
 #define PMEM_FLAG_STAMPED   2u           /* backing_mtime/ctime_ns recorded
                                           * at the clean shutdown */
+#define PMEM_FLAG_DOUBT     4u           /* writes in doubt (set_doubt) */
 
 struct pmem_geometry {
   uint32_t folio_size, block_size, nslots;

@@ -82,6 +82,7 @@ struct store_pmem {
   uint32_t blocks;               /* blocks per folio */
   uint64_t next_gen;             /* atomic: the next set_index's generation */
   bool formatted, was_clean;
+  bool was_doubt;                /* PMEM_FLAG_DOUBT at open */
   const char *warm_dropped;      /* why a clean store was not trusted */
   char *backing_file;            /* a regular file backing: stat'ed at open
                                   * and at mark_clean (warm cache trust) */
@@ -419,6 +420,23 @@ pmem_info (struct store *s, struct store_info *info)
   info->formatted = p->formatted;
   info->was_clean = p->was_clean;
   info->warm_dropped = p->warm_dropped;
+  info->doubt = p->was_doubt;
+}
+
+/* Writes in doubt, in the header (under sync_lock, which guards it). */
+static int
+pmem_set_doubt (struct store *s, bool doubt)
+{
+  struct store_pmem *p = SP (s);
+
+  pthread_mutex_lock (&p->sync_lock);
+  if (doubt)
+    p->meta.hdr.flags |= PMEM_FLAG_DOUBT;
+  else
+    p->meta.hdr.flags &= ~PMEM_FLAG_DOUBT;
+  pmem_layout_update (&p->meta);
+  pthread_mutex_unlock (&p->sync_lock);
+  return 0;
 }
 
 static int pmem_recover (struct store *s, store_recover_fn fn, void *arg,
@@ -436,6 +454,7 @@ static const struct store_ops pmem_ops = {
   .recover = pmem_recover,
   .mark_clean = pmem_mark_clean,
   .info = pmem_info,
+  .set_doubt = pmem_set_doubt,
   .destroy = pmem_destroy,
 };
 
@@ -501,6 +520,7 @@ pmem_open_meta (struct store_pmem *p, const struct store_config *cfg,
   if (r == -1)
     return -1;
   p->was_clean = p->meta.hdr.flags & PMEM_FLAG_CLEAN;
+  p->was_doubt = p->meta.hdr.flags & PMEM_FLAG_DOUBT;
   if (p->was_clean)
     p->warm_dropped = pmem_warm_check (p, cfg);
   p->was_clean = p->was_clean && p->warm_dropped == NULL;

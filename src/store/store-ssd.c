@@ -138,6 +138,7 @@ struct store_ssd {
   uint64_t *seg_live;            /* scratch: live blocks per segment */
   /* what open found */
   bool formatted, was_clean;
+  bool was_doubt;               /* SSD_FLAG_DOUBT at open */
   bool sb_suspect;               /* one superblock copy damaged: the other
                                   * may be one write behind */
   uint64_t epoch_floor;          /* the scan's first batch: at least this */
@@ -882,11 +883,45 @@ ssd_sync (struct store *s)
   return 0;
 }
 
+/* Write the superblock between commits: super_exclusive waits for the
+ * commit under way and keeps others out; super_write_end writes p->sb,
+ * flushes it, and lets commits run again (clean: the next commit must
+ * say "not clean" first).  Its result: 0, or -1/errno (sticky). */
+static void
+super_exclusive (struct store_ssd *p)
+{
+  pthread_mutex_lock (&p->mu);
+  while (p->running)
+    pthread_cond_wait (&p->cv, &p->mu);
+  p->running = true;
+  pthread_mutex_unlock (&p->mu);
+}
+
+static int
+super_write_end (struct store_ssd *p, bool clean)
+{
+  int r = ssd_super_write (p->dev, &p->sb, &p->sb_cur);
+  if (r == 0)
+    r = p->dev->ops->flush (p->dev);
+  int e = errno;
+  pthread_mutex_lock (&p->mu);
+  p->running = false;
+  if (clean) {
+    publish_stats (p);
+    p->sb_dirty = true;
+  }
+  if (r == -1 && p->err == 0)
+    p->err = e;
+  pthread_cond_broadcast (&p->cv);
+  pthread_mutex_unlock (&p->mu);
+  errno = e;
+  return r;
+}
+
 static int
 ssd_mark_clean (struct store *s)
 {
   struct store_ssd *p = SS (s);
-  int r;
 
   /* Everything was written back and the backing flushed: nothing in the
    * log is live, and the checkpoint says so.  The commit first is not
@@ -896,28 +931,11 @@ ssd_mark_clean (struct store *s)
    * would write back over the backing's newer data unless the log is
    * retired here (issue 33 item 14). */
   (void) ssd_sync (s);
-  pthread_mutex_lock (&p->mu);
-  while (p->running)
-    pthread_cond_wait (&p->cv, &p->mu);
-  p->running = true;            /* no commit meanwhile */
-  pthread_mutex_unlock (&p->mu);
+  super_exclusive (p);          /* no commit meanwhile */
   p->sb.flags |= SSD_FLAG_CLEAN;
   p->sb.tail_lsn = p->head;
   p->sb.tail_seq = p->next_seq;
-  r = ssd_super_write (p->dev, &p->sb, &p->sb_cur);
-  if (r == 0)
-    r = p->dev->ops->flush (p->dev);
-  int e = errno;
-  pthread_mutex_lock (&p->mu);
-  p->running = false;
-  publish_stats (p);
-  p->sb_dirty = true;
-  if (r == -1 && p->err == 0)
-    p->err = e;
-  pthread_cond_broadcast (&p->cv);
-  pthread_mutex_unlock (&p->mu);
-  errno = e;
-  return r;
+  return super_write_end (p, true);
 }
 
 void
@@ -951,6 +969,22 @@ ssd_info (struct store *s, struct store_info *out)
   out->mechanism = "log write, fdatasync";
   out->formatted = p->formatted;
   out->was_clean = p->was_clean;
+  out->doubt = p->was_doubt;
+}
+
+/* Writes in doubt, in the superblock: written as a checkpoint is, with
+ * no commit meanwhile (as ssd_mark_clean). */
+static int
+ssd_set_doubt (struct store *s, bool doubt)
+{
+  struct store_ssd *p = SS (s);
+
+  super_exclusive (p);
+  if (doubt)
+    p->sb.flags |= SSD_FLAG_DOUBT;
+  else
+    p->sb.flags &= ~SSD_FLAG_DOUBT;
+  return super_write_end (p, false);
 }
 
 /* --- recovery --- */
@@ -1693,6 +1727,7 @@ static const struct store_ops ssd_ops = {
   .may_reuse = ssd_may_reuse,
   .recover = ssd_recover,
   .mark_clean = ssd_mark_clean,
+  .set_doubt = ssd_set_doubt,
   .info = ssd_info,
   .stats = ssd_stats_op,
   .destroy = ssd_destroy,
@@ -1945,6 +1980,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
       goto fail_kept;
     super_suspect (p, other_bad);
     p->was_clean = p->sb.flags & SSD_FLAG_CLEAN;
+    p->was_doubt = p->sb.flags & SSD_FLAG_DOUBT;
   }
   if (p->sb.log_bytes < 2 * p->cmax)
     FAIL (ENOSPC, "%s: log of %" PRIu64 " bytes too small for a cache of %"
@@ -2119,6 +2155,9 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
              "read from this one's checkpoint)"
            : (sb->flags & SSD_FLAG_CLEAN)
            ? "clean" : "not clean (in use, or a crash)");
+  if (sb->flags & SSD_FLAG_DOUBT)
+    fprintf (out, "writes in doubt: the backing is not trusted with this "
+             "data until 'foliod clear-doubt'\n");
   if (!(sb->flags & SSD_FLAG_CLEAN)) {
     if (recover_scan (&p, err, errlen) == -1) {
       int e = errno;

@@ -8,9 +8,9 @@
 # succeeds again (foliod(8)), stats shows no loss, and foliod stops
 # cleanly with C on the remote.  (It used to count C lost at the clear
 # and fail every FLUSH until the export was reopened.)
-. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/lib.sh"
 lib_init remote-doubt-direct
-. "$(dirname "$0")/../lib-remote.sh"
+. "$(dirname "$0")/lib-remote.sh"
 
 ctl=$tmp/ctl.sock
 img=$tmp/remote.img
