@@ -1009,6 +1009,7 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
   d->upgrade_start_ms = now_ms ();
   log_info ("upgrade: requested");
   free (d->upgrade_old);
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   d->upgrade_old = calloc (cfg->n_exports + 1, sizeof *d->upgrade_old);
   if (d->upgrade_old == NULL) {
     upgrade_answer (d, "ERROR out of memory\n");

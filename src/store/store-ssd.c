@@ -382,7 +382,7 @@ struct plist {
 static int
 plist_reserve (struct plist *l, size_t extra)
 {
-  if (l->n + extra <= l->cap)
+  if (l->v != NULL && l->n + extra <= l->cap)
     return 0;
   size_t cap = l->cap ? 2 * l->cap : 1024;
   while (cap < l->n + extra)
