@@ -450,6 +450,10 @@ send_fds (int sock, char tag, const int *fds, size_t n)
     m.msg_control = u.buf;
     m.msg_controllen = CMSG_SPACE (n * sizeof (int));
     c = CMSG_FIRSTHDR (&m);
+    if (c == NULL) {            /* cannot be: the buffer has the room */
+      errno = EINVAL;
+      return -1;
+    }
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN (n * sizeof (int));
