@@ -6,6 +6,7 @@
 #   lib_init rbd-x
 #   . "$(dirname "$0")/lib-ceph.sh"
 #   ceph_up 64M                     # pool rbd, image rbd/img of 64M
+#   rbd_import_model 64 16 4       # $tmp/model: 64M, random 16M..20M; rbd/img
 #   start_foliod --export "disk0=$(rbd_backing),cache-size=4M"
 #   rbd_cmd export rbd/img "$tmp/out"
 
@@ -29,6 +30,17 @@ trap _ceph_cleanup EXIT
 ceph_up () {
   "$CLUSTER" up "$CEPH_DIR" "${1:-64M}" >/dev/null ||
     fail "the Ceph cluster did not start (logs in $CEPH_DIR/log)"
+}
+
+# rbd_import_model SIZE_MB AT_MB DATA_MB: $tmp/model, SIZE_MB of zeroes
+# with DATA_MB of random data at AT_MB (never read by foliod yet: reads
+# of it miss), imported as rbd/img in place of the image ceph_up made.
+rbd_import_model () {
+  truncate -s "$1M" "$tmp/model"
+  head -c "$3M" /dev/urandom |
+    dd of="$tmp/model" bs=1M seek="$2" conv=notrunc status=none
+  rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
+  rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
 }
 
 # rbd_cmd ARGS...: the rbd tool on the test's cluster.

@@ -16,10 +16,7 @@ lib_init rbd-down
 trap _ceph_cleanup EXIT
 
 ceph_up 64M
-truncate -s 64M "$tmp/model"
-head -c 32M /dev/urandom | dd of="$tmp/model" bs=1M seek=16 conv=notrunc status=none
-rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
-rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
+rbd_import_model 64 16 32
 start_foliod --control "$tmp/ctl" --export \
   "disk0=$(rbd_backing),cache-size=8M,request-timeout=1500"
 U=$(uri disk0)

@@ -23,10 +23,7 @@ trap _ceph_cleanup EXIT
 
 ceph_up 64M
 # Data at 16M..20M that foliod has not read: a miss goes to the OSD.
-truncate -s 64M "$tmp/model"
-head -c 4M /dev/urandom | dd of="$tmp/model" bs=1M seek=16 conv=notrunc status=none
-rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
-rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
+rbd_import_model 64 16 4
 rbd_cmd create --size 8M rbd/img2 || fail "rbd create img2"
 start_foliod --control "$tmp/ctl" --export \
   "disk0=$(rbd_backing),cache-size=32M,request-timeout=3000,dirty-expire=200,writeback-interval=100"

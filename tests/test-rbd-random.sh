@@ -79,10 +79,7 @@ PY
 
 ceph_up 64M
 # The image starts with data in its middle (reads of it miss the cache).
-truncate -s 64M "$tmp/model"
-head -c 16M /dev/urandom | dd of="$tmp/model" bs=1M seek=8 conv=notrunc status=none
-rbd_cmd rm rbd/img >/dev/null 2>&1 || fail "rbd rm"
-rbd_cmd import --no-progress "$tmp/model" rbd/img || fail "rbd import"
+rbd_import_model 64 8 16
 
 start_foliod --control "$tmp/ctl" --export \
   "disk0=$(rbd_backing),cache-size=4M,dirty-expire=200,writeback-interval=100,request-timeout=60000"
