@@ -1201,6 +1201,8 @@ daemon_run (struct daemon_config *cfg, char **argv)
      * and their files stay; the exports are closed.  Just go (the
      * control thread sends its reply as it stops). */
     control_stop (d.ctl);
+    ublk_set_free (d.ublk);      /* empty: no upgrade while a device is
+                                    served */
     log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
     free (d.upgrade_old);
     return 0;
@@ -1210,6 +1212,8 @@ daemon_run (struct daemon_config *cfg, char **argv)
   ublk_set_free (d.ublk);        /* its devices use the exports */
   if (exports_close (&d) == -1 || d.upgrade_fatal)
     r = -1;
+  upgrade_handoff_free (&d.inherit); /* a start that failed before
+                                        taking the connections over */
   free (d.upgrade_old);
   if (d.server)
     server_free (d.server);

@@ -130,6 +130,8 @@ take (struct cursor *c, void *dst, size_t n)
 {
   if (n > c->left)
     return -1;
+  if (n == 0)                   /* dst may be NULL: nothing pending */
+    return 0;
   memcpy (dst, c->p, n);
   c->p += n;
   c->left -= n;

@@ -557,7 +557,8 @@ conn_resume (struct conn *c, const struct server_moved *m)
   c->meta_exp = e;
   c->no_zeroes = (m->flags & SERVER_MOVED_NO_ZEROES) != 0;
   c->requested = (m->flags & SERVER_MOVED_REQUESTED) != 0;
-  memcpy (c->rbuf, m->pending, m->pending_len);
+  if (m->pending_len > 0)       /* pending is NULL when there is none */
+    memcpy (c->rbuf, m->pending, m->pending_len);
   c->rlen = m->pending_len;
   memcpy (c->hdr, m->hdr, sizeof c->hdr);
   ev_timer_stop (c->lp->loop, &c->hs_timer);
