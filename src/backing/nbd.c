@@ -344,17 +344,44 @@ wop_send (struct nbdb_backing *nb, const struct wop *w)
   return r;
 }
 
+/* Connection events after which a flush may reach another remote (a
+ * restarted one) than the writes before it: ends and reconnects. */
+static uint64_t
+conn_events (struct nbdb_backing *nb)
+{
+  return atomic_load (&nb->ends) + atomic_load (&nb->reconnects);
+}
+
+#define FUA_TRIES 3
+
 /* Send w; with BACKING_FUA on a remote without native FUA, flush after
- * it. */
+ * it.  That flush covers the op only on the remote that acknowledged
+ * it: if a connection ended or was made between the op and the flush's
+ * answer, the remote may have restarted in between, lost the op and
+ * answered the flush from the new process (issue 33 item 2: the op was
+ * never counted unflushed anywhere, so nothing would write it again).
+ * Then both go again, a few times, and the op fails (EIO) if the remote
+ * keeps changing. */
 static int
 wop_run (struct nbdb_backing *nb, unsigned flags, const struct wop *w)
 {
-  int r, e;
+  int r, tries = 0, e;
 
   nbdb_id_write_begin (nb, w->off, w->len);
-  r = wop_send (nb, w);
-  if (r == 0 && (flags & BACKING_FUA) && !nb->can_fua)
+  for (;;) {
+    uint64_t ev = conn_events (nb);
+    r = wop_send (nb, w);
+    if (r == -1 || !(flags & BACKING_FUA) || nb->can_fua)
+      break;
     r = nbdb_flush (&nb->b);
+    if (r == -1 || conn_events (nb) == ev)
+      break;
+    if (++tries == FUA_TRIES) {
+      errno = EIO;
+      r = -1;
+      break;
+    }
+  }
   e = errno;
   nbdb_id_write_end (nb);
   errno = e;
