@@ -64,6 +64,17 @@ id_slot (const struct nbdb_backing *nb, uint64_t off)
   return part ? (unsigned) (off / part) % NBD_ID_SAMPLES : 0;
 }
 
+/* Slot i is used or not (id_lock held). */
+static void
+id_set_used (struct nbdb_backing *nb, unsigned i, bool used)
+{
+  nb->id[i].used = used;
+  if (used)
+    atomic_fetch_or (&nb->id_mask, 1u << i);
+  else
+    atomic_fetch_and (&nb->id_mask, ~(1u << i));
+}
+
 void
 nbdb_id_write_begin (struct nbdb_backing *nb, uint64_t off, uint64_t len)
 {
@@ -73,7 +84,7 @@ nbdb_id_write_begin (struct nbdb_backing *nb, uint64_t off, uint64_t len)
   for (unsigned i = 0; i < NBD_ID_SAMPLES; i++) {
     struct id_sample *s = &nb->id[i];
     if (s->used && s->off < off + len && off < s->off + NBD_ID_BLOCK)
-      s->used = false;
+      id_set_used (nb, i, false);
   }
   unlock_or_die (&nb->id_lock);
 }
@@ -126,16 +137,17 @@ nbdb_id_read_done (struct nbdb_backing *nb, uint64_t token, const void *buf,
       atomic_load (&nb->id_wseq) != token)
     return;
   i = id_slot (nb, a);
-  if (nb->id[i].used)           /* a racy hint; checked again below */
+  if (atomic_load (&nb->id_mask) & (1u << i))  /* checked again below */
     return;
   uint64_t h = id_hash ((const unsigned char *) buf + (a - off), NBD_ID_BLOCK);
   lock_or_die (&nb->id_lock);
   /* A write that began after the read dropped nothing yet, or sees this
    * one: id_wseq moves before its drop takes id_lock. */
   if (!nb->id[i].used && atomic_load (&nb->id_wseq) == token &&
-      atomic_load (&nb->in_doubt) == 0)
-    nb->id[i] = (struct id_sample) { .off = a, .hash = h, .wseq = token,
-                                     .used = true };
+      atomic_load (&nb->in_doubt) == 0) {
+    nb->id[i] = (struct id_sample) { .off = a, .hash = h, .wseq = token };
+    id_set_used (nb, i, true);
+  }
   unlock_or_die (&nb->id_lock);
 }
 
@@ -171,7 +183,7 @@ nbdb_id_differs (struct nbdb_backing *nb, struct nbd_handle *h, uint64_t end,
   lock_or_die (&nb->id_lock);
   for (unsigned i = 0; i < NBD_ID_SAMPLES; i++) {
     if (nb->id[i].used && nb->id[i].wseq > nb->id_flushed)
-      nb->id[i].used = false;
+      id_set_used (nb, i, false);
     if (nb->id[i].used)
       s[n++] = nb->id[i];
   }

@@ -140,6 +140,9 @@ struct nbdb_backing {
    * and id_flushed. */
   pthread_mutex_t id_lock;
   struct id_sample id[NBD_ID_SAMPLES];
+  atomic_uint id_mask;          /* bit i: id[i].used, read without id_lock
+                                 * as a hint (a read takes no lock and
+                                 * hashes nothing when its slot is full) */
   atomic_uint_fast64_t id_wseq, id_writing;
   uint64_t id_flushed;
 
