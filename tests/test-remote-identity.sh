@@ -13,13 +13,7 @@ lib_init remote-identity
 requires nbdsh python3
 
 ctl=$tmp/ctl.sock
-python3 - "$tmp" <<'PY'
-import sys
-for name, ch in (("a.img", b"A"), ("b.img", b"B")):
-    with open(sys.argv[1] + "/" + name, "wb") as f:
-        f.write(ch * (16 << 20))
-PY
-cp "$tmp/b.img" "$tmp/b.orig"
+make_ab_images
 start_remote "$tmp/remote.sock" file "$tmp/a.img"
 # readahead=0: only what the client reads is cached; retry-timeout: a
 # refused remote counts as away, requests fail after this.
