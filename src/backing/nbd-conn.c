@@ -214,8 +214,11 @@ reason_hash (const char *s)
 }
 
 /* A new handle for a dropped one: the same export (remote_changed) with
- * the same content where it can be compared (nbdb_id_differs), or none.  Either is logged: a reconnect at info level, each new reason for
- * a refusal (not each probe's) at warning level. */
+ * the same content where it can be compared (nbdb_id_differs), or none.
+ * Either is logged: a reconnect at info level, each new reason for a
+ * refusal (not each probe's) at warning level; a content check that
+ * could not read (the handle is dropped, the next probe tries again) at
+ * debug level. */
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
