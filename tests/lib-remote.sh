@@ -122,3 +122,16 @@ held_write_plugin () {
   flush) sync "$1" ;;
 SH
 }
+
+# make_ab_images [MIB]: two images of the same size (default 16 MiB) in
+# $tmp, a.img all 'A' and b.img all 'B', and b.orig a copy of b.img (the
+# identity tests: another image behind the same remote).
+make_ab_images () {
+  python3 - "$tmp" "${1:-16}" <<'PY'
+import sys
+for name, ch in (("a.img", b"A"), ("b.img", b"B")):
+    with open(sys.argv[1] + "/" + name, "wb") as f:
+        f.write(ch * (int(sys.argv[2]) << 20))
+PY
+  cp "$tmp/b.img" "$tmp/b.orig"
+}

@@ -213,23 +213,34 @@ reason_hash (const char *s)
   return h ? h : 1;
 }
 
-/* A new handle for a dropped one: the same export (remote_changed), or
- * none.  Either is logged: a reconnect at info level, each new reason for
- * a refusal (not each probe's) at warning level. */
+/* A new handle for a dropped one: the same export (remote_changed) with
+ * the same content where it can be compared (nbdb_id_differs), or none.
+ * Either is logged: a reconnect at info level, each new reason for a
+ * refusal (not each probe's) at warning level; a content check that
+ * could not read (the handle is dropped, the next probe tries again) at
+ * debug level. */
 static struct nbd_handle *
 conn_reopen (struct nbdb_backing *nb)
 {
   struct nbd_handle *h = nbdb_conn_open (nb, 0, NULL, 0);
   char why[256];
+  int d = 0;
 
   if (h == NULL)
     return NULL;
-  if (remote_changed (nb, h, why, sizeof why)) {
+  if (remote_changed (nb, h, why, sizeof why) ||
+      (d = nbdb_id_differs (nb, h, nbdb_connect_end (nb), why,
+                            sizeof why)) == 1) {
     uint64_t r = reason_hash (why);
     if (atomic_exchange (&nb->refusal_logged, r) != r)
       log_warn ("nbd %s: the remote came back as another export (%s): "
                 "refused; requests fail until it serves the one foliod "
                 "opened", nb->uri, why);
+    nbd_close (h);
+    return NULL;
+  }
+  if (d == -1) {                /* not checked: not used either */
+    log_debug ("nbd %s: reconnect: %s", nb->uri, why);
     nbd_close (h);
     return NULL;
   }
@@ -268,6 +279,7 @@ conn_wake_if_writing (struct nbdb_conn *c, struct nbd_handle *h)
 struct nbdb_async {
   void (*done) (void *opaque, int err);
   void *opaque;
+  struct nbdb_read_id rid;      /* rid.buf NULL: not a read to sample */
   struct nbdb_conn *c;
   uint64_t deadline;            /* now_ms() time */
   struct nbdb_async *prev, *next;  /* c->async_head, under async_lock */
@@ -1024,6 +1036,9 @@ async_complete (void *user, int *error)
   int e = *error;
 
   async_unlink (a);
+  if (e == 0 && a->rid.buf)
+    nbdb_id_read_done (c->nb, a->rid.token, a->rid.buf, a->rid.len,
+                       a->rid.off);
   a->done (a->opaque, e);
   async_put (c, a);
   atomic_fetch_sub (&c->users, 1);      /* h may be closed after this */
@@ -1032,7 +1047,8 @@ async_complete (void *user, int *error)
 
 int
 nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
-                void (*done) (void *opaque, int err), void *opaque)
+                void (*done) (void *opaque, int err), void *opaque,
+                const struct nbdb_read_id *rid)
 {
   struct nbdb_conn *c;
   struct nbdb_async *a;
@@ -1056,6 +1072,8 @@ nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
   }
   *a = (struct nbdb_async) { .done = done, .opaque = opaque, .c = c,
                              .deadline = now_ms () + nb->request_timeout_ms };
+  if (rid)
+    a->rid = *rid;
   lock_or_die (&c->async_lock);
   a->next = c->async_head;
   if (a->next)

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -15,6 +16,8 @@
 #define NBD_EXT_SLOTS   64  /* cached extents */
 #define NBD_INVAL_LOG   16  /* recent invalidations remembered */
 #define NBD_ASYNC_MAX   512 /* async commands in flight per connection */
+#define NBD_ID_SAMPLES  8   /* blocks remembered to check a reconnect */
+#define NBD_ID_BLOCK    4096 /* bytes of each */
 
 /* One connection to the remote.  Any number of threads issue aio
  * commands on it at once; one poller thread per connection moves the
@@ -63,6 +66,14 @@ struct ext_slot {
 
 struct inval {
   uint64_t off, end, gen;
+};
+
+/* A block the remote served (nbd-ident.c). */
+struct id_sample {
+  uint64_t off;                 /* NBD_ID_BLOCK bytes at off */
+  uint64_t hash;                /* their FNV-1a */
+  uint64_t wseq;                /* id_wseq when read: firm once flushed */
+  bool used;
 };
 
 struct nbdb_backing {
@@ -122,6 +133,18 @@ struct nbdb_backing {
   unsigned id_flags;
   char *id_desc;
   atomic_uint_fast64_t refusal_logged;
+  /* ... and the content: blocks the remote served, compared again at
+   * every reconnect (nbd-ident.c).  id_wseq moves at the start and the
+   * end of every write, zero and trim (id_writing in flight); id_flushed
+   * is the id_wseq a good flush covered.  id_lock (a leaf) protects id[]
+   * and id_flushed. */
+  pthread_mutex_t id_lock;
+  struct id_sample id[NBD_ID_SAMPLES];
+  atomic_uint id_mask;          /* bit i: id[i].used, read without id_lock
+                                 * as a hint (a read takes no lock and
+                                 * hashes nothing when its slot is full) */
+  atomic_uint_fast64_t id_wseq, id_writing;
+  uint64_t id_flushed;
 
   struct nbdb_backing *fork_next; /* list of open backings (nbd-conn.c) */
   int forkable;                 /* on that list */
@@ -143,6 +166,13 @@ int nbdb_run (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
  * answer; not one the remote answered ESHUTDOWN) counts in nb->in_doubt,
  * whether or not a retry succeeds. */
 int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
+/* A read whose answer may become a content sample (nbd-ident.c): its
+ * buffer, range and nbdb_id_read_begin's token. */
+struct nbdb_read_id {
+  const void *buf;
+  uint64_t len, off, token;
+};
+
 /* Issue fn once without waiting; done (opaque, 0 or errno) runs on the
  * poller (or this thread) when the remote answered, the connection
  * failed, or request_timeout_ms passed (then the connection is cut, and
@@ -153,9 +183,11 @@ int nbdb_run_write (struct nbdb_backing *nb, nbdb_issue fn, void *arg);
  * nbdb_run.  No retries.  Never blocks: the daemon's event loop calls
  * it; it takes only leaf mutexes held for moments (async_lock,
  * poller_lock by trylock) and libnbd's handle lock, never c->lock's
- * writer, a thread start or malloc. */
+ * writer, a thread start or malloc.  rid (or NULL): a read that
+ * succeeded is offered to nbdb_id_read_done before done runs. */
 int nbdb_run_async (struct nbdb_backing *nb, nbdb_issue fn, void *arg,
-                    void (*done) (void *opaque, int err), void *opaque);
+                    void (*done) (void *opaque, int err), void *opaque,
+                    const struct nbdb_read_id *rid);
 
 /* The handshake flags of h that the backing relies on: read-only, flush,
  * FUA, trim, zero, fast zero, multi-conn, base:allocation, one bit each. */
@@ -163,6 +195,26 @@ unsigned nbdb_id_flags (struct nbd_handle *h);
 /* The export's description h got (NBD_INFO_DESCRIPTION), malloc'd, or
  * NULL when none. */
 char *nbdb_id_desc (struct nbd_handle *h);
+
+/* Content identity (nbd-ident.c).  A write, zero or trim of
+ * [off, off+len) begins (its samples are dropped) / ended. */
+void nbdb_id_write_begin (struct nbdb_backing *nb, uint64_t off,
+                          uint64_t len);
+void nbdb_id_write_end (struct nbdb_backing *nb);
+/* A flush begins: the token for nbdb_id_flushed once it succeeded. */
+uint64_t nbdb_id_flush_begin (struct nbdb_backing *nb);
+void nbdb_id_flushed (struct nbdb_backing *nb, uint64_t token);
+/* A read is issued: the token for nbdb_id_read_done, called when it
+ * succeeded with the len bytes at off in buf (maybe a sample). */
+uint64_t nbdb_id_read_begin (struct nbdb_backing *nb);
+void nbdb_id_read_done (struct nbdb_backing *nb, uint64_t token,
+                        const void *buf, uint64_t len, uint64_t off);
+/* Does the new handle h (not yet installed) serve other content than the
+ * remote served before?  Reads the firm samples from h by end (now_ms()
+ * time).  0: no difference found; 1: one differs; -1: a read failed.
+ * The reason in why for 1 and -1. */
+int nbdb_id_differs (struct nbdb_backing *nb, struct nbd_handle *h,
+                     uint64_t end, char *why, size_t len);
 
 /* Shutdown deadline (backing op set_deadline). */
 void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);

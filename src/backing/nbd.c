@@ -204,8 +204,11 @@ nbdb_chunked (struct nbdb_backing *nb, nbdb_issue fn, char *buf, uint64_t len,
 
   while (len > 0) {
     struct io_req r = { buf, MIN (len, chunk), off, flags };
+    uint64_t t = write ? 0 : nbdb_id_read_begin (nb);
     if ((write ? nbdb_run_write (nb, fn, &r) : nbdb_run (nb, fn, &r)) == -1)
       return -1;
+    if (!write)
+      nbdb_id_read_done (nb, t, buf, r.len, off);
     if (buf)
       buf += r.len;
     off += r.len;
@@ -240,7 +243,11 @@ nbdb_flush (struct backing *b)
     return -1;
   if (!nb->can_flush)
     return 0;
-  return nbdb_run (nb, call_flush, NULL);
+  uint64_t t = nbdb_id_flush_begin (nb);
+  if (nbdb_run (nb, call_flush, NULL) == -1)
+    return -1;
+  nbdb_id_flushed (nb, t);
+  return 0;
 }
 
 /* Connections that ended (nb->ends): the ledger's loss facts. */
@@ -267,15 +274,6 @@ fua_doubt_check (struct nbdb_backing *nb, unsigned flags)
   return (flags & BACKING_FUA) ? doubt_check (nb) : 0;
 }
 
-/* FUA for a remote without native FUA: flush after the op. */
-static int
-fua_fallback (struct nbdb_backing *nb, unsigned flags, int r)
-{
-  if (r == 0 && (flags & BACKING_FUA) && !nb->can_fua)
-    return nbdb_flush (&nb->b);
-  return r;
-}
-
 static uint32_t
 fua_flag (struct nbdb_backing *nb, unsigned flags)
 {
@@ -299,6 +297,7 @@ nbdb_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
 {
   struct nbdb_backing *nb = to_nbd (b);
   struct io_req r = { buf, len, off, 0 };
+  struct nbdb_read_id rid = { buf, len, off, nbdb_id_read_begin (nb) };
 
   if (backing_check_range (b, len, off, 0) == -1)
     return -1;
@@ -306,23 +305,17 @@ nbdb_read_async (struct backing *b, void *buf, uint64_t len, uint64_t off,
     errno = EINVAL;
     return -1;
   }
-  return nbdb_run_async (nb, call_pread, &r, done, opaque);
+  return nbdb_run_async (nb, call_pread, &r, done, opaque, &rid);
 }
 
-static int
-nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
-            unsigned flags)
-{
-  struct nbdb_backing *nb = to_nbd (b);
-  int r;
-
-  if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
-    return -1;
-  r = nbdb_chunked (nb, call_pwrite, (char *) buf, len, off,
-                    fua_flag (nb, flags), nb->max_io);
-  ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
-}
+/* A write-class op as sent: fn NULL writes zeroes from zero_buf (a
+ * remote without WRITE_ZEROES). */
+struct wop {
+  nbdb_issue fn;
+  char *buf;
+  uint64_t len, off, chunk;
+  uint32_t f;                   /* libnbd flags */
+};
 
 static int
 write_zeroes (struct nbdb_backing *nb, uint64_t len, uint64_t off,
@@ -339,11 +332,80 @@ write_zeroes (struct nbdb_backing *nb, uint64_t len, uint64_t off,
 }
 
 static int
+wop_send (struct nbdb_backing *nb, const struct wop *w)
+{
+  int r = w->fn ? nbdb_chunked (nb, w->fn, w->buf, w->len, w->off, w->f,
+                                w->chunk)
+                : write_zeroes (nb, w->len, w->off, w->f);
+  int e = errno;
+
+  ext_invalidate (nb, w->off, w->len);
+  errno = e;
+  return r;
+}
+
+/* Connection events after which a flush may reach another remote (a
+ * restarted one) than the writes before it: ends and reconnects. */
+static uint64_t
+conn_events (struct nbdb_backing *nb)
+{
+  return atomic_load (&nb->ends) + atomic_load (&nb->reconnects);
+}
+
+#define FUA_TRIES 3
+
+/* Send w; with BACKING_FUA on a remote without native FUA, flush after
+ * it.  That flush covers the op only on the remote that acknowledged
+ * it: if a connection ended or was made between the op and the flush's
+ * answer, the remote may have restarted in between, lost the op and
+ * answered the flush from the new process (issue 33 item 2: the op was
+ * never counted unflushed anywhere, so nothing would write it again).
+ * Then both go again, a few times, and the op fails (EIO) if the remote
+ * keeps changing. */
+static int
+wop_run (struct nbdb_backing *nb, unsigned flags, const struct wop *w)
+{
+  int r, tries = 0, e;
+
+  nbdb_id_write_begin (nb, w->off, w->len);
+  for (;;) {
+    uint64_t ev = conn_events (nb);
+    r = wop_send (nb, w);
+    if (r == -1 || !(flags & BACKING_FUA) || nb->can_fua)
+      break;
+    r = nbdb_flush (&nb->b);
+    if (r == -1 || conn_events (nb) == ev)
+      break;
+    if (++tries == FUA_TRIES) {
+      errno = EIO;
+      r = -1;
+      break;
+    }
+  }
+  e = errno;
+  nbdb_id_write_end (nb);
+  errno = e;
+  return r;
+}
+
+static int
+nbdb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
+            unsigned flags)
+{
+  struct nbdb_backing *nb = to_nbd (b);
+  struct wop w = { call_pwrite, (char *) buf, len, off, nb->max_io,
+                   fua_flag (nb, flags) };
+
+  if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
+    return -1;
+  return wop_run (nb, flags, &w);
+}
+
+static int
 nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct nbdb_backing *nb = to_nbd (b);
-  uint32_t f = fua_flag (nb, flags);
-  int r;
+  struct wop w = { NULL, NULL, len, off, NBD_MAX_ZERO, fua_flag (nb, flags) };
 
   if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
@@ -354,32 +416,27 @@ nbdb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if (len == 0)
     return 0;
   if (nb->can_zero) {
+    w.fn = call_zero;
     if (!(flags & BACKING_MAY_TRIM))
-      f |= LIBNBD_CMD_FLAG_NO_HOLE;
+      w.f |= LIBNBD_CMD_FLAG_NO_HOLE;
     if (flags & BACKING_FAST_ZERO)
-      f |= LIBNBD_CMD_FLAG_FAST_ZERO;
-    r = nbdb_chunked (nb, call_zero, NULL, len, off, f, NBD_MAX_ZERO);
+      w.f |= LIBNBD_CMD_FLAG_FAST_ZERO;
   }
-  else
-    r = write_zeroes (nb, len, off, f);
-  ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
+  return wop_run (nb, flags, &w);
 }
 
 static int
 nbdb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct nbdb_backing *nb = to_nbd (b);
-  int r;
+  struct wop w = { call_trim, NULL, len, off, NBD_MAX_ZERO,
+                   fua_flag (nb, flags) };
 
   if (backing_check_range (b, len, off, 1) == -1 || fua_doubt_check (nb, flags) == -1)
     return -1;
   if (!nb->can_trim || len == 0)
     return 0;                   /* advisory */
-  r = nbdb_chunked (nb, call_trim, NULL, len, off, fua_flag (nb, flags),
-                    NBD_MAX_ZERO);
-  ext_invalidate (nb, off, len);
-  return fua_fallback (nb, flags, r);
+  return wop_run (nb, flags, &w);
 }
 
 /* base:allocation -> our types.  HOLE without ZERO reads as undefined
@@ -534,7 +591,8 @@ map_async_start (struct nbdb_backing *nb, uint64_t off)
   x->m.off = off;
   x->m.count = MIN (nb->b.size - off, (uint64_t) NBD_MAP_LOOKAHEAD);
   /* From here on x is the completion's (it may have run already). */
-  if (nbdb_run_async (nb, call_block_status, &x->m, map_async_done, x) == 0)
+  if (nbdb_run_async (nb, call_block_status, &x->m, map_async_done, x,
+                      NULL) == 0)
     return;
   lock_or_die (&nb->ext_lock);
   nb->map_async = NULL;
@@ -593,6 +651,7 @@ nbdb_close (struct backing *b)
   free (nb->tls_username);
   free (nb->id_desc);
   pthread_mutex_destroy (&nb->ext_lock);
+  pthread_mutex_destroy (&nb->id_lock);
   free (nb);
 }
 
@@ -690,6 +749,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
   }
   nb->b.ops = &nbdb_ops;
   pthread_mutex_init (&nb->ext_lock, NULL);
+  pthread_mutex_init (&nb->id_lock, NULL);
   nb->uri = dup_opt (uri, &oom);
   nb->tls_certificates = dup_opt (o->tls_certificates, &oom);
   nb->tls_psk_file = dup_opt (o->tls_psk_file, &oom);

@@ -178,6 +178,55 @@ cache_recover_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
+/* A store closed cleanly keeps clean blocks the backing must still hold
+ * (written back and flushed, or read from it).  A file's times are
+ * checked by the store; a remote or a block device says nothing, and
+ * may have been changed, or another image put behind the same spec,
+ * while foliod was down (issue 33 item 8).  Up to WARM_CHECKS of them,
+ * the first in each part of the export, are read from the backing and
+ * compared: one that differs refuses the store before anything is served
+ * or written back.  A backing that cannot be read now is not checked. */
+#define WARM_CHECKS 8
+
+static int
+warm_check (struct cache *c, char *err, size_t errlen)
+{
+  uint64_t part = (c->size + WARM_CHECKS - 1) / WARM_CHECKS;
+  uint64_t bs = (uint64_t) 1 << c->block_shift;
+  bool seen[WARM_CHECKS] = { false };
+  unsigned char *buf;
+  int r = 0;
+
+  if (!c->sinfo.was_clean || part == 0 || (buf = malloc (bs)) == NULL)
+    return 0;
+  for (uint32_t s = 0; s < c->store->nslots && r == 0; s++) {
+    struct folio *f = &c->folios[s];
+    for (uint32_t i = 0; f->cached && i < c->blocks_per_folio; i++) {
+      uint64_t off = folio_pos (c, f->index) + block_pos (c, i);
+      uint64_t k = off / part;
+      if (k >= WARM_CHECKS || seen[k] || off + bs > c->size ||
+          !folio_block_uptodate (c, f, i) || folio_block_dirty (c, f, i) ||
+          folio_test (c, f, FP_UNSTABLE, i))
+        continue;
+      seen[k] = true;
+      if (c->b->ops->read (c->b, buf, bs, off) == -1)
+        goto out;
+      if (memcmp (buf, f->data + block_pos (c, i), bs) != 0) {
+        snprintf (err, errlen, "the store's clean block at offset %" PRIu64
+                  " differs from the backing's: the backing was changed "
+                  "while foliod was down, or is another image (remove the "
+                  "store to serve the backing as it is)", off);
+        errno = EINVAL;
+        r = -1;
+        break;
+      }
+    }
+  }
+ out:
+  free (buf);
+  return r;
+}
+
 /* The store's caps; a durable store is rebuilt into the index (before
  * any set_index), and the free slots are those it left free. */
 static int
@@ -223,7 +272,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
     if (!c->folios[i].cached)
       c->free_slots[c->nr_free++] = i;
   si->recover_ms = now_ms () - t0;
-  return 0;
+  return warm_check (c, err, errlen);
 }
 
 /* A store handed in by the caller must have the configured geometry. */

@@ -170,13 +170,14 @@ enum pass_op { PASS_WRITE, PASS_ZERO, PASS_TRIM };
 
 /* A passthrough request without FUA succeeded (sent in the ledger's
  * view): a write or zero the backing could still lose is counted, and
- * flush=store needs the backing's flush for it (ledger.c). */
-static void
+ * flush=store needs the backing's flush for it (ledger.c).  True when
+ * the ledger counts it lost already. */
+static bool
 passthrough_done (struct cache *c, enum pass_op op, uint64_t view)
 {
-  ledger_passthrough_written (c, view,
-                              op != PASS_TRIM && c->b->ops->loss_epoch,
-                              op != PASS_TRIM);
+  return ledger_passthrough_written (c, view,
+                                     op != PASS_TRIM && c->b->ops->loss_epoch,
+                                     op != PASS_TRIM);
 }
 
 /* A range request goes to the backing a window of folios at a time, each
@@ -295,8 +296,10 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   int err = errno;
   if (op != PASS_WRITE)         /* io_write logged the write */
     backing_written (c, off, len);
-  if (r == 0 && !(flags & CACHE_FUA))
-    passthrough_done (c, op, view);
+  /* Lost already: what the backing holds is unknown, as after a
+   * failure (the clean copies are forgotten). */
+  if (r == 0 && !(flags & CACHE_FUA) && passthrough_done (c, op, view))
+    x->kind = FIX_FAILED;
   if (r == -1)
     x->kind = FIX_FAILED;
   x->unflushed = !(flags & CACHE_FUA);

@@ -213,22 +213,36 @@ ledger_passthrough_view (struct cache *c)
   return loss_view (c);
 }
 
-void
+/* Counted after its answer came: a loss settled (ledger_lost) between
+ * its send and now did not count it, though the remote that acknowledged
+ * it may be the one that was lost (a restart met by a flush on another
+ * connection while this answer was on its way: issue 33 item 2).  Such a
+ * write is lost at once, as ledger_lost would have found it. */
+bool
 ledger_passthrough_written (struct cache *c, uint64_t view, bool counted,
                             bool unsynced)
 {
   struct ledger *l = &c->led;
+  bool lost = false;
 
   atomic_store (&l->backing_unflushed, true);
   if (unsynced)
     atomic_store (&l->passthrough_unsynced, true);
   if (!counted)
-    return;
+    return false;
   lock_or_die (&l->pt_lock);
-  atomic_fetch_add (&l->passthrough_unflushed, 1);
-  if (view < l->pt_view)
-    l->pt_view = view;
+  if (view < l->lost_view) {
+    atomic_fetch_add (&l->passthrough_lost_writes, 1);
+    atomic_store (&l->passthrough_lost, true);
+    lost = true;
+  }
+  else {
+    atomic_fetch_add (&l->passthrough_unflushed, 1);
+    if (view < l->pt_view)
+      l->pt_view = view;
+  }
   unlock_or_die (&l->pt_lock);
+  return lost;
 }
 
 void
@@ -312,7 +326,8 @@ ledger_lost (struct cache *c)
   l->stable_epoch = rewrite_epoch (c);
   lock_or_die (&l->pt_lock);
   uint64_t n = atomic_load (&l->passthrough_unflushed);
-  if (n > 0 && l->pt_view < loss_view (c)) {
+  l->lost_view = loss_view (c);
+  if (n > 0 && l->pt_view < l->lost_view) {
     atomic_store (&l->passthrough_unflushed, 0);
     l->pt_view = UINT64_MAX;
     atomic_fetch_add (&l->passthrough_lost_writes, n);

@@ -31,6 +31,9 @@ struct ledger {
   pthread_mutex_t pt_lock;
   _Atomic uint64_t passthrough_unflushed;
   uint64_t pt_view;
+  /* The loss view the last ledger_lost settled (pt_lock): a passthrough
+   * write sent in an older view and counted only after that is lost. */
+  uint64_t lost_view;
   /* The rewrite epoch: moved here only, once for each loss the ledger
    * finds (a fact that may have lost acknowledged writes, at a time
    * something was unflushed: see ledger.c), and by clear-doubt.  The
@@ -87,8 +90,9 @@ void ledger_store_opened (struct cache *c, bool doubt);
 uint64_t ledger_passthrough_view (struct cache *c);
 /* A passthrough request without FUA succeeded (sent in view): counted
  * when the backing may lose it (counted), unsynced for flush=store
- * unless it was a trim. */
-void ledger_passthrough_written (struct cache *c, uint64_t view,
+ * unless it was a trim.  True when it is lost already (a loss settled
+ * since it was sent: the caller forgets clean copies of its range). */
+bool ledger_passthrough_written (struct cache *c, uint64_t view,
                                  bool counted, bool unsynced);
 /* A writeback write failed with err / succeeded. */
 void ledger_write_failed (struct cache *c, int err);

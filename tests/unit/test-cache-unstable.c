@@ -33,6 +33,9 @@ struct vol {
   int forget_on_fua;        /* the next FUA write fails and drops what was
                             * not durable (its fdatasync failed) */
   uint64_t writes;
+  /* Called once the next write is acknowledged, before it returns (its
+   * answer still on the way to the cache), then cleared. */
+  void (*acked_hook) (struct vol *v);
 };
 
 static int
@@ -64,6 +67,11 @@ v_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
   if (flags & BACKING_FUA)
     memcpy (v->durable + off, buf, len);
   v->writes++;
+  if (v->acked_hook) {
+    void (*hook) (struct vol *) = v->acked_hook;
+    v->acked_hook = NULL;
+    hook (v);
+  }
   return 0;
 }
 
@@ -236,6 +244,41 @@ flushes_fail_or_keep (struct cache *c, const struct vol *v,
       assert_int_equal (errno, EIO);
   }
   assert_int_equal (r, -1);
+}
+
+/* The cache of test_loss_before_count, for its hook. */
+static struct cache *hook_cache;
+
+/* The remote restarts (losing what it had not flushed) and a FLUSH
+ * on another connection meets the restart, settles it, and succeeds. */
+static void
+restart_and_flush (struct vol *v)
+{
+  v->crash_on_flush = 1;
+  assert_int_equal (cache_flush (hook_cache), 0);
+}
+
+/* Issue 33 item 2, "a connection's end loses what its remote
+ * acknowledged": a passthrough write the remote acknowledged, whose
+ * answer is still on its way to the cache when the remote restarts and
+ * a flush settles that loss.  It was not counted yet when the loss was
+ * settled; counted after, in the view it was sent in, it must still be
+ * lost (before: the next FLUSH settled it as durable though the
+ * restarted remote never had it). */
+static void
+test_loss_before_count (void **state)
+{
+  static struct vol v;
+  unsigned char d[4096];
+  struct cache *c = open_cache (&v);
+
+  hook_cache = c;
+  memset (d, 0x5a, sizeof d);
+  v.acked_hook = restart_and_flush;
+  assert_int_equal (cache_write (c, d, sizeof d, 8192, CACHE_DIRECT), 0);
+  assert_null (v.acked_hook);
+  flushes_fail_or_keep (c, &v, d, sizeof d, 8192);
+  assert_int_equal (cache_destroy (c), 0);
 }
 
 /* A backing that fails one flush, drops its unflushed writes and reports
@@ -516,6 +559,7 @@ main (void)
     cmocka_unit_test (test_unstable_pins_until_flush),
     cmocka_unit_test (test_lost_passthrough_fails_flush),
     cmocka_unit_test (test_forgotten_failed_flush),
+    cmocka_unit_test (test_loss_before_count),
     cmocka_unit_test (test_clear_doubt_keeps_passthrough),
     cmocka_unit_test (test_failed_fua_is_loss),
     cmocka_unit_test (test_trim_drops_unstable),
