@@ -449,6 +449,29 @@ rec_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
+/* A cache over v (with ops) and s, an ssd store in memory: only FLUSH
+ * and FUA write back. */
+static struct cache *
+open_ssd_cache (struct vol *v, const struct backing_ops *ops,
+                struct store *s)
+{
+  struct cache_config cfg;
+
+  v->b.ops = ops;
+  v->b.size = SIZE;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  cache_config_default (&cfg);
+  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
+  cfg.folio_size = ssd_cfg.folio_size;
+  cfg.block_size = ssd_cfg.block_size;
+  cfg.dirty_expire_ms = 3600000;
+  cfg.writeback_interval_ms = 3600000;
+  struct cache *c = cache_create (&v->b, s, &cfg, err, sizeof err);
+  assert_non_null (c);
+  cache_stop_writeback (c);
+  return c;
+}
+
 /* A direct (passthrough) write, not FUA, over a block that a persistent
  * store holds dirty and durable: the backing may still lose the write
  * (crash before its flush), so the store must keep its record of the
@@ -460,27 +483,15 @@ static void
 test_direct_over_dirty_persistent (void **state)
 {
   static struct vol v;
-  struct cache_config cfg;
   unsigned char a[4096], b[4096];
 
   memset (&v, 0, sizeof v);
-  v.b.ops = &vol_ops;
-  v.b.size = SIZE;
-  v.b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
   memset (dev_mem, 0, sizeof dev_mem);
   struct store *s = store_ssd_open_dev (&ssd_cfg,
                                         ssd_mem_dev (dev_mem, DEV_SIZE),
                                         err, sizeof err);
   assert_non_null (s);
-  cache_config_default (&cfg);
-  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
-  cfg.folio_size = ssd_cfg.folio_size;
-  cfg.block_size = ssd_cfg.block_size;
-  cfg.dirty_expire_ms = 3600000;
-  cfg.writeback_interval_ms = 3600000;
-  struct cache *c = cache_create (&v.b, s, &cfg, err, sizeof err);
-  assert_non_null (c);
-  cache_stop_writeback (c);
+  struct cache *c = open_ssd_cache (&v, &vol_ops, s);
 
   memset (a, 'A', sizeof a);
   memset (b, 'B', sizeof b);
@@ -529,26 +540,6 @@ static const struct backing_ops vol_owned_ops = {
   .owner_lost = v_owner_lost,
 };
 
-static struct cache *
-open_ssd_cache (struct vol *v, struct store *s)
-{
-  struct cache_config cfg;
-
-  v->b.ops = &vol_owned_ops;
-  v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
-  cache_config_default (&cfg);
-  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
-  cfg.folio_size = ssd_cfg.folio_size;
-  cfg.block_size = ssd_cfg.block_size;
-  cfg.dirty_expire_ms = 3600000;
-  cfg.writeback_interval_ms = 3600000;
-  struct cache *c = cache_create (&v->b, s, &cfg, err, sizeof err);
-  assert_non_null (c);
-  cache_stop_writeback (c);
-  return c;
-}
-
 static void
 test_lost_owner_fences_store (void **state)
 {
@@ -564,7 +555,7 @@ test_lost_owner_fences_store (void **state)
                                         ssd_mem_dev (dev_mem, DEV_SIZE),
                                         err, sizeof err);
   assert_non_null (s);
-  struct cache *c = open_ssd_cache (&v, s);
+  struct cache *c = open_ssd_cache (&v, &vol_owned_ops, s);
   memset (a, 'A', sizeof a);
   assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
   assert_int_equal (cache_flush (c), 0);       /* flush=store: in the store */
@@ -593,7 +584,7 @@ test_lost_owner_fences_store (void **state)
   assert_non_null (s2);
   store_get_info (s2, &info);
   assert_true (info.fenced);
-  struct cache *c2 = open_ssd_cache (&v, s2);
+  struct cache *c2 = open_ssd_cache (&v, &vol_owned_ops, s2);
   cache_get_stats (c2, &st);
   assert_true (st.fenced);
   assert_int_equal (cache_flush (c2), -1);
