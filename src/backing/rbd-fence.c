@@ -234,9 +234,9 @@ rbd_fence_note_error (struct rbd_fence *f, int err)
 }
 
 void
-rbd_fence_released (struct rbd_fence *f)
+rbd_fence_released (struct rbd_fence *f, bool released)
 {
-  atomic_store (&f->released, true);
+  atomic_store (&f->released, released);
 }
 
 int

@@ -4,6 +4,7 @@
 #define FOLIOD_BACKING_RBD_FENCE_H
 
 #include <rbd/librbd.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 struct rbd_fence;
@@ -21,8 +22,9 @@ int rbd_fence_confirm (struct rbd_fence *f);
 /* A request ended with errno value err (ESHUTDOWN: librbd's
  * EBLOCKLISTED, this client was blocklisted). */
 void rbd_fence_note_error (struct rbd_fence *f, int err);
-/* foliod release gave the lock up on purpose: no more checks. */
-void rbd_fence_released (struct rbd_fence *f);
+/* foliod release gives the lock up on purpose (released), or failed to
+ * and keeps it (!released): no checks while released. */
+void rbd_fence_released (struct rbd_fence *f, bool released);
 /* Stop watching, waiting for the check under way until end_ms
  * (now_ms()): 0 when stopped and freed; -1 when its check still waits
  * for the cluster (then it is left running, with the image: the caller

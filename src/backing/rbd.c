@@ -803,9 +803,11 @@ rbdb_release (struct backing *b)
     return -1;
   }
   if (rb->fence)
-    rbd_fence_released (rb->fence);
+    rbd_fence_released (rb->fence, true);
   r = rbd_lock_release (rb->image);
   if (r < 0) {
+    if (rb->fence)
+      rbd_fence_released (rb->fence, false);
     errno = -r;
     return -1;
   }
