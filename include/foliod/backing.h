@@ -143,6 +143,23 @@ struct backing_ops {
    * write. */
   uint64_t (*clear_doubt) (struct backing *b) FOLIOD_NONNULL (1);
 
+  /* One writer per image (a fact for the ledger): a backing that holds
+   * an image's lock (rbd) says whether it still owns the image as it
+   * opened it.  NULL while it does; else why not, for the log (its lock
+   * was broken and it was blocklisted, the lock feature was disabled,
+   * the image was resized by another client).  Sticky: from then on
+   * its writes and flushes fail.  Never waits.  NULL op: a backing
+   * that cannot lose its image. */
+  const char *(*owner_lost) (struct backing *b) FOLIOD_NONNULL (1);
+
+  /* The same, confirmed by the image's home (the cluster) within the
+   * backing's lease: 0 when it was (at once, unless the confirmation is
+   * older than the lease, as after a stall: then it waits for one, up
+   * to request-timeout); -1 with errno when ownership is lost (EIO) or
+   * not confirmed in time (ETIMEDOUT).  What the cache asks before it
+   * reports data durable that only its store holds.  NULL: 0. */
+  int (*owner_confirm) (struct backing *b) FOLIOD_NONNULL (1) FOLIOD_WUR;
+
   /* Fill *st with the backing's own counters.  May be NULL. */
   void (*stats) (struct backing *b, struct backing_stats *st)
     FOLIOD_NONNULL (1, 2);
@@ -284,6 +301,19 @@ backing_set_deadline (struct backing *b, uint64_t deadline_ms)
 {
   if (b->ops->set_deadline)
     b->ops->set_deadline (b, deadline_ms);
+}
+
+/* Why the backing no longer owns its image (owner_lost), or NULL. */
+static inline const char *
+backing_owner_lost (struct backing *b)
+{
+  return b->ops->owner_lost ? b->ops->owner_lost (b) : NULL;
+}
+
+static inline int
+backing_owner_confirm (struct backing *b)
+{
+  return b->ops->owner_confirm ? b->ops->owner_confirm (b) : 0;
 }
 
 /* The backing's own counters; zeroes when it keeps none. */

@@ -141,6 +141,12 @@ struct cache_stats {
    * any, kept in the store), and that part alone.  Not 0: every FLUSH
    * that reaches the backing fails until 'foliod clear-doubt'. */
   uint64_t writes_in_doubt, doubt_inherited;
+  /* Fenced: the backing no longer owns its image (its lock was broken,
+   * the image changed under it), or a previous run's store says so.
+   * Then every read, write and FLUSH fails with EIO and nothing is
+   * written back (foliod(8), Lost lock); why, for the log, or NULL. */
+  bool fenced;
+  const char *fence_reason;
 };
 
 struct cache;
@@ -303,6 +309,9 @@ struct cache_store_info {
   const char *warm_dropped;   /* pmem: clean, but not trusted: why */
   bool doubt;                 /* a previous run left writes in doubt:
                                * FLUSH fails until clear-doubt */
+  bool fenced;                /* a previous run lost its image with dirty
+                               * data in the store: fenced until
+                               * clear-doubt */
   uint32_t bad_entries;       /* pmem: damaged slot entries (crc) over */
   uint64_t lost_bytes;        /* these dirty bytes: written nowhere */
   enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */

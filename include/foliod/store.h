@@ -101,6 +101,8 @@ struct store_info {
   const char *warm_dropped;  /* shut down cleanly but not trusted: why */
   bool doubt;                /* a previous run left writes in doubt
                               * (set_doubt): found at open */
+  bool fenced;               /* a previous run lost its image (set_fenced):
+                              * found at open */
 };
 
 /* What a store did, read live (stats, /metrics); 0 where it has no such
@@ -170,6 +172,11 @@ struct store_ops {
    * operator says so.  0 or -1/errno.  NULL: not kept across a restart
    * (ram). */
   int (*set_doubt) (struct store *s, bool doubt);
+  /* The same for "fenced": the backing no longer owned its image (its
+   * lock was broken, the image changed under it) while this store held
+   * dirty data written under that ownership.  A restart never writes
+   * such data back without the operator's word.  NULL: not kept. */
+  int (*set_fenced) (struct store *s, bool fenced);
   /* Any thread, while the store is open.  NULL: zeros. */
   void (*stats) (struct store *s, struct store_stats *out);
   void (*destroy) (struct store *s);
@@ -246,6 +253,12 @@ static inline int
 store_set_doubt (struct store *s, bool doubt)
 {
   return s->ops->set_doubt ? s->ops->set_doubt (s, doubt) : 0;
+}
+
+static inline int
+store_set_fenced (struct store *s, bool fenced)
+{
+  return s->ops->set_fenced ? s->ops->set_fenced (s, fenced) : 0;
 }
 
 static inline void

@@ -53,6 +53,7 @@
 #include <rados/librados.h>
 #include <rbd/librbd.h>
 
+#include "backing/rbd-fence.h"
 #include "foliod/backing.h"
 #include "foliod/lock.h"
 #include "foliod/log.h"
@@ -103,6 +104,7 @@ struct rbdb_backing {
   rados_ioctx_t io;
   rbd_image_t image;
   int locked;                   /* we hold the exclusive lock */
+  struct rbd_fence *fence;      /* is the image still ours? (locked) */
   _Atomic uint64_t *chunks;     /* may-hold-data bits, see Mapping */
   uint64_t chunk_size;          /* the image's object size */
 
@@ -306,6 +308,14 @@ rbd_may_issue (struct rbdb_backing *rb, uint64_t len)
                                     now + RBD_PROBE_MS);
 }
 
+/* The image is no longer ours (see rbd-fence.c): nothing more may be
+ * written to it, nor flushed as if what we wrote were kept. */
+static int
+rbd_fenced (struct rbdb_backing *rb)
+{
+  return rb->fence && rbd_fence_lost (rb->fence);
+}
+
 /* librbd's completion callback, on its thread. */
 static void
 rreq_complete (rbd_completion_t c, void *arg)
@@ -320,6 +330,8 @@ rreq_complete (rbd_completion_t c, void *arg)
     err = (int) -r;
   else if (q->kind == RREQ_READ && (uint64_t) r != q->len)
     err = EIO;                  /* a short read from librbd: never seen */
+  if (r < 0 && rb->fence)
+    rbd_fence_note_error (rb->fence, err);
   rbd_note_answer (rb);
   lock_or_die (&rb->lock);
   mine = rreq_claim (q, &d);
@@ -422,6 +434,11 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
   if (!rbd_may_issue (rb, q->len)) {
     rreq_free (q);
     errno = ETIMEDOUT;
+    return -1;
+  }
+  if (q->kind != RREQ_READ && rbd_fenced (rb)) {
+    rreq_free (q);
+    errno = EIO;
     return -1;
   }
   if (rbd_aio_create_completion (q, rreq_complete, &q->c) < 0) {
@@ -652,6 +669,22 @@ rbdb_loss_epoch (struct backing *b)
   return atomic_load (&to_rbd (b)->loss_epoch);
 }
 
+static const char *
+rbdb_owner_lost (struct backing *b)
+{
+  struct rbdb_backing *rb = to_rbd (b);
+
+  return rb->fence ? rbd_fence_lost (rb->fence) : NULL;
+}
+
+static int
+rbdb_owner_confirm (struct backing *b)
+{
+  struct rbdb_backing *rb = to_rbd (b);
+
+  return rb->fence ? rbd_fence_confirm (rb->fence) : 0;
+}
+
 static void
 rbdb_stats (struct backing *b, struct backing_stats *st)
 {
@@ -712,6 +745,13 @@ rbdb_close (struct backing *b)
     unlock_or_die (&rb->lock);
     pthread_join (rb->reaper, NULL);
   }
+  /* The fence's check uses the image: it must end first. */
+  if (rb->fence && rbd_fence_stop (rb->fence, end) == -1) {
+    log_warn ("rbd:%s: the cluster does not answer: image not closed "
+              "cleanly (its lock frees when its watch expires)", rb->name);
+    return;
+  }
+  rb->fence = NULL;
   /* rbd_close waits for every request librbd still holds: with one
    * abandoned (an OSD that does not answer) it could wait forever.  Then
    * the image, the cluster handle and the requests are left to the
@@ -762,8 +802,12 @@ rbdb_release (struct backing *b)
     errno = EBUSY;
     return -1;
   }
+  if (rb->fence)
+    rbd_fence_released (rb->fence, true);
   r = rbd_lock_release (rb->image);
   if (r < 0) {
+    if (rb->fence)
+      rbd_fence_released (rb->fence, false);
     errno = -r;
     return -1;
   }
@@ -782,6 +826,8 @@ static const struct backing_ops rbdb_ops = {
   .flush = rbdb_flush,
   .map = rbdb_map,
   .loss_epoch = rbdb_loss_epoch,
+  .owner_lost = rbdb_owner_lost,
+  .owner_confirm = rbdb_owner_confirm,
   .stats = rbdb_stats,
   .set_deadline = rbdb_set_deadline,
   .release = rbdb_release,
@@ -1164,6 +1210,12 @@ backing_rbd_open (const char *spec, const struct backing_opts *o,
     goto fail;
   }
   rb->reaper_started = 1;
+  if (rb->locked && !(rb->fence = rbd_fence_start (rb->image, rb->name,
+                                                   rb->request_timeout_ms))) {
+    snprintf (err, errlen, "rbd:%s: cannot watch the image: %s", spec,
+              strerror (errno));
+    goto fail;
+  }
   return &rb->b;
 
  fail:

@@ -261,6 +261,8 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   si->warm_dropped = info.warm_dropped;
   si->doubt = info.doubt;
   ledger_store_opened (c, info.doubt);
+  si->fenced = info.fenced;
+  ledger_store_fenced (c, info.fenced);
   if (store_recover (c->store, cache_recover_one, c, &rec) != 0) {
     snprintf (err, errlen, "recovering the store: %s", strerror (errno));
     return -1;

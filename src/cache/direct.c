@@ -355,7 +355,8 @@ cache_zero (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
 {
   struct fix x = { .kind = FIX_ZERO, .off = off, .end = off + len };
 
-  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1 ||
+      ledger_io_refused (c) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -374,7 +375,8 @@ cache_trim (struct cache *c, uint64_t len, uint64_t off, unsigned flags)
   uint64_t bmask = ((uint64_t) 1 << c->block_shift) - 1;
   uint64_t end = off + len;
 
-  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1 ||
+      ledger_io_refused (c) == -1)
     return -1;
   OPSTAT_ADD (c, client_trim_bytes, len);
   if (!(c->b->caps & BACKING_CAN_TRIM))

@@ -134,10 +134,18 @@ cache_flush_store (struct cache *c)
   return r;
 }
 
+/* Fenced (the image is no longer ours), or not confirmed ours after a
+ * stall: what was written may never reach the image, the FLUSH fails. */
 int
 cache_flush (struct cache *c)
 {
-  if (c->sinfo.flush == CACHE_FLUSH_STORE)
-    return cache_flush_store (c);
-  return cache_write_back (c);
+  int r = c->sinfo.flush == CACHE_FLUSH_STORE ? cache_flush_store (c)
+          : cache_write_back (c);
+  int err = r == 0 ? ledger_durable_refused (c) : 0;
+
+  if (err) {
+    errno = err;
+    return -1;
+  }
+  return r;
 }

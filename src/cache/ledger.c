@@ -137,7 +137,64 @@ ledger_doubt (struct cache *c)
 int
 ledger_flush_refused (struct cache *c)
 {
-  return atomic_load (&c->led.doubt_inherited) > 0 ? EIO : 0;
+  return atomic_load (&c->led.doubt_inherited) > 0 ||
+         atomic_load (&c->led.fence_inherited) ? EIO : 0;
+}
+
+/* One writer per image (issue 33 item 5).  A backing that lost its image
+ * (its lock broken and its client blocklisted after a stall; the image
+ * resized, or its lock feature disabled, by another client) reports it
+ * (backing_owner_lost); from then on nothing may be acknowledged that
+ * the image would have to keep, and nothing served that it may no longer
+ * hold.  The store records it, durably, the first time the fact is seen,
+ * so that a restarted foliod (a new client, not blocklisted) never writes
+ * the dirty data of the lost run over the next owner's without the
+ * operator's word (cache_clear_doubt).  True when fenced. */
+static bool
+fence_now (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  if (atomic_load (&l->fence_inherited))
+    return true;
+  if (backing_owner_lost (c->b) == NULL)
+    return false;
+  if (!atomic_load (&l->fence_stored)) {
+    lock_or_die (&l->doubt_lock);
+    if (!atomic_load (&l->fence_stored) &&
+        store_set_fenced (c->store, true) == 0)
+      atomic_store (&l->fence_stored, true);
+    unlock_or_die (&l->doubt_lock);
+  }
+  return true;
+}
+
+int
+ledger_io_refused (struct cache *c)
+{
+  if (!fence_now (c))
+    return 0;
+  errno = EIO;
+  return -1;
+}
+
+int
+ledger_durable_refused (struct cache *c)
+{
+  if (fence_now (c))
+    return EIO;
+  if (backing_owner_confirm (c->b) == -1) {
+    int err = errno;
+    return fence_now (c) ? EIO : err;
+  }
+  return 0;
+}
+
+void
+ledger_store_fenced (struct cache *c, bool fenced)
+{
+  atomic_store (&c->led.fence_inherited, fenced);
+  atomic_store (&c->led.fence_stored, fenced);
 }
 
 /* Doubt outlives the process (issue 33 item 3): a restart that wrote the
@@ -181,11 +238,13 @@ ledger_send_begin (struct cache *c, unsigned flags)
       errno = ledger_flush_refused (c);
       return -1;
     }
-    return 0;
+    return ledger_io_refused (c);
   }
   atomic_fetch_add (&c->led.sending, 1);
   atomic_store (&c->led.backing_unflushed, true);
-  return 0;
+  /* Fenced: nothing reaches an image that is no longer ours (end still
+   * counts the send as ended). */
+  return ledger_io_refused (c);
 }
 
 void
@@ -407,6 +466,17 @@ cache_clear_doubt (struct cache *c)
       atomic_store (&l->doubt_stored, false);
     unlock_or_die (&l->doubt_lock);
   }
+  /* A previous run's fenced store: the operator's word that its dirty
+   * data may be written over the image as the image is now.  Not a
+   * fence of this run: its backing can no longer write the image. */
+  if (atomic_load (&l->fence_inherited) && backing_owner_lost (c->b) == NULL) {
+    atomic_store (&l->fence_inherited, false);
+    n++;
+    lock_or_die (&l->doubt_lock);
+    if (atomic_load (&l->fence_stored) && store_set_fenced (c->store, false) == 0)
+      atomic_store (&l->fence_stored, false);
+    unlock_or_die (&l->doubt_lock);
+  }
   unlock_or_die (&c->wb_mutex);
   return n;
 }
@@ -424,4 +494,10 @@ ledger_get_stats (struct cache *c, struct cache_stats *s)
   s->writes_in_doubt = ledger_doubt (c);
   s->doubt_inherited = atomic_load (&l->doubt_inherited);
   s->losses = atomic_load (&l->epoch) - s->doubt_clears;
+  s->fenced = fence_now (c);
+  s->fence_reason = !s->fenced ? NULL
+                    : atomic_load (&l->fence_inherited)
+                    ? "a previous run lost the image while this store held "
+                      "dirty data (a fenced store)"
+                    : backing_owner_lost (c->b);
 }

@@ -59,6 +59,11 @@ struct ledger {
   pthread_mutex_t doubt_lock;
   _Atomic uint64_t doubt_inherited;
   _Atomic bool doubt_stored;
+  /* Fenced (one writer per image): a previous run's store says its
+   * dirty data was written under an image ownership that was lost
+   * (inherited), and whether the store says so now (stored; doubt_lock
+   * orders its writes).  The backing's own fact: backing_owner_lost. */
+  _Atomic bool fence_inherited, fence_stored;
   /* Some passthrough writes were lost: every FLUSH fails until the
    * export is reopened.  Set under wb_mutex, read without it. */
   _Atomic bool passthrough_lost;
@@ -83,8 +88,10 @@ void ledger_init (struct cache *c);
  * abandoned: the doubt is then made durable in the store. */
 int ledger_send_begin (struct cache *c, unsigned flags);
 void ledger_send_end (struct cache *c, unsigned flags, int r);
-/* The store was opened (cache_init_store): doubt a previous run left. */
+/* The store was opened (cache_init_store): doubt a previous run left,
+ * and whether it left the store fenced. */
 void ledger_store_opened (struct cache *c, bool doubt);
+void ledger_store_fenced (struct cache *c, bool fenced);
 /* The loss view to give ledger_passthrough_written: read it before the
  * passthrough write is sent. */
 uint64_t ledger_passthrough_view (struct cache *c);
@@ -124,6 +131,16 @@ uint64_t ledger_doubt (struct cache *c);
 /* Why the backing's flush may not even be tried (EIO: a previous run
  * left writes in doubt), or 0. */
 int ledger_flush_refused (struct cache *c);
+/* Fenced (the backing lost its image, or a previous run's did): -1 with
+ * errno EIO, else 0.  Reads and writes ask at their start: nothing is
+ * served from or taken into a cache that may disagree with the image.
+ * The first time it finds the backing's fact, the store records it. */
+int ledger_io_refused (struct cache *c);
+/* The same before a FLUSH or FUA is answered: the backing must also
+ * confirm that it still owns the image (backing_owner_confirm: after a
+ * stall that outlasted its lease it asks the cluster first).  0, or an
+ * errno value. */
+int ledger_durable_refused (struct cache *c);
 /* What a FLUSH must answer whatever else happens: EIO when passthrough
  * writes were lost, else 0. */
 int ledger_flush_error (struct cache *c);

@@ -72,7 +72,7 @@ cache_read (struct cache *c, void *buf, uint64_t len, uint64_t off,
   bool missed = false, nowait = (flags & CACHE_NOWAIT) != 0;
   int r;
 
-  if (range_check (c, len, off) == -1)
+  if (range_check (c, len, off) == -1 || ledger_io_refused (c) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -120,7 +120,7 @@ cache_read_fetched (struct cache *c, void *buf, uint64_t len, uint64_t off,
   bool missed = false;
   int r;
 
-  if (range_check (c, len, off) == -1)
+  if (range_check (c, len, off) == -1 || ledger_io_refused (c) == -1)
     return -1;
   /* The fetched bytes sit at buf + (x - fx->base), fx->base <= off: a
    * step copies its answer (to buf + (x - off)) over fetched bytes it
@@ -247,7 +247,8 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   bool nowait = (flags & CACHE_NOWAIT) != 0;
   int r;
 
-  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1 ||
+      ledger_io_refused (c) == -1)
     return -1;
   if (len == 0)
     return 0;
@@ -278,6 +279,10 @@ cache_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
     r = cache_write_back (c);
   else if (r == 0 && (flags & CACHE_FUA))
     r = cache_store_sync (c);
+  if (r == 0 && (flags & CACHE_FUA) && (r = ledger_durable_refused (c))) {
+    errno = r;
+    r = -1;
+  }
   if (nowait && r == 0)
     OPSTAT_ADD (c, client_write_bytes, len);
   return r;

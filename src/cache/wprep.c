@@ -38,7 +38,8 @@ cache_write_prepare (struct cache *c, uint64_t len, uint64_t off,
   uint64_t fsize = (uint64_t) 1 << c->folio_shift;
 
   p->n = 0;
-  if (range_check (c, len, off) == -1 || writable_check (c) == -1)
+  if (range_check (c, len, off) == -1 || writable_check (c) == -1 ||
+      ledger_io_refused (c) == -1)
     return -1;
   uint64_t fa = folio_of (c, off + fsize - 1), fb = folio_of (c, off + len);
   if (!prep_applies (c, len) || fb <= fa || fb - fa > CACHE_PREP_MAX ||

@@ -130,7 +130,8 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
 
 /* "clear-doubt NAME": the operator says the remote is done with the
  * writes foliod abandoned (backing_ops.clear_doubt): flushes may succeed
- * again, once what was written since is written again. */
+ * again, once what was written since is written again.  On a store a
+ * previous run left fenced: its data may be written over the image. */
 static void
 control_clear_doubt (struct control *ctl, char *reply, size_t len,
                      const char *name)
@@ -139,11 +140,24 @@ control_clear_doubt (struct control *ctl, char *reply, size_t len,
     struct daemon_export *e = &ctl->exports[i];
     if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
       continue;
+    struct cache_stats before, after;
+    cache_get_stats (e->ex->cache, &before);
     uint64_t n = cache_clear_doubt (e->ex->cache);
-    if (n > 0)
+    cache_get_stats (e->ex->cache, &after);
+    uint64_t unfenced = before.fenced && !after.fenced;   /* counted in n */
+    if (unfenced)
+      log_warn ("control: clear-doubt %s: the fenced store's dirty data is "
+                "to be written over the image as it is now (the operator's "
+                "word, foliod(8), Lost lock)", name);
+    else if (before.fenced)
+      log_warn ("control: clear-doubt %s: this run lost the image (%s): "
+                "only a restart can clear that", name,
+                after.fence_reason ? after.fence_reason : "fenced");
+    if (n > unfenced)
       log_warn ("control: clear-doubt %s: %llu abandoned write%s no longer "
                 "in doubt (the operator's word); writing back again", name,
-                (unsigned long long) n, n == 1 ? "" : "s");
+                (unsigned long long) (n - unfenced),
+                n - unfenced == 1 ? "" : "s");
     snprintf (reply, len, "OK %.200s: %llu write%s cleared\n", name,
               (unsigned long long) n, n == 1 ? "" : "s");
     return;

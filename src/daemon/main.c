@@ -461,6 +461,14 @@ log_store (const struct daemon_export *e)
                "the backing, and every FLUSH that needs the backing fails "
                "with EIO, until 'foliod clear-doubt %s', see foliod(8)",
                e->cfg.name, e->cfg.store, e->cfg.name);
+  if (si.fenced)
+    log_error ("export %s: store %s was written under an image lock that "
+               "was lost (another client took the image over): its dirty "
+               "data is never written back, and reads, writes and FLUSH "
+               "fail, until 'foliod clear-doubt %s' (write it over the "
+               "image as it is now) or the store is removed (throw it "
+               "away), see foliod(8), Lost lock", e->cfg.name,
+               e->cfg.store, e->cfg.name);
   if (si.warm_dropped)
     log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
               "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);

@@ -29,7 +29,7 @@ enum metric_id {
   M_IN_DOUBT, M_STORE_LOG_USED, M_STORE_LOG_SIZE, M_STORE_RECORDS,
   M_STORE_SYNCS, M_STORE_SYNC_SECONDS, M_STORE_RECLAIMS, M_STORE_RECLAIMED,
   M_STORE_COMPACTIONS, M_PT_UNFLUSHED, M_PT_LOST, M_LOSSES, M_DOUBT_CLEARS,
-  M_ABANDONED, M_RELEASED,
+  M_ABANDONED, M_RELEASED, M_FENCED,
   M_COUNT
 };
 
@@ -98,6 +98,11 @@ static const struct {
   [M_DOUBT_CLEARS] = { "foliod_doubt_clears_total", "counter",
                        "'foliod clear-doubt' runs that cleared writes in "
                        "doubt." },
+  [M_FENCED] = { "foliod_fenced", "gauge",
+                 "1: the backing no longer owns its image (its lock was "
+                 "broken, the image changed under it), or a previous run's "
+                 "store says so: reads, writes and FLUSH fail, nothing is "
+                 "written back (foliod(8), Lost lock)." },
   [M_RELEASED] = { "foliod_export_released", "gauge",
                    "1: handed to another host by 'foliod release', served "
                    "read-only; 2: the same, no longer served; 0: not." },
@@ -222,6 +227,7 @@ export_values (struct export *ex, struct export_values *out)
   v[M_LOSSES] = st.losses;
   v[M_DOUBT_CLEARS] = st.doubt_clears;
   v[M_ABANDONED] = bst.abandoned;
+  v[M_FENCED] = st.fenced;
   v[M_RELEASED] = export_release_state (ex) == EXPORT_STOPPED ? 2
                 : export_release_state (ex) == EXPORT_RELEASED ? 1 : 0;
   v[M_EVICTIONS] = st.evictions;
@@ -528,6 +534,13 @@ durability_lines (struct outbuf *o, struct daemon_export *ex, size_t n)
            "export is reopened\n", ex[i].cfg.name,
            (unsigned long long) v.v[M_PT_LOST],
            v.v[M_PT_LOST] == 1 ? "" : "s");
+    if (v.v[M_FENCED]) {
+      struct cache_stats st;
+      cache_get_stats (ex[i].ex->cache, &st);
+      out (o, "%s: fenced: %s: reads, writes and FLUSH fail, nothing is "
+           "written back (foliod(8), Lost lock)\n", ex[i].cfg.name,
+           st.fence_reason ? st.fence_reason : "the image is not ours");
+    }
     if (v.v[M_RELEASED])
       out (o, "%s: released to another host (foliod release): %s\n",
            ex[i].cfg.name, v.v[M_RELEASED] == 2 ? "no longer served"

@@ -40,6 +40,7 @@
 #define PMEM_FLAG_STAMPED   2u           /* backing_mtime/ctime_ns recorded
                                           * at the clean shutdown */
 #define PMEM_FLAG_DOUBT     4u           /* writes in doubt (set_doubt) */
+#define PMEM_FLAG_FENCED    8u           /* the image was lost (set_fenced) */
 
 struct pmem_geometry {
   uint32_t folio_size, block_size, nslots;

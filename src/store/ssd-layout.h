@@ -41,6 +41,7 @@
 #define SSD_SPEC_MAX     1024
 #define SSD_FLAG_CLEAN   1u        /* stopped cleanly: nothing to replay */
 #define SSD_FLAG_DOUBT   2u        /* writes in doubt (set_doubt) */
+#define SSD_FLAG_FENCED  4u        /* the image was lost (set_fenced) */
 #define SSD_BATCH_DATA   (1u << 20)   /* data bytes per batch, at most */
 
 struct ssd_super {

@@ -83,6 +83,7 @@ struct store_pmem {
   uint64_t next_gen;             /* atomic: the next set_index's generation */
   bool formatted, was_clean;
   bool was_doubt;                /* PMEM_FLAG_DOUBT at open */
+  bool was_fenced;               /* PMEM_FLAG_FENCED at open */
   const char *warm_dropped;      /* why a clean store was not trusted */
   char *backing_file;            /* a regular file backing: stat'ed at open
                                   * and at mark_clean (warm cache trust) */
@@ -421,22 +422,36 @@ pmem_info (struct store *s, struct store_info *info)
   info->was_clean = p->was_clean;
   info->warm_dropped = p->warm_dropped;
   info->doubt = p->was_doubt;
+  info->fenced = p->was_fenced;
 }
 
-/* Writes in doubt, in the header (under sync_lock, which guards it). */
+/* A flag of the ledger's in the header (under sync_lock, which guards
+ * it): writes in doubt, fenced. */
 static int
-pmem_set_doubt (struct store *s, bool doubt)
+pmem_set_flag (struct store *s, uint32_t flag, bool on)
 {
   struct store_pmem *p = SP (s);
 
   pthread_mutex_lock (&p->sync_lock);
-  if (doubt)
-    p->meta.hdr.flags |= PMEM_FLAG_DOUBT;
+  if (on)
+    p->meta.hdr.flags |= flag;
   else
-    p->meta.hdr.flags &= ~PMEM_FLAG_DOUBT;
+    p->meta.hdr.flags &= ~flag;
   pmem_layout_update (&p->meta);
   pthread_mutex_unlock (&p->sync_lock);
   return 0;
+}
+
+static int
+pmem_set_doubt (struct store *s, bool doubt)
+{
+  return pmem_set_flag (s, PMEM_FLAG_DOUBT, doubt);
+}
+
+static int
+pmem_set_fenced (struct store *s, bool fenced)
+{
+  return pmem_set_flag (s, PMEM_FLAG_FENCED, fenced);
 }
 
 static int pmem_recover (struct store *s, store_recover_fn fn, void *arg,
@@ -455,6 +470,7 @@ static const struct store_ops pmem_ops = {
   .mark_clean = pmem_mark_clean,
   .info = pmem_info,
   .set_doubt = pmem_set_doubt,
+  .set_fenced = pmem_set_fenced,
   .destroy = pmem_destroy,
 };
 
@@ -521,6 +537,7 @@ pmem_open_meta (struct store_pmem *p, const struct store_config *cfg,
     return -1;
   p->was_clean = p->meta.hdr.flags & PMEM_FLAG_CLEAN;
   p->was_doubt = p->meta.hdr.flags & PMEM_FLAG_DOUBT;
+  p->was_fenced = p->meta.hdr.flags & PMEM_FLAG_FENCED;
   if (p->was_clean)
     p->warm_dropped = pmem_warm_check (p, cfg);
   p->was_clean = p->was_clean && p->warm_dropped == NULL;

@@ -139,6 +139,7 @@ struct store_ssd {
   /* what open found */
   bool formatted, was_clean;
   bool was_doubt;               /* SSD_FLAG_DOUBT at open */
+  bool was_fenced;              /* SSD_FLAG_FENCED at open */
   bool sb_suspect;               /* one superblock copy damaged: the other
                                   * may be one write behind */
   uint64_t epoch_floor;          /* the scan's first batch: at least this */
@@ -970,21 +971,35 @@ ssd_info (struct store *s, struct store_info *out)
   out->formatted = p->formatted;
   out->was_clean = p->was_clean;
   out->doubt = p->was_doubt;
+  out->fenced = p->was_fenced;
 }
 
-/* Writes in doubt, in the superblock: written as a checkpoint is, with
- * no commit meanwhile (as ssd_mark_clean). */
+/* A flag of the ledger's in the superblock (writes in doubt, fenced):
+ * written as a checkpoint is, with no commit meanwhile (as
+ * ssd_mark_clean). */
 static int
-ssd_set_doubt (struct store *s, bool doubt)
+ssd_set_flag (struct store *s, uint32_t flag, bool on)
 {
   struct store_ssd *p = SS (s);
 
   super_exclusive (p);
-  if (doubt)
-    p->sb.flags |= SSD_FLAG_DOUBT;
+  if (on)
+    p->sb.flags |= flag;
   else
-    p->sb.flags &= ~SSD_FLAG_DOUBT;
+    p->sb.flags &= ~flag;
   return super_write_end (p, false);
+}
+
+static int
+ssd_set_doubt (struct store *s, bool doubt)
+{
+  return ssd_set_flag (s, SSD_FLAG_DOUBT, doubt);
+}
+
+static int
+ssd_set_fenced (struct store *s, bool fenced)
+{
+  return ssd_set_flag (s, SSD_FLAG_FENCED, fenced);
 }
 
 /* --- recovery --- */
@@ -1728,6 +1743,7 @@ static const struct store_ops ssd_ops = {
   .recover = ssd_recover,
   .mark_clean = ssd_mark_clean,
   .set_doubt = ssd_set_doubt,
+  .set_fenced = ssd_set_fenced,
   .info = ssd_info,
   .stats = ssd_stats_op,
   .destroy = ssd_destroy,
@@ -1981,6 +1997,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     super_suspect (p, other_bad);
     p->was_clean = p->sb.flags & SSD_FLAG_CLEAN;
     p->was_doubt = p->sb.flags & SSD_FLAG_DOUBT;
+    p->was_fenced = p->sb.flags & SSD_FLAG_FENCED;
   }
   if (p->sb.log_bytes < 2 * p->cmax)
     FAIL (ENOSPC, "%s: log of %" PRIu64 " bytes too small for a cache of %"
@@ -2158,6 +2175,9 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
   if (sb->flags & SSD_FLAG_DOUBT)
     fprintf (out, "writes in doubt: the backing is not trusted with this "
              "data until 'foliod clear-doubt'\n");
+  if (sb->flags & SSD_FLAG_FENCED)
+    fprintf (out, "fenced: written under an image lock that was lost; not "
+             "written back until 'foliod clear-doubt'\n");
   if (!(sb->flags & SSD_FLAG_CLEAN)) {
     if (recover_scan (&p, err, errlen) == -1) {
       int e = errno;

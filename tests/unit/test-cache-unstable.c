@@ -492,6 +492,29 @@ rec_one (void *arg, uint32_t slot, uint64_t fi, uint64_t *bits)
   return 0;
 }
 
+/* A cache over v (with ops) and s, an ssd store in memory: only FLUSH
+ * and FUA write back. */
+static struct cache *
+open_ssd_cache (struct vol *v, const struct backing_ops *ops,
+                struct store *s)
+{
+  struct cache_config cfg;
+
+  v->b.ops = ops;
+  v->b.size = SIZE;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  cache_config_default (&cfg);
+  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
+  cfg.folio_size = ssd_cfg.folio_size;
+  cfg.block_size = ssd_cfg.block_size;
+  cfg.dirty_expire_ms = 3600000;
+  cfg.writeback_interval_ms = 3600000;
+  struct cache *c = cache_create (&v->b, s, &cfg, err, sizeof err);
+  assert_non_null (c);
+  cache_stop_writeback (c);
+  return c;
+}
+
 /* A direct (passthrough) write, not FUA, over a block that a persistent
  * store holds dirty and durable: the backing may still lose the write
  * (crash before its flush), so the store must keep its record of the
@@ -503,27 +526,15 @@ static void
 test_direct_over_dirty_persistent (void **state)
 {
   static struct vol v;
-  struct cache_config cfg;
   unsigned char a[4096], b[4096];
 
   memset (&v, 0, sizeof v);
-  v.b.ops = &vol_ops;
-  v.b.size = SIZE;
-  v.b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
   memset (dev_mem, 0, sizeof dev_mem);
   struct store *s = store_ssd_open_dev (&ssd_cfg,
                                         ssd_mem_dev (dev_mem, DEV_SIZE),
                                         err, sizeof err);
   assert_non_null (s);
-  cache_config_default (&cfg);
-  cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
-  cfg.folio_size = ssd_cfg.folio_size;
-  cfg.block_size = ssd_cfg.block_size;
-  cfg.dirty_expire_ms = 3600000;
-  cfg.writeback_interval_ms = 3600000;
-  struct cache *c = cache_create (&v.b, s, &cfg, err, sizeof err);
-  assert_non_null (c);
-  cache_stop_writeback (c);
+  struct cache *c = open_ssd_cache (&v, &vol_ops, s);
 
   memset (a, 'A', sizeof a);
   memset (b, 'B', sizeof b);
@@ -551,6 +562,87 @@ test_direct_over_dirty_persistent (void **state)
   store_destroy (s);            /* a store passed in is the caller's */
 }
 
+/* One writer per image (issue 33 item 5): a backing that reports its
+ * image lost (an rbd lock broken while foliod stalled) fences the export:
+ * reads, writes and FLUSH fail, nothing more reaches the backing, and the
+ * persistent store records it, so that a restart (a new process, whose
+ * backing owns the image again) writes nothing back until the operator's
+ * clear-doubt, which then writes the store's data. */
+static const char *owner_lost_why;
+
+static const char *
+v_owner_lost (struct backing *b)
+{
+  return owner_lost_why;
+}
+
+static const struct backing_ops vol_owned_ops = {
+  .name = "volatile-owned", .read = v_read, .write = v_write,
+  .zero = v_zero, .trim = v_trim, .flush = v_flush, .loss_epoch = v_epoch,
+  .close = v_close, .stats = v_stats, .clear_doubt = v_clear_doubt,
+  .owner_lost = v_owner_lost,
+};
+
+static void
+test_lost_owner_fences_store (void **state)
+{
+  static struct vol v;
+  unsigned char a[4096], buf[4096];
+  struct cache_stats st;
+  struct store_info info;
+
+  memset (&v, 0, sizeof v);
+  memset (dev_mem, 0, sizeof dev_mem);
+  owner_lost_why = NULL;
+  struct store *s = store_ssd_open_dev (&ssd_cfg,
+                                        ssd_mem_dev (dev_mem, DEV_SIZE),
+                                        err, sizeof err);
+  assert_non_null (s);
+  struct cache *c = open_ssd_cache (&v, &vol_owned_ops, s);
+  memset (a, 'A', sizeof a);
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  assert_int_equal (cache_flush (c), 0);       /* flush=store: in the store */
+  assert_int_equal (v.writes, 0);
+
+  owner_lost_why = "lock broken";
+  errno = 0;
+  assert_int_equal (cache_write (c, a, sizeof a, 8192, 0), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_read (c, buf, sizeof buf, 0, 0), -1);
+  assert_int_equal (cache_write (c, a, sizeof a, 8192, CACHE_FUA), -1);
+  cache_get_stats (c, &st);
+  assert_true (st.fenced);
+  assert_string_equal (st.fence_reason, "lock broken");
+  assert_int_equal (v.writes, 0);              /* nothing reached the image */
+
+  /* foliod dies; a new one starts on the store, owning the image again. */
+  memcpy (dev_copy, dev_mem, sizeof dev_copy);
+  assert_int_equal (cache_destroy (c), 0);      /* the store keeps it */
+  store_destroy (s);
+  owner_lost_why = NULL;
+  struct store *s2 = store_ssd_open_dev (&ssd_cfg,
+                                         ssd_mem_dev (dev_copy, DEV_SIZE),
+                                         err, sizeof err);
+  assert_non_null (s2);
+  store_get_info (s2, &info);
+  assert_true (info.fenced);
+  struct cache *c2 = open_ssd_cache (&v, &vol_owned_ops, s2);
+  cache_get_stats (c2, &st);
+  assert_true (st.fenced);
+  assert_int_equal (cache_flush (c2), -1);
+  assert_int_equal (cache_write_back (c2), -1);
+  assert_int_equal (v.writes, 0);              /* still nothing written */
+  /* The operator's word: the store's data goes over the image. */
+  assert_int_equal (cache_clear_doubt (c2), 1);
+  cache_get_stats (c2, &st);
+  assert_false (st.fenced);
+  assert_int_equal (cache_write_back (c2), 0);
+  assert_memory_equal (v.durable, a, sizeof a);
+  assert_int_equal (cache_destroy (c2), 0);
+  store_destroy (s2);
+}
+
 int
 main (void)
 {
@@ -565,6 +657,7 @@ main (void)
     cmocka_unit_test (test_trim_drops_unstable),
     cmocka_unit_test (test_failed_direct_write_over_unstable),
     cmocka_unit_test (test_direct_over_dirty_persistent),
+    cmocka_unit_test (test_lost_owner_fences_store),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }
