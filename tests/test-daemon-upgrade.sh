@@ -7,8 +7,9 @@
 # socket at the end, every byte reads back, each upgrade gives a new pid
 # and the old one exits.  With the pmem store, dirty data is not written
 # back across the upgrades (the image is untouched until the final
-# SIGTERM, the new process recovers it dirty); with the ram store it is
-# written back first (the warm set is not kept yet).  A new binary that
+# SIGTERM, the new process recovers it dirty); with the ram store the
+# cache's memfd goes over whole (tests/test-daemon-upgrade-warm.sh checks
+# what it keeps).  A new binary that
 # fails to start (at once, or after it took the hand-over) leaves the old
 # process serving the same connection.  TLS connections, whose session
 # cannot move, are closed and a new one is served by the new process.
@@ -80,14 +81,6 @@ finish () {
   echo "  client: $(cat "$tmp/client.out") (requests, longest pause ms)"
 }
 
-stop_last () {
-  local pid
-  pid=$(cat "$tmp/pid")
-  kill -TERM "$pid"
-  wait_gone "$pid" 600 || fail "foliod $pid still running after SIGTERM"
-  check_sanitizer_log "$FOLIOD_LOG"
-}
-
 echo "pmem store, $rounds upgrades:"
 run ",store=pmem:$tmp/store,dirty-background=90,dirty-limit=95,dirty-expire=3600000" "$rounds"
 # Nothing was written back across the upgrades: the image is untouched,
@@ -139,13 +132,13 @@ sed -n "/foliod\[$pid\] error: upgrade failed: .* before it was ready/,\$p" \
 install_binary "$FOLIOD"
 upgrade_once
 finish
-stop_last
+stop_pidfile_foliod "$tmp/pid"
 cmp -s "$tmp/img" "$tmp/expect" || fail "pmem: the image is not what was written"
 
 echo "ram store, 3 upgrades:"
 run "" 3
 finish
-stop_last
+stop_pidfile_foliod "$tmp/pid"
 cmp -s "$tmp/img" "$tmp/expect" || fail "ram: the image is not what was written"
 
 echo "TLS (tls = on), one TLS and one plain connection:"
@@ -186,5 +179,5 @@ print("ok")
 PY
   fail "TLS: $(cat "$tmp/tls.out")"
 sed 's/^/  /' "$tmp/tls.out"
-stop_last
+stop_pidfile_foliod "$tmp/pid"
 echo "ok"

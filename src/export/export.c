@@ -313,13 +313,29 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 /* Upgrade in place: a persistent store keeps its dirty data for the next
  * process: nothing is written back; the store is synced and marked clean
  * (every bit in it is true: the next process keeps the warm blocks too,
- * and its dirty ones are not "dirtied long ago").  A ram store's is
- * written back (export_close). */
+ * and its dirty ones are not "dirtied long ago").  A ram store is handed
+ * over whole when ram_fd is given (its memfd stamped, cache_keep_ram),
+ * else written back (export_close). */
 int
-export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost)
+export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost,
+                   int *ram_fd)
 {
   int r = 0, err = 0;
 
+  if (ram_fd)
+    *ram_fd = -1;
+  if (e && e->store == NULL && ram_fd &&
+      export_release_state (e) == EXPORT_SERVING) {
+    cache_stop_writeback (e->cache);
+    *ram_fd = cache_keep_ram (e->cache, e->name);
+    if (*ram_fd >= 0) {
+      if (lost)
+        *lost = 0;
+      return export_free (e, 0, 0);
+    }
+    log_warn ("export %s: cannot hand the ram cache over (%s): writing it "
+              "back", e->name, strerror (errno));
+  }
   if (e == NULL || e->store == NULL || !store_has (e->store, STORE_DURABLE) ||
       export_release_state (e) != EXPORT_SERVING)
     return export_close (e, timeout_ms, lost);
