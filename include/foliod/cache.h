@@ -323,10 +323,13 @@ int cache_populate (struct cache *c, store_populated_fn *done, void *arg)
   FOLIOD_NONNULL (1);
 /* Upgrade in place: c (its own ram store) is quiesced for good (no
  * request, cache_stop_writeback done): stamp its memfd handed over for
- * the export name (store_ram_keep) and return an fd of it; cache_destroy
- * then reports no loss for the dirty data it holds.  -1 with errno: not
- * a ram store, or it failed (then write back instead). */
-int cache_keep_ram (struct cache *c, const char *name) FOLIOD_NONNULL (1, 2);
+ * the export name (store_ram_keep) and return the store, the caller's
+ * from now on (store_ram_kept_fd: the fd to send; store_destroy when
+ * done); cache_destroy then reports no loss for the dirty data it
+ * holds.  NULL with errno: not a ram store, or it failed (then write
+ * back instead). */
+struct store *cache_keep_ram (struct cache *c, const char *name)
+  FOLIOD_NONNULL (1, 2);
 void cache_get_store_info (const struct cache *c,
                            struct cache_store_info *out) FOLIOD_NONNULL (1, 2);
 const struct cache_config *cache_get_config (const struct cache *c)

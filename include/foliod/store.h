@@ -277,10 +277,13 @@ struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
 
 /* Upgrade in place, old process: the cache using ram store s is
  * quiesced (no request, writeback or readahead runs, nor will): stamp
- * the memfd handed over, for the export name of export_size bytes.
- * Returns a new fd of the memfd (close-on-exec) to send, or -1 with
- * errno.  The store stays usable (a failed upgrade adopts the fd again). */
+ * the memfd handed over, for the export name of export_size bytes, and
+ * make a new fd of it (close-on-exec) to send: store_ram_kept_fd (-1
+ * before), which destroy closes.  0, or -1 with errno.  Once.  (A failed
+ * upgrade adopts that fd again, then destroys s: its unmapping, some
+ * 100 ms for 4 GiB, is no part of the hand-over's pause.) */
 int store_ram_keep (struct store *s, const char *name, uint64_t export_size);
+int store_ram_kept_fd (struct store *s);
 
 /* The export name a handed-over memfd was kept for.  0, or -1 with err
  * (not a ram store of this version, or not handed over). */

@@ -458,19 +458,20 @@ cache_destroy (struct cache *c)
   return 0;
 }
 
-int
+struct store *
 cache_keep_ram (struct cache *c, const char *name)
 {
-  int fd;
+  struct store *s = c->own_store;
 
-  if (c->own_store == NULL || c->wb_running) {
+  if (s == NULL || c->wb_running) {
     errno = EINVAL;
-    return -1;
+    return NULL;
   }
-  fd = store_ram_keep (c->own_store, name, c->size);
-  if (fd >= 0)
-    c->ram_kept = true;
-  return fd;
+  if (store_ram_keep (s, name, c->size) == -1)
+    return NULL;
+  c->ram_kept = true;
+  c->own_store = NULL;        /* the caller's now: cache_free leaves it */
+  return s;
 }
 
 int

@@ -67,8 +67,8 @@ struct daemon {
   char upgrade_reply[512];
   uint64_t upgrade_start_ms;
   struct export **upgrade_old; /* exports closed for the hand-over */
-  int *upgrade_ram_fds;      /* per export: its ram store's memfd, kept
-                              * for the new process (-1: none) */
+  struct store **upgrade_ram; /* per export: its ram store, kept for
+                              * the new process (store_ram_kept_fd) */
   bool upgrade_takes_ram;    /* the new process reads our ram layout */
   pid_t upgrade_pid;         /* the new process, loaded, waiting */
   int upgrade_sock;          /* the way to it */
@@ -384,14 +384,13 @@ exports_hand_back (struct daemon *d)
 
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
-    int fd = -1;
+    struct store *ram = NULL;
     if (e->ex == NULL)
       continue;
-    if (export_close_keep (e->ex, 1000, NULL, &fd) == -1)
+    if (export_close_keep (e->ex, 1000, NULL, &ram) == -1)
       log_warn ("export %s: %s", e->cfg.name, strerror (errno));
     e->ex = NULL;
-    if (fd >= 0)
-      close (fd);
+    store_destroy (ram);
   }
 }
 
@@ -984,7 +983,7 @@ upgrade_keeps_ram (struct daemon *d, size_t i)
 
 /* Close every export for the new process: a persistent store keeps its
  * dirty data (export_close_keep), a ram one too when the new process
- * takes it whole (its memfd in upgrade_ram_fds), else it is written
+ * takes it whole (the store in upgrade_ram), else it is written
  * back.  The closed ones are remembered in upgrade_old to reopen on
  * failure. */
 static void
@@ -999,12 +998,12 @@ upgrade_close_exports (struct daemon *d)
     uint64_t lost = 0;
     bool keep_ram = upgrade_keeps_ram (d, i);
     d->upgrade_old[i] = e->ex;
-    d->upgrade_ram_fds[i] = -1;
+    d->upgrade_ram[i] = NULL;
     if (e->ex == NULL)
       continue;
     e->ex = NULL;   /* the status timer and stats look no more */
     if (export_close_keep (d->upgrade_old[i], timeout_ms, &lost,
-                           keep_ram ? &d->upgrade_ram_fds[i] : NULL) == -1)
+                           keep_ram ? &d->upgrade_ram[i] : NULL) == -1)
       log_error ("upgrade: export %s: %s%s", e->cfg.name, strerror (errno),
                  lost ? " (dirty data not written back is LOST)" : "");
   }
@@ -1025,8 +1024,9 @@ upgrade_reopen_exports (struct daemon *d)
       continue;
     /* Our ram cache, as the new process left it (it ran at most its
      * writeback on it: see src/store/store-ram.c). */
-    e->cfg.cache.ram_adopt = d->upgrade_ram_fds[i] >= 0;
-    e->cfg.cache.ram_memfd = d->upgrade_ram_fds[i];
+    e->cfg.cache.ram_adopt = d->upgrade_ram[i] != NULL;
+    e->cfg.cache.ram_memfd = d->upgrade_ram[i]
+                             ? store_ram_kept_fd (d->upgrade_ram[i]) : -1;
     e->ex = export_open (&e->cfg, err, sizeof err);
     e->cfg.cache.ram_adopt = false;
     if (e->ex == NULL) {
@@ -1044,16 +1044,15 @@ upgrade_reopen_exports (struct daemon *d)
   return r;
 }
 
-/* The memfds of the ram stores kept for the hand-over: sent, or adopted
- * again. */
+/* The ram stores kept for a hand-over that failed: adopted again (the
+ * new export maps its own copy). */
 static void
 upgrade_ram_close (struct daemon *d)
 {
-  for (size_t i = 0; i < d->cfg->n_exports; i++)
-    if (d->upgrade_ram_fds[i] >= 0) {
-      close (d->upgrade_ram_fds[i]);
-      d->upgrade_ram_fds[i] = -1;
-    }
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    store_destroy (d->upgrade_ram[i]);
+    d->upgrade_ram[i] = NULL;
+  }
 }
 
 /* Every plain connection is detached (server_handover): hand everything
@@ -1083,8 +1082,8 @@ upgrade_handed (void *opaque)
   u.control_fd = d->ctl ? control_fd (d->ctl, false) : -1;
   u.takes_ram = d->upgrade_takes_ram;
   for (size_t i = 0; i < d->cfg->n_exports; i++)
-    if (d->upgrade_ram_fds[i] >= 0 && u.n_ram < UPGRADE_MAX_RAM)
-      u.ram_fds[u.n_ram++] = d->upgrade_ram_fds[i];
+    if (d->upgrade_ram[i] && u.n_ram < UPGRADE_MAX_RAM)
+      u.ram_fds[u.n_ram++] = store_ram_kept_fd (d->upgrade_ram[i]);
   u.detached = d->ready_fd >= 0 || getenv ("NOTIFY_SOCKET") != NULL ||
                (d->inherited && d->inherit.detached);
   if (d->cfg->log_file)
@@ -1108,7 +1107,8 @@ upgrade_handed (void *opaque)
                     "%llu ms without service%s\n", (int) pid, u.n_conns,
                     (unsigned long long) (t - quiet_ms),
                     u.n_ram ? ", ram cache kept" : "");
-    upgrade_ram_close (d);
+    /* Not upgrade_ram_close: unmapping a large ram store takes a while,
+     * and this process exits now (the exit unmaps it). */
     upgrade_handoff_free (&u);
     ev_break (d->loop, EVBREAK_ALL);
     return;
@@ -1151,19 +1151,17 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
   d->upgrade_start_ms = now_ms ();
   log_info ("upgrade: requested");
   free (d->upgrade_old);
-  free (d->upgrade_ram_fds);
+  free (d->upgrade_ram);
   // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   d->upgrade_old = calloc (cfg->n_exports + 1, sizeof *d->upgrade_old);
-  d->upgrade_ram_fds = calloc (cfg->n_exports + 1,
-                               sizeof *d->upgrade_ram_fds);
-  if (d->upgrade_old == NULL || d->upgrade_ram_fds == NULL) {
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
+  d->upgrade_ram = calloc (cfg->n_exports + 1, sizeof *d->upgrade_ram);
+  if (d->upgrade_old == NULL || d->upgrade_ram == NULL) {
     upgrade_answer (d, "ERROR out of memory\n");
     return;
   }
   /* The new binary starts (exec, libraries, configuration) while this
    * process serves; it waits for the hand-over. */
-  for (size_t i = 0; i <= cfg->n_exports; i++)
-    d->upgrade_ram_fds[i] = -1;
   d->upgrade_pid = upgrade_start (d->argv, UPGRADE_READY_S,
                                   &d->upgrade_sock, &d->upgrade_takes_ram,
                                   err, sizeof err);
@@ -1354,7 +1352,7 @@ daemon_run (struct daemon_config *cfg, char **argv)
     control_stop (d.ctl);
     log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
     free (d.upgrade_old);
-    free (d.upgrade_ram_fds);
+    free (d.upgrade_ram);       /* their stores: unmapped by the exit */
     return 0;
   }
   metrics_stop (d.metrics);
@@ -1371,7 +1369,7 @@ daemon_run (struct daemon_config *cfg, char **argv)
   else if (exports_close (&d) == -1 || d.upgrade_fatal)
     r = -1;
   free (d.upgrade_old);
-  free (d.upgrade_ram_fds);
+  free (d.upgrade_ram);
   if (d.server)
     server_free (d.server);
   if (d.pidfile_written)

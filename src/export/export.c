@@ -314,21 +314,21 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
  * process: nothing is written back; the store is synced and marked clean
  * (every bit in it is true: the next process keeps the warm blocks too,
  * and its dirty ones are not "dirtied long ago").  A ram store is handed
- * over whole when ram_fd is given (its memfd stamped, cache_keep_ram),
+ * over whole when ram is given (its memfd stamped, cache_keep_ram),
  * else written back (export_close). */
 int
 export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost,
-                   int *ram_fd)
+                   struct store **ram)
 {
   int r = 0, err = 0;
 
-  if (ram_fd)
-    *ram_fd = -1;
-  if (e && e->store == NULL && ram_fd &&
+  if (ram)
+    *ram = NULL;
+  if (e && e->store == NULL && ram &&
       export_release_state (e) == EXPORT_SERVING) {
     cache_stop_writeback (e->cache);
-    *ram_fd = cache_keep_ram (e->cache, e->name);
-    if (*ram_fd >= 0) {
+    *ram = cache_keep_ram (e->cache, e->name);
+    if (*ram) {
       if (lost)
         *lost = 0;
       return export_free (e, 0, 0);

@@ -97,6 +97,7 @@ struct store_ram {
   size_t data_len;
   uint64_t *bitmaps;
   uint32_t block_size;
+  int kept_fd;      /* store_ram_keep: the fd to hand over, else -1 */
   bool adopted;     /* handed over: recover hands its slots back */
   /* The populating thread, if started. */
   pthread_t populator;
@@ -221,6 +222,8 @@ ram_destroy (struct store *s)
   }
   munmap (r->base, r->l.total_size);
   close (r->fd);
+  if (r->kept_fd >= 0)
+    close (r->kept_fd);
   free (r);
 }
 
@@ -334,6 +337,7 @@ ram_map (struct store_ram *r, int fd, uint32_t nslots, uint32_t folio_size)
    * fewer faults to populate, fewer TLB misses after. */
   madvise (r->base, r->l.total_size, MADV_HUGEPAGE);
   r->fd = fd;
+  r->kept_fd = -1;
   r->s.ops = &ram_ops;
   r->s.caps = STORE_EARLY_DATA;   /* nothing survives a crash */
   r->s.nslots = nslots;
@@ -381,7 +385,8 @@ store_ram_keep (struct store *s, const char *name, uint64_t export_size)
   struct ram_header *h;
   int fd;
 
-  if (s->ops != &ram_ops || strlen (name) >= RAM_NAME_MAX) {
+  if (s->ops != &ram_ops || strlen (name) >= RAM_NAME_MAX ||
+      r->kept_fd >= 0) {
     errno = EINVAL;
     return -1;
   }
@@ -410,7 +415,14 @@ store_ram_keep (struct store *s, const char *name, uint64_t export_size)
   h->export_size = export_size;
   strcpy (h->name, name);
   h->sum = ram_header_sum (h);
-  return fd;
+  r->kept_fd = fd;
+  return 0;
+}
+
+int
+store_ram_kept_fd (struct store *s)
+{
+  return s->ops == &ram_ops ? ((struct store_ram *) s)->kept_fd : -1;
 }
 
 /* Map and check fd's header: 0 with *h mapped (munmap RAM_HEADER_BYTES),
