@@ -967,7 +967,8 @@ upgrade_answer (struct daemon *d, const char *fmt, ...)
 }
 
 /* Does export i's ram store go over whole (the new process reads our
- * ram layout, and it is one of the first UPGRADE_MAX_RAM ram exports)? */
+ * ram layout, and it is one of the first UPGRADE_MAX_RAM ram exports)?
+ * While every export is open (upgrade_close_exports counts its own). */
 static bool
 upgrade_keeps_ram (struct daemon *d, size_t i)
 {
@@ -992,11 +993,13 @@ upgrade_close_exports (struct daemon *d)
   struct daemon_config *cfg = d->cfg;
   unsigned timeout_ms = (d->cfg->shutdown_timeout_s ? d->cfg->shutdown_timeout_s
                          : DEFAULT_SHUTDOWN_TIMEOUT_S) * 1000u;
+  size_t n_ram = 0;         /* ram stores kept so far (upgrade_keeps_ram) */
 
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
     uint64_t lost = 0;
-    bool keep_ram = upgrade_keeps_ram (d, i);
+    bool keep_ram = d->upgrade_takes_ram && e->ex && e->ex->store == NULL &&
+                    n_ram++ < UPGRADE_MAX_RAM;
     d->upgrade_old[i] = e->ex;
     d->upgrade_ram[i] = NULL;
     if (e->ex == NULL)
