@@ -12,7 +12,9 @@
 #   make check-vm-pmem   foliod in a qemu guest on an emulated NVDIMM, reset
 #   make ceph-up / ceph-down   a one-node Ceph cluster in CEPH_DIR (rbd:)
 #   make check-crash  the kill -9 loops on a pmem and an ssd store, ROUNDS
-#                     (1000) rounds each, and the fault model
+#                     (1000) rounds each, the upgrade loop (ROUNDS
+#                     upgrades under a writing client, pmem and ram
+#                     stores), and the fault model
 #                     (test-fault-model) over ROUNDS seeds
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
@@ -344,16 +346,18 @@ check-vm-ublk: deps
 # The kill -9 loop of make check (100 rounds there) for ROUNDS rounds:
 # foliod on a pmem store killed at random moments under writing clients,
 # every acknowledged write checked after each restart.  PMEM_KILL_SEED=N
-# replays a seed.  About 1.5 s per round.  Then the fault model
+# replays a seed.  About 1.5 s per round.  Then ROUNDS upgrades in place
+# per store under a writing client (test-daemon-upgrade.sh, 2-6 s each).  Then the fault model
 # (tests/pending/test-fault-model.c, docs/internals.md "Fault model")
 # over ROUNDS seeds; FAULT_SEED=N replays one.
 ROUNDS ?= 1000
 check-crash: deps
 	$(MAKE) $(FOLIOD) $(FAULT_MODEL)
 	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) SSD_KILL_ROUNDS=$(ROUNDS) \
-	  FAULT_SEEDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 4 + 300 )) \
+	  FAULT_SEEDS=$(ROUNDS) UPGRADE_ROUNDS=$(ROUNDS) \
+	  UPGRADE_RAM_ROUNDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
 	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh \
-	  $(FAULT_MODEL)
+	  tests/test-daemon-upgrade.sh $(FAULT_MODEL)
 
 # The fault model (issue 33) is in tests/pending/ until what it finds is
 # fixed (tests/pending/README.md): built as the unit tests are, run by

@@ -382,3 +382,14 @@ open(model_out, "wb").write(model)
 h.shutdown()
 EOF2
 }
+
+# stop_pidfile_foliod PIDFILE: SIGTERM the foliod whose pid PIDFILE holds
+# (an upgraded one: not $FOLIOD_PID), wait until it is gone, and check
+# $FOLIOD_LOG for sanitizer reports.
+stop_pidfile_foliod () {
+  local pid
+  pid=$(cat "$1")
+  kill -TERM "$pid"
+  wait_gone "$pid" 600 || fail "foliod $pid still running after SIGTERM"
+  check_sanitizer_log "$FOLIOD_LOG"
+}

@@ -3,12 +3,14 @@
 # again and hands it the sockets and every plain connection.  A libnbd
 # client keeps 8 requests in flight on one connection, writes and reads a
 # verified pattern without a pause while foliod is upgraded
-# UPGRADE_ROUNDS times (15): no request fails, the connection is the same
+# UPGRADE_ROUNDS times (15; the ram store UPGRADE_RAM_ROUNDS, 5; both
+# ROUNDS in make check-crash): no request fails, the connection is the same
 # socket at the end, every byte reads back, each upgrade gives a new pid
 # and the old one exits.  With the pmem store, dirty data is not written
 # back across the upgrades (the image is untouched until the final
-# SIGTERM, the new process recovers it dirty); with the ram store it is
-# written back first (the warm set is not kept yet).  A new binary that
+# SIGTERM, the new process recovers it dirty); with the ram store too
+# (its memfd goes over whole; tests/test-daemon-upgrade-warm.sh checks
+# the warm set).  A new binary that
 # fails to start (at once, or after it took the hand-over) leaves the old
 # process serving the same connection.  TLS connections, whose session
 # cannot move, are closed and a new one is served by the new process.
@@ -20,6 +22,7 @@ lib_init daemon-upgrade 64
 requires openssl     # the TLS part's certificates
 
 rounds=${UPGRADE_ROUNDS:-15}
+ram_rounds=${UPGRADE_RAM_ROUNDS:-5}
 ctl=$tmp/ctl
 SOCK=$tmp/sock
 FOLIOD_LOG=$tmp/foliod.log
@@ -45,15 +48,16 @@ upgrade_once () {
   wait_gone "$old" 100 || fail "the old foliod $old still runs"
 }
 
-# run STORE_OPTS: start foliod, the client, ROUNDS upgrades.
+# run STORE_OPTS ROUNDS [CACHE_SIZE]: start foliod, the client, ROUNDS
+# upgrades.
 run () {
-  local store=$1 n=$2
+  local store=$1 n=$2 cache=${3:-8M}
   rm -f "$tmp/stop" "$tmp/pid" "$tmp/store"
   random_file "$tmp/img" 16
   cp "$tmp/img" "$tmp/img.orig"
   install_binary "$FOLIOD"
   "$tmp/foliod" --foreground --unix "$SOCK" --control "$ctl" \
-    --pidfile "$tmp/pid" --export "disk0=file:$tmp/img,cache-size=8M$store" \
+    --pidfile "$tmp/pid" --export "disk0=file:$tmp/img,cache-size=$cache$store" \
     >>"$FOLIOD_LOG" 2>&1 &
   track $!
   wait_for_socket "$SOCK" $(( 20 * TSCALE ))
@@ -78,14 +82,6 @@ finish () {
   grep -q "^ok .* same-socket$" "$tmp/client.out" ||
     fail "client: $(cat "$tmp/client.out")"
   echo "  client: $(cat "$tmp/client.out") (requests, longest pause ms)"
-}
-
-stop_last () {
-  local pid
-  pid=$(cat "$tmp/pid")
-  kill -TERM "$pid"
-  wait_gone "$pid" 600 || fail "foliod $pid still running after SIGTERM"
-  check_sanitizer_log "$FOLIOD_LOG"
 }
 
 echo "pmem store, $rounds upgrades:"
@@ -139,13 +135,21 @@ sed -n "/foliod\[$pid\] error: upgrade failed: .* before it was ready/,\$p" \
 install_binary "$FOLIOD"
 upgrade_once
 finish
-stop_last
+stop_pidfile_foliod "$tmp/pid"
 cmp -s "$tmp/img" "$tmp/expect" || fail "pmem: the image is not what was written"
 
-echo "ram store, 3 upgrades:"
-run "" 3
-finish
-stop_last
+# The ram store holds the whole image (no eviction, no threshold
+# reached): its memfd goes across every upgrade, and so does the dirty
+# data, never written back until the final SIGTERM.
+echo "ram store, $ram_rounds upgrades:"
+run ",dirty-expire=3600000" "$ram_rounds" 32M
+cmp -s "$tmp/img" "$tmp/img.orig" ||
+  fail "ram: the image changed: dirty data was written back across an upgrade"
+dirty=$(foliod_stat "$ctl" foliod_dirty_bytes)
+[ "${dirty:-0}" -gt 0 ] || fail "ram: no dirty data after the upgrades ($dirty)"
+echo "  image untouched, $dirty bytes dirty in the last process"
+finish    # the client's last FLUSH writes it back
+stop_pidfile_foliod "$tmp/pid"
 cmp -s "$tmp/img" "$tmp/expect" || fail "ram: the image is not what was written"
 
 echo "TLS (tls = on), one TLS and one plain connection:"
@@ -186,5 +190,5 @@ print("ok")
 PY
   fail "TLS: $(cat "$tmp/tls.out")"
 sed 's/^/  /' "$tmp/tls.out"
-stop_last
+stop_pidfile_foliod "$tmp/pid"
 echo "ok"

@@ -74,6 +74,11 @@ struct cache_config {
    * CACHE_READAHEAD_AUTO (the default): 4 MiB on a remote backing
    * (BACKING_REMOTE), off on a file (the kernel reads ahead there). */
   uint32_t readahead_bytes;
+  /* Upgrade in place: the ram store is the one handed over on this memfd
+   * (store_ram_adopt), its folios and their bits taken back as they were.
+   * The fd stays the caller's (the store maps a copy). */
+  bool ram_adopt;
+  int ram_memfd;
 };
 #define CACHE_READAHEAD_AUTO UINT32_MAX
 #define CACHE_READAHEAD_MAX  (64u << 20)
@@ -325,6 +330,15 @@ struct cache_store_info {
  * the memory), -1 with errno. */
 int cache_populate (struct cache *c, store_populated_fn *done, void *arg)
   FOLIOD_NONNULL (1);
+/* Upgrade in place: c (its own ram store) is quiesced for good (no
+ * request, cache_stop_writeback done): stamp its memfd handed over for
+ * the export name (store_ram_keep) and return the store, the caller's
+ * from now on (store_ram_kept_fd: the fd to send; store_destroy when
+ * done); cache_destroy then reports no loss for the dirty data it
+ * holds.  NULL with errno: not a ram store, or it failed (then write
+ * back instead). */
+struct store *cache_keep_ram (struct cache *c, const char *name)
+  FOLIOD_NONNULL (1, 2);
 void cache_get_store_info (const struct cache *c,
                            struct cache_store_info *out) FOLIOD_NONNULL (1, 2);
 const struct cache_config *cache_get_config (const struct cache *c)

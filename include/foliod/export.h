@@ -188,9 +188,12 @@ int export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 
 /* The same for an upgrade in place: with a persistent store nothing is
  * written back (the store is synced and closed; the next process's
- * export_open recovers its dirty data); with the ram store, as
- * export_close.  0, or -1 with errno. */
-int export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost)
-  FOLIOD_WUR;
+ * export_open recovers its dirty data).  With the ram store: if ram is
+ * not NULL (the new process reads this ram layout), nothing is written
+ * back either: *ram is the store, handed over whole and the caller's
+ * now (cache_keep_ram; NULL if that failed and it was written back);
+ * else as export_close.  0, or -1 with errno. */
+int export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost,
+                       struct store **ram) FOLIOD_WUR;
 
 #endif /* FOLIOD_EXPORT_H */

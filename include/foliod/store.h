@@ -277,10 +277,39 @@ store_get_stats (struct store *s, struct store_stats *out)
     s->ops->stats (s, out);
 }
 
-/* Anonymous memory for nslots folios of folio_size with block_size blocks,
- * not populated yet: each page is faulted in when first touched. */
+/* Memory for nslots folios of folio_size with block_size blocks, on a
+ * memfd (its layout at the top of src/store/store-ram.c), not populated
+ * yet: each page is faulted in when first touched. */
 struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
                                 uint32_t block_size);
+
+/* The layout of a ram store's memfd: a process hands its ram stores to
+ * a new one (upgrade in place) only if the new one reads this version;
+ * else it writes them back first. */
+#define STORE_RAM_LAYOUT_VERSION 1
+
+/* Upgrade in place, old process: the cache using ram store s is
+ * quiesced (no request, writeback or readahead runs, nor will): stamp
+ * the memfd handed over, for the export name of export_size bytes, and
+ * make a new fd of it (close-on-exec) to send: store_ram_kept_fd (-1
+ * before), which destroy closes.  0, or -1 with errno.  Once.  (A failed
+ * upgrade adopts that fd again, then destroys s: its unmapping, some
+ * 100 ms for 4 GiB, is no part of the hand-over's pause.) */
+int store_ram_keep (struct store *s, const char *name, uint64_t export_size);
+int store_ram_kept_fd (struct store *s);
+
+/* The export name a handed-over memfd was kept for.  0, or -1 with err
+ * (not a ram store of this version, or not handed over). */
+int store_ram_handed_name (int fd, char *name, size_t len, char *err,
+                           size_t errlen);
+
+/* A ram store on a handed-over memfd, which must have this geometry and
+ * export size: its recover() hands back every folio with its bits, and
+ * its info says was_clean.  The store maps a copy of fd: fd stays the
+ * caller's.  NULL with err if the memfd is not one. */
+struct store *store_ram_adopt (int fd, uint32_t nslots, uint32_t folio_size,
+                               uint32_t block_size, uint64_t export_size,
+                               char *err, size_t errlen);
 
 /* Called once from the populating thread when it is done: err 0, or the
  * errno that stopped it (EINVAL: a kernel before 5.14; ENOMEM) after

@@ -169,6 +169,7 @@ struct cache {
   struct backing *b;
   struct store *store;
   struct store *own_store;  /* the ram store we created, if any */
+  bool ram_kept;            /* cache_keep_ram: handed over, not lost */
   struct cache_config cfg;
   uint64_t size;            /* export bytes */
   unsigned folio_shift, block_shift;

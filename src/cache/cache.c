@@ -229,19 +229,19 @@ warm_check (struct cache *c, char *err, size_t errlen)
 
 /* The store's caps; a durable store is rebuilt into the index (before
  * any set_index), and the free slots are those it left free. */
+static int cache_recover_store (struct cache *c, char *err, size_t errlen);
+
 static int
 cache_init_store (struct cache *c, char *err, size_t errlen)
 {
   struct cache_store_info *si = &c->sinfo;
-  struct store_recovery rec;
   struct store_info info;
-  uint32_t n = c->store->nslots;
-  uint64_t t0 = now_ms ();
 
   si->kind = c->store->ops->name;
   si->flush = c->cfg.flush != CACHE_FLUSH_DEFAULT ? c->cfg.flush
               : store_has (c->store, STORE_DURABLE) ? CACHE_FLUSH_STORE
               : CACHE_FLUSH_BACKING;
+  store_get_info (c->store, &info);
   if (!store_has (c->store, STORE_DURABLE)) {
     if (c->cfg.flush == CACHE_FLUSH_STORE) {
       snprintf (err, errlen, "flush=store needs a durable store (one "
@@ -249,9 +249,12 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
       errno = EINVAL;
       return -1;
     }
-    return 0;
+    /* A ram store handed over by an upgrade: its folios come back. */
+    if (!info.was_clean)
+      return 0;
+    si->was_clean = true;
+    return cache_recover_store (c, err, errlen);
   }
-  store_get_info (c->store, &info);
   si->granularity = info.granularity;
   si->mechanism = info.mechanism ? info.mechanism : "?";
   si->power_safe_per_write = !(c->store->caps & STORE_DEFERRED);
@@ -263,6 +266,19 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   ledger_store_opened (c, info.doubt);
   si->fenced = info.fenced;
   ledger_store_fenced (c, info.fenced);
+  return cache_recover_store (c, err, errlen);
+}
+
+/* Rebuild the index from the store's slots; the free slots are those it
+ * left free. */
+static int
+cache_recover_store (struct cache *c, char *err, size_t errlen)
+{
+  struct cache_store_info *si = &c->sinfo;
+  struct store_recovery rec;
+  uint32_t n = c->store->nslots;
+  uint64_t t0 = now_ms ();
+
   if (store_recover (c->store, cache_recover_one, c, &rec) != 0) {
     snprintf (err, errlen, "recovering the store: %s", strerror (errno));
     return -1;
@@ -358,7 +374,19 @@ cache_create (struct backing *b, struct store *store,
   c->blocks_per_folio = cfg->folio_size / cfg->block_size;
   c->nr_folios = c->size ? ((c->size - 1) >> c->folio_shift) + 1 : 0;
   c->store = store;
-  if (store == NULL) {
+  if (store == NULL && cfg->ram_adopt) {
+    uint32_t n = (uint32_t) (cfg->cache_size / cfg->folio_size);
+    c->store = c->own_store = store_ram_adopt (cfg->ram_memfd, n,
+                                               cfg->folio_size,
+                                               cfg->block_size, c->size,
+                                               err, errlen);
+    if (c->store == NULL) {
+      int e = errno;
+      cache_free (c);
+      errno = e;
+      return NULL;
+    }
+  } else if (store == NULL) {
     uint32_t n = (uint32_t) (cfg->cache_size / cfg->folio_size);
     c->store = c->own_store = store_ram_create (n, cfg->folio_size,
                                                 cfg->block_size);
@@ -471,7 +499,7 @@ cache_destroy (struct cache *c)
     return 0;
   cache_stop_writeback (c);
   /* A persistent store keeps them for the next start. */
-  lost = !store_has (c->store, STORE_DURABLE) &&
+  lost = !store_has (c->store, STORE_DURABLE) && !c->ram_kept &&
          (STAT_GET (c, dirty_bytes) > 0 || STAT_GET (c, unstable_bytes) > 0);
   cache_free (c);
   if (lost) {
@@ -479,6 +507,22 @@ cache_destroy (struct cache *c)
     return -1;
   }
   return 0;
+}
+
+struct store *
+cache_keep_ram (struct cache *c, const char *name)
+{
+  struct store *s = c->own_store;
+
+  if (s == NULL || c->wb_running) {
+    errno = EINVAL;
+    return NULL;
+  }
+  if (store_ram_keep (s, name, c->size) == -1)
+    return NULL;
+  c->ram_kept = true;
+  c->own_store = NULL;        /* the caller's now: cache_free leaves it */
+  return s;
 }
 
 int

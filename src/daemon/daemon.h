@@ -240,6 +240,7 @@ void fd_limit_check (unsigned max_connections);
 /* upgrade.c: upgrade in place (foliod upgrade).  What the old process
  * hands the new one. */
 #define UPGRADE_MAX_LISTEN 64
+#define UPGRADE_MAX_RAM 200     /* ram stores handed over: one message */
 struct upgrade_handoff {
   int listen_fds[UPGRADE_MAX_LISTEN];
   int n_listen;
@@ -248,6 +249,12 @@ struct upgrade_handoff {
   struct server_moved *conns; /* plain connections in transmission */
   size_t n_conns;
   int ready_fd;               /* new process: "R" here once serving */
+  /* Ram stores handed over whole (their memfds, store_ram_keep), when
+   * the new process reads the old one's ram layout (takes_ram). */
+  bool takes_ram;
+  int ram_fds[UPGRADE_MAX_RAM];
+  bool ram_taken[UPGRADE_MAX_RAM];   /* new process: an export adopted it */
+  size_t n_ram;
 };
 /* New process: 1 when started by an upgrade (u filled), 0 when not, -1
  * when what was handed over cannot be read (logged). */
@@ -257,9 +264,12 @@ void upgrade_ready (struct upgrade_handoff *u);
 void upgrade_handoff_free (struct upgrade_handoff *u);
 /* Old process, step 1: start this binary (its path now) with argv and
  * wait up to wait_s until it is loaded (it waits then).  Its pid and, in
- * *sock, the way to it; or -1 with a reason in err (it is gone). */
+ * *sock, the way to it, in *takes_ram whether it reads this process's
+ * ram store layout (STORE_RAM_LAYOUT_VERSION: then the ram stores go
+ * over whole, else they are written back); or -1 with a reason in err
+ * (it is gone). */
 pid_t upgrade_start (char *const *argv, unsigned wait_s, int *sock,
-                     char *err, size_t errlen);
+                     bool *takes_ram, char *err, size_t errlen);
 /* Step 2: hand it u and wait up to wait_s until it serves.  0, or -1
  * with a reason in err (it is killed and reaped).  Closes sock. */
 int upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,

@@ -32,6 +32,7 @@
 #include "foliod/util.h"
 #include "daemon/daemon.h"
 #include "foliod/log.h"
+#include "foliod/store.h"
 #include "server/server.h"
 #include "ublk/ublk.h"
 
@@ -66,6 +67,9 @@ struct daemon {
   char upgrade_reply[512];
   uint64_t upgrade_start_ms;
   struct export **upgrade_old; /* exports closed for the hand-over */
+  struct store **upgrade_ram; /* per export: its ram store, kept for
+                              * the new process (store_ram_kept_fd) */
+  bool upgrade_takes_ram;    /* the new process reads our ram layout */
   pid_t upgrade_pid;         /* the new process, loaded, waiting */
   int upgrade_sock;          /* the way to it */
   pid_t upgraded_to;         /* the new process is ready: exit */
@@ -369,6 +373,27 @@ exports_close (struct daemon *d)
   return r;
 }
 
+/* A process started by an upgrade fails before it serves: the old one
+ * takes its exports back, so nothing is written back here (a persistent
+ * store is marked clean, a ram store left as it is for the old process
+ * to adopt again), as the old process did for us. */
+static void
+exports_hand_back (struct daemon *d)
+{
+  struct daemon_config *cfg = d->cfg;
+
+  for (size_t i = 0; i < cfg->n_exports; i++) {
+    struct daemon_export *e = &cfg->exports[i];
+    struct store *ram = NULL;
+    if (e->ex == NULL)
+      continue;
+    if (export_close_keep (e->ex, 1000, NULL, &ram) == -1)
+      log_warn ("export %s: %s", e->cfg.name, strerror (errno));
+    e->ex = NULL;
+    store_destroy (ram);
+  }
+}
+
 /* ---- start-up ---------------------------------------------------------- */
 
 /* Fork into the background; the parent exits when the child reports
@@ -430,6 +455,13 @@ log_store (const struct daemon_export *e)
   struct cache_stats st;
 
   cache_get_store_info (e->ex->cache, &si);
+  if (e->ex->store == NULL && si.was_clean)
+    log_info ("export %s: ram cache handed over: %u folios, %llu bytes, "
+              "%llu dirty bytes, taken in %llu ms", e->cfg.name,
+              (unsigned) si.recovered_folios,
+              (unsigned long long) si.recovered_bytes,
+              (unsigned long long) si.recovered_dirty_bytes,
+              (unsigned long long) si.recover_ms);
   if (e->ex->store == NULL)
     return;
   cache_get_stats (e->ex->cache, &st);
@@ -535,6 +567,65 @@ served_remember (const struct daemon_config *cfg, struct daemon_export *e,
               "format=raw)", e->cfg.name, path, err);
 }
 
+/* A ram export of a process started by an upgrade: the ram store the old
+ * process kept for it, if any (its memfd, matched by the export name in
+ * its header), is adopted by export_open.  Returns its index in the
+ * hand-over, or -1. */
+static int
+upgrade_ram_for (struct daemon *d, struct daemon_export *e)
+{
+  struct upgrade_handoff *u = &d->inherit;
+  const char *path;
+  char name[EXPORT_NAME_MAX + 1], err[256];
+
+  if (!d->inherited || store_kind_parse (e->cfg.store, &path) != NULL)
+    return -1;
+  for (size_t i = 0; i < u->n_ram; i++) {
+    if (u->ram_fds[i] < 0)
+      continue;
+    if (store_ram_handed_name (u->ram_fds[i], name, sizeof name, err,
+                               sizeof err) == -1) {
+      log_error ("upgrade: a ram cache handed over: %s", err);
+      continue;
+    }
+    if (strcmp (name, e->cfg.name) == 0) {
+      e->cfg.cache.ram_adopt = true;
+      e->cfg.cache.ram_memfd = u->ram_fds[i];
+      return (int) i;
+    }
+  }
+  return -1;
+}
+
+/* After exports_open in a process started by an upgrade: close the
+ * memfds handed over (the stores map their own); one that no export
+ * took holds a cache nobody serves, its dirty data with it: the start
+ * fails, so that the old process serves on with it.  0 or -1. */
+static int
+upgrade_ram_unclaimed (struct daemon *d)
+{
+  struct upgrade_handoff *u = &d->inherit;
+  char name[EXPORT_NAME_MAX + 1], err[256];
+  int r = 0;
+
+  for (size_t i = 0; i < u->n_ram; i++) {
+    if (!u->ram_taken[i]) {
+      if (store_ram_handed_name (u->ram_fds[i], name, sizeof name, err,
+                                 sizeof err) == -1)
+        snprintf (name, sizeof name, "? (%s)", err);
+      log_error ("upgrade: the ram cache of export %s was handed over, but "
+                 "no export here takes it (its export is gone, or not on "
+                 "the ram store): not starting, the old process serves on",
+                 name);
+      r = -1;
+    }
+    close (u->ram_fds[i]);
+    u->ram_fds[i] = -1;
+  }
+  u->n_ram = 0;
+  return r;
+}
+
 /* Open every export.  One whose file holds an image format (the probe
  * refused it) is not served, loudly, and the others are: that refusal
  * must not take down every other client's disk.  Any other failure stops
@@ -551,7 +642,11 @@ exports_open (struct daemon *d)
     struct daemon_export *e = &cfg->exports[i];
     const char *path = backing_spec_file_path (e->cfg.backing);
     int known = served_before (cfg, e, path);
+    int ram = upgrade_ram_for (d, e);
     e->ex = export_open (&e->cfg, err, sizeof err);
+    e->cfg.cache.ram_adopt = false;
+    if (e->ex && ram >= 0)
+      d->inherit.ram_taken[ram] = true;
     if (e->ex == NULL && errno == EMEDIUMTYPE) {
       log_error ("export %s (%s): not served%s: %s", e->cfg.name, e->where,
                  n > 1 ? " (the other exports are)" : "", err);
@@ -879,24 +974,47 @@ upgrade_answer (struct daemon *d, const char *fmt, ...)
   unlock_or_die (&d->upgrade_lock);
 }
 
+/* Does export i's ram store go over whole (the new process reads our
+ * ram layout, and it is one of the first UPGRADE_MAX_RAM ram exports)?
+ * While every export is open (upgrade_close_exports counts its own). */
+static bool
+upgrade_keeps_ram (struct daemon *d, size_t i)
+{
+  size_t before = 0;
+
+  if (!d->upgrade_takes_ram || d->cfg->exports[i].ex == NULL ||
+      d->cfg->exports[i].ex->store != NULL)
+    return false;
+  for (size_t k = 0; k < i; k++)
+    before += d->cfg->exports[k].ex && d->cfg->exports[k].ex->store == NULL;
+  return before < UPGRADE_MAX_RAM;
+}
+
 /* Close every export for the new process: a persistent store keeps its
- * dirty data (export_close_keep), a ram one writes it back.  The closed
- * ones are remembered in upgrade_old to reopen on failure. */
+ * dirty data (export_close_keep), a ram one too when the new process
+ * takes it whole (the store in upgrade_ram), else it is written
+ * back.  The closed ones are remembered in upgrade_old to reopen on
+ * failure. */
 static void
 upgrade_close_exports (struct daemon *d)
 {
   struct daemon_config *cfg = d->cfg;
   unsigned timeout_ms = (d->cfg->shutdown_timeout_s ? d->cfg->shutdown_timeout_s
                          : DEFAULT_SHUTDOWN_TIMEOUT_S) * 1000u;
+  size_t n_ram = 0;         /* ram stores kept so far (upgrade_keeps_ram) */
 
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
     uint64_t lost = 0;
+    bool keep_ram = d->upgrade_takes_ram && e->ex && e->ex->store == NULL &&
+                    n_ram++ < UPGRADE_MAX_RAM;
     d->upgrade_old[i] = e->ex;
+    d->upgrade_ram[i] = NULL;
     if (e->ex == NULL)
       continue;
     e->ex = NULL;   /* the status timer and stats look no more */
-    if (export_close_keep (d->upgrade_old[i], timeout_ms, &lost) == -1)
+    if (export_close_keep (d->upgrade_old[i], timeout_ms, &lost,
+                           keep_ram ? &d->upgrade_ram[i] : NULL) == -1)
       log_error ("upgrade: export %s: %s%s", e->cfg.name, strerror (errno),
                  lost ? " (dirty data not written back is LOST)" : "");
   }
@@ -915,7 +1033,13 @@ upgrade_reopen_exports (struct daemon *d)
     struct daemon_export *e = &cfg->exports[i];
     if (d->upgrade_old[i] == NULL)
       continue;
+    /* Our ram cache, as the new process left it (it ran at most its
+     * writeback on it: see src/store/store-ram.c). */
+    e->cfg.cache.ram_adopt = d->upgrade_ram[i] != NULL;
+    e->cfg.cache.ram_memfd = d->upgrade_ram[i]
+                             ? store_ram_kept_fd (d->upgrade_ram[i]) : -1;
     e->ex = export_open (&e->cfg, err, sizeof err);
+    e->cfg.cache.ram_adopt = false;
     if (e->ex == NULL) {
       log_error ("upgrade: export %s cannot be opened again: %s",
                  e->cfg.name, err);
@@ -931,6 +1055,17 @@ upgrade_reopen_exports (struct daemon *d)
   return r;
 }
 
+/* The ram stores kept for a hand-over that failed: adopted again (the
+ * new export maps its own copy). */
+static void
+upgrade_ram_close (struct daemon *d)
+{
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    store_destroy (d->upgrade_ram[i]);
+    d->upgrade_ram[i] = NULL;
+  }
+}
+
 /* Every plain connection is detached (server_handover): hand everything
  * to a new process, or take it all back. */
 static void
@@ -941,6 +1076,7 @@ upgrade_handed (void *opaque)
   uint64_t quiet_ms = now_ms ();
   char err[512];
   pid_t pid;
+  int r;
 
   u.conns = server_handover_take (d->server, &u.n_conns);
   log_info ("upgrade: %zu connection(s) detached; the last request this "
@@ -955,6 +1091,10 @@ upgrade_handed (void *opaque)
   u.n_listen = server_listen_fds (d->server, u.listen_fds,
                                   UPGRADE_MAX_LISTEN);
   u.control_fd = d->ctl ? control_fd (d->ctl, false) : -1;
+  u.takes_ram = d->upgrade_takes_ram;
+  for (size_t i = 0; i < d->cfg->n_exports; i++)
+    if (d->upgrade_ram[i] && u.n_ram < UPGRADE_MAX_RAM)
+      u.ram_fds[u.n_ram++] = store_ram_kept_fd (d->upgrade_ram[i]);
   u.detached = d->ready_fd >= 0 || getenv ("NOTIFY_SOCKET") != NULL ||
                (d->inherited && d->inherit.detached);
   if (d->cfg->log_file)
@@ -975,14 +1115,19 @@ upgrade_handed (void *opaque)
               u.n_conns, (unsigned long long) (t - quiet_ms));
     d->upgraded_to = pid;
     upgrade_answer (d, "OK upgraded: pid %d, %zu connection(s) handed over, "
-                    "%llu ms without service\n", (int) pid, u.n_conns,
-                    (unsigned long long) (t - quiet_ms));
+                    "%llu ms without service%s\n", (int) pid, u.n_conns,
+                    (unsigned long long) (t - quiet_ms),
+                    u.n_ram ? ", ram cache kept" : "");
+    /* Not upgrade_ram_close: unmapping a large ram store takes a while,
+     * and this process exits now (the exit unmaps it). */
     upgrade_handoff_free (&u);
     ev_break (d->loop, EVBREAK_ALL);
     return;
   }
   log_error ("upgrade failed: %s; serving on", err);
-  if (upgrade_reopen_exports (d) == -1) {
+  r = upgrade_reopen_exports (d);
+  upgrade_ram_close (d);
+  if (r == -1) {
     upgrade_answer (d, "ERROR upgrade failed (%s), and an export cannot be "
                     "opened again: foliod stops\n", err);
     d->upgrade_fatal = 1;
@@ -1017,28 +1162,35 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
   d->upgrade_start_ms = now_ms ();
   log_info ("upgrade: requested");
   free (d->upgrade_old);
+  free (d->upgrade_ram);
   // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
   d->upgrade_old = calloc (cfg->n_exports + 1, sizeof *d->upgrade_old);
-  if (d->upgrade_old == NULL) {
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers
+  d->upgrade_ram = calloc (cfg->n_exports + 1, sizeof *d->upgrade_ram);
+  if (d->upgrade_old == NULL || d->upgrade_ram == NULL) {
     upgrade_answer (d, "ERROR out of memory\n");
     return;
   }
   /* The new binary starts (exec, libraries, configuration) while this
    * process serves; it waits for the hand-over. */
   d->upgrade_pid = upgrade_start (d->argv, UPGRADE_READY_S,
-                                  &d->upgrade_sock, err, sizeof err);
+                                  &d->upgrade_sock, &d->upgrade_takes_ram,
+                                  err, sizeof err);
   if (d->upgrade_pid < 0) {
     log_error ("upgrade failed: %s; serving on", err);
     upgrade_answer (d, "ERROR upgrade failed: %s; pid %d serves on\n", err,
                     (int) getpid ());
     return;
   }
-  /* A ram store's dirty data must be written back before it is closed:
-   * most of it now, while clients are still served, so that the stall
-   * only covers what they write meanwhile. */
+  /* A ram store that does not go over whole (the new binary reads
+   * another ram layout) must be written back before it is closed: most
+   * of it now, while clients are still served, so that the stall only
+   * covers what they write meanwhile. */
+  if (d->upgrade_takes_ram)
+    log_info ("upgrade: the new process takes the ram caches as they are");
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
-    if (e->ex && e->ex->store == NULL &&
+    if (e->ex && e->ex->store == NULL && !upgrade_keeps_ram (d, i) &&
         cache_write_back (e->ex->cache) == -1) {
       int werr = errno;
       upgrade_abandon (d->upgrade_pid, d->upgrade_sock, "handed over",
@@ -1162,7 +1314,7 @@ daemon_start (struct daemon *d)
   if (server_start (d) == -1)
     return -1;
   if (exports_create_missing (cfg) == -1 || exports_open (d) == -1 ||
-      server_add_exports (d) == -1)
+      upgrade_ram_unclaimed (d) == -1 || server_add_exports (d) == -1)
     return -1;
   if (ublk_start (d) == -1)
     return -1;
@@ -1213,16 +1365,26 @@ daemon_run (struct daemon_config *cfg, char **argv)
                                     served */
     log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
     free (d.upgrade_old);
+    free (d.upgrade_ram);       /* their stores: unmapped by the exit */
     return 0;
   }
   metrics_stop (d.metrics);
+  /* Started by an upgrade, failed before serving: what we were handed
+   * is the old process's again (it takes it back): its control socket
+   * file stays, and the caches go back as they are. */
+  bool hand_back = r != 0 && d.inherited > 0 && d.inherit.ready_fd >= 0;
+  if (hand_back && d.ctl)
+    control_fd (d.ctl, true);
   control_stop (d.ctl);
   ublk_set_free (d.ublk);        /* its devices use the exports */
-  if (exports_close (&d) == -1 || d.upgrade_fatal)
+  if (hand_back)
+    exports_hand_back (&d);
+  else if (exports_close (&d) == -1 || d.upgrade_fatal)
     r = -1;
   upgrade_handoff_free (&d.inherit); /* a start that failed before
                                         taking the connections over */
   free (d.upgrade_old);
+  free (d.upgrade_ram);
   if (d.server)
     server_free (d.server);
   if (d.pidfile_written)

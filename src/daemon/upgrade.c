@@ -16,9 +16,20 @@
  *      messages "C" of at most UPGRADE_FDS_PER_MSG.  The memfd holds a
  *      versioned header, then per connection what it negotiated (struct
  *      server_moved) and the bytes the old process had read but not
- *      parsed.  The child opens its exports, serves, and writes "R"; if it
- *      exits or says nothing within wait_s, it is killed and the old
- *      process takes everything back.
+ *      parsed.  Then, if the child reads this process's ram store layout,
+ *      one message "S" with the memfds of the ram stores, handed over
+ *      whole (store_ram_keep).  The child opens its exports (adopting
+ *      those stores), serves, and writes "R"; if it exits or says nothing
+ *      within wait_s, it is killed and the old process takes everything
+ *      back, its ram stores included (store_ram_adopt again).
+ *
+ * Whether the ram stores go over: the old process puts its layout
+ * version (STORE_RAM_LAYOUT_VERSION) in FOLIOD_UPGRADE_RAM; a child of
+ * the same version answers "K" (loaded, and takes the ram stores)
+ * instead of "L".  An older child ignores the variable and answers "L";
+ * a newer one of another version answers "L" too: the old process then
+ * writes its ram stores back before the hand-over, as without this.
+ * FOLIOD_TEST_RAM_LAYOUT=N makes a child claim version N (tests).
  *
  * A binary that does not know the header's version refuses to start.
  */
@@ -38,12 +49,17 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "foliod/store.h"
 #include "foliod/util.h"
 
 #define UPGRADE_ENV "FOLIOD_UPGRADE"
+#define UPGRADE_RAM_ENV "FOLIOD_UPGRADE_RAM"
+#define UPGRADE_TEST_RAM_ENV "FOLIOD_TEST_RAM_LAYOUT"
 #define UPGRADE_MAGIC "FOLIOUP1"
 
 #define UPGRADE_FDS_PER_MSG 200  /* under the kernel's SCM_MAX_FD (253) */
+_Static_assert (UPGRADE_MAX_RAM <= UPGRADE_FDS_PER_MSG,
+                "the ram stores travel in one message");
 
 /* The fds travel as SCM_RIGHTS, in this order: the memfd, the listening
  * sockets, the control socket (if any), then the connections. */
@@ -231,7 +247,25 @@ recv_handoff (int sock, struct upgrade_handoff *u)
     for (size_t i = 0; i < got; i++)
       u->conns[k++].fd = cf[i];
   }
+  if (u->takes_ram) {
+    size_t got = UPGRADE_MAX_RAM;
+    if (recv_fds (sock, &tag, u->ram_fds, &got) < 0 || tag != 'S')
+      return -1;
+    u->n_ram = got;
+  }
   return 0;
+}
+
+/* New process: does this binary read the ram store layout of the old
+ * one (its version in FOLIOD_UPGRADE_RAM; none from an older foliod)? */
+static bool
+reads_old_ram_layout (void)
+{
+  const char *old = getenv (UPGRADE_RAM_ENV);
+  const char *test = getenv (UPGRADE_TEST_RAM_ENV);
+  unsigned mine = test ? (unsigned) atoi (test) : STORE_RAM_LAYOUT_VERSION;
+
+  return old && (unsigned) atoi (old) == mine;
 }
 
 int
@@ -245,13 +279,17 @@ upgrade_inherited (struct upgrade_handoff *u)
   if (env == NULL)
     return 0;
   sock = atoi (env);
+  u->takes_ram = reads_old_ram_layout ();
   unsetenv (UPGRADE_ENV);
+  unsetenv (UPGRADE_RAM_ENV);
   if (sock < 3 || fcntl (sock, F_SETFD, FD_CLOEXEC) < 0) {
     log_error ("upgrade: bad %s", UPGRADE_ENV);
     return -1;
   }
-  /* Loaded: the old process may hand over now (it serves until then). */
-  if (write (sock, "L", 1) != 1 || recv_handoff (sock, u) < 0) {
+  /* Loaded: the old process may hand over now (it serves until then);
+   * "K": and its ram stores too. */
+  if (write (sock, u->takes_ram ? "K" : "L", 1) != 1 ||
+      recv_handoff (sock, u) < 0) {
     log_error ("upgrade: cannot take what the old process hands over "
                "(it went away, or another foliod version?)");
     close (sock);
@@ -300,8 +338,9 @@ self_exe (char *buf, size_t len)
   return 0;
 }
 
-/* The environment of the child: ours with FOLIOD_UPGRADE=fd and the
- * socket activation variables gone.  NULL: out of memory. */
+/* The environment of the child: ours with FOLIOD_UPGRADE=fd,
+ * FOLIOD_UPGRADE_RAM=our ram layout version, and the socket activation
+ * variables gone.  NULL: out of memory. */
 static char **
 child_env (int fd)
 {
@@ -311,13 +350,21 @@ child_env (int fd)
 
   while (environ[n])
     n++;
-  if (!(env = calloc (n + 2, sizeof *env)))
+  if (!(env = calloc (n + 3, sizeof *env)))
     return NULL;
   for (size_t i = 0; i < n; i++)
     if (strncmp (environ[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) != 0 &&
+        strncmp (environ[i], UPGRADE_RAM_ENV "=",
+                 sizeof UPGRADE_RAM_ENV) != 0 &&
         strncmp (environ[i], "LISTEN_", 7) != 0)
       env[k++] = environ[i];
   if (asprintf (&env[k], UPGRADE_ENV "=%d", fd) < 0) {
+    free (env);
+    return NULL;
+  }
+  if (asprintf (&env[k + 1], UPGRADE_RAM_ENV "=%u",
+                STORE_RAM_LAYOUT_VERSION) < 0) {
+    free (env[k]);
     free (env);
     return NULL;
   }
@@ -330,15 +377,16 @@ child_env_free (char **env)
   if (!env)
     return;
   for (size_t i = 0; env[i]; i++)
-    if (strncmp (env[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) == 0)
+    if (strncmp (env[i], UPGRADE_ENV "=", sizeof UPGRADE_ENV) == 0 ||
+        strncmp (env[i], UPGRADE_RAM_ENV "=", sizeof UPGRADE_RAM_ENV) == 0)
       free (env[i]);
   free (env);
 }
 
-/* Wait up to deadline for byte want on sock.  0, or -1 (EOF, another
- * byte, the deadline: ETIMEDOUT). */
+/* Wait up to deadline for byte want (or want2, if not 0) on sock: the
+ * byte, or -1 (EOF, another byte, the deadline: ETIMEDOUT). */
 static int
-wait_byte (int sock, char want, uint64_t deadline)
+wait_byte2 (int sock, char want, char want2, uint64_t deadline)
 {
   struct pollfd p = { .fd = sock, .events = POLLIN };
   char c = 0;
@@ -355,10 +403,16 @@ wait_byte (int sock, char want, uint64_t deadline)
     errno = ETIMEDOUT;
     return -1;
   }
-  if (r > 0 && read (sock, &c, 1) == 1 && c == want)
-    return 0;
+  if (r > 0 && read (sock, &c, 1) == 1 && (c == want || (want2 && c == want2)))
+    return c;
   errno = EPIPE;
   return -1;
+}
+
+static int
+wait_byte (int sock, char want, uint64_t deadline)
+{
+  return wait_byte2 (sock, want, 0, deadline) < 0 ? -1 : 0;
 }
 
 void
@@ -388,15 +442,17 @@ upgrade_abandon (pid_t pid, int sock, const char *what, int err,
 }
 
 pid_t
-upgrade_start (char *const *argv, unsigned wait_s, int *sock, char *err,
-               size_t errlen)
+upgrade_start (char *const *argv, unsigned wait_s, int *sock,
+               bool *takes, char *err, size_t errlen)
 {
   char exe[PATH_MAX];
   int sv[2] = { -1, -1 };
   char **env = NULL;
   pid_t pid = -1;
+  int c;
 
   *sock = -1;
+  *takes = false;
   if (self_exe (exe, sizeof exe) < 0 ||
       socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
       !(env = child_env (sv[1]))) {
@@ -418,12 +474,14 @@ upgrade_start (char *const *argv, unsigned wait_s, int *sock, char *err,
   log_info ("upgrade: started %s as pid %d", exe, (int) pid);
   close (sv[1]);
   sv[1] = -1;
-  if (wait_byte (sv[0], 'L', now_ms () + wait_s * 1000ull) < 0) {
+  c = wait_byte2 (sv[0], 'L', 'K', now_ms () + wait_s * 1000ull);
+  if (c < 0) {
     upgrade_abandon (pid, sv[0], "loaded", errno, wait_s, err, errlen);
     sv[0] = -1;
     pid = -1;
     goto out;
   }
+  *takes = c == 'K';
   *sock = sv[0];
   sv[0] = -1;
 out:
@@ -525,6 +583,8 @@ upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
     if (send_fds (sock, 'C', cf, k) < 0)
       goto fail;
   }
+  if (u->takes_ram && send_fds (sock, 'S', u->ram_fds, u->n_ram) < 0)
+    goto fail;
   if (wait_byte (sock, 'R', now_ms () + wait_s * 1000ull) == 0) {
     close (sock);
     return 0;

@@ -313,13 +313,29 @@ export_close (struct export *e, unsigned timeout_ms, uint64_t *lost)
 /* Upgrade in place: a persistent store keeps its dirty data for the next
  * process: nothing is written back; the store is synced and marked clean
  * (every bit in it is true: the next process keeps the warm blocks too,
- * and its dirty ones are not "dirtied long ago").  A ram store's is
- * written back (export_close). */
+ * and its dirty ones are not "dirtied long ago").  A ram store is handed
+ * over whole when ram is given (its memfd stamped, cache_keep_ram),
+ * else written back (export_close). */
 int
-export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost)
+export_close_keep (struct export *e, unsigned timeout_ms, uint64_t *lost,
+                   struct store **ram)
 {
   int r = 0, err = 0;
 
+  if (ram)
+    *ram = NULL;
+  if (e && e->store == NULL && ram &&
+      export_release_state (e) == EXPORT_SERVING) {
+    cache_stop_writeback (e->cache);
+    *ram = cache_keep_ram (e->cache, e->name);
+    if (*ram) {
+      if (lost)
+        *lost = 0;
+      return export_free (e, 0, 0);
+    }
+    log_warn ("export %s: cannot hand the ram cache over (%s): writing it "
+              "back", e->name, strerror (errno));
+  }
   if (e == NULL || e->store == NULL || !store_has (e->store, STORE_DURABLE) ||
       export_release_state (e) != EXPORT_SERVING)
     return export_close (e, timeout_ms, lost);

@@ -1,11 +1,45 @@
-/* The ram store: folio memory in one anonymous mapping, bitmaps in one
- * array.  The memory is populated in the background once the server
- * listens (store_ram_populate), not when the store is made. */
+/* The ram store: folio memory, slot table and bitmaps in one shared
+ * mapping of a memfd, so that an upgrade in place can hand the whole
+ * cache to the new process (SCM_RIGHTS) instead of writing it back.  The
+ * memory is populated in the background once the server listens
+ * (store_ram_populate), not when the store is made.
+ *
+ * The memfd's layout, versioned and self-describing as the pmem store's
+ * (src/store/pmem-layout.h), so that a process never misreads one made
+ * by another version:
+ *
+ *   0          header (RAM_HEADER_BYTES): magic, version, geometry, the
+ *              export's size and name, flags, a checksum of it all
+ *   8 KiB      slot table: per slot the folio index (STORE_NO_FOLIO: free)
+ *   ...        slot bitmaps: per slot the FP_* planes, bitmap_words words
+ *   2 MiB-aligned: folio data, nslots * folio_size
+ *
+ * The discipline.  While a process serves, only the slot table, the
+ * bitmaps and the data change, as the cache changes them; the header says
+ * nothing (it is written only by store_ram_keep).  store_ram_keep runs
+ * once the cache is quiesced (no request, writeback, readahead in flight:
+ * the upgrade stopped them) and then stamps the header RAM_FLAG_HANDED
+ * with its checksum: from then on the slot table and the bitmaps are
+ * exactly the cache's state, and the data is what they describe.  A
+ * memfd is adopted (store_ram_adopt) only when its header is handed,
+ * sound, of this version, and of the export's geometry and size; else
+ * the adopter refuses it (the old process keeps serving it).  A process
+ * that adopted one and died before it served changed it at most as its
+ * writeback thread does, block by block (dirty to unstable to clean, the
+ * data untouched), so the old process can adopt it again.  Nothing here
+ * survives the host or the death of the last process holding the memfd:
+ * the ram store is not durable (no STORE_DURABLE). */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "foliod/store.h"
@@ -17,13 +51,54 @@
  * huge page's faults, and destroy for one chunk. */
 #define POPULATE_CHUNK (2u << 20)
 
+#define RAM_MAGIC        "FOLIODRM"
+#define RAM_HEADER_BYTES 8192u
+#define RAM_DATA_ALIGN   (2u << 20)   /* huge pages where shmem has them */
+#define RAM_NAME_MAX     4097         /* EXPORT_NAME_MAX and its NUL */
+#define RAM_FLAG_HANDED  1u           /* stamped by store_ram_keep */
+
+struct ram_header {
+  char magic[8];
+  uint32_t version;         /* STORE_RAM_LAYOUT_VERSION */
+  uint32_t header_bytes;    /* sizeof (struct ram_header) of its writer */
+  uint32_t flags;           /* RAM_FLAG_* */
+  uint32_t nslots, folio_size, block_size, bitmap_words;
+  uint32_t pad;
+  uint64_t slots_off, bitmaps_off, data_off, total_size;
+  uint64_t export_size;
+  char name[RAM_NAME_MAX];
+  char pad2[7];
+  uint64_t sum;             /* ram_header_sum of every byte before it */
+};
+_Static_assert (sizeof (struct ram_header) <= RAM_HEADER_BYTES,
+                "the ram store header outgrew its room");
+
+/* The FP_* planes are in the memfd in enum folio_plane's order. */
+_Static_assert (FP_UPTODATE == 0 && FP_DIRTY == 1 && FP_UNSTABLE == 2 &&
+                FP_NPLANES == 3, "ram layout: the plane order changed "
+                "(bump STORE_RAM_LAYOUT_VERSION)");
+
+/* Offsets, from the geometry alone. */
+struct ram_layout {
+  uint32_t bitmap_words;
+  uint64_t slots_off, bitmaps_off, data_off, total_size;
+};
+
 static const struct store_ops ram_ops;
 
 struct store_ram {
   struct store s;   /* first: the base */
+  int fd;           /* the memfd */
+  unsigned char *base;
+  struct ram_layout l;
+  struct ram_header *hdr;
+  uint64_t *slots;
   unsigned char *data;
   size_t data_len;
   uint64_t *bitmaps;
+  uint32_t block_size;
+  int kept_fd;      /* store_ram_keep: the fd to hand over, else -1 */
+  bool adopted;     /* handed over: recover hands its slots back */
   /* The populating thread, if started. */
   pthread_t populator;
   bool populating;
@@ -31,6 +106,37 @@ struct store_ram {
   store_populated_fn *populated;
   void *populated_arg;
 };
+
+static uint64_t
+align_up (uint64_t x, uint64_t a)
+{
+  return (x + a - 1) / a * a;
+}
+
+static void
+ram_layout_compute (struct ram_layout *l, uint32_t nslots,
+                    uint32_t folio_size, uint32_t block_size)
+{
+  l->bitmap_words = store_bitmap_words (folio_size / block_size);
+  l->slots_off = RAM_HEADER_BYTES;
+  l->bitmaps_off = align_up (l->slots_off + (uint64_t) nslots * 8, 64);
+  l->data_off = align_up (l->bitmaps_off +
+                          (uint64_t) nslots * l->bitmap_words * 8,
+                          RAM_DATA_ALIGN);
+  l->total_size = l->data_off + (uint64_t) nslots * folio_size;
+}
+
+/* FNV-1a, 64 bits: a torn or foreign header does not pass. */
+static uint64_t
+ram_header_sum (const struct ram_header *h)
+{
+  const unsigned char *p = (const unsigned char *) h;
+  uint64_t x = 0xcbf29ce484222325ull;
+
+  for (size_t i = 0; i < offsetof (struct ram_header, sum); i++)
+    x = (x ^ p[i]) * 0x100000001b3ull;
+  return x;
+}
 
 static void *
 ram_data (struct store *s, uint32_t slot)
@@ -46,10 +152,13 @@ ram_bitmap (struct store *s, uint32_t slot)
   return r->bitmaps + (size_t) slot * s->bitmap_words;
 }
 
+/* The slot table is the cache's folio map, kept where the next process
+ * finds it.  No order to keep: it is read only after a quiesce. */
 static void
 ram_set_index (struct store *s, uint32_t slot, uint64_t folio_index)
 {
-  (void) s; (void) slot; (void) folio_index; /* nothing survives a crash */
+  struct store_ram *r = (struct store_ram *) s;
+  r->slots[slot] = folio_index;
 }
 
 static int
@@ -57,6 +166,49 @@ ram_persist (struct store *s, const void *p, size_t len)
 {
   (void) s; (void) p; (void) len;
   return 0;
+}
+
+/* A store handed over: every slot that holds a folio goes back to the
+ * cache with its bits, as they were at the quiesce (or as the writeback
+ * of a process that died before serving left them: unstable blocks stay
+ * unstable, written but not flushed yet).  A fresh store: nothing. */
+static int
+ram_recover (struct store *s, store_recover_fn fn, void *arg,
+             struct store_recovery *out)
+{
+  struct store_ram *r = (struct store_ram *) s;
+  uint32_t blocks = r->s.folio_size / r->block_size;
+
+  if (!r->adopted)
+    return 0;
+  for (uint32_t i = 0; i < s->nslots; i++) {
+    uint64_t *bits = ram_bitmap (s, i);
+    int e;
+    if (r->slots[i] == STORE_NO_FOLIO)
+      continue;
+    for (uint32_t b = 0; b < blocks; b++) {
+      uint32_t d = FP_DIRTY * blocks + b, u = FP_UNSTABLE * blocks + b;
+      out->dirty_blocks += (bits[d / 64] >> (d % 64)) & 1;
+      out->unstable_blocks += (bits[u / 64] >> (u % 64)) & 1;
+    }
+    e = fn (arg, i, r->slots[i], bits);
+    if (e != 0)
+      return e;
+    out->folios++;
+  }
+  return 0;
+}
+
+/* was_clean: handed over by store_ram_keep, every bit is true. */
+static void
+ram_info (struct store *s, struct store_info *out)
+{
+  struct store_ram *r = (struct store_ram *) s;
+
+  out->granularity = "none";
+  out->mechanism = "memfd";
+  out->was_clean = r->adopted;
+  out->formatted = !r->adopted;
 }
 
 static void
@@ -68,8 +220,10 @@ ram_destroy (struct store *s)
     atomic_store (&r->populate_stop, true);
     pthread_join (r->populator, NULL);
   }
-  munmap (r->data, r->data_len);
-  free (r->bitmaps);
+  munmap (r->base, r->l.total_size);
+  close (r->fd);
+  if (r->kept_fd >= 0)
+    close (r->kept_fd);
   free (r);
 }
 
@@ -152,39 +306,15 @@ static const struct store_ops ram_ops = {
   .bitmap = ram_bitmap,
   .set_index = ram_set_index,
   .persist = ram_persist,
+  .recover = ram_recover,
+  .info = ram_info,
   .destroy = ram_destroy,
 };
 
-struct store *
-store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
+/* The base of r, which is r: its first member. */
+static struct store *
+ram_base (struct store_ram *r)
 {
-  struct store_ram *r = calloc (1, sizeof *r);
-  uint32_t blocks = folio_size / block_size;
-
-  if (r == NULL)
-    return NULL;
-  r->s.ops = &ram_ops;
-  r->s.caps = STORE_EARLY_DATA;   /* nothing survives a crash */
-  r->s.nslots = nslots;
-  r->s.folio_size = folio_size;
-  r->s.bitmap_words = store_bitmap_words (blocks);
-  r->data_len = (size_t) nslots * folio_size;
-  r->data = mmap (NULL, r->data_len, PROT_READ | PROT_WRITE,
-                  // cppcheck-suppress invalidFunctionArg ; MAP_ANONYMOUS: fd -1
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  /* Huge pages where the kernel allows: fewer faults to populate, fewer
-   * TLB misses after. */
-  if (r->data != MAP_FAILED)
-    madvise (r->data, r->data_len, MADV_HUGEPAGE);
-  r->bitmaps = calloc ((size_t) nslots * r->s.bitmap_words, sizeof (uint64_t));
-  if (r->data == MAP_FAILED || r->bitmaps == NULL) {
-    if (r->data != MAP_FAILED)
-      munmap (r->data, r->data_len);
-    free (r->bitmaps);
-    free (r);
-    errno = ENOMEM;
-    return NULL;
-  }
 #if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic push     /* -fanalyzer: &r->s is r, its first member */
 #pragma GCC diagnostic ignored "-Wanalyzer-malloc-leak"
@@ -193,4 +323,218 @@ store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
 #if defined __GNUC__ && !defined __clang__
 #pragma GCC diagnostic pop
 #endif
+}
+
+/* Map fd (total_size bytes) for geometry l; r's fields set.  0 or -1. */
+static int
+ram_map (struct store_ram *r, int fd, uint32_t nslots, uint32_t folio_size)
+{
+  r->base = mmap (NULL, r->l.total_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                  fd, 0);
+  if (r->base == MAP_FAILED)
+    return -1;
+  /* Huge pages where the kernel gives them to shmem (shmem_enabled):
+   * fewer faults to populate, fewer TLB misses after. */
+  madvise (r->base, r->l.total_size, MADV_HUGEPAGE);
+  r->fd = fd;
+  r->kept_fd = -1;
+  r->s.ops = &ram_ops;
+  r->s.caps = STORE_EARLY_DATA;   /* nothing survives a crash */
+  r->s.nslots = nslots;
+  r->s.folio_size = folio_size;
+  r->s.bitmap_words = r->l.bitmap_words;
+  r->hdr = (struct ram_header *) r->base;
+  r->slots = (uint64_t *) (r->base + r->l.slots_off);
+  r->bitmaps = (uint64_t *) (r->base + r->l.bitmaps_off);
+  r->data = r->base + r->l.data_off;
+  r->data_len = (size_t) nslots * folio_size;
+  return 0;
+}
+
+struct store *
+store_ram_create (uint32_t nslots, uint32_t folio_size, uint32_t block_size)
+{
+  struct store_ram *r = calloc (1, sizeof *r);
+  int fd = -1;
+
+  if (r == NULL)
+    return NULL;
+  ram_layout_compute (&r->l, nslots, folio_size, block_size);
+  /* The memfd is sparse: its pages come as they are touched (or
+   * populated), as an anonymous mapping's did. */
+  fd = memfd_create ("foliod-cache", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate (fd, (off_t) r->l.total_size) == -1 ||
+      ram_map (r, fd, nslots, folio_size) == -1) {
+    if (fd >= 0)
+      close (fd);
+    free (r);
+    errno = ENOMEM;
+    return NULL;
+  }
+  /* Every slot free; the header says "not handed" (all zeros). */
+  for (uint32_t i = 0; i < nslots; i++)
+    r->slots[i] = STORE_NO_FOLIO;
+  r->block_size = block_size;
+  return ram_base (r);
+}
+
+int
+store_ram_keep (struct store *s, const char *name, uint64_t export_size)
+{
+  struct store_ram *r = (struct store_ram *) s;
+  struct ram_header *h;
+  int fd;
+
+  if (s->ops != &ram_ops || strlen (name) >= RAM_NAME_MAX ||
+      r->kept_fd >= 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (r->populating) {          /* it only faults pages in: done now */
+    atomic_store (&r->populate_stop, true);
+    pthread_join (r->populator, NULL);
+    r->populating = false;
+  }
+  fd = fcntl (r->fd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0)
+    return -1;
+  h = r->hdr;
+  memset (h, 0, sizeof *h);
+  memcpy (h->magic, RAM_MAGIC, sizeof h->magic);
+  h->version = STORE_RAM_LAYOUT_VERSION;
+  h->header_bytes = sizeof *h;
+  h->flags = RAM_FLAG_HANDED;
+  h->nslots = s->nslots;
+  h->folio_size = s->folio_size;
+  h->block_size = r->block_size;
+  h->bitmap_words = r->l.bitmap_words;
+  h->slots_off = r->l.slots_off;
+  h->bitmaps_off = r->l.bitmaps_off;
+  h->data_off = r->l.data_off;
+  h->total_size = r->l.total_size;
+  h->export_size = export_size;
+  strcpy (h->name, name);
+  h->sum = ram_header_sum (h);
+  r->kept_fd = fd;
+  return 0;
+}
+
+int
+store_ram_kept_fd (struct store *s)
+{
+  return s->ops == &ram_ops ? ((struct store_ram *) s)->kept_fd : -1;
+}
+
+/* Map and check fd's header: 0 with *h mapped (munmap RAM_HEADER_BYTES),
+ * or -1 with err. */
+static int
+ram_header_map (int fd, struct ram_header **hp, char *err, size_t errlen)
+{
+  struct ram_header *h;
+  struct stat st;
+
+  if (fstat (fd, &st) == -1 || st.st_size < (off_t) RAM_HEADER_BYTES) {
+    snprintf (err, errlen, "not a ram store handed over (%s)",
+              strerror (errno ? errno : EINVAL));
+    return -1;
+  }
+  h = mmap (NULL, RAM_HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+  if (h == MAP_FAILED) {
+    snprintf (err, errlen, "mapping its header: %s", strerror (errno));
+    return -1;
+  }
+  if (memcmp (h->magic, RAM_MAGIC, sizeof h->magic) != 0)
+    snprintf (err, errlen, "not a ram store (no magic)");
+  else if (h->version != STORE_RAM_LAYOUT_VERSION)
+    snprintf (err, errlen, "ram store layout version %u, this foliod reads "
+              "%u", h->version, STORE_RAM_LAYOUT_VERSION);
+  else if (h->header_bytes != sizeof *h || h->sum != ram_header_sum (h) ||
+           h->name[RAM_NAME_MAX - 1] != '\0')
+    snprintf (err, errlen, "its header is damaged");
+  else if (!(h->flags & RAM_FLAG_HANDED))
+    snprintf (err, errlen, "it was not handed over (not quiesced)");
+  else if ((uint64_t) st.st_size != h->total_size)
+    snprintf (err, errlen, "its size %lld is not its header's %llu",
+              (long long) st.st_size, (unsigned long long) h->total_size);
+  else {
+    *hp = h;
+    return 0;
+  }
+  munmap (h, RAM_HEADER_BYTES);
+  errno = EINVAL;
+  return -1;
+}
+
+int
+store_ram_handed_name (int fd, char *name, size_t len, char *err,
+                       size_t errlen)
+{
+  struct ram_header *h;
+
+  if (ram_header_map (fd, &h, err, errlen) == -1)
+    return -1;
+  snprintf (name, len, "%s", h->name);
+  munmap (h, RAM_HEADER_BYTES);
+  return 0;
+}
+
+struct store *
+store_ram_adopt (int fd, uint32_t nslots, uint32_t folio_size,
+                 uint32_t block_size, uint64_t export_size,
+                 char *err, size_t errlen)
+{
+  struct store_ram *r;
+  struct ram_header *h;
+  struct ram_layout l;
+
+  if (ram_header_map (fd, &h, err, errlen) == -1)
+    return NULL;
+  ram_layout_compute (&l, nslots, folio_size, block_size);
+  if (h->nslots != nslots || h->folio_size != folio_size ||
+      h->block_size != block_size || h->export_size != export_size ||
+      h->bitmap_words != l.bitmap_words || h->slots_off != l.slots_off ||
+      h->bitmaps_off != l.bitmaps_off || h->data_off != l.data_off ||
+      h->total_size != l.total_size) {
+    snprintf (err, errlen, "the cache handed over has another geometry "
+              "(%u folios of %u bytes, blocks of %u, export of %llu bytes; "
+              "now %u, %u, %u, %llu): cache-size, folio-size and "
+              "block-size change at a restart, not an upgrade",
+              h->nslots, h->folio_size, h->block_size,
+              (unsigned long long) h->export_size, nslots, folio_size,
+              block_size, (unsigned long long) export_size);
+    munmap (h, RAM_HEADER_BYTES);
+    errno = EINVAL;
+    return NULL;
+  }
+  munmap (h, RAM_HEADER_BYTES);
+  r = calloc (1, sizeof *r);
+  if (r == NULL) {
+    snprintf (err, errlen, "out of memory");
+    errno = ENOMEM;
+    return NULL;
+  }
+  r->l = l;
+  fd = fcntl (fd, F_DUPFD_CLOEXEC, 3);      /* ours: the caller keeps its */
+  if (fd < 0 || ram_map (r, fd, nslots, folio_size) == -1) {
+    snprintf (err, errlen, "mapping the cache handed over: %s",
+              strerror (errno));
+    if (fd >= 0)
+      close (fd);
+    free (r);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < nslots; i++)
+    if (r->slots[i] != STORE_NO_FOLIO &&
+        r->slots[i] >= (export_size + folio_size - 1) / folio_size) {
+      snprintf (err, errlen, "slot %u holds folio %llu, past the export",
+                i, (unsigned long long) r->slots[i]);
+      munmap (r->base, r->l.total_size);
+      close (r->fd);
+      free (r);
+      errno = EINVAL;
+      return NULL;
+    }
+  r->block_size = block_size;
+  r->adopted = true;
+  return ram_base (r);
 }
