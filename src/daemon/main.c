@@ -823,9 +823,33 @@ announce_ready (struct daemon *d)
   return 0;
 }
 
-/* The ublk set, and /dev/ublkbN for each export with ublk = yes: one
- * that cannot be made stops the start (the configuration asked for it).
- * 0 or -1 (logged). */
+/* Take back every ublk device a dead or upgraded foliod left waiting for
+ * one of our exports (user recovery).  An export with ublk = yes whose
+ * device cannot be taken back fails (when fatal): a second device beside
+ * the waiting one would hide it.  0 or -1 (logged). */
+static int
+ublk_recover_exports (struct daemon *d, bool fatal)
+{
+  char err[400];
+
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    struct daemon_export *e = &d->cfg->exports[i];
+    if (e->ex == NULL || export_release_state (e->ex) != EXPORT_SERVING)
+      continue;
+    if (ublk_recover (d->ublk, e->ex, err, sizeof err) < 0 &&
+        errno != ENOENT) {
+      log_error ("export %s: ublk: %s", e->cfg.name, err);
+      if (fatal && e->ublk)
+        return -1;
+    }
+  }
+  return 0;
+}
+
+/* The ublk set, the devices left to us (ublk_recover_exports), and
+ * /dev/ublkbN for each export with ublk = yes that has none yet: one that
+ * cannot be made stops the start (the configuration asked for it).  0 or
+ * -1 (logged). */
 static int
 ublk_start (struct daemon *d)
 {
@@ -836,9 +860,12 @@ ublk_start (struct daemon *d)
     log_error ("ublk: out of memory");
     return -1;
   }
+  if (ublk_recover_exports (d, true) == -1)
+    return -1;
   for (size_t i = 0; i < d->cfg->n_exports; i++) {
     struct daemon_export *e = &d->cfg->exports[i];
-    if (e->ublk && e->ex && ublk_add (d->ublk, e->ex, err, sizeof err) < 0) {
+    if (e->ublk && e->ex && !ublk_serves (d->ublk, e->ex) &&
+        ublk_add (d->ublk, e->ex, err, sizeof err) < 0) {
       log_error ("export %s: ublk = yes: %s", e->cfg.name, err);
       return -1;
     }
