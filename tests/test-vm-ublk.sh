@@ -5,8 +5,8 @@
 # never the host's apt configuration).  foliod runs inside the guest;
 # tests/vm/init-ublk says what is checked: fio verify, ublk and NBD on one
 # export, ext4 with a checksummed file set, ublk del while mounted,
-# ublk=yes at start, kill -9 under fio (user recovery: no I/O error, the
-# data verified).  Skips (77) without qemu or the
+# ublk=yes at start, kill -9 and foliod upgrade under fio (user recovery:
+# no I/O error, the data verified).  Skips (77) without qemu or the
 # kernel (no network).
 set -u
 TOP=${TOP:-$(cd "$(dirname "$0")/.." && pwd)}

@@ -970,6 +970,9 @@ upgrade_handed (void *opaque)
    * bound again by the new process, or by this one if that fails). */
   metrics_stop (d->metrics);
   d->metrics = NULL;
+  /* ublk devices wait in the kernel for the new process (or this one). */
+  if (d->ublk)
+    ublk_set_detach (d->ublk);
   upgrade_close_exports (d);
   u.n_listen = server_listen_fds (d->server, u.listen_fds,
                                   UPGRADE_MAX_LISTEN);
@@ -1009,6 +1012,7 @@ upgrade_handed (void *opaque)
     ev_break (d->loop, EVBREAK_ALL);
     return;
   }
+  ublk_recover_exports (d, false);
   server_handover_abort (d->server);
   for (size_t i = 0; i < u.n_conns; i++)
     if (server_adopt (d->server, &u.conns[i]) == -1)
@@ -1073,7 +1077,8 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
 /* What an upgrade cannot hand over yet: NULL, or why not (in buf).  A
  * released export's state lives in this process only: the new one
  * would take the image back from the host it was handed to.  A ublk
- * device would be left behind, its I/O failing (no user recovery yet). */
+ * device made without user recovery would be left behind, its I/O
+ * failing; the others wait in the kernel for the new process. */
 static const char *
 upgrade_refusal (struct daemon *d, char *buf, size_t len)
 {
@@ -1086,9 +1091,9 @@ upgrade_refusal (struct daemon *d, char *buf, size_t len)
       return buf;
     }
   }
-  if (d->ublk && ublk_list (d->ublk, buf, len) > 0) {
-    snprintf (buf, len, "ublk devices are not handed over yet: remove "
-              "them first (foliod ublk del N)");
+  if (d->ublk && !ublk_set_recoverable (d->ublk)) {
+    snprintf (buf, len, "a ublk device was made without user recovery "
+              "(this kernel has none): remove it first (foliod ublk del N)");
     return buf;
   }
   return NULL;
