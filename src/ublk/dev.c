@@ -445,9 +445,12 @@ ublk_recover (struct ublk_set *s, struct export *e, char *err, size_t errlen)
               e->name);
     errno = ENOENT;
   } else if (info.nr_hw_queues < 1 || info.nr_hw_queues > UBLK_QUEUES_MAX ||
-             info.queue_depth < 1 || info.queue_depth > UBLK_MAX_QUEUE_DEPTH) {
-    snprintf (err, errlen, "/dev/ublkb%d: %u queues of %u: not foliod's",
-              id, info.nr_hw_queues, info.queue_depth);
+             info.queue_depth < 1 || info.queue_depth > UBLK_MAX_QUEUE_DEPTH ||
+             info.max_io_buf_bytes < 512 ||
+             info.max_io_buf_bytes > UBLK_MAX_IO_BYTES) {
+    snprintf (err, errlen, "/dev/ublkb%d: %u queues of %u, buffers of %u "
+              "bytes: not foliod's", id, info.nr_hw_queues, info.queue_depth,
+              info.max_io_buf_bytes);
     errno = EINVAL;
     id = -1;
   } else if (dev_start_recovery (ctrl_fd, id, &info, e->name, err,
