@@ -1,8 +1,9 @@
 #!/bin/bash
 # ublk on a kernel without the driver (Debian 12's 6.1, this host): a
 # clear error at once, never a hang, and NBD goes on.  `foliod ublk add`
-# says that the kernel has no ublk driver and exits 1; `ublk list`
-# answers; `ublk del` of a device foliod does not serve says so; the
+# (and `foliod ublk recover`) says that the kernel has no ublk driver and
+# exits 1; `ublk list` answers; `ublk del` of a device foliod does not
+# serve says so; the
 # export still serves NBD afterwards.  `ublk = yes` in an export's options
 # stops the start with the same reason.  (tests/test-vm-ublk.sh runs the
 # driver itself, in a guest.)
@@ -21,6 +22,13 @@ timeout $(( 10 * TSCALE )) "$FOLIOD" ublk add disk0 --control "$ctl" \
 [ $rc -eq 1 ] || fail "foliod ublk add exited $rc: $(cat "$tmp/add.out")"
 grep -q "ublk add disk0: this kernel has no ublk driver (no /dev/ublk-control" \
   "$tmp/add.out" || fail "ublk add said: $(cat "$tmp/add.out")"
+
+rc=0
+timeout $(( 10 * TSCALE )) "$FOLIOD" ublk recover disk0 --control "$ctl" \
+  > "$tmp/recover.out" 2>&1 || rc=$?
+[ $rc -eq 1 ] || fail "foliod ublk recover exited $rc: $(cat "$tmp/recover.out")"
+grep -q "ublk recover disk0: this kernel has no ublk driver" \
+  "$tmp/recover.out" || fail "ublk recover said: $(cat "$tmp/recover.out")"
 
 out=$("$FOLIOD" ublk list --control "$ctl") || fail "ublk list failed"
 [ "$out" = "OK no ublk device" ] || fail "ublk list said '$out'"

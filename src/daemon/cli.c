@@ -136,7 +136,8 @@ usage (void)
           "       foliod flush EXPORT [--control PATH]\n"
           "       foliod clear-doubt EXPORT [--control PATH]\n"
           "       foliod release EXPORT [--stop] [--control PATH]\n"
-          "       foliod ublk add EXPORT | del N [force] | list [--control PATH]\n"
+          "       foliod ublk add EXPORT | recover EXPORT | del N [force] | list\n"
+          "                 [--control PATH]\n"
           "       foliod upgrade [--control PATH]\n"
           "       foliod store inspect PATH\n"
           "       foliod store writeback PATH [KEY=VALUE...]\n"
@@ -509,21 +510,23 @@ cli_store (int argc, char **argv)
   return 0;
 }
 
-/* foliod ublk add EXPORT | del N [force] | list: the words after the
- * options, joined into the control command's argument.  0 or -1. */
+/* foliod ublk add EXPORT | recover EXPORT | del N [force] | list: the
+ * words after the options, joined into the control command's argument.
+ * 0 or -1. */
 static int
 cli_ublk_args (int argc, char **argv, struct cli *cli)
 {
   int n = argc - optind;
   const char *verb = n > 0 ? argv[optind] : "";
-  bool ok = (strcmp (verb, "add") == 0 && n == 2) ||
+  bool ok = ((strcmp (verb, "add") == 0 || strcmp (verb, "recover") == 0)
+             && n == 2) ||
     (strcmp (verb, "list") == 0 && n == 1) ||
     (strcmp (verb, "del") == 0 &&
      (n == 2 || (n == 3 && strcmp (argv[optind + 2], "force") == 0)));
 
   if (!ok) {
-    fprintf (stderr, "foliod: usage: foliod ublk add EXPORT | del N [force] "
-             "| list [--control PATH]\n");
+    fprintf (stderr, "foliod: usage: foliod ublk add EXPORT | recover "
+             "EXPORT | del N [force] | list [--control PATH]\n");
     return -1;
   }
   cli->sub_buf[0] = '\0';

@@ -19,7 +19,9 @@
  *                    "ERROR reason\n" (export_release: hand the image to
  *                    another host, then serve it read-only, or not at all)
  *   "ublk add EXPORT\n" -> "OK /dev/ublkbN EXPORT\n" or "ERROR reason\n"
- *   "ublk del N [force]\n", "ublk list\n" (src/ublk/ublk.h)
+ *   "ublk recover EXPORT\n" -> "OK /dev/ublkbN EXPORT recovered\n" or
+ *   "ERROR reason\n"; "ublk del N [force]\n", "ublk list\n"
+ *   (src/ublk/ublk.h)
  *   "upgrade\n"      -> "OK ...\n" or "ERROR reason\n" (control_set_upgrade:
  *                      the daemon runs it, this thread waits; on success
  *                      the reply is sent as the thread stops)
@@ -194,25 +196,31 @@ control_release (struct control *ctl, char *reply, size_t len,
   snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
 }
 
-/* "ublk add EXPORT", "ublk del N [force]", "ublk list" (after "ublk "). */
+/* "ublk add EXPORT", "ublk recover EXPORT", "ublk del N [force]", "ublk
+ * list" (after "ublk "). */
 static void
 control_ublk (struct control *ctl, char *reply, size_t len, const char *arg)
 {
   char err[300], *end;
+  bool add = strncmp (arg, "add ", 4) == 0;
 
-  if (strncmp (arg, "add ", 4) == 0) {
+  if (add || strncmp (arg, "recover ", 8) == 0) {
+    const char *name = arg + (add ? 4 : 8);
     for (size_t i = 0; i < ctl->n_exports; i++) {
       struct daemon_export *e = &ctl->exports[i];
-      if (strcmp (e->cfg.name, arg + 4) != 0 || e->ex == NULL)
+      if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
         continue;
-      int id = ublk_add (ctl->ublk, e->ex, err, sizeof err);
+      int id = add ? ublk_add (ctl->ublk, e->ex, err, sizeof err)
+                   : ublk_recover (ctl->ublk, e->ex, err, sizeof err);
       if (id < 0)
-        snprintf (reply, len, "ERROR ublk add %.100s: %.300s\n", arg + 4, err);
+        snprintf (reply, len, "ERROR ublk %s %.100s: %.300s\n",
+                  add ? "add" : "recover", name, err);
       else
-        snprintf (reply, len, "OK /dev/ublkb%d %.200s\n", id, arg + 4);
+        snprintf (reply, len, "OK /dev/ublkb%d %.200s%s\n", id, name,
+                  add ? "" : " recovered");
       return;
     }
-    snprintf (reply, len, "ERROR no export named '%.200s'\n", arg + 4);
+    snprintf (reply, len, "ERROR no export named '%.200s'\n", name);
   } else if (strncmp (arg, "del ", 4) == 0) {
     long id = strtol (arg + 4, &end, 10);
     bool force = strcmp (end, " force") == 0;
@@ -228,7 +236,8 @@ control_ublk (struct control *ctl, char *reply, size_t len, const char *arg)
     if (n == 0)
       snprintf (reply, len, "OK no ublk device\n");
   } else
-    snprintf (reply, len, "ERROR ublk: add EXPORT, del N [force] or list\n");
+    snprintf (reply, len, "ERROR ublk: add EXPORT, recover EXPORT, "
+              "del N [force] or list\n");
 }
 
 /* The reply to one request line, in a malloc'd buffer (*len bytes). */

@@ -926,9 +926,33 @@ announce_ready (struct daemon *d)
   return 0;
 }
 
-/* The ublk set, and /dev/ublkbN for each export with ublk = yes: one
- * that cannot be made stops the start (the configuration asked for it).
- * 0 or -1 (logged). */
+/* Take back every ublk device a dead or upgraded foliod left waiting for
+ * one of our exports (user recovery).  An export with ublk = yes whose
+ * device cannot be taken back fails (when fatal): a second device beside
+ * the waiting one would hide it.  0 or -1 (logged). */
+static int
+ublk_recover_exports (struct daemon *d, bool fatal)
+{
+  char err[400];
+
+  for (size_t i = 0; i < d->cfg->n_exports; i++) {
+    struct daemon_export *e = &d->cfg->exports[i];
+    if (e->ex == NULL || export_release_state (e->ex) != EXPORT_SERVING)
+      continue;
+    if (ublk_recover (d->ublk, e->ex, err, sizeof err) < 0 &&
+        errno != ENOENT) {
+      log_error ("export %s: ublk: %s", e->cfg.name, err);
+      if (fatal && e->ublk)
+        return -1;
+    }
+  }
+  return 0;
+}
+
+/* The ublk set, the devices left to us (ublk_recover_exports), and
+ * /dev/ublkbN for each export with ublk = yes that has none yet: one that
+ * cannot be made stops the start (the configuration asked for it).  0 or
+ * -1 (logged). */
 static int
 ublk_start (struct daemon *d)
 {
@@ -939,9 +963,12 @@ ublk_start (struct daemon *d)
     log_error ("ublk: out of memory");
     return -1;
   }
+  if (ublk_recover_exports (d, true) == -1)
+    return -1;
   for (size_t i = 0; i < d->cfg->n_exports; i++) {
     struct daemon_export *e = &d->cfg->exports[i];
-    if (e->ublk && e->ex && ublk_add (d->ublk, e->ex, err, sizeof err) < 0) {
+    if (e->ublk && e->ex && !ublk_serves (d->ublk, e->ex) &&
+        ublk_add (d->ublk, e->ex, err, sizeof err) < 0) {
       log_error ("export %s: ublk = yes: %s", e->cfg.name, err);
       return -1;
     }
@@ -1087,6 +1114,9 @@ upgrade_handed (void *opaque)
    * bound again by the new process, or by this one if that fails). */
   metrics_stop (d->metrics);
   d->metrics = NULL;
+  /* ublk devices wait in the kernel for the new process (or this one). */
+  if (d->ublk)
+    ublk_set_detach (d->ublk);
   upgrade_close_exports (d);
   u.n_listen = server_listen_fds (d->server, u.listen_fds,
                                   UPGRADE_MAX_LISTEN);
@@ -1135,6 +1165,7 @@ upgrade_handed (void *opaque)
     ev_break (d->loop, EVBREAK_ALL);
     return;
   }
+  ublk_recover_exports (d, false);
   server_handover_abort (d->server);
   for (size_t i = 0; i < u.n_conns; i++)
     if (server_adopt (d->server, &u.conns[i]) == -1)
@@ -1206,7 +1237,8 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
 /* What an upgrade cannot hand over yet: NULL, or why not (in buf).  A
  * released export's state lives in this process only: the new one
  * would take the image back from the host it was handed to.  A ublk
- * device would be left behind, its I/O failing (no user recovery yet). */
+ * device made without user recovery would be left behind, its I/O
+ * failing; the others wait in the kernel for the new process. */
 static const char *
 upgrade_refusal (struct daemon *d, char *buf, size_t len)
 {
@@ -1219,9 +1251,9 @@ upgrade_refusal (struct daemon *d, char *buf, size_t len)
       return buf;
     }
   }
-  if (d->ublk && ublk_list (d->ublk, buf, len) > 0) {
-    snprintf (buf, len, "ublk devices are not handed over yet: remove "
-              "them first (foliod ublk del N)");
+  if (d->ublk && !ublk_set_recoverable (d->ublk)) {
+    snprintf (buf, len, "a ublk device was made without user recovery "
+              "(this kernel has none): remove it first (foliod ublk del N)");
     return buf;
   }
   return NULL;

@@ -7,8 +7,24 @@
  *   del:  STOP_DEV (the kernel removes the disk after draining what it
  *         sent us; the queue threads answer until then) -> stop the
  *         threads -> close /dev/ublkcN -> DEL_DEV.
+ *
+ * User recovery: devices are made with UBLK_F_USER_RECOVERY and
+ * UBLK_F_USER_RECOVERY_REISSUE, and with the export's tag in the
+ * dev_info's ublksrv_flags (kept by the kernel for the server, never
+ * read by it).  When foliod dies (or detaches for an upgrade: its queue
+ * threads leave, /dev/ublkcN is closed) the kernel quiesces the device:
+ * requests wait, those foliod had taken but not answered are requeued.
+ *
+ *   recover: find the device by its tag among /sys/class/ublk-char/ublkcN
+ *         (GET_DEV_INFO each), wait for QUIESCED -> START_USER_RECOVERY
+ *         (EBUSY while the old process still holds /dev/ublkcN) -> open
+ *         /dev/ublkcN, workers, queue threads fetching every tag ->
+ *         END_USER_RECOVERY: the waiting requests reach the new process.
+ *   detach: stop the queue threads and workers (what a worker holds is
+ *         answered first), close /dev/ublkcN; no STOP_DEV.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -26,6 +42,20 @@
 
 #define UBLK_MAX_IO_BYTES (32u << 20) /* a tag's buffer at most */
 #define CDEV_WAIT_MS 2000u            /* for /dev/ublkcN to appear */
+#define UBLK_CHAR_CLASS "/sys/class/ublk-char"
+#define TAG_MAGIC ((uint64_t) 0xf011d0e5u << 32)
+
+/* What foliod leaves in a device's ublksrv_flags: a magic number and the
+ * export name's FNV-1a hash, to find the device again after a restart. */
+static uint64_t
+export_tag (const char *name)
+{
+  uint32_t h = 2166136261u;
+
+  for (const unsigned char *c = (const unsigned char *) name; *c; c++)
+    h = (h ^ *c) * 16777619u;
+  return TAG_MAGIC | h;
+}
 
 struct ublk_set {
   pthread_mutex_t lock;       /* serialises add, del, list */
@@ -194,7 +224,15 @@ dev_create (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
     .max_io_buf_bytes = d->max_io,
     .dev_id = UINT32_MAX,       /* the kernel picks */
     .ublksrv_pid = getpid (),
-    .flags = UBLK_F_CMD_IOCTL_ENCODE,
+    /* REISSUE: what foliod had taken but not answered when it died is
+     * sent again to the next process instead of failing.  A block
+     * device's read, write, discard or zeroing done twice leaves what
+     * once does (and overlapping writes in flight together have no
+     * order anyway), and without it a kill under load fails the
+     * requests in flight with EIO. */
+    .flags = UBLK_F_CMD_IOCTL_ENCODE | UBLK_F_USER_RECOVERY |
+             UBLK_F_USER_RECOVERY_REISSUE,
+    .ublksrv_flags = export_tag (d->exp->name),
   };
   struct ublk_params p;
   int r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_ADD_DEV, UINT32_MAX, &info,
@@ -207,6 +245,11 @@ dev_create (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
     return -1;
   }
   d->id = (int) info.dev_id;
+  /* The kernel clears the flags it does not know. */
+  d->recoverable = (info.flags & UBLK_F_USER_RECOVERY) != 0;
+  if (!d->recoverable)
+    log_warn ("ublk%d: this kernel has no ublk user recovery: if foliod "
+              "dies, I/O on /dev/ublkb%d fails", d->id, d->id);
   params_fill (&p, d);
   r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_SET_PARAMS, (uint32_t) d->id, &p,
                      sizeof p, 0);
@@ -218,9 +261,11 @@ dev_create (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
   return 0;
 }
 
-/* Threads up, START_DEV.  0, or -1 with the reason in err. */
+/* Threads up, START_DEV (or END_USER_RECOVERY when recover).  0, or -1
+ * with the reason in err. */
 static int
-dev_run (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
+dev_run (struct ublk_dev *d, int ctrl_fd, bool recover, char *err,
+         size_t errlen)
 {
   int r;
 
@@ -242,10 +287,12 @@ dev_run (struct ublk_dev *d, int ctrl_fd, char *err, size_t errlen)
     snprintf (err, errlen, "ublk%d: queue set-up: %s", d->id, strerror (r));
     return -1;
   }
-  r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_START_DEV, (uint32_t) d->id, NULL,
+  r = ublk_ctrl_cmd (ctrl_fd, recover ? UBLK_U_CMD_END_USER_RECOVERY
+                     : UBLK_U_CMD_START_DEV, (uint32_t) d->id, NULL,
                      0, (uint64_t) getpid ());
   if (r < 0) {
-    snprintf (err, errlen, "ublk%d: START_DEV: %s", d->id, strerror (-r));
+    snprintf (err, errlen, "ublk%d: %s: %s", d->id,
+              recover ? "END_USER_RECOVERY" : "START_DEV", strerror (-r));
     return -1;
   }
   return 0;
@@ -275,7 +322,7 @@ ublk_add (struct ublk_set *s, struct export *e, char *err, size_t errlen)
   if (dev_create (d, ctrl_fd, err, errlen) == -1) {
     dev_teardown (d, ctrl_fd, false);
     id = -1;
-  } else if (dev_run (d, ctrl_fd, err, errlen) == -1) {
+  } else if (dev_run (d, ctrl_fd, false, err, errlen) == -1) {
     dev_teardown (d, ctrl_fd, true);
     id = -1;
   } else {
@@ -289,6 +336,216 @@ ublk_add (struct ublk_set *s, struct export *e, char *err, size_t errlen)
   unlock_or_die (&s->lock);
   close (ctrl_fd);
   return id;
+}
+
+/* The device tagged for export name, not in s: its id and info, or -1
+ * (none). */
+static int
+dev_find (struct ublk_set *s, int ctrl_fd, const char *name,
+          struct ublksrv_ctrl_dev_info *info)
+{
+  uint64_t tag = export_tag (name);
+  DIR *dir = opendir (UBLK_CHAR_CLASS);
+  struct dirent *de;
+  int found = -1;
+
+  if (dir == NULL)
+    return -1;
+  while (found < 0 && (de = readdir (dir)) != NULL) {
+    char *end;
+    long id;
+    bool ours = false;
+    if (strncmp (de->d_name, "ublkc", 5) != 0)
+      continue;
+    id = strtol (de->d_name + 5, &end, 10);
+    if (end == de->d_name + 5 || *end || id < 0 || id > INT32_MAX)
+      continue;
+    for (struct ublk_dev *d = s->devs; d; d = d->next)
+      ours = ours || d->id == id;
+    if (!ours && ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_GET_DEV_INFO,
+                                (uint32_t) id, info, sizeof *info, 0) >= 0 &&
+        info->ublksrv_flags == tag)
+      found = (int) id;
+  }
+  closedir (dir);
+  return found;
+}
+
+/* Wait until device id has no server: QUIESCED, and START_USER_RECOVERY
+ * taken (EBUSY while the old process still holds /dev/ublkcN).  0, or -1
+ * with the reason in err. */
+static int
+dev_start_recovery (int ctrl_fd, int id, struct ublksrv_ctrl_dev_info *info,
+                    const char *name, char *err, size_t errlen)
+{
+  uint64_t end = now_ms () + UBLK_RECOVER_WAIT_MS;
+  int r;
+
+  for (;;) {
+    if (!(info->flags & UBLK_F_USER_RECOVERY) ||
+        info->state == UBLK_S_DEV_DEAD) {
+      snprintf (err, errlen, "/dev/ublkb%d of export %s lost its server and "
+                "cannot be recovered (%s): remove it with foliod ublk del %d",
+                id, name, info->flags & UBLK_F_USER_RECOVERY ? "stopped"
+                : "made without user recovery", id);
+      return -1;
+    }
+    if (info->state == UBLK_S_DEV_LIVE && info->ublksrv_pid > 0 &&
+        (kill (info->ublksrv_pid, 0) == 0 || errno != ESRCH)) {
+      snprintf (err, errlen, "/dev/ublkb%d of export %s is served by "
+                "process %d", id, name, (int) info->ublksrv_pid);
+      errno = EBUSY;
+      return -1;
+    }
+    r = -EBUSY;
+    if (info->state == UBLK_S_DEV_QUIESCED)
+      r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_START_USER_RECOVERY,
+                         (uint32_t) id, NULL, 0, 0);
+    if (r == 0)
+      return 0;
+    if (r != -EBUSY || now_ms () >= end) {
+      snprintf (err, errlen, "/dev/ublkb%d: START_USER_RECOVERY: %s%s", id,
+                strerror (-r), r == -EBUSY ? " (still held by its old "
+                "server after 10 s)" : "");
+      return -1;
+    }
+    usleep (20000);
+    r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_GET_DEV_INFO, (uint32_t) id, info,
+                       sizeof *info, 0);
+    if (r < 0) {
+      snprintf (err, errlen, "/dev/ublkb%d: GET_DEV_INFO: %s", id,
+                strerror (-r));
+      return -1;
+    }
+  }
+}
+
+int
+ublk_recover (struct ublk_set *s, struct export *e, char *err, size_t errlen)
+{
+  struct ublksrv_ctrl_dev_info info;
+  struct ublk_dev *d = NULL;
+  int ctrl_fd, id;
+
+  if (export_release_state (e) != EXPORT_SERVING) {
+    snprintf (err, errlen, "export '%s' was released (foliod release): "
+              "it is another host's now", e->name);
+    errno = EPERM;
+    return -1;
+  }
+  ctrl_fd = control_open (err, errlen);
+  if (ctrl_fd < 0) {
+    errno = ENOENT;             /* no driver, no device to recover */
+    return -1;
+  }
+  lock_or_die (&s->lock);
+  id = dev_find (s, ctrl_fd, e->name, &info);
+  if (id < 0) {
+    snprintf (err, errlen, "no ublk device of export %s waits for a server",
+              e->name);
+    errno = ENOENT;
+  } else if (info.nr_hw_queues < 1 || info.nr_hw_queues > UBLK_QUEUES_MAX ||
+             info.queue_depth < 1 || info.queue_depth > UBLK_MAX_QUEUE_DEPTH ||
+             info.max_io_buf_bytes < 512 ||
+             info.max_io_buf_bytes > UBLK_MAX_IO_BYTES) {
+    snprintf (err, errlen, "/dev/ublkb%d: %u queues of %u, buffers of %u "
+              "bytes: not foliod's", id, info.nr_hw_queues, info.queue_depth,
+              info.max_io_buf_bytes);
+    errno = EINVAL;
+    id = -1;
+  } else if (dev_start_recovery (ctrl_fd, id, &info, e->name, err,
+                                 errlen) == -1) {
+    errno = errno == EBUSY ? EBUSY : EIO;
+    id = -1;
+  } else if ((d = dev_new (e)) == NULL) {
+    snprintf (err, errlen, "out of memory");
+    errno = ENOMEM;
+    id = -1;
+  } else {
+    /* The device keeps the geometry it was made with. */
+    d->id = id;
+    d->recoverable = true;
+    d->nr_queues = info.nr_hw_queues;
+    d->depth = info.queue_depth;
+    d->max_io = info.max_io_buf_bytes;
+    if (dev_run (d, ctrl_fd, true, err, errlen) == -1) {
+      /* The device waits on: another try, or ublk del, may end that. */
+      dev_teardown (d, ctrl_fd, false);
+      errno = EIO;
+      id = -1;
+    } else {
+      d->next = s->devs;
+      s->devs = d;
+      log_info ("ublk: /dev/ublkb%d recovered: it serves export '%s' again "
+                "(%u queue%s of %u)", id, e->name, d->nr_queues,
+                d->nr_queues == 1 ? "" : "s", d->depth);
+    }
+  }
+  unlock_or_die (&s->lock);
+  close (ctrl_fd);
+  return id;
+}
+
+/* After a detach: wait until the kernel has quiesced device id (its
+ * requests requeued, QUIESCED), so that the next process finds it
+ * waiting and not still served by this one. */
+static void
+dev_wait_quiesced (int ctrl_fd, int id)
+{
+  uint64_t end = now_ms () + UBLK_RECOVER_WAIT_MS;
+  struct ublksrv_ctrl_dev_info info;
+  int r;
+
+  while ((r = ublk_ctrl_cmd (ctrl_fd, UBLK_U_CMD_GET_DEV_INFO, (uint32_t) id,
+                             &info, sizeof info, 0)) >= 0 &&
+         info.state == UBLK_S_DEV_LIVE && now_ms () < end)
+    usleep (10000);
+  if (r < 0 || info.state != UBLK_S_DEV_QUIESCED)
+    log_warn ("ublk%d: not quiesced after the detach (%s)", id,
+              r < 0 ? strerror (-r) : info.state == UBLK_S_DEV_LIVE
+              ? "still live" : "dead");
+}
+
+bool
+ublk_set_detach (struct ublk_set *s)
+{
+  struct ublk_dev *d;
+  char err[256];
+  int ctrl_fd;
+
+  lock_or_die (&s->lock);
+  for (d = s->devs; d && d->recoverable; d = d->next)
+    ;
+  if (d) {
+    unlock_or_die (&s->lock);
+    return false;
+  }
+  ctrl_fd = s->devs ? control_open (err, sizeof err) : -1;
+  while ((d = s->devs) != NULL) {
+    int id = d->id;
+    s->devs = d->next;
+    log_info ("ublk: /dev/ublkb%d (export '%s') left to the next foliod: "
+              "its I/O waits until that one recovers it", id, d->exp->name);
+    dev_teardown (d, -1, false);
+    if (ctrl_fd >= 0)
+      dev_wait_quiesced (ctrl_fd, id);
+  }
+  if (ctrl_fd >= 0)
+    close (ctrl_fd);
+  unlock_or_die (&s->lock);
+  return true;
+}
+
+bool
+ublk_set_recoverable (struct ublk_set *s)
+{
+  bool r = true;
+
+  lock_or_die (&s->lock);
+  for (struct ublk_dev *d = s->devs; d; d = d->next)
+    r = r && d->recoverable;
+  unlock_or_die (&s->lock);
+  return r;
 }
 
 /* Is /dev/ublkbN mounted or held exclusively?  (O_EXCL on a block
@@ -318,10 +575,11 @@ dev_remove (struct ublk_dev *d, int ctrl_fd)
   dev_teardown (d, ctrl_fd, true);
 }
 
-/* /dev/ublkbN that this foliod does not serve: removed only when the
- * process that served it is gone (a foliod killed with SIGKILL leaves
- * such a device behind, failing all I/O: there is no user recovery yet).
- * A live server's device is never touched.  0, or -1 with the reason. */
+/* /dev/ublkbN that this foliod does not serve: removed only when no
+ * process serves it: waiting for recovery (QUIESCED: STOP_DEV fails the
+ * requests that wait), or its server gone (a device made without user
+ * recovery, failing all I/O).  A live server's device is never touched.
+ * 0, or -1 with the reason. */
 static int
 dev_del_orphan (int ctrl_fd, int id, char *err, size_t errlen)
 {
@@ -334,7 +592,7 @@ dev_del_orphan (int ctrl_fd, int id, char *err, size_t errlen)
               "kernel know one (%s)", id, strerror (-r));
     return -1;
   }
-  if (info.ublksrv_pid > 0 &&
+  if (info.state != UBLK_S_DEV_QUIESCED && info.ublksrv_pid > 0 &&
       (kill (info.ublksrv_pid, 0) == 0 || errno != ESRCH)) {
     snprintf (err, errlen, "/dev/ublkb%d is served by process %d, not by "
               "this foliod", id, (int) info.ublksrv_pid);

@@ -38,6 +38,22 @@
 #ifndef UBLK_F_CMD_IOCTL_ENCODE
 #define UBLK_F_CMD_IOCTL_ENCODE (1ULL << 6)
 #endif
+/* User recovery (Linux 6.0; foliod asks for it on 6.4 and later): a
+ * device whose server dies waits (QUIESCED) for a new one, which
+ * re-attaches with START_USER_RECOVERY, its fetches, END_USER_RECOVERY. */
+#ifndef UBLK_F_USER_RECOVERY
+#define UBLK_F_USER_RECOVERY (1ULL << 3)
+#define UBLK_F_USER_RECOVERY_REISSUE (1ULL << 4)
+#endif
+#ifndef UBLK_U_CMD_START_USER_RECOVERY
+#define UBLK_U_CMD_START_USER_RECOVERY \
+  _IOWR ('u', 0x10, struct ublksrv_ctrl_cmd)
+#define UBLK_U_CMD_END_USER_RECOVERY \
+  _IOWR ('u', 0x11, struct ublksrv_ctrl_cmd)
+#endif
+#ifndef UBLK_S_DEV_QUIESCED
+#define UBLK_S_DEV_QUIESCED 2
+#endif
 
 #define UBLK_CONTROL_PATH  "/dev/ublk-control"
 #define UBLK_QUEUE_DEPTH   64u   /* tags per queue */
@@ -45,6 +61,7 @@
 #define UBLK_WORKERS       4u    /* blocking workers per device */
 #define UBLK_INLINE_MAX    (1u << 20) /* larger copies: a worker */
 #define UBLK_READY_WAIT_MS 10000u /* a queue thread's set-up, at most */
+#define UBLK_RECOVER_WAIT_MS 10000u /* for a dead server's device to quiesce */
 
 struct cache;
 struct export;
@@ -82,6 +99,7 @@ struct ublk_dev {
   int id;                     /* N of /dev/ublkbN and /dev/ublkcN */
   struct export *exp;
   int cdev_fd;                /* /dev/ublkcN */
+  bool recoverable;           /* the kernel took UBLK_F_USER_RECOVERY */
   unsigned nr_queues, depth;
   uint32_t max_io;            /* bytes: one request at most, a tag's buffer */
   struct ublk_queue q[UBLK_QUEUES_MAX];

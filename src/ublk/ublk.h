@@ -11,6 +11,9 @@
  *     ublk_set_free before export_close of any export it serves.
  *   - Without the kernel driver (no /dev/ublk-control) ublk_add fails at
  *     once with a reason; nothing waits on a kernel that cannot answer.
+ *   - A device outlives the process (user recovery): ublk_recover in the
+ *     next foliod takes it back; ublk_set_detach lets go of all for an
+ *     upgrade; ublk_del and ublk_set_free (SIGTERM) remove it.
  */
 #ifndef FOLIOD_UBLK_H
 #define FOLIOD_UBLK_H
@@ -27,6 +30,26 @@ struct ublk_set *ublk_set_new (void);
 /* Serve e as a new /dev/ublkbN (the kernel picks N).  Returns N, or -1
  * with a one-line reason in err. */
 int ublk_add (struct ublk_set *s, struct export *e, char *err, size_t errlen);
+
+/* Re-attach the device a dead (or upgraded) foliod left for e: found by
+ * the export's tag in the kernel's device list, it waits (QUIESCED) with
+ * its requests; user recovery (START_USER_RECOVERY, the queues' fetches,
+ * END_USER_RECOVERY) hands them to this process.  Returns N, or -1 with a
+ * reason in err and errno ENOENT when no device of e waits (nor a driver
+ * is loaded), another error number otherwise (a device that cannot be
+ * recovered: made without user recovery, or served by a live process).
+ * Waits 10 s at most for a dying server to let go. */
+int ublk_recover (struct ublk_set *s, struct export *e, char *err,
+                  size_t errlen);
+
+/* Let go of every device without removing it (foliod upgrade): queue
+ * threads answer what workers hold, then leave; /dev/ublkcN is closed
+ * and the kernel queues I/O until a new process recovers the device.
+ * false (nothing done) when a device was made without user recovery. */
+bool ublk_set_detach (struct ublk_set *s);
+
+/* Were all devices made with user recovery (can they be detached)? */
+bool ublk_set_recoverable (struct ublk_set *s);
 
 /* Remove /dev/ublkbN.  A device that is mounted or held open exclusively
  * is refused (EBUSY, said in err) unless force: then the kernel fails
