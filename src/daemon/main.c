@@ -1393,8 +1393,8 @@ daemon_run (struct daemon_config *cfg, char **argv)
      * and their files stay; the exports are closed.  Just go (the
      * control thread sends its reply as it stops). */
     control_stop (d.ctl);
-    ublk_set_free (d.ublk);      /* empty: no upgrade while a device is
-                                    served */
+    ublk_set_free (d.ublk);      /* empty: ublk_set_detach left its
+                                    devices to the new process */
     log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
     free (d.upgrade_old);
     free (d.upgrade_ram);       /* their stores: unmapped by the exit */
@@ -1408,6 +1408,9 @@ daemon_run (struct daemon_config *cfg, char **argv)
   if (hand_back && d.ctl)
     control_fd (d.ctl, true);
   control_stop (d.ctl);
+  if (hand_back && d.ublk)       /* devices it recovered: the old
+                                    process recovers them again */
+    ublk_set_detach (d.ublk);
   ublk_set_free (d.ublk);        /* its devices use the exports */
   if (hand_back)
     exports_hand_back (&d);
