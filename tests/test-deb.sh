@@ -60,6 +60,75 @@ dpkg-deb -e "$deb" "$tmp/control"
 [ "$(cat "$tmp/control/conffiles")" = /etc/foliod/foliod.conf ] ||
   fail "conffiles: $(cat "$tmp/control/conffiles")"
 
+# Upgrade with the service running (issue 35): the maintainer scripts
+# must upgrade foliod in place (systemctl reload runs foliod upgrade, the
+# connections survive), not restart it.  The package's own prerm and
+# postinst run as dpkg would run them on a systemd host, in a mount
+# namespace where /run is a tmpfs with /run/systemd/system, and with
+# every program they call replaced by a stub that logs its arguments
+# (nothing of this host is touched).  SYSTEMD_ACTIVE is what systemctl
+# list-units reports running; RELOAD_FAILS makes the reload fail.  (The
+# reload under a real systemd, a client connected across it:
+# tests/vm/systemd-guest, deb-upgrade.)
+stubs=$tmp/stubs
+mkdir -p "$stubs"
+for c in systemd-sysusers systemd-tmpfiles deb-systemd-helper; do
+  printf '#!/bin/sh\necho "%s $*" >> "$STUB_LOG"\n' "$c" > "$stubs/$c"
+done
+cat > "$stubs/systemctl" <<'EOF2'
+#!/bin/sh
+echo "systemctl $*" >> "$STUB_LOG"
+case $* in *list-units*) for u in $SYSTEMD_ACTIVE; do
+  echo "$u loaded active running $u"; done;; esac
+EOF2
+cat > "$stubs/deb-systemd-invoke" <<'EOF2'
+#!/bin/sh
+echo "deb-systemd-invoke $*" >> "$STUB_LOG"
+[ "$1" = reload ] && [ -n "${RELOAD_FAILS:-}" ] && exit 1
+exit 0
+EOF2
+chmod +x "$stubs"/*
+# maint SCRIPT ARGS...: the package's SCRIPT; the stubs' log on stdout.
+maint () {
+  local script=$tmp/control/$1; shift
+  : > "$tmp/stub.log"
+  [ -x "$script" ] || return 0
+  STUB_LOG=$tmp/stub.log PATH=$stubs:$PATH unshare -m sh -c \
+    'mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && exec "$@"' \
+    sh "$script" "$@" >"$tmp/maint.out" 2>&1 ||
+    fail "$(basename "$script") $*: $(cat "$tmp/maint.out")"
+  cat "$tmp/stub.log"
+}
+unshare -m true 2>/dev/null || skip "no mount namespace (unshare -m) for the maintainer scripts"
+export SYSTEMD_ACTIVE=foliod.service RELOAD_FAILS=
+for s in preinst prerm; do
+  log=$(maint $s upgrade "$version")
+  echo "$log" | grep -q 'stop\|restart' && fail "$s upgrade: $log"
+done
+log=$(maint postinst configure "$version")
+echo "$log" | grep -qx 'deb-systemd-invoke reload foliod.service' ||
+  fail "postinst configure (an upgrade, foliod running) did not reload: $log"
+echo "$log" | grep -q 'restart\|stop' &&
+  fail "postinst configure (an upgrade, foliod running) restarted or stopped: $log"
+# A failed reload (no control socket, a new binary that does not start):
+# restarted as before, and said.
+log=$(RELOAD_FAILS=1 maint postinst configure "$version")
+echo "$log" | grep -qx 'deb-systemd-invoke restart foliod.service' ||
+  fail "postinst: no restart after a failed reload: $log"
+grep -q 'in-place upgrade of foliod.service failed' "$tmp/maint.out" ||
+  fail "postinst did not say the reload failed: $(cat "$tmp/maint.out")"
+# A running instance is reloaded too; nothing runs: nothing reloaded.
+log=$(SYSTEMD_ACTIVE="foliod.service foliod@b.service" maint postinst configure "$version")
+echo "$log" | grep -qx 'deb-systemd-invoke reload foliod@b.service' ||
+  fail "postinst did not reload the running foliod@b: $log"
+log=$(SYSTEMD_ACTIVE= maint postinst configure "$version")
+echo "$log" | grep -q 'reload foliod\|restart' && fail "postinst, nothing running: $log"
+# A first install starts it and reloads nothing.
+log=$(maint postinst configure)
+echo "$log" | grep -qx 'deb-systemd-invoke start foliod.service' ||
+  fail "postinst configure (install) did not start foliod: $log"
+echo "$log" | grep -q 'reload foliod\|restart' && fail "postinst configure (install): $log"
+
 # Install into a scratch root.  What this host has before, to check after
 # that nothing of it changed.
 host_state () {
