@@ -1063,6 +1063,10 @@ recover (struct cache **cp, struct store **sp, bool damaged)
   struct cache_store_info info;
   struct store *s = NULL;
   struct cache *c;
+  /* The operator's word, at a restart that inherits writes in doubt
+   * (the store kept the doubt, issue 33 item 3): only once every late
+   * copy landed, and not after a passthrough write during the doubt. */
+  bool may_clear = !cf.late_after_restart && !doubt_spoiled;
 
   if (!cf.late_after_restart)
     bk_land_all ();              /* the remote finished them meanwhile */
@@ -1086,13 +1090,40 @@ recover (struct cache **cp, struct store **sp, bool damaged)
   }
   cache_get_store_info (c, &info);
   bool store_said = info.bad_entries > 0 || info.lost_bytes > 0;
+  /* A previous run left writes in doubt: the cache says so (foliod
+   * stats) and settles nothing on the backing until the operator clears
+   * it; a read that needs room the writeback cannot free fails. */
+  bool doubt_kept = false;
+  if (info.doubt) {
+    struct cache_stats st;
+    cache_get_stats (c, &st);
+    if (st.writes_in_doubt == 0 || st.doubt_inherited == 0)
+      FFAIL ("the store kept writes in doubt, the cache's stats do not "
+             "say so");
+    if (may_clear) {
+      nfaults[F_CLEAR]++;
+      (void) cache_clear_doubt (c);
+    } else
+      doubt_kept = true;
+  }
   nchecks++;
   int fl = cache_flush (c);
   if (cf.late_after_restart)
     bk_land_all ();
-  bool strict = fl == 0 && !store_said;
-  if (cache_read (c, buf, SIZE, 0, 0) != 0)
-    FFAIL ("reading the recovered export: %s", strerror (errno));
+  if (doubt_kept && fl == 0 && cf.flush == CACHE_FLUSH_BACKING)
+    FFAIL ("writes in doubt inherited, not cleared: FLUSH succeeded");
+  bool strict = fl == 0 && !store_said && !doubt_kept;
+  if (cache_read (c, buf, SIZE, 0, 0) != 0) {
+    if (!doubt_kept)
+      FFAIL ("reading the recovered export: %s", strerror (errno));
+    /* What it could read is not checked: the configuration ends, the
+     * loss (possible) reported. */
+    nreported++;
+    if (cache_destroy (c) != 0) {
+    }
+    store_destroy (s);
+    return false;
+  }
   model_check_loose (buf, 0, NS, strict,
                      cf.store == ST_PMEM_PAGE && cf.stopped == F_POWER,
                      strict ? "recovered (FLUSH succeeded)"
