@@ -347,6 +347,7 @@ model_check (const unsigned char *content, uint32_t s0, uint32_t s1,
 struct late {
   uint64_t off, len;
   unsigned char *data;     /* NULL: zeroes */
+  unsigned proc;           /* the process that gave up on it */
 };
 
 static struct fault_backing {
@@ -356,6 +357,7 @@ static struct fault_backing {
   bool pend[NS];           /* written since the last good flush */
   bool dead;               /* the host is down: nothing is sent */
   uint64_t epoch, unflushed, in_doubt;
+  unsigned proc;           /* which process has the backing open */
   struct late late[MAXLATE];
   unsigned nlate;
   /* The phase's faults, per mille of requests. */
@@ -396,11 +398,14 @@ static void
 bk_land (unsigned i)
 {
   struct late *l = &B.late[i];
+  bool mine = l->proc == B.proc;
 
   bk_apply (l->off, l->len, l->data, false);
   free (l->data);
   B.late[i] = B.late[--B.nlate];
-  if (cf.rule == R_RBD)          /* librbd called back: it has ended */
+  /* librbd called back: it has ended.  Not in a later process, whose
+   * librbd never sent it (its count started again at 0). */
+  if (cf.rule == R_RBD && mine)
     B.in_doubt--;
 }
 
@@ -440,7 +445,7 @@ bk_write (const void *buf, uint64_t len, uint64_t off, unsigned flags)
       B.nlate < MAXLATE && permille (B.p_late)) {
     nfaults[F_LATE]++;
     struct late *l = &B.late[B.nlate++];
-    *l = (struct late) { off, len, NULL };
+    *l = (struct late) { off, len, NULL, B.proc };
     if (buf) {
       l->data = malloc (len);
       assert_non_null (l->data);
@@ -616,6 +621,7 @@ bk_open (void)
              (cf.rule == R_NBD || cf.rule == R_RBD ? BACKING_CAN_FUA : 0);
   B.b.io_align = 1;
   B.dead = false;
+  B.proc++;
   B.unflushed = 0;
   B.in_doubt = 0;
   B.p_werr = B.p_rerr = B.p_ferr = B.p_late = 0;
