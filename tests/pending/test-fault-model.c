@@ -636,6 +636,24 @@ bk_land_all (void)
   unlock_or_die (&B.lock);
 }
 
+/* rbd: the new process takes the image's exclusive lock, which librbd
+ * breaks only by blocklisting the dead owner (rbd_blocklist_on_break_lock,
+ * and 'rbd lock rm'): the OSDs refuse its writes from then on.  Each of
+ * them landed before that, or never. */
+static void
+bk_fence (void)
+{
+  lock_or_die (&B.lock);
+  for (unsigned i = B.nlate; i-- > 0;)
+    if (rnd (2))
+      bk_land (i);
+    else {
+      free (B.late[i].data);
+      B.late[i] = B.late[--B.nlate];
+    }
+  unlock_or_die (&B.lock);
+}
+
 /* --- the ssd store's disk: a volatile cache in front of the media --- */
 
 struct ssd_pend { uint64_t off; size_t len; };
@@ -1076,6 +1094,8 @@ recover (struct cache **cp, struct store **sp, bool damaged)
 
   if (!cf.late_after_restart)
     bk_land_all ();              /* the remote finished them meanwhile */
+  else if (cf.rule == R_RBD)
+    bk_fence ();
   bk_open ();
   if (persistent ()) {
     s = store_open ();
