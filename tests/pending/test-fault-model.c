@@ -17,7 +17,8 @@
  * and reports facts to the cache the way the real backings do, by one
  * of their loss rules (src/backing/): "file" (any failed fdatasync moves
  * the loss epoch), "rbd" (a failed flush with writes unflushed moves it;
- * an abandoned write is in doubt until it lands; flushes fail meanwhile),
+ * an abandoned write is in doubt until it lands, and its landing moves
+ * it; flushes fail meanwhile),
  * "nbd" (the same move; a write abandoned or resent after a reset is in
  * doubt, flush and FUA fail without being sent until the operator clears
  * it, which moves the epoch), "none" (a backing that reports nothing: the
@@ -403,10 +404,15 @@ bk_land (unsigned i)
   bk_apply (l->off, l->len, l->data, false);
   free (l->data);
   B.late[i] = B.late[--B.nlate];
-  /* librbd called back: it has ended.  Not in a later process, whose
-   * librbd never sent it (its count started again at 0). */
-  if (cf.rule == R_RBD && mine)
+  /* librbd called back: it has ended, and it may have landed over a
+   * newer write sent since: the loss epoch moves (the rule foliod(8)
+   * states, "a write foliod gave up on that lands later").  Not in a
+   * later process, whose librbd never sent it (its count started again
+   * at 0). */
+  if (cf.rule == R_RBD && mine) {
     B.in_doubt--;
+    B.epoch++;
+  }
 }
 
 static int
