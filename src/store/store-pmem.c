@@ -700,7 +700,10 @@ recover_collect (struct store_pmem *p, uint32_t *n,
     if (e->folio_index == STORE_NO_FOLIO &&
         pmem_layout_slot_sound (&p->meta, i))
       continue;
-    if (!pmem_layout_slot_live (&p->meta, i) || e->folio_index >= nfolios) {
+    /* A garbled record under a sound entry: its bits are not to be
+     * trusted either (reported above). */
+    if (damaged || !pmem_layout_slot_live (&p->meta, i) ||
+        e->folio_index >= nfolios) {
       pmem_set_index (&p->s, i, STORE_NO_FOLIO);
       out->dropped++;
       continue;
