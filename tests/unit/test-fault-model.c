@@ -113,12 +113,13 @@ static uint64_t nchecks, nstrict, nreported, nrefused, nops;
 
 /* --- randomness: one stream per configuration --- */
 
-static uint64_t rng;
+static uint64_t rng;      /* atomic: the store's threads draw too */
 
 static uint64_t
 rnd (uint64_t n)
 {
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+  uint64_t z = __atomic_add_fetch (&rng, 0x9e3779b97f4a7c15ull,
+                                   __ATOMIC_RELAXED);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return (z ^ (z >> 31)) % n;
@@ -693,6 +694,10 @@ bk_fence (void)
 
 /* --- the ssd store's disk: a volatile cache in front of the media --- */
 
+/* The simulated media (D, sim): the store's threads and the test's
+ * reach them through the hooks below, each under sim_lock (a leaf). */
+static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct ssd_pend { uint64_t off; size_t len; };
 static struct {
   unsigned char *durable, *visible;
@@ -729,8 +734,21 @@ ssd_power (void)
   return true;
 }
 
+static int ssd_pwrite_locked (const void *buf, size_t len, uint64_t off);
+
 static int
 ssd_pwrite (struct ssd_dev *d, const void *buf, size_t len, uint64_t off)
+{
+  lock_or_die (&sim_lock);
+  int r = ssd_pwrite_locked (buf, len, off);
+  int e = errno;
+  unlock_or_die (&sim_lock);
+  errno = e;
+  return r;
+}
+
+static int
+ssd_pwrite_locked (const void *buf, size_t len, uint64_t off)
 {
   assert_true (off + len <= DISK && off % SECT == 0 && len % SECT == 0);
   if (D.power_off) { errno = EIO; return -1; }
@@ -754,13 +772,30 @@ static int
 ssd_pread (struct ssd_dev *d, void *buf, size_t len, uint64_t off)
 {
   assert_true (off + len <= DISK);
-  if (D.power_off) { errno = EIO; return -1; }
-  memcpy (buf, D.visible + off, len);
+  lock_or_die (&sim_lock);
+  bool off_now = D.power_off;
+  if (!off_now)
+    memcpy (buf, D.visible + off, len);
+  unlock_or_die (&sim_lock);
+  if (off_now) { errno = EIO; return -1; }
   return 0;
 }
 
+static int ssd_flush_locked (void);
+
 static int
 ssd_flush (struct ssd_dev *d)
+{
+  lock_or_die (&sim_lock);
+  int r = ssd_flush_locked ();
+  int e = errno;
+  unlock_or_die (&sim_lock);
+  errno = e;
+  return r;
+}
+
+static int
+ssd_flush_locked (void)
 {
   if (!ssd_power ()) { errno = EIO; return -1; }
   if (permille (D.p_err)) {
@@ -801,14 +836,20 @@ static const struct store_config scfg = {
 static void
 sim_commit (const void *p, size_t len)
 {
+  lock_or_die (&sim_lock);
   pmem_sim_media_commit (&sim, p, len);
+  unlock_or_die (&sim_lock);
 }
 
 static int
 sim_sync (const void *p, size_t len)
 {
-  if (permille (D.p_err)) {
+  lock_or_die (&sim_lock);
+  bool fail = permille (D.p_err);
+  if (fail)
     nfaults[F_STORE_IO]++;
+  unlock_or_die (&sim_lock);
+  if (fail) {
     errno = EIO;
     return -1;
   }
@@ -824,8 +865,12 @@ persistent (void)
 static bool
 host_down (void)
 {
-  return (cf.store == ST_SSD && D.power_off) ||
-         ((cf.store == ST_PMEM || cf.store == ST_PMEM_PAGE) && sim.power_off);
+  lock_or_die (&sim_lock);
+  bool down = (cf.store == ST_SSD && D.power_off) ||
+              ((cf.store == ST_PMEM || cf.store == ST_PMEM_PAGE) &&
+               sim.power_off);
+  unlock_or_die (&sim_lock);
+  return down;
 }
 
 /* NULL when the store refuses to open (err says why). */
@@ -892,9 +937,15 @@ set_phase (bool faulty)
     B.p_rerr = k == 0 ? 10 : 0;
     B.p_ferr = k == 1 || k == 3 ? 250 : 0;
     B.p_late = k == 2 || k == 3 ? 40 : 0;
+    lock_or_die (&sim_lock);
     D.p_err = (k == 0 || k == 3) && persistent () && !no_store_io ? 5 : 0;
-  } else
-    B.p_werr = B.p_rerr = B.p_ferr = B.p_late = D.p_err = 0;
+    unlock_or_die (&sim_lock);
+  } else {
+    B.p_werr = B.p_rerr = B.p_ferr = B.p_late = 0;
+    lock_or_die (&sim_lock);
+    D.p_err = 0;
+    unlock_or_die (&sim_lock);
+  }
   unlock_or_die (&B.lock);
 }
 
@@ -1010,13 +1061,12 @@ one_op (struct cache *c, bool pmem_per_write)
   }
   /* The remote carries out a write it was given earlier; the operator,
    * told the remote is done, clears the doubt. */
-  if (B.nlate > 0 && rnd (8) == 0) {
-    lock_or_die (&B.lock);
+  lock_or_die (&B.lock);
+  if (B.nlate > 0 && rnd (8) == 0)
     bk_land ((unsigned) rnd (B.nlate));
-    unlock_or_die (&B.lock);
-  }
-  if (cf.rule == R_NBD && B.nlate == 0 && B.in_doubt > 0 && !doubt_spoiled &&
-      rnd (6) == 0) {
+  bool may_clear = cf.rule == R_NBD && B.nlate == 0 && B.in_doubt > 0;
+  unlock_or_die (&B.lock);
+  if (may_clear && !doubt_spoiled && rnd (6) == 0) {
     nfaults[F_CLEAR]++;
     (void) cache_clear_doubt (c);
   }
@@ -1084,20 +1134,24 @@ stop (struct cache *c, struct store *s, bool went)
     unlock_or_die (&B.lock);
   }
   if (how == F_POWER) {
+    lock_or_die (&sim_lock);
     if (cf.store == ST_SSD && !D.power_off)
       ssd_cut (true);
     if (cf.store == ST_PMEM || cf.store == ST_PMEM_PAGE)
       pmem_sim_media_power_off (&sim);
+    unlock_or_die (&sim_lock);
     if (rnd (2)) {               /* the backing's host too */
       lock_or_die (&B.lock);
       bk_drop ();
       unlock_or_die (&B.lock);
     }
   } else if (how == F_KILL) {
+    lock_or_die (&sim_lock);
     if (cf.store == ST_SSD)
       ssd_cut (false);
     if (cf.store == ST_PMEM || cf.store == ST_PMEM_PAGE)
       pmem_sim_media_power_off (&sim);
+    unlock_or_die (&sim_lock);
   }
   if (cache_destroy (c) != 0) {
     /* dirty data lost: logged by the daemon */
@@ -1331,12 +1385,14 @@ one_config (uint64_t seed)
     bool per_write = cf.store == ST_PMEM && info.power_safe_per_write;
     /* A third of the runs end with the power going at a random moment
      * inside the store's writes. */
+    lock_or_die (&sim_lock);
     if (rnd (3) == 0) {
       if (cf.store == ST_SSD)
         D.ops_left = 1 + (long) rnd (300);
       else if (persistent () && (cf.store == ST_PMEM || pending))
         sim.persists_left = 1 + (long) rnd (cf.store == ST_PMEM ? 3000 : 100);
     }
+    unlock_or_die (&sim_lock);
     for (cf.op = 0; cf.op < OPS; cf.op++) {
       if (cf.op == phase_end) {
         set_phase (rnd (2));
@@ -1347,9 +1403,11 @@ one_config (uint64_t seed)
         break;
       }
     }
+    lock_or_die (&sim_lock);
     D.ops_left = -1;
     if (!sim.power_off)
       sim.persists_left = -1;
+    unlock_or_die (&sim_lock);
     stop (c, s, went);
     bool damaged = persistent () && rnd (8) == 0 && pending;
     cf.damaged = damaged;
