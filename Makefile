@@ -15,7 +15,7 @@
 #                     (1000) rounds each, the upgrade loop (ROUNDS
 #                     upgrades under a writing client, pmem and ram
 #                     stores), and the fault model
-#                     (test-fault-model) over ROUNDS seeds
+#                     (test-fault-model) over ROUNDS seeds (make check: 40)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -347,25 +347,21 @@ check-vm-ublk: deps
 # foliod on a pmem store killed at random moments under writing clients,
 # every acknowledged write checked after each restart.  PMEM_KILL_SEED=N
 # replays a seed.  About 1.5 s per round.  Then ROUNDS upgrades in place
-# per store under a writing client (test-daemon-upgrade.sh, 2-6 s each).  Then the fault model
-# (tests/pending/test-fault-model.c, docs/internals.md "Fault model")
-# over ROUNDS seeds; FAULT_SEED=N replays one.
+# per store under a writing client (test-daemon-upgrade.sh, 2-6 s each).
+# Then the fault model (tests/unit/test-fault-model.c, docs/internals.md
+# "Fault model"; make check runs seeds 0-39) over ROUNDS seeds from a
+# base that differs each run (the time, printed; FAULT_SEED=N sets it,
+# and replays one with FAULT_SEEDS=1).
 ROUNDS ?= 1000
+FAULT_MODEL = $(BUILD)/tests/unit/test-fault-model
 check-crash: deps
 	$(MAKE) $(FOLIOD) $(FAULT_MODEL)
 	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) SSD_KILL_ROUNDS=$(ROUNDS) \
-	  FAULT_SEEDS=$(ROUNDS) UPGRADE_ROUNDS=$(ROUNDS) \
-	  UPGRADE_RAM_ROUNDS=$(ROUNDS) TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
+	  FAULT_SEEDS=$(ROUNDS) FAULT_SEED=$${FAULT_SEED:-$$(date +%s)} \
+	  UPGRADE_ROUNDS=$(ROUNDS) UPGRADE_RAM_ROUNDS=$(ROUNDS) \
+	  TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
 	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh \
 	  tests/test-daemon-upgrade.sh $(FAULT_MODEL)
-
-# The fault model (issue 33) is in tests/pending/ until what it finds is
-# fixed (tests/pending/README.md): built as the unit tests are, run by
-# make check-crash only.  Move it to tests/unit/ to put it in make check.
-FAULT_MODEL = $(BUILD)/tests/pending/test-fault-model
-$(FAULT_MODEL): tests/pending/test-fault-model.c $(TESTLIB_OBJS) $(CORE_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< $(TESTLIB_OBJS) $(CORE_LIB) -lcmocka $(LDLIBS_CORE)
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.

@@ -90,6 +90,16 @@ struct store;
  * mapped store: there data in a slot is on the media under the slot's
  * last entry and bits. */
 #define STORE_EARLY_DATA (1u << 3)
+/* Slot memory is the media (a mapped file): what a read fill put in a
+ * slot is never persisted, and the media may take a slot's bits before
+ * data persisted with them (a page store: the kernel writes pages in any
+ * order until a sync).  So a write that turns a block dirty covering it
+ * only in part has the block's other bytes persisted (and with
+ * STORE_DEFERRED synced) first: else a crash could bring them back as a
+ * slot's older data under the new dirty bit, though no client wrote
+ * them since the last FLUSH (the pmem store; not the ssd log, whose
+ * records copy whole blocks at the commit). */
+#define STORE_MAPPED     (1u << 4)
 
 /* What a persistent store tells about itself (stats, the log line). */
 struct store_info {

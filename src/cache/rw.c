@@ -186,6 +186,46 @@ fill_edges (struct cache_iter *it)
   return 0;
 }
 
+/* A mapped store (STORE_MAPPED): an edge block the step covers only in
+ * part and that turns dirty now holds bytes no client wrote since the
+ * last FLUSH (a fill from the backing, a clean copy).  They are persisted
+ * (and on a deferred store synced) before the write changes the block, so
+ * that a crash never brings them back as the slot's older data under the
+ * new dirty bit (a page store: the bitmap's page may reach the media
+ * before the data's).  0, or -1/errno with nothing changed (EAGAIN under
+ * CI_NOWAIT when a sync would be needed). */
+static int
+keep_unwritten (struct cache_iter *it)
+{
+  struct cache *c = it->c;
+  uint64_t off = it->pos, end = it->step_end;
+  uint64_t edge[2] = { block_of (c, off), block_of (c, end - 1) };
+  uint32_t bpf = c->blocks_per_folio;
+  bool synced = false;
+
+  if (!store_has (c->store, STORE_MAPPED))
+    return 0;
+  for (int k = 0; k < 2; k++) {
+    if (k == 1 && edge[1] == edge[0])
+      break;
+    struct folio *f = window_folio (c, &it->w, edge[k]);
+    uint32_t i = (uint32_t) (edge[k] % bpf);
+    if (f == NULL || !block_partial (c, edge[k], off, end) ||
+        !folio_block_uptodate (c, f, i) || folio_block_dirty (c, f, i) ||
+        folio_test (c, f, FP_UNSTABLE, i))
+      continue;
+    if (store_has (c->store, STORE_DEFERRED) && (it->flags & CI_NOWAIT)) {
+      errno = EAGAIN;
+      return -1;
+    }
+    folio_persist_data (c, f, i, i + 1);
+    synced = true;
+  }
+  if (synced && store_has (c->store, STORE_DEFERRED))
+    return cache_store_sync (c);
+  return 0;
+}
+
 /* Mark blocks [start, end) (global) uptodate and dirty. */
 static void
 dirty_blocks (struct cache *c, struct window *w, uint64_t start,
@@ -216,7 +256,7 @@ write_step (struct cache_iter *it, const unsigned char *buf, unsigned flags)
   /* Under CI_NOWAIT the folios are created only once nothing can fail
    * (a try is one window, one step): a try that gives up changed
    * nothing, no clean folio was evicted for it. */
-  if (fill_edges (it) == -1 ||
+  if (fill_edges (it) == -1 || keep_unwritten (it) == -1 ||
       ((it->flags & CI_NOWAIT) && window_alloc_free (c, &it->w) == -1))
     return -1;
   copy_range (c, &it->w, (void *) (buf + (off - it->start)), off, len, true);

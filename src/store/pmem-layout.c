@@ -172,7 +172,12 @@ pmem_layout_format (struct pmem_meta *pm, struct pmem_map *m,
     pmem_layout_slot_set (pm, i, STORE_NO_FOLIO, 0);
   m->memset (m->base + l->bitmaps_off, 0, l->data_off - l->bitmaps_off,
              PMEM2_F_MEM_NODRAIN);
-  m->persist (m->base + l->slots_off, l->bitmaps_off - l->slots_off);
+  /* Every record stamped 1 (generations start above it): a zeroed one
+   * under a sound entry is then damage, never a torn first set_index. */
+  for (uint32_t i = 0; i < l->g.nslots; i++)
+    *pmem_layout_bitmap (pm, i) = 1;
+  m->persist (m->base + l->slots_off, l->data_off - l->slots_off);
+  pm->hdr.flags |= PMEM_FLAG_FORMAT_STAMP;
   pm->hdr.seq = 1;
   header_write (pm, 0);
   pm->hdr.seq = 2;

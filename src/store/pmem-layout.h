@@ -41,6 +41,9 @@
                                           * at the clean shutdown */
 #define PMEM_FLAG_DOUBT     4u           /* writes in doubt (set_doubt) */
 #define PMEM_FLAG_FENCED    8u           /* the image was lost (set_fenced) */
+#define PMEM_FLAG_FORMAT_STAMP 16u        /* format stamped every bitmap
+                                          * record 1: a stamp of 0 under a
+                                          * sound entry is damage */
 
 struct pmem_geometry {
   uint32_t folio_size, block_size, nslots;
@@ -216,18 +219,45 @@ pmem_layout_slot_live (const struct pmem_meta *pm, uint32_t slot)
          pmem_layout_bitmap (pm, slot)[0] == e->gen;
 }
 
-/* A damaged entry: its crc fails and its bitmap (whichever folio it was
- * stamped for) holds dirty or unstable blocks, which a crash cannot leave
- * (a slot takes a new folio only once its bits are clear on the media).
- * Returns how many such blocks, 0 for a sound or merely torn entry. */
+/* A bitmap record nothing but damage writes: a bit past the planes or a
+ * word of the stride's padding set (format clears them, set_index and
+ * the cache write the planes only), or a stamp of 0 once format stamps
+ * every record 1 (PMEM_FLAG_FORMAT_STAMP: a zeroed sector, a discard). */
+static inline bool
+pmem_layout_record_garbled (const struct pmem_meta *pm, uint32_t slot)
+{
+  uint32_t blocks = pm->l.g.folio_size / pm->l.g.block_size;
+  const uint64_t *rec = pmem_layout_bitmap (pm, slot);
+  uint32_t used = FP_NPLANES * blocks;
+
+  if (rec[0] == 0 && (pm->hdr.flags & PMEM_FLAG_FORMAT_STAMP))
+    return true;
+  if (used % 64 && rec[1 + used / 64] >> (used % 64))
+    return true;
+  for (uint32_t w = 1 + pm->l.bitmap_words; w < pm->l.bitmap_stride / 8; w++)
+    if (rec[w])
+      return true;
+  return false;
+}
+
+/* A damaged entry or bitmap record: a crash cannot leave dirty or
+ * unstable blocks under an entry whose crc fails (a slot takes a new
+ * folio only once its bits are clear on the media), nor a garbled record
+ * under a sound entry (its blocks unknown: all counted).  Returns how
+ * many blocks, 0 for a sound or merely torn entry. */
 static inline uint32_t
 pmem_layout_slot_damaged (const struct pmem_meta *pm, uint32_t slot)
 {
   uint32_t blocks = pm->l.g.folio_size / pm->l.g.block_size, n = 0;
-  const uint64_t *bits = pmem_layout_bitmap (pm, slot) + 1;
+  const uint64_t *rec = pmem_layout_bitmap (pm, slot);
+  const uint64_t *bits = rec + 1;
+  const struct pmem_slot *e = pmem_layout_slot (pm, slot);
 
-  if (pmem_layout_slot_sound (pm, slot))
-    return 0;
+  if (pmem_layout_slot_sound (pm, slot)) {
+    if (e->folio_index == UINT64_MAX)
+      return 0;
+    return pmem_layout_record_garbled (pm, slot) ? blocks : 0;
+  }
   for (uint32_t b = 0; b < blocks; b++)
     n += pmem_plane_test (bits, blocks, FP_DIRTY, b) ||
          pmem_plane_test (bits, blocks, FP_UNSTABLE, b);

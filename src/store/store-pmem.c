@@ -40,11 +40,15 @@
  *    only records the range, and sync() msyncs what was recorded
  *    since its last call.  Power-safe from that call on: between two calls
  *    the kernel writes pages in any order and at any time, so after a power
- *    cut (not a process crash) a block written since the last FLUSH may
- *    come back as any data its 512-byte sectors held since (its older or
- *    its new data, or what an earlier folio of the slot left there: the
- *    bitmap's page reached the media, the data's did not); every other
- *    block comes back exact.  That includes the slot's earlier folios:
+ *    cut (not a process crash) a 512-byte sector written since the last
+ *    FLUSH may come back as any data it held since (its older or its new
+ *    data, or what an earlier folio of the slot left there: the bitmap's
+ *    page reached the media, the data's did not); every other sector
+ *    comes back exact.  That includes the sectors of a block a write
+ *    covered only in part: the cache (STORE_MAPPED) syncs the block's
+ *    other bytes before it sets the block's dirty bit (else a clean
+ *    copy, a read fill never persisted, would come back as the slot's
+ *    older data under that bit: FAULT_SEED=350 of the fault model).  That includes the slot's earlier folios:
  *    until a sync, the media may still hold bits a writeback cleared, so
  *    a slot takes a new folio only after the sync that carries the clear
  *    of its dirty and unstable bits (else the new folio's data would land
@@ -588,7 +592,7 @@ store_pmem_open_map (struct pmem_map *m,
   if (pmem_open_meta (p, cfg, err, errlen) == -1)
     goto fail;
   p->s.ops = &pmem_ops;
-  p->s.caps = STORE_DURABLE;
+  p->s.caps = STORE_DURABLE | STORE_MAPPED;
   p->s.nslots = cfg->nslots;
   p->s.folio_size = cfg->folio_size;
   p->s.bitmap_words = p->meta.l.bitmap_words;
@@ -713,7 +717,10 @@ recover_collect (struct store_pmem *p, uint32_t *n,
     if (e->folio_index == STORE_NO_FOLIO &&
         pmem_layout_slot_sound (&p->meta, i))
       continue;
-    if (!pmem_layout_slot_live (&p->meta, i) || e->folio_index >= nfolios) {
+    /* A garbled record under a sound entry: its bits are not to be
+     * trusted either (reported above). */
+    if (damaged || !pmem_layout_slot_live (&p->meta, i) ||
+        e->folio_index >= nfolios) {
       pmem_set_index (&p->s, i, STORE_NO_FOLIO);
       out->dropped++;
       continue;
