@@ -324,24 +324,33 @@ doubt_add (struct rbdb_backing *rb, struct rreq *q)
   atomic_fetch_add (&rb->in_doubt, 1);
 }
 
+enum doubt_ended { DOUBT_GOES_ON, DOUBT_OVER, DOUBT_AFTER_CLEAR };
+
 /* An abandoned write-class request ended (under rb->lock): issued, it
  * may have landed over what was written since it was given up on, a
  * fact for the cache's ledger (loss_epoch), counted before the doubt
  * ends so that a flush that finds the doubt gone finds the fact too.  Not
- * in doubt any more, unless the operator cleared it already. */
-static void
+ * in doubt any more, unless the operator cleared it already.  What to
+ * log (doubt_log, without the lock). */
+static enum doubt_ended
 doubt_end (struct rbdb_backing *rb, struct rreq *q, int issued)
 {
   if (issued)
     atomic_fetch_add (&rb->loss_epoch, 1);
   atomic_fetch_sub (&rb->writes_out, 1);
-  if (q->doubt_gen == rb->doubt_gen) {
-    if (atomic_fetch_sub (&rb->in_doubt, 1) == 1)
-      log_info ("rbd %s: the abandoned writes have ended: no longer in "
-                "doubt (what was written since is written again)",
-                rb->name);
-  }
-  else if (issued)
+  if (q->doubt_gen == rb->doubt_gen)
+    return atomic_fetch_sub (&rb->in_doubt, 1) == 1 ? DOUBT_OVER
+                                                    : DOUBT_GOES_ON;
+  return issued ? DOUBT_AFTER_CLEAR : DOUBT_GOES_ON;
+}
+
+static void
+doubt_log (struct rbdb_backing *rb, enum doubt_ended e)
+{
+  if (e == DOUBT_OVER)
+    log_info ("rbd %s: the abandoned writes have ended: no longer in "
+              "doubt (what was written since is written again)", rb->name);
+  else if (e == DOUBT_AFTER_CLEAR)
     log_warn ("rbd %s: a write abandoned at request-timeout ended after "
               "clear-doubt: it may have landed over data written since",
               rb->name);
@@ -355,6 +364,7 @@ rreq_complete (rbd_completion_t c, void *arg)
   struct rbdb_backing *rb = q->rb;
   struct rdeliver d;
   ssize_t r = rbd_aio_get_return_value (c);
+  enum doubt_ended ended = DOUBT_GOES_ON;
   int err = 0, mine;
 
   if (r < 0)
@@ -367,11 +377,12 @@ rreq_complete (rbd_completion_t c, void *arg)
   if (!mine) {
     /* The reaper gave up on it before: it has ended now. */
     if (write_class (q->kind))
-      doubt_end (rb, q, 1);
+      ended = doubt_end (rb, q, 1);
     atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
   }
   unlock_or_die (&rb->lock);
+  doubt_log (rb, ended);
   if (mine) {
     if (q->kind == RREQ_READ && err == 0)
       memcpy (q->user_buf, q->bounce, q->len);
@@ -458,6 +469,7 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
 {
   struct rbdb_backing *rb = q->rb;
   struct rdeliver d;
+  enum doubt_ended ended = DOUBT_GOES_ON;
   int r, was_claimed;
 
   if (!rbd_may_issue (rb, q->len)) {
@@ -504,9 +516,10 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
     atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
     if (write_class (q->kind))
-      doubt_end (rb, q, 0);     /* never issued: it cannot land */
+      ended = doubt_end (rb, q, 0);   /* never issued: it cannot land */
   }
   unlock_or_die (&rb->lock);
+  doubt_log (rb, ended);
   rbd_aio_release (q->c);
   rreq_free (q);
   if (was_claimed)
