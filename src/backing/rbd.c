@@ -13,9 +13,12 @@
  * and "abandoned": librbd still owns its memory (reads go into a buffer
  * of the request, never the caller's, for that reason) until its own
  * callback comes, which then only frees it.  An abandoned write-class
- * request may still land: while one is out, FLUSH fails with EIO (the
- * cache keeps the data dirty and writes it again later, after the
- * abandoned write has ended one way or the other).
+ * request may still land, over whatever was written since: it is a write
+ * in doubt (backing_ops.clear_doubt, reported in stats) until librbd ends
+ * it or the operator clears it, and meanwhile a flush (and so FUA, an
+ * op and a flush) fails with EIO, the flush not sent.  Its end (landed or failed) is a fact for the
+ * cache's ledger (loss_epoch): blocks written back since may have been
+ * overwritten, so they are written again before a flush succeeds.
  *
  * Durability: foliod turns librbd's own cache off (rbd_cache=false: foliod
  * is the cache), so a completed write is on the OSDs; it is still counted
@@ -86,6 +89,7 @@ struct rreq {
   enum rreq_kind kind;
   int claimed;                  /* finished; under rb->lock */
   uint64_t deadline;            /* now_ms() time; under rb->lock */
+  uint64_t doubt_gen;           /* abandoned write: rb->doubt_gen then */
   struct rreq *prev, *next;     /* rb->inflight, under rb->lock */
 
   char *bounce;                 /* reads: librbd writes here */
@@ -121,7 +125,12 @@ struct rbdb_backing {
 
   atomic_uint_fast64_t unflushed;  /* write-class ops since the last flush */
   atomic_uint_fast64_t loss_epoch;
-  atomic_uint_fast64_t in_doubt;   /* abandoned write-class ops still out */
+  /* Abandoned write-class ops librbd still holds (they may land), and
+   * those of them in doubt: all but the ones the operator cleared
+   * (clear_doubt moves doubt_gen).  Changed under lock. */
+  atomic_uint_fast64_t writes_out;
+  atomic_uint_fast64_t in_doubt;
+  uint64_t doubt_gen;
   atomic_uint_fast64_t abandoned;  /* abandoned ops of any kind still out */
   atomic_uint_fast64_t abandoned_bytes; /* what librbd keeps for them */
   atomic_uint_fast64_t abandoned_total; /* every op ever abandoned */
@@ -316,6 +325,47 @@ rbd_fenced (struct rbdb_backing *rb)
   return rb->fence && rbd_fence_lost (rb->fence);
 }
 
+/* An abandoned write-class request: in doubt (under rb->lock). */
+static void
+doubt_add (struct rbdb_backing *rb, struct rreq *q)
+{
+  q->doubt_gen = rb->doubt_gen;
+  atomic_fetch_add (&rb->writes_out, 1);
+  atomic_fetch_add (&rb->in_doubt, 1);
+}
+
+enum doubt_ended { DOUBT_GOES_ON, DOUBT_OVER, DOUBT_AFTER_CLEAR };
+
+/* An abandoned write-class request ended (under rb->lock): issued, it
+ * may have landed over what was written since it was given up on, a
+ * fact for the cache's ledger (loss_epoch), counted before the doubt
+ * ends so that a flush that finds the doubt gone finds the fact too.  Not
+ * in doubt any more, unless the operator cleared it already.  What to
+ * log (doubt_log, without the lock). */
+static enum doubt_ended
+doubt_end (struct rbdb_backing *rb, struct rreq *q, int issued)
+{
+  if (issued)
+    atomic_fetch_add (&rb->loss_epoch, 1);
+  atomic_fetch_sub (&rb->writes_out, 1);
+  if (q->doubt_gen == rb->doubt_gen)
+    return atomic_fetch_sub (&rb->in_doubt, 1) == 1 ? DOUBT_OVER
+                                                    : DOUBT_GOES_ON;
+  return issued ? DOUBT_AFTER_CLEAR : DOUBT_GOES_ON;
+}
+
+static void
+doubt_log (struct rbdb_backing *rb, enum doubt_ended e)
+{
+  if (e == DOUBT_OVER)
+    log_info ("rbd %s: the abandoned writes have ended: no longer in "
+              "doubt (what was written since is written again)", rb->name);
+  else if (e == DOUBT_AFTER_CLEAR)
+    log_warn ("rbd %s: a write abandoned at request-timeout ended after "
+              "clear-doubt: it may have landed over data written since",
+              rb->name);
+}
+
 /* librbd's completion callback, on its thread. */
 static void
 rreq_complete (rbd_completion_t c, void *arg)
@@ -324,6 +374,7 @@ rreq_complete (rbd_completion_t c, void *arg)
   struct rbdb_backing *rb = q->rb;
   struct rdeliver d;
   ssize_t r = rbd_aio_get_return_value (c);
+  enum doubt_ended ended = DOUBT_GOES_ON;
   int err = 0, mine;
 
   if (r < 0)
@@ -338,11 +389,12 @@ rreq_complete (rbd_completion_t c, void *arg)
   if (!mine) {
     /* The reaper gave up on it before: it has ended now. */
     if (write_class (q->kind))
-      atomic_fetch_sub (&rb->in_doubt, 1);
+      ended = doubt_end (rb, q, 1);
     atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
   }
   unlock_or_die (&rb->lock);
+  doubt_log (rb, ended);
   if (mine) {
     if (q->kind == RREQ_READ && err == 0)
       memcpy (q->user_buf, q->bounce, q->len);
@@ -383,7 +435,7 @@ reaper_main (void *arg)
         atomic_fetch_add (&rb->abandoned_total, 1);
         atomic_fetch_add (&rb->abandoned_bytes, q->len);
         if (write_class (q->kind))
-          atomic_fetch_add (&rb->in_doubt, 1);
+          doubt_add (rb, q);
         /* At shutdown a request ends at the deadline, not for want of
          * an answer within request-timeout. */
         if (!atomic_load (&rb->deadline))
@@ -429,6 +481,7 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
 {
   struct rbdb_backing *rb = q->rb;
   struct rdeliver d;
+  enum doubt_ended ended = DOUBT_GOES_ON;
   int r, was_claimed;
 
   if (!rbd_may_issue (rb, q->len)) {
@@ -480,9 +533,10 @@ rreq_issue (struct rreq *q, uint64_t off, const void *wbuf)
     atomic_fetch_sub (&rb->abandoned_bytes, q->len);
     atomic_fetch_sub (&rb->abandoned, 1);
     if (write_class (q->kind))
-      atomic_fetch_sub (&rb->in_doubt, 1);
+      ended = doubt_end (rb, q, 0);   /* never issued: it cannot land */
   }
   unlock_or_die (&rb->lock);
+  doubt_log (rb, ended);
   rbd_aio_release (q->c);
   rreq_free (q);
   if (was_claimed)
@@ -529,6 +583,18 @@ rreq_run (struct rbdb_backing *rb, enum rreq_kind kind, void *buf,
   return 0;
 }
 
+/* A write abandoned by the reaper may still land over data written
+ * since: nothing is durable while one is in doubt. */
+static int
+rbd_doubt_check (struct rbdb_backing *rb)
+{
+  if (atomic_load (&rb->in_doubt) > 0) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
 static int
 rbdb_flush (struct backing *b)
 {
@@ -537,18 +603,19 @@ rbdb_flush (struct backing *b)
 
   if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
     return 0;     /* released: the release flushed what it wrote */
+  /* Not even sent: librbd's flush would wait behind the abandoned write
+   * (one more request abandoned at the timeout). */
+  if (rbd_doubt_check (rb) == -1)
+    return -1;
   before = atomic_load (&rb->unflushed);
   if (rreq_run (rb, RREQ_FLUSH, NULL, 0, 0) == -1) {
     if (atomic_load (&rb->unflushed) > 0)
       atomic_fetch_add (&rb->loss_epoch, 1);
     return -1;
   }
-  /* A write abandoned by the reaper may still land after this flush
-   * (and over data written again since): not durable yet. */
-  if (atomic_load (&rb->in_doubt) > 0) {
-    errno = EIO;
+  /* A write abandoned (by the reaper) while this flush was out. */
+  if (rbd_doubt_check (rb) == -1)
     return -1;
-  }
   atomic_fetch_sub (&rb->unflushed, before); /* later ones still count */
   return 0;
 }
@@ -690,6 +757,24 @@ rbdb_stats (struct backing *b, struct backing_stats *st)
 {
   st->errors = atomic_load (&to_rbd (b)->errors);
   st->abandoned = atomic_load (&to_rbd (b)->abandoned_total);
+  st->writes_in_doubt = atomic_load (&to_rbd (b)->in_doubt);
+}
+
+/* The operator says the cluster will not carry out the abandoned writes
+ * librbd still holds (foliod(8)); the cache's ledger has moved its epoch
+ * before (cache_clear_doubt).  librbd still ends them: such an end is
+ * still a fact for the ledger, and release still waits for it. */
+static uint64_t
+rbdb_clear_doubt (struct backing *b)
+{
+  struct rbdb_backing *rb = to_rbd (b);
+  uint64_t n;
+
+  lock_or_die (&rb->lock);
+  n = atomic_exchange (&rb->in_doubt, 0);
+  rb->doubt_gen++;
+  unlock_or_die (&rb->lock);
+  return n;
 }
 
 static void
@@ -798,7 +883,7 @@ rbdb_release (struct backing *b)
 
   if (!rb->locked)
     return 0;
-  if (atomic_load (&rb->in_doubt) > 0) {
+  if (atomic_load (&rb->writes_out) > 0) {  /* cleared or not */
     errno = EBUSY;
     return -1;
   }
@@ -828,6 +913,7 @@ static const struct backing_ops rbdb_ops = {
   .loss_epoch = rbdb_loss_epoch,
   .owner_lost = rbdb_owner_lost,
   .owner_confirm = rbdb_owner_confirm,
+  .clear_doubt = rbdb_clear_doubt,
   .stats = rbdb_stats,
   .set_deadline = rbdb_set_deadline,
   .release = rbdb_release,

@@ -216,6 +216,22 @@ doubt_persist (struct cache *c)
   unlock_or_die (&l->doubt_lock);
 }
 
+/* The store forgets the doubt (doubt_lock held): when neither the backing
+ * nor a previous run has any left.  A write abandoned meanwhile, whose
+ * doubt_persist found the flag still set, is put back at once. */
+static void
+doubt_forget_locked (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  if (!atomic_load (&l->doubt_stored) || ledger_doubt (c) > 0 ||
+      store_set_doubt (c->store, false) != 0)
+    return;
+  atomic_store (&l->doubt_stored, false);
+  if (ledger_backing_doubt (c) > 0 && store_set_doubt (c->store, true) == 0)
+    atomic_store (&l->doubt_stored, true);
+}
+
 void
 ledger_store_opened (struct cache *c, bool doubt)
 {
@@ -367,6 +383,14 @@ ledger_flush_ok (struct cache *c, const struct ledger_flush *lf)
   atomic_store (&l->flush_sent, false);
   if (e != l->stable_epoch)
     return true;
+  /* A doubt the backing ended by itself (rbd: librbd ended the abandoned
+   * write, its end taken in above) is over once a flush settles what was
+   * written since: a restart need not inherit it. */
+  if (atomic_load (&l->doubt_stored)) {
+    lock_or_die (&l->doubt_lock);
+    doubt_forget_locked (c);
+    unlock_or_die (&l->doubt_lock);
+  }
   lock_or_die (&l->pt_lock);
   /* Later ones still count; their view is at least the lowest one's. */
   if (atomic_fetch_sub (&l->passthrough_unflushed, lf->passthrough) ==
@@ -461,9 +485,7 @@ cache_clear_doubt (struct cache *c)
     /* The store forgets last: a crash before still finds the doubt.  Not
      * if a new write was abandoned meanwhile. */
     lock_or_die (&l->doubt_lock);
-    if (atomic_load (&l->doubt_stored) && ledger_backing_doubt (c) == 0 &&
-        store_set_doubt (c->store, false) == 0)
-      atomic_store (&l->doubt_stored, false);
+    doubt_forget_locked (c);
     unlock_or_die (&l->doubt_lock);
   }
   /* A previous run's fenced store: the operator's word that its dirty

@@ -31,8 +31,12 @@
  * yet sent) and a deadline, CONTROL_IO_TIMEOUT_S from its connection for
  * the request and again for the reply, and one poll() covers them all,
  * so a client dribbling a byte now and then delays nobody.  At most
- * CONTROL_MAX_CLIENTS at once; one more evicts the oldest.  A flush
- * itself runs in this thread: other clients wait for it.
+ * CONTROL_MAX_CLIENTS at once; one more evicts the oldest.  The commands
+ * that wait for a backing (flush, clear-doubt and release: a flush
+ * during an outage waits the remote's retry-timeout, clear-doubt waits
+ * for a FLUSH under way) run one after another on a second thread
+ * (control_job), so that stats answers at once meanwhile; their client
+ * has no deadline until the reply is there.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -50,8 +54,9 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
-#include "foliod/util.h"
+#include "foliod/lock.h"
 #include "foliod/log.h"
+#include "foliod/util.h"
 #include "server/server.h"
 #include "ublk/ublk.h"
 
@@ -66,6 +71,9 @@
 /* One control client: reading its line, then sending the reply. */
 struct control_client {
   int fd;                    /* -1: slot free */
+  unsigned gen;              /* moves at each close: a job's reply for
+                              * an earlier client of the slot is dropped */
+  bool busy;                 /* a job computes its reply */
   uint64_t deadline_ms;
   size_t len;                /* bytes of line */
   char line[CONTROL_LINE_MAX];
@@ -87,6 +95,25 @@ struct control {
   void (*upgrade) (void *arg, char *reply, size_t len);
   void *upgrade_arg;
   bool keep_path;            /* handed over: control_stop leaves the file */
+  /* The commands that may wait (control_job): queued by the control
+   * thread, answered by the job thread in order; done_pipe wakes the
+   * control thread for the replies.  job_lock guards the lists. */
+  pthread_t job_thread;
+  bool job_started, job_stop;
+  pthread_mutex_t job_lock;
+  pthread_cond_t job_cv;
+  struct control_job *jobs, *jobs_tail, *done;
+  int done_pipe[2];
+};
+
+/* A request line that waits for a backing, and its reply. */
+struct control_job {
+  struct control_job *next;
+  size_t slot;               /* ctl->clients[slot] ... */
+  unsigned gen;              /* ... while its gen is this */
+  char *reply;
+  size_t reply_len;
+  char line[CONTROL_LINE_MAX];
 };
 
 /* ---- the daemon side ------------------------------------------------------ */
@@ -280,6 +307,42 @@ client_close (struct control_client *cl)
   free (cl->out);
   cl->fd = -1;
   cl->out = NULL;
+  cl->busy = false;
+  cl->gen++;
+}
+
+/* Does line wait for a backing (flush, clear-doubt, release)? */
+static bool
+line_may_wait (const char *line)
+{
+  return strncmp (line, "flush ", 6) == 0 ||
+         strncmp (line, "clear-doubt ", 12) == 0 ||
+         strncmp (line, "release ", 8) == 0 ||
+         strncmp (line, "release-stop ", 13) == 0;
+}
+
+/* Hand cl's line to the job thread: 0, or -1 (answer it here). */
+static int
+job_queue (struct control *ctl, struct control_client *cl)
+{
+  struct control_job *j;
+
+  if (!ctl->job_started || (j = calloc (1, sizeof *j)) == NULL)
+    return -1;
+  j->slot = (size_t) (cl - ctl->clients);
+  j->gen = cl->gen;
+  memcpy (j->line, cl->line, cl->len + 1);
+  lock_or_die (&ctl->job_lock);
+  if (ctl->jobs_tail)
+    ctl->jobs_tail->next = j;
+  else
+    ctl->jobs = j;
+  ctl->jobs_tail = j;
+  pthread_cond_signal (&ctl->job_cv);
+  unlock_or_die (&ctl->job_lock);
+  cl->busy = true;
+  cl->deadline_ms = UINT64_MAX;   /* the command line waits for a flush */
+  return 0;
 }
 
 /* The request line is complete (or the client stopped sending): answer. */
@@ -289,6 +352,8 @@ client_request (struct control *ctl, struct control_client *cl)
   cl->line[cl->len] = '\0';
   if (cl->len > 0 && cl->line[cl->len - 1] == '\r')
     cl->line[--cl->len] = '\0';
+  if (line_may_wait (cl->line) && job_queue (ctl, cl) == 0)
+    return;
   cl->out = control_answer (ctl, cl->line, &cl->out_len);
   cl->out_sent = 0;
 #pragma GCC diagnostic push     /* -fanalyzer: cl->out, freed by client_close */
@@ -377,19 +442,19 @@ control_accept (struct control *ctl)
   cl->deadline_ms = now_ms () + CONTROL_IO_TIMEOUT_S * 1000u;
 }
 
-/* Close the clients past their deadline, fill p[2..] with the others
- * (map[i] is the client of p[2 + i]); returns the poll timeout (ms) until
- * the nearest deadline. */
+/* Close the clients past their deadline, fill p[3..] with the others
+ * but those waiting for a job (map[i] is the client of p[3 + i]);
+ * returns the poll timeout (ms) until the nearest deadline. */
 static int
 control_poll_set (struct control *ctl, struct pollfd *p,
                   struct control_client **map, nfds_t *n)
 {
   uint64_t now = now_ms (), next = UINT64_MAX;
 
-  *n = 2;
+  *n = 3;
   for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++) {
     struct control_client *cl = &ctl->clients[i];
-    if (cl->fd == -1)
+    if (cl->fd == -1 || cl->busy)
       continue;
     if (cl->deadline_ms <= now) {
       log_debug ("control socket: a client timed out");
@@ -398,7 +463,7 @@ control_poll_set (struct control *ctl, struct pollfd *p,
     }
     if (cl->deadline_ms < next)
       next = cl->deadline_ms;
-    map[*n - 2] = cl;
+    map[*n - 3] = cl;
     p[*n].fd = cl->fd;
     p[*n].events = cl->out ? POLLOUT : POLLIN;
     p[*n].revents = 0;
@@ -407,13 +472,85 @@ control_poll_set (struct control *ctl, struct pollfd *p,
   return next == UINT64_MAX ? -1 : (int) (next - now);
 }
 
+/* The job thread: the queued lines, in order. */
+static void *
+job_thread (void *arg)
+{
+  struct control *ctl = arg;
+
+  lock_or_die (&ctl->job_lock);
+  for (;;) {
+    while (!ctl->jobs && !ctl->job_stop)
+      pthread_cond_wait (&ctl->job_cv, &ctl->job_lock);
+    if (ctl->job_stop)
+      break;
+    struct control_job *j = ctl->jobs;
+    ctl->jobs = j->next;
+    if (!ctl->jobs)
+      ctl->jobs_tail = NULL;
+    unlock_or_die (&ctl->job_lock);
+    j->reply = control_answer (ctl, j->line, &j->reply_len);
+    lock_or_die (&ctl->job_lock);
+    j->next = ctl->done;
+    ctl->done = j;
+    /* Full (EAGAIN): the control thread has a wake-up coming anyway. */
+    if (write (ctl->done_pipe[1], "x", 1) != 1 && errno != EAGAIN)
+      log_warn ("control socket: cannot wake the thread: %s",
+                strerror (errno));
+  }
+  unlock_or_die (&ctl->job_lock);
+  return NULL;
+}
+
+/* The job thread's replies go to their clients, if still there. */
+static void
+jobs_done (struct control *ctl)
+{
+  char buf[64];
+  struct control_job *j, *next;
+
+  while (read (ctl->done_pipe[0], buf, sizeof buf) > 0)
+    ;
+  lock_or_die (&ctl->job_lock);
+  j = ctl->done;
+  ctl->done = NULL;
+  unlock_or_die (&ctl->job_lock);
+  for (; j; j = next) {
+    struct control_client *cl = &ctl->clients[j->slot];
+    next = j->next;
+    if (cl->fd != -1 && cl->busy && cl->gen == j->gen) {
+      cl->busy = false;
+      cl->out = j->reply;
+      cl->out_len = j->reply_len;
+      cl->out_sent = 0;
+      cl->deadline_ms = now_ms () + CONTROL_IO_TIMEOUT_S * 1000u;
+      if (cl->out == NULL || cl->out_len == 0)
+        client_close (cl);
+    } else
+      free (j->reply);
+    free (j);
+  }
+}
+
+static void
+jobs_free (struct control_job *j)
+{
+  while (j) {
+    struct control_job *next = j->next;
+    free (j->reply);
+    free (j);
+    j = next;
+  }
+}
+
 static void *
 control_thread (void *arg)
 {
   struct control *ctl = arg;
-  struct pollfd p[2 + CONTROL_MAX_CLIENTS] = {
+  struct pollfd p[3 + CONTROL_MAX_CLIENTS] = {
     { .fd = ctl->listen_fd, .events = POLLIN },
     { .fd = ctl->stop_pipe[0], .events = POLLIN },
+    { .fd = ctl->done_pipe[0], .events = POLLIN },
   };
   struct control_client *map[CONTROL_MAX_CLIENTS];
 
@@ -429,11 +566,13 @@ control_thread (void *arg)
     }
     if (p[1].revents)
       break;
-    for (nfds_t i = 2; i < n; i++)
-      if (p[i].revents && map[i - 2]->out)
-        client_write (map[i - 2]);
+    for (nfds_t i = 3; i < n; i++)
+      if (p[i].revents && map[i - 3]->out)
+        client_write (map[i - 3]);
       else if (p[i].revents)
-        client_read (ctl, map[i - 2]);
+        client_read (ctl, map[i - 3]);
+    if (p[2].revents & POLLIN)
+      jobs_done (ctl);
     if (p[0].revents & POLLIN)
       control_accept (ctl);
   }
@@ -525,6 +664,30 @@ control_fd (struct control *ctl, bool keep_path)
   return ctl->listen_fd;
 }
 
+/* After the control thread: the job under way ends (a flush waits as
+ * long as it did in the control thread), the queued ones are dropped. */
+static void
+jobs_stop (struct control *ctl)
+{
+  if (ctl->job_started) {
+    lock_or_die (&ctl->job_lock);
+    ctl->job_stop = true;
+    pthread_cond_signal (&ctl->job_cv);
+    unlock_or_die (&ctl->job_lock);
+    pthread_join (ctl->job_thread, NULL);
+    ctl->job_started = false;
+  }
+  jobs_free (ctl->jobs);
+  jobs_free (ctl->done);
+  ctl->jobs = ctl->jobs_tail = ctl->done = NULL;
+  if (ctl->done_pipe[0] >= 0) {
+    close (ctl->done_pipe[0]);
+    close (ctl->done_pipe[1]);
+  }
+  pthread_mutex_destroy (&ctl->job_lock);
+  pthread_cond_destroy (&ctl->job_cv);
+}
+
 struct control *
 control_start (const char *path, int fd, struct daemon_export *ex,
                size_t n, void *server, struct ublk_set *ublk)
@@ -539,15 +702,25 @@ control_start (const char *path, int fd, struct daemon_export *ex,
   ctl->server = server;
   ctl->ublk = ublk;
   ctl->stop_pipe[0] = ctl->stop_pipe[1] = -1;
+  ctl->done_pipe[0] = ctl->done_pipe[1] = -1;
+  pthread_mutex_init (&ctl->job_lock, NULL);
+  pthread_cond_init (&ctl->job_cv, NULL);
   for (size_t i = 0; i < CONTROL_MAX_CLIENTS; i++)
     ctl->clients[i].fd = -1;
   ctl->path = strdup (path);
   ctl->listen_fd = fd >= 0 ? fd : control_listen (path);
   if (ctl->path == NULL || ctl->listen_fd == -1 ||
-      pipe2 (ctl->stop_pipe, O_CLOEXEC) == -1) {
+      pipe2 (ctl->stop_pipe, O_CLOEXEC) == -1 ||
+      pipe2 (ctl->done_pipe, O_CLOEXEC | O_NONBLOCK) == -1) {
     log_error ("control socket %s: %s", path, strerror (errno));
     goto fail;
   }
+  /* Without it, the commands that wait run in the control thread. */
+  err = thread_start (&ctl->job_thread, job_thread, ctl, "control-job");
+  if (err)
+    log_warn ("control socket: job thread: %s (flush and clear-doubt hold "
+              "up stats)", strerror (err));
+  ctl->job_started = err == 0;
   err = thread_start (&ctl->thread, control_thread, ctl, "control");
   if (err) {
     log_error ("control socket: thread: %s", strerror (err));
@@ -558,6 +731,7 @@ control_start (const char *path, int fd, struct daemon_export *ex,
   return ctl;
 
 fail:
+  jobs_stop (ctl);
   if (ctl->listen_fd >= 0)
     close (ctl->listen_fd);
   if (ctl->stop_pipe[0] >= 0) {
@@ -577,6 +751,7 @@ control_stop (struct control *ctl)
   if (write (ctl->stop_pipe[1], "x", 1) != 1)
     log_warn ("control socket: cannot wake the thread");
   pthread_join (ctl->thread, NULL);
+  jobs_stop (ctl);
   close (ctl->listen_fd);
   close (ctl->stop_pipe[0]);
   close (ctl->stop_pipe[1]);

@@ -17,8 +17,8 @@
  * and reports facts to the cache the way the real backings do, by one
  * of their loss rules (src/backing/): "file" (any failed fdatasync moves
  * the loss epoch), "rbd" (a failed flush with writes unflushed moves it;
- * an abandoned write is in doubt until it lands, and its landing moves
- * it; flushes fail meanwhile),
+ * an abandoned write is in doubt, in its stats, until it lands, which
+ * moves it too, or the operator clears it; flushes fail unsent meanwhile),
  * "nbd" (the same move; a write abandoned or resent after a reset is in
  * doubt, flush and FUA fail without being sent until the operator clears
  * it, which moves the epoch), "none" (a backing that reports nothing: the
@@ -440,10 +440,11 @@ bk_land (unsigned i)
    * newer write sent since: the loss epoch moves (the rule foliod(8)
    * states, "a write foliod gave up on that lands later").  Not in a
    * later process, whose librbd never sent it (its count started again
-   * at 0). */
+   * at 0).  Its doubt ends, unless the operator cleared it already. */
   if (cf.rule == R_RBD && mine) {
-    B.in_doubt--;
     B.epoch++;
+    if (B.in_doubt > 0)
+      B.in_doubt--;
   }
 }
 
@@ -571,7 +572,7 @@ fb_flush (struct backing *b)
   lock_or_die (&B.lock);
   if (B.dead)
     err = EIO;
-  else if (cf.rule == R_NBD && B.in_doubt > 0)
+  else if ((cf.rule == R_NBD || cf.rule == R_RBD) && B.in_doubt > 0)
     err = EIO;                  /* not sent */
   else if (permille (B.p_ferr)) {
     nfaults[F_FLUSH_DROP]++;
@@ -651,8 +652,9 @@ static void
 bk_open (void)
 {
   fb_ops.loss_epoch = fb_loss_epoch;   /* "none": never moves */
-  fb_ops.clear_doubt = cf.rule == R_NBD ? fb_clear_doubt : NULL;
-  fb_ops.stats = cf.rule == R_NBD ? fb_stats : NULL;
+  fb_ops.clear_doubt = cf.rule == R_NBD || cf.rule == R_RBD
+                       ? fb_clear_doubt : NULL;
+  fb_ops.stats = cf.rule == R_NBD || cf.rule == R_RBD ? fb_stats : NULL;
   B.b.ops = &fb_ops;
   B.b.size = SIZE;
   B.b.caps = BACKING_CAN_TRIM | BACKING_CAN_ZERO |
