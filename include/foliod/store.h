@@ -296,7 +296,7 @@ struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
 /* The layout of a ram store's memfd: a process hands its ram stores to
  * a new one (upgrade in place) only if the new one reads this version;
  * else it writes them back first. */
-#define STORE_RAM_LAYOUT_VERSION 1
+#define STORE_RAM_LAYOUT_VERSION 1u
 
 /* Upgrade in place, old process: the cache using ram store s is
  * quiesced (no request, writeback or readahead runs, nor will): stamp
