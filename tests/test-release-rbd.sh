@@ -9,8 +9,8 @@
 #    B starts at once (no dead lock to wait out), reads A's data, writes;
 #  - the image, read with rbd export after B stopped, holds A's data and
 #    B's write.
-# Not yet: kill -9 at other points of the hand-off (before the release
-# returns, the lock is held: B waits for the watch to expire, ~30 s).
+# kill -9 at other points of the hand-off (A during its release, B during
+# its start): tests/test-release-rbd-kill.sh.
 . "$(dirname "$0")/lib.sh"
 lib_init release-rbd
 . "$(dirname "$0")/lib-ceph.sh"
