@@ -308,6 +308,10 @@ struct store *store_ram_create (uint32_t nslots, uint32_t folio_size,
 int store_ram_keep (struct store *s, const char *name, uint64_t export_size);
 int store_ram_kept_fd (struct store *s);
 
+/* Old process, the new one ready: free s but leave its mapping and fds
+ * to the exit that follows (unmapping is no part of the pause). */
+void store_ram_abandon (struct store *s);
+
 /* The export name a handed-over memfd was kept for.  0, or -1 with err
  * (not a ram store of this version, or not handed over). */
 int store_ram_handed_name (int fd, char *name, size_t len, char *err,

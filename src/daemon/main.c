@@ -1397,7 +1397,9 @@ daemon_run (struct daemon_config *cfg, char **argv)
                                     devices to the new process */
     log_info ("upgrade: exiting; pid %d serves", (int) d.upgraded_to);
     free (d.upgrade_old);
-    free (d.upgrade_ram);       /* their stores: unmapped by the exit */
+    for (size_t i = 0; d.upgrade_ram && i < cfg->n_exports; i++)
+      store_ram_abandon (d.upgrade_ram[i]); /* unmapped by the exit */
+    free (d.upgrade_ram);
     return 0;
   }
   metrics_stop (d.metrics);

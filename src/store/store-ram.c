@@ -419,6 +419,20 @@ store_ram_keep (struct store *s, const char *name, uint64_t export_size)
   return 0;
 }
 
+void
+store_ram_abandon (struct store *s)
+{
+  struct store_ram *r = (struct store_ram *) s;
+
+  if (s == NULL || s->ops != &ram_ops)
+    return;
+  if (r->populating) {
+    atomic_store (&r->populate_stop, true);
+    pthread_join (r->populator, NULL);
+  }
+  free (r);
+}
+
 int
 store_ram_kept_fd (struct store *s)
 {
