@@ -10,8 +10,10 @@
  *   every write a FLUSH, a FUA write or a persistent store's reply
  *   acknowledged reads back after recovery, or the loss was reported
  *   (the recovered cache's FLUSH fails, or the store refused to open or
- *   named what it lost); never older data silently, never data no
- *   client wrote.
+ *   named what it lost; a sector a passthrough write covered since the
+ *   last good FLUSH, when the last process's FLUSH failed on a lost
+ *   passthrough write: FLUSH fails until the export is opened again);
+ *   never older data silently, never data no client wrote.
  *
  * The backing (fault_backing below) keeps a visible and a durable image
  * and reports facts to the cache the way the real backings do, by one
@@ -109,7 +111,7 @@ static const char *fault_names[] = {
 };
 
 static uint64_t nfaults[F_N];
-static uint64_t nchecks, nstrict, nreported, nrefused, nops;
+static uint64_t nchecks, nstrict, nreported, nrefused, nops, npt;
 
 /* --- randomness: one stream per configuration --- */
 
@@ -152,16 +154,19 @@ static struct {
   enum fault stopped;      /* how the last run ended */
   bool in_request;         /* the power went inside a request */
   bool damaged;
+  bool pt_told;            /* a FLUSH failed on a lost passthrough write */
+  uint64_t pt_lost;        /* passthrough writes the last process lost */
 } cf;
 
 #define FFAIL(...) do {                                                 \
     fprintf (stderr, "FAULT MODEL FAILURE: FAULT_SEED=%" PRIu64         \
              " store=%s rule=%s flush=%s max_io=%u run %d op %d"        \
-             " (last stop: %s%s)\n  ",                                  \
+             " (last stop: %s%s%s)\n  ",                                \
              cf.seed, store_names[cf.store], rule_names[cf.rule],       \
              cf.flush == CACHE_FLUSH_STORE ? "store" : "backing",      \
              cf.max_io, cf.run, cf.op, fault_names[cf.stopped],         \
-             cf.damaged ? ", store damaged" : "");                      \
+             cf.damaged ? ", store damaged" : "",                       \
+             cf.pt_lost ? ", passthrough writes lost" : "");            \
     fprintf (stderr, __VA_ARGS__);                                      \
     fprintf (stderr, "\n");                                             \
     if (keep_going)                                                     \
@@ -221,6 +226,16 @@ static struct {
   uint32_t ack;       /* the oldest one a recovery may give */
 } sec[NS];
 static uint32_t vnext;
+/* Sectors a passthrough write (a zero, a direct write) covered since the
+ * last good FLUSH or write back of this process. */
+static bool pt[NS];
+
+static void
+pt_mark (uint32_t s0, uint32_t s1)
+{
+  for (uint32_t s = s0; s < s1; s++)
+    pt[s] = true;
+}
 
 static void
 model_reset (const unsigned char *content)
@@ -994,8 +1009,15 @@ one_op (struct cache *c, bool pmem_per_write)
     TRACE (0, NS, "FLUSH -> %d", rc);
     if (host_down ())
       return false;
+    if (rc != 0) {
+      struct cache_stats st;
+      cache_get_stats (c, &st);
+      if (st.passthrough_lost > 0)
+        cf.pt_told = true;
+    }
     if (rc == 0) {
       model_ack (0, NS);
+      memset (pt, 0, sizeof pt);
       if (cf.flush == CACHE_FLUSH_BACKING || !persistent ())
         check_durable ("backing after a good FLUSH");
     }
@@ -1006,6 +1028,7 @@ one_op (struct cache *c, bool pmem_per_write)
       return false;
     if (rc == 0) {
       model_ack (0, NS);
+      memset (pt, 0, sizeof pt);
       check_durable ("backing after a good write back");
     }
   } else if (r < 30) {           /* read: only versions clients wrote */
@@ -1021,6 +1044,7 @@ one_op (struct cache *c, bool pmem_per_write)
     bool fua = rnd (10) == 0;
     if (in_doubt ())
       doubt_spoiled = true;
+    pt_mark ((uint32_t) (b0 / SECT), (uint32_t) (b1 / SECT));
     if (r < 38)
       rc = cache_zero (c, b1 - b0, b0, (fua ? CACHE_FUA : 0) |
                        (rnd (2) ? CACHE_MAY_TRIM : 0));
@@ -1040,8 +1064,11 @@ one_op (struct cache *c, bool pmem_per_write)
     if (r >= 38)
       for (uint64_t t = b0 / SECT; t < b1 / SECT; t++)
         sec[t].lo = sec[t].ack = 0;
-    if (rc == 0 && fua && r < 38)
+    if (rc == 0 && fua && r < 38) {
       model_ack ((uint32_t) (b0 / SECT), (uint32_t) (b1 / SECT));
+      for (uint64_t t = b0 / SECT; t < b1 / SECT; t++)
+        pt[t] = false;           /* durable: a loss must fail FLUSH */
+    }
   } else {                       /* write: plain, FUA or direct */
     uint32_t v = vnext++;
     unsigned fl = rnd (8) == 0 ? CACHE_FUA : 0;
@@ -1049,6 +1076,8 @@ one_op (struct cache *c, bool pmem_per_write)
       fl |= CACHE_DIRECT;
     if ((fl & CACHE_DIRECT) && in_doubt ())
       doubt_spoiled = true;
+    if (fl & CACHE_DIRECT)
+      pt_mark (s0, s1);
     fill_versions (buf, s0, s1, v);
     rc = cache_write (c, buf, (uint64_t) n * SECT, (uint64_t) s0 * SECT, fl);
     TRACE (s0, s1, "write v%u flags %#x -> %d", v, fl, rc);
@@ -1058,8 +1087,11 @@ one_op (struct cache *c, bool pmem_per_write)
     }
     model_write (s0, s1, v, rc == 0);
     if (rc == 0 && ((fl & CACHE_FUA) ||
-                    (pmem_per_write && !(fl & CACHE_DIRECT))))
+                    (pmem_per_write && !(fl & CACHE_DIRECT)))) {
       model_ack (s0, s1);
+      for (uint32_t t = s0; t < s1; t++)
+        pt[t] = false;
+    }
   }
   /* The remote carries out a write it was given earlier; the operator,
    * told the remote is done, clears the doubt. */
@@ -1124,7 +1156,10 @@ stop (struct cache *c, struct store *s, bool went)
   if (how == F_CLEAN) {
     /* foliod's shutdown: write back; a store keeps what it could not
      * (the daemon logs that it did not). */
-    if (cache_write_back (c) == 0) {
+    int wb = cache_write_back (c);
+    TRACE (0, NS, "clean stop: write back -> %d (%s)", wb,
+           wb ? strerror (errno) : "ok");
+    if (wb == 0) {
       model_ack (0, NS);
       if (s && store_mark_clean (s) != 0)
         FFAIL ("store_mark_clean: %s", strerror (errno));
@@ -1155,6 +1190,11 @@ stop (struct cache *c, struct store *s, bool went)
       pmem_sim_media_power_off (&sim);
     unlock_or_die (&sim_lock);
   }
+  struct cache_stats st;
+  cache_get_stats (c, &st);
+  cf.pt_lost = st.passthrough_lost;
+  TRACE (0, NS, "stopped: %" PRIu64 " passthrough writes lost, %s",
+         cf.pt_lost, cf.pt_told ? "a FLUSH said so" : "no FLUSH said so");
   if (cache_destroy (c) != 0) {
     /* dirty data lost: logged by the daemon */
   }
@@ -1233,6 +1273,21 @@ recover (struct cache **cp, struct store **sp, bool damaged)
     bk_land_all ();
   if (doubt_kept && fl == 0 && cf.flush == CACHE_FLUSH_BACKING)
     FFAIL ("writes in doubt inherited, not cleared: FLUSH succeeded");
+  /* The last process lost a passthrough write (a zero, a direct write:
+   * the cache dropped its copy of the block, maybe one acknowledged
+   * durable before) and a FLUSH said so: FLUSH fails until the export
+   * is opened again (the ledger; foliod(8), clear-doubt), so the
+   * sectors a passthrough write covered since the last good FLUSH are
+   * not held to their acknowledged versions in the reopened export (as
+   * after a trim).  Without such a FLUSH they still are. */
+  if (cf.pt_told)
+    for (uint32_t sct = 0; sct < NS; sct++)
+      if (pt[sct] && sec[sct].ack != 0) {
+        sec[sct].ack = 0;
+        npt++;
+      }
+  cf.pt_told = false;
+  memset (pt, 0, sizeof pt);
   bool strict = fl == 0 && !store_said && !doubt_kept;
   if (cache_read (c, buf, SIZE, 0, 0) != 0) {
     if (!doubt_kept)
@@ -1366,6 +1421,7 @@ one_config (uint64_t seed)
   sim.persists_left = -1;
   sim.power_off = false;
   model_reset (NULL);
+  memset (pt, 0, sizeof pt);
   vnext = 1;
   doubt_spoiled = false;
 
@@ -1462,11 +1518,13 @@ test_fault_model (void **state)
   printf ("fault model: %" PRIu64 " seeds (stores ram, pmem, pmem-page, ssd;"
           " rules file, nbd, rbd, silent), %" PRIu64 " requests, %" PRIu64
           " recoveries checked: %" PRIu64 " held to every acknowledged"
-          " write, %" PRIu64 " with the loss reported, %" PRIu64
+          " write (%" PRIu64 " sectors not: a lost passthrough write the"
+          " last process's FLUSH reported), %" PRIu64 " with the loss"
+          " reported, %" PRIu64
           " stores refused, %" PRIu64 " seeds failed; %" PRIu64 " sectors of a page store held"
           " another block's data after a power cut, %" PRIu64 " sectors"
           " of a cache-line store torn per word\n  faults injected:",
-          nseeds, nops, nchecks, nstrict, nreported, nrefused, nfailed,
+          nseeds, nops, nchecks, nstrict, npt, nreported, nrefused, nfailed,
           nloose, ntorn);
   for (int f = 0; f < F_N; f++)
     printf (" %s %" PRIu64 "%s", fault_names[f], nfaults[f],
