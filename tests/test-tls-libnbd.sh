@@ -14,7 +14,7 @@ truncate -s 256M "$tmp/img"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 start_foliod_tls --tls require --tls-certificates "$tmp/c/srv" \
   --listen "127.0.0.1:$port" --export "disk0=file:$tmp/img,cache-size=32M"
-grep -q "TLS credentials loaded" "$FOLIOD_LOG" || fail "no TLS load line"
+wait_for_text "$FOLIOD_LOG" "TLS credentials loaded" "no TLS load line"
 
 # A long-lived TLS client: it writes a pattern now and checks it at the
 # end, after the failed clients below.

@@ -12,8 +12,9 @@ tls_make_certs "$tmp/c"
 truncate -s 96M "$tmp/img"
 start_foliod_tls --tls require --tls-certificates "$tmp/c/srv" \
   --tls-verify-peer yes --export "disk0=file:$tmp/img,cache-size=16M"
-grep -q "client certificates required" "$FOLIOD_LOG" ||
-  fail "verify-peer not in effect"
+# Ready on its socket, which it binds before it loads the credentials.
+wait_for_text "$FOLIOD_LOG" "client certificates required" \
+  "verify-peer not in effect"
 
 creds () {
   echo "tls-creds-x509,id=tls0,dir=$1,endpoint=client"
