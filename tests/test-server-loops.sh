@@ -29,7 +29,7 @@ mains=1
 # is "foliod".
 check_names () {
   thread_names "$1" > "$tmp/comm"
-  grep -vxE 'foliod|foliod-loop/[0-9]+|worker/[0-9]+|wb|wb-help/[0-9]+|ra/[0-9]+|nbd-poll/[0-9]+|control|closer|populate|metrics|MHD-single' \
+  grep -vxE 'foliod|foliod-loop/[0-9]+|worker/[0-9]+|wb|wb-help/[0-9]+|ra/[0-9]+|nbd-poll/[0-9]+|control|control-job|closer|populate|metrics|MHD-single' \
     "$tmp/comm" > "$tmp/unnamed" && fail "threads without a foliod name: $(sort "$tmp/unnamed" | uniq -c | tr '\n' ' ')"
   [ "$(grep -cx foliod "$tmp/comm")" = "$mains" ] ||
     fail "$(grep -cx foliod "$tmp/comm") threads named foliod (the main thread only)"
