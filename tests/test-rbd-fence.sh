@@ -47,6 +47,7 @@ round () {
 
   # A stalls; its lock is broken (A is blocklisted); B writes and stops.
   kill -STOP "$A_PID"
+  stopped=$SECONDS
   "$CLUSTER" break-locks "$CEPH_DIR" || fail "rbd lock rm"
   FOLIOD_PID=
   SOCK_PATH=$tmp/sockB start_foliod --export "disk0=$(rbd_backing),cache-size=4M"
@@ -55,7 +56,12 @@ round () {
   stop_foliod
   image_holds B "B's data is not on the image"
 
-  # A resumes: nothing it acknowledges now can reach the image.
+  # A resumes: nothing it acknowledges now can reach the image.  librbd
+  # breaks a live client's lock only once its watch expired (30 s): the
+  # stall outlasts A's 5 s lease on ownership (RBD_FENCE_LEASE_MS), which
+  # rbd lock rm by hand at once does not (it took 1.3 s on an idle host,
+  # and A answered a FLUSH from its store within its lease).
+  while (( SECONDS - stopped < 7 )); do sleep 0.5; done
   kill -CONT "$A_PID"
   FOLIOD_PID=$A_PID
   if nbdsh -u "$(uri disk0 "$tmp/sockA")" \
