@@ -234,6 +234,10 @@ void metrics_stop (struct metrics *m);
 
 /* fdlimit.c: raise the soft RLIMIT_NOFILE to the hard one (at start);
  * warn when the limit cannot hold max_connections besides what is open. */
+/* crash.c: a fault or an abort logs where it happened, then kills the
+ * process as before. */
+void crash_report_install (void);
+
 void fd_limit_raise (void);
 void fd_limit_check (unsigned max_connections);
 

@@ -1382,7 +1382,10 @@ static int
 daemon_run (struct daemon_config *cfg, char **argv)
 {
   struct daemon d = { .cfg = cfg, .ready_fd = -1, .argv = argv };
-  int r = daemon_start (&d);
+  int r;
+
+  crash_report_install ();
+  r = daemon_start (&d);
 
   if (r == 0) {
     ev_run (d.loop, 0);

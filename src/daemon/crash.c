@@ -1,0 +1,144 @@
+/* A crash says where it happened (the daemon's; the nbdkit plugin runs
+ * inside nbdkit, which owns its signals).
+ *
+ * A fault (SIGSEGV, SIGILL, SIGFPE) or an abort writes one line to the
+ * log before the process dies as it would have (the default action:
+ * a core dump where allowed):
+ *
+ *   crashed: SIGSEGV at 0x0 in thread wb/disk0: foliod+0x1a2b3 ...
+ *   crashed: SIGABRT sent by pid 1234 in thread foliod: ...
+ *
+ * the thread's name and the return addresses of its stack, each as the
+ * object it is in and the offset there (`addr2line -f -e BINARY 0x1a2b3`
+ * names the function), so that a crash seen once on a loaded CI machine
+ * or an operator's host can be found without a core dump.  Like glibc's
+ * backtrace_symbols_fd, the handler calls backtrace (loaded beforehand:
+ * its first call may allocate) and dladdr, and writes with
+ * log_signal_line; nothing else.  Not under ASan or TSan, whose own
+ * reports say more.  A stack overflow is not reported: the handler
+ * would need the overflowed stack (no sigaltstack per thread). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/prctl.h>
+
+#include "foliod/log.h"
+#include "daemon.h"
+
+#define CRASH_FRAMES 32
+
+static const int crash_signals[] = { SIGSEGV, SIGILL, SIGFPE, SIGABRT };
+
+static size_t
+put (char *buf, size_t size, size_t n, const char *s)
+{
+  size_t len = strlen (s);
+
+  if (n + len >= size)
+    len = n < size ? size - n - 1 : 0;
+  memcpy (buf + n, s, len);
+  return n + len;
+}
+
+static size_t
+put_hex (char *buf, size_t size, size_t n, uintptr_t v)
+{
+  char d[2 + 2 * sizeof v + 1], *p = d + sizeof d - 1;
+
+  *p = '\0';
+  do {
+    *--p = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v);
+  *--p = 'x';
+  *--p = '0';
+  return put (buf, size, n, p);
+}
+
+static size_t
+put_dec (char *buf, size_t size, size_t n, uint64_t v)
+{
+  char d[21], *p = d + sizeof d - 1;
+
+  *p = '\0';
+  do {
+    *--p = (char) ('0' + v % 10);
+    v /= 10;
+  } while (v);
+  return put (buf, size, n, p);
+}
+
+/* "foliod+0x1a2b": the object's base name and the offset in it. */
+static size_t
+put_frame (char *buf, size_t size, size_t n, void *pc)
+{
+  Dl_info info;
+  const char *slash;
+
+  n = put (buf, size, n, " ");
+  if (dladdr (pc, &info) == 0 || info.dli_fname == NULL)
+    return put_hex (buf, size, n, (uintptr_t) pc);
+  slash = strrchr (info.dli_fname, '/');
+  n = put (buf, size, n, slash ? slash + 1 : info.dli_fname);
+  n = put (buf, size, n, "+");
+  return put_hex (buf, size, n,
+                  (uintptr_t) pc - (uintptr_t) info.dli_fbase);
+}
+
+static void
+on_crash (int sig, siginfo_t *si, void *uc)
+{
+  void *frames[CRASH_FRAMES];
+  char line[2048], thread[17] = "";
+  size_t n = 0;
+  int depth = backtrace (frames, CRASH_FRAMES);
+  struct sigaction dfl;
+
+  (void) uc;
+  prctl (PR_GET_NAME, thread, 0, 0, 0);
+  n = put (line, sizeof line, n, "crashed: SIG");
+  n = put (line, sizeof line, n, sigabbrev_np (sig) ? sigabbrev_np (sig) : "?");
+  if (si->si_code <= 0) {          /* kill(2), raise, abort */
+    n = put (line, sizeof line, n, " sent by pid ");
+    n = put_dec (line, sizeof line, n, (uint64_t) si->si_pid);
+  } else {
+    n = put (line, sizeof line, n, " at ");
+    n = put_hex (line, sizeof line, n, (uintptr_t) si->si_addr);
+  }
+  n = put (line, sizeof line, n, " in thread ");
+  n = put (line, sizeof line, n, thread);
+  n = put (line, sizeof line, n, ":");
+  /* Frame 0 is this handler, frame 1 the kernel's return trampoline. */
+  for (int i = 2; i < depth; i++)
+    n = put_frame (line, sizeof line, n, frames[i]);
+  log_signal_line (LOG_LVL_ERROR, line, n);
+
+  /* Die of the signal as if unhandled: it is blocked in the handler, so
+   * it lands on return (a fault would also come again by itself). */
+  memset (&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset (&dfl.sa_mask);
+  sigaction (sig, &dfl, NULL);
+  raise (sig);
+}
+
+void
+crash_report_install (void)
+{
+#if !defined (__SANITIZE_ADDRESS__) && !defined (__SANITIZE_THREAD__)
+  struct sigaction sa;
+  void *warm[1];
+
+  backtrace (warm, 1);        /* loads libgcc's unwinder now */
+  log_signal_prepare ();
+  memset (&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_crash;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset (&sa.sa_mask);
+  for (size_t i = 0; i < sizeof crash_signals / sizeof crash_signals[0]; i++)
+    sigaction (crash_signals[i], &sa, NULL);
+#endif
+}
