@@ -80,15 +80,25 @@ nbdb_wait_end (struct nbdb_backing *nb, uint64_t ms)
 
 /* nbd_connect_uri with a deadline: a remote that accepts the connection
  * but never answers the handshake (one that is itself shutting down, or
- * hung) must not hang a reconnect, or foliod's shutdown, forever.  The
- * handshake is a request like the others: request_timeout_ms, at most
- * 10 s. */
+ * hung) must not hang a reconnect, or foliod's shutdown, forever.  A
+ * reconnect's handshake is a request like the others (requests wait
+ * behind it): request_timeout_ms, at most 10 s.  The open's waits for
+ * no request: 10 s, so that a short request-timeout (set to give up on
+ * a hung write soon) does not fail the start on a remote slow to
+ * negotiate (an nbdkit script plugin forks for each of a dozen
+ * handshake questions: seconds on a loaded host). */
 #define CONNECT_TIMEOUT_MS 10000u
 
 uint64_t
 nbdb_connect_end (struct nbdb_backing *nb)
 {
   return nbdb_wait_end (nb, MIN (CONNECT_TIMEOUT_MS, nb->request_timeout_ms));
+}
+
+uint64_t
+nbdb_open_end (struct nbdb_backing *nb)
+{
+  return nbdb_wait_end (nb, CONNECT_TIMEOUT_MS);
 }
 
 static int

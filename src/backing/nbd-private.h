@@ -222,6 +222,8 @@ void nbdb_conns_set_deadline (struct nbdb_backing *nb, uint64_t deadline_ms);
 /* When must a connect that starts now have finished its handshake
  * (request_timeout_ms, at most 10 s; never past the shutdown deadline)? */
 uint64_t nbdb_connect_end (struct nbdb_backing *nb);
+/* The open's bound: 10 s, whatever request-timeout says. */
+uint64_t nbdb_open_end (struct nbdb_backing *nb);
 
 /* Open a handle (TLS options, base:allocation requested), its handshake
  * done by end (now_ms() time; 0: nbdb_connect_end from now).  NULL with

@@ -765,7 +765,7 @@ backing_nbd_open (const char *uri, const struct backing_opts *o,
 
   /* One bound for the whole open: the first connection's handshake and
    * then the others', side by side. */
-  end = nbdb_connect_end (nb);
+  end = nbdb_open_end (nb);
   h = nbdb_conn_open (nb, end, err, errlen);
   if (!h)
     goto fail;
