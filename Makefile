@@ -16,6 +16,8 @@
 #                     upgrades under a writing client, pmem and ram
 #                     stores), and the fault model
 #                     (test-fault-model) over ROUNDS seeds (make check: 40)
+#                     and under the real foliod (test-fault-file-real)
+#                     over ROUNDS/10 seeds (make check: 3)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -95,6 +97,7 @@ FILTER_SRCS := $(wildcard plugins/folio-filter/*.c plugins/common/*.c)
 UNIT_SRCS   := $(wildcard tests/unit/test-*.c)
 TESTLIB_SRCS:= $(wildcard tests/unit/lib/*.c)
 TOOL_SRCS   := $(wildcard tests/tools/*.c)
+FAULTFS_SRCS:= $(wildcard tests/faultfs/*.c)
 BENCH_SRCS  := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -108,13 +111,14 @@ TESTLIB_OBJS:= $(call obj,$(TESTLIB_SRCS))
 UNIT_BINS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRCS))
 TOOL_BINS   := $(patsubst tests/tools/%.c,$(BUILD)/tests/tools/%,$(TOOL_SRCS))
 BENCH_BINS  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+FAULTFS_LIBS:= $(patsubst tests/faultfs/%.c,$(BUILD)/tests/faultfs/%.so,$(FAULTFS_SRCS))
 
 CORE_LIB = $(BUILD)/libfoliod-core.a
 FOLIOD   = $(BUILD)/foliod
 PLUGIN   = $(BUILD)/nbdkit-folio-plugin.so
 FILTER   = $(BUILD)/nbdkit-folio-filter.so
 
-TARGETS = $(CORE_LIB) $(UNIT_BINS) $(TOOL_BINS) $(BENCH_BINS)
+TARGETS = $(CORE_LIB) $(UNIT_BINS) $(TOOL_BINS) $(BENCH_BINS) $(FAULTFS_LIBS)
 ifneq ($(DAEMON_SRCS),)
 TARGETS += $(FOLIOD)
 endif
@@ -211,6 +215,12 @@ $(BUILD)/tests/unit/%: tests/unit/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS_CORE)
+
+# LD_PRELOAD layers for real processes (tests/faultfs/): no sanitizer, no
+# core library, so that they load into any process, sanitized or not.
+$(BUILD)/tests/faultfs/%.so: tests/faultfs/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) -fPIC -pthread $(CFLAGS) -shared -o $@ $< -ldl
 
 $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJS) $(CORE_LIB)
 	@mkdir -p $(dir $@)
@@ -351,17 +361,22 @@ check-vm-ublk: deps
 # Then the fault model (tests/unit/test-fault-model.c, docs/internals.md
 # "Fault model"; make check runs seeds 0-39) over ROUNDS seeds from a
 # base that differs each run (the time, printed; FAULT_SEED=N sets it,
-# and replays one with FAULT_SEEDS=1).
+# and replays one with FAULT_SEEDS=1).  Then the fault layer under the real
+# foliod (tests/test-fault-file-real.sh; make check: seeds 0-2) over
+# ROUNDS/10 seeds (two runs of 3-10 s each, ram and pmem stores) from
+# the time (FAULT_REAL_SEED=N sets it).
 ROUNDS ?= 1000
 FAULT_MODEL = $(BUILD)/tests/unit/test-fault-model
 check-crash: deps
-	$(MAKE) $(FOLIOD) $(FAULT_MODEL)
+	$(MAKE) $(FOLIOD) $(FAULT_MODEL) $(FAULTFS_LIBS)
 	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) SSD_KILL_ROUNDS=$(ROUNDS) \
 	  FAULT_SEEDS=$(ROUNDS) FAULT_SEED=$${FAULT_SEED:-$$(date +%s)} \
+	  FAULT_REAL_SEEDS=$$(( $(ROUNDS) / 10 )) \
+	  FAULT_REAL_SEED=$${FAULT_REAL_SEED:-$$(date +%s)} \
 	  UPGRADE_ROUNDS=$(ROUNDS) UPGRADE_RAM_ROUNDS=$(ROUNDS) \
 	  TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
 	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh \
-	  tests/test-daemon-upgrade.sh $(FAULT_MODEL)
+	  tests/test-daemon-upgrade.sh $(FAULT_MODEL) tests/test-fault-file-real.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
