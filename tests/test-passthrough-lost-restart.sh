@@ -61,6 +61,10 @@ round () {
   flush_fails "a FLUSH after the loss succeeded"
 
   kill9_foliod "$pidf"
+  "$FOLIOD" store inspect "$tmp/store" > "$tmp/inspect" ||
+    fail "foliod store inspect"
+  grep -q "passthrough writes lost: every FLUSH fails until 'foliod clear-doubt'" \
+    "$tmp/inspect" || { cat "$tmp/inspect"; fail "store inspect does not say so"; }
   start_foliod "${args[@]}"
   flush_fails "the restart forgot the passthrough loss: FLUSH succeeded with the remote holding A where the client wrote B"
   [ "$(lost_count)" -gt 0 ] ||
