@@ -123,6 +123,24 @@ held_write_plugin () {
 SH
 }
 
+# flush_fails_plugin SCRIPT CUR DURABLE: write SCRIPT, an nbdkit sh plugin
+# over two files: CUR (what reads and writes see) and DURABLE (what a
+# crash would leave).  flush copies CUR to DURABLE; with $tmp/fail-flush
+# present it fails instead (once, removing it) and CUR falls back to
+# DURABLE: the unflushed writes are gone, as when Linux fails fdatasync.
+flush_fails_plugin () {
+  sh_remote_script "$1" "$2" serialize_all_requests <<SH
+  pwrite) dd of="$2" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
+  flush)
+    if rm "$tmp/fail-flush" 2>/dev/null; then
+      cp "$3" "$2"
+      echo "EIO injected: fdatasync failed, unflushed writes dropped" >&2
+      exit 1
+    fi
+    cp "$2" "$3.new" && mv "$3.new" "$3" ;;
+SH
+}
+
 # make_ab_images [MIB]: two images of the same size (default 16 MiB) in
 # $tmp, a.img all 'A' and b.img all 'B', and b.orig a copy of b.img (the
 # identity tests: another image behind the same remote).

@@ -19,16 +19,7 @@ cur=$tmp/cur.img
 durable=$tmp/durable.img
 truncate -s 4M "$cur"
 cp "$cur" "$durable"
-sh_remote_script "$tmp/plugin.sh" "$cur" serialize_all_requests <<SH
-  pwrite) dd of="$cur" seek="\$4" oflag=seek_bytes conv=notrunc status=none ;;
-  flush)
-    if rm "$tmp/fail-flush" 2>/dev/null; then
-      cp "$durable" "$cur"
-      echo "EIO injected: fdatasync failed, unflushed writes dropped" >&2
-      exit 1
-    fi
-    cp "$cur" "$durable.new" && mv "$durable.new" "$durable" ;;
-SH
+flush_fails_plugin "$tmp/plugin.sh" "$cur" "$durable"
 start_remote "$tmp/remote.sock" sh "$tmp/plugin.sh"
 # No background writeback: only the client's FLUSH writes back.
 start_foliod --control "$ctl" \

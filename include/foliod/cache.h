@@ -133,8 +133,9 @@ struct cache_stats {
   uint64_t dirty_background_bytes, dirty_limit_bytes;
   /* The durability ledger (docs/internals.md): passthrough writes the
    * backing has not flushed yet; passthrough writes lost (then every
-   * FLUSH fails until the export is reopened); the errno every FLUSH
-   * answers for that (or 0); why writeback fails now (errno, or 0). */
+   * FLUSH fails until 'foliod clear-doubt'; 1 for those a previous run
+   * lost, kept in a persistent store); the errno every FLUSH answers for
+   * that (or 0); why writeback fails now (errno, or 0). */
   uint64_t passthrough_unflushed, passthrough_lost;
   int flush_error, writeback_error;
   /* Losses the ledger found (the backing may have lost writes it had
@@ -267,8 +268,10 @@ int cache_write_back (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
 /* The operator's word that the backing's remote is done with every write
  * it abandoned (backing_ops.clear_doubt): cached blocks written since the
  * last good flush are written again before a flush succeeds; passthrough
- * writes made meanwhile are not counted lost by it.  Returns how many
- * writes were in doubt. */
+ * writes made meanwhile are not counted lost by it.  Also the word that
+ * passthrough writes counted lost (this run's, or a previous run's kept
+ * in the store) are known lost: FLUSH may succeed again.  Returns how
+ * many writes were in doubt or lost (a fenced store counts one). */
 uint64_t cache_clear_doubt (struct cache *c) FOLIOD_NONNULL (1);
 /* Bring the range into the cache (NBD_CMD_CACHE). */
 int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
@@ -317,6 +320,8 @@ struct cache_store_info {
   bool fenced;                /* a previous run lost its image with dirty
                                * data in the store: fenced until
                                * clear-doubt */
+  bool pt_lost;               /* a previous run lost passthrough writes:
+                               * FLUSH fails until clear-doubt */
   uint32_t bad_entries;       /* pmem: damaged slot entries (crc) over */
   uint64_t lost_bytes;        /* these dirty bytes: written nowhere */
   enum cache_flush_mode flush;/* what FLUSH waits for (never DEFAULT) */

@@ -113,6 +113,8 @@ struct store_info {
                               * (set_doubt): found at open */
   bool fenced;               /* a previous run lost its image (set_fenced):
                               * found at open */
+  bool pt_lost;              /* a previous run lost passthrough writes
+                              * (set_pt_lost): found at open */
 };
 
 /* What a store did, read live (stats, /metrics); 0 where it has no such
@@ -187,6 +189,12 @@ struct store_ops {
    * dirty data written under that ownership.  A restart never writes
    * such data back without the operator's word.  NULL: not kept. */
   int (*set_fenced) (struct store *s, bool fenced);
+  /* The same for "passthrough writes lost": writes that bypassed the
+   * cache (direct I/O, zero) were lost by the backing before a flush,
+   * so every FLUSH fails until the operator's word (cache_clear_doubt);
+   * a restart must not answer FLUSH with success either.  NULL: not
+   * kept. */
+  int (*set_pt_lost) (struct store *s, bool lost);
   /* Any thread, while the store is open.  NULL: zeros. */
   void (*stats) (struct store *s, struct store_stats *out);
   void (*destroy) (struct store *s);
@@ -269,6 +277,12 @@ static inline int
 store_set_fenced (struct store *s, bool fenced)
 {
   return s->ops->set_fenced ? s->ops->set_fenced (s, fenced) : 0;
+}
+
+static inline int
+store_set_pt_lost (struct store *s, bool lost)
+{
+  return s->ops->set_pt_lost ? s->ops->set_pt_lost (s, lost) : 0;
 }
 
 static inline void

@@ -266,6 +266,8 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   ledger_store_opened (c, info.doubt);
   si->fenced = info.fenced;
   ledger_store_fenced (c, info.fenced);
+  si->pt_lost = info.pt_lost;
+  ledger_store_pt_lost (c, info.pt_lost);
   return cache_recover_store (c, err, errlen);
 }
 

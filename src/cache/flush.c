@@ -13,12 +13,15 @@
  * Lost passthrough writes (direct I/O, zero) cannot be written again: the
  * cache has no copy.  A successful FLUSH promises that every write
  * completed before it is durable (NBD spec), those included, so from then
- * on every flush fails with EIO, until the export is opened again.  That
- * is qemu's answer to a failed fdatasync of a file it cannot rewrite
+ * on every flush fails with EIO, until the operator's word.  That is
+ * qemu's answer to a failed fdatasync of a file it cannot rewrite
  * (file-posix.c, page_cache_inconsistent); Linux and nbdkit report the
  * error once, which is how a retried fsync came to claim lost data
  * durable (PostgreSQL, 2018).  Keeping a copy of every passthrough write
- * until the next flush would make direct I/O cost cache memory. */
+ * until the next flush would make direct I/O cost cache memory.  With a
+ * persistent store the loss outlives the process (a restart must not
+ * answer FLUSH with success either): it ends at the operator's
+ * clear-doubt (ledger.c). */
 /* A flush pass with this few dirty blocks writes them with FUA instead of
  * writing them and then flushing the backing: one round trip to a remote
  * instead of two (the seed workload: 8 clients flushing after every 4 KiB
@@ -105,7 +108,8 @@ cache_write_back (struct cache *c)
 
 /* flush=store: what was written is persistent once the store is synced.
  * Passthrough writes (direct I/O, zero) are not in the store: they need
- * the backing's flush, not a writeback (wb_stabilize).  Cached writes the
+ * the backing's flush, not a writeback (wb_stabilize), and once lost
+ * (this run or a previous one) every FLUSH fails.  Cached writes the
  * backing lost are dirty again in the store: nothing to report. */
 static int
 cache_flush_store (struct cache *c)
@@ -129,6 +133,10 @@ cache_flush_store (struct cache *c)
   if (cache_store_sync (c) == -1 && r == 0) {
     r = -1;
     err = errno;
+  }
+  if (r == 0 && ledger_flush_error (c)) {
+    r = -1;
+    err = ledger_flush_error (c);
   }
   errno = err;
   return r;

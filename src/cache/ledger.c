@@ -32,7 +32,10 @@
  * cache has no copy) is lost when the view moved after it was sent and
  * before a flush succeeded.  clear-doubt is the operator's word that no
  * abandoned write landed over newer ones: it has cached blocks written
- * again (cheap, and safe either way), but loses no passthrough write. */
+ * again (cheap, and safe either way), but loses no passthrough write.
+ * A passthrough loss fails every FLUSH from then on, across a restart
+ * (a persistent store records it), until the operator's clear-doubt
+ * says the loss is known. */
 #include <errno.h>
 
 #include "cache/cache-int.h"
@@ -232,6 +235,62 @@ doubt_forget_locked (struct cache *c)
     atomic_store (&l->doubt_stored, true);
 }
 
+/* A passthrough loss outlives the process too: a restart that answered
+ * FLUSH with success would report the older data the backing holds as
+ * the client's.  The store records it, durably, before the FLUSH that
+ * reports it (ledger_flush_error) and as soon as it is found. */
+static void
+pt_lost_persist (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  lock_or_die (&l->doubt_lock);
+  if (atomic_load (&l->passthrough_lost) &&
+      !atomic_load (&l->pt_lost_stored) &&
+      store_set_pt_lost (c->store, true) == 0)
+    atomic_store (&l->pt_lost_stored, true);
+  unlock_or_die (&l->doubt_lock);
+}
+
+/* Found lost (pt_lock held): n more writes. */
+static void
+pt_lost_locked (struct cache *c, uint64_t n)
+{
+  atomic_fetch_add (&c->led.passthrough_lost_writes, n);
+  atomic_store (&c->led.passthrough_lost, true);
+}
+
+/* The operator's word (wb_mutex held): the writes counted lost are known
+ * lost.  The store forgets last, and not when a passthrough write was
+ * lost again meanwhile.  How many were counted. */
+static uint64_t
+pt_lost_clear (struct cache *c)
+{
+  struct ledger *l = &c->led;
+
+  lock_or_die (&l->pt_lock);
+  bool was = atomic_exchange (&l->passthrough_lost, false);
+  uint64_t n = atomic_exchange (&l->passthrough_lost_writes, 0);
+  unlock_or_die (&l->pt_lock);
+  if (!was)
+    return 0;
+  lock_or_die (&l->doubt_lock);
+  if (!atomic_load (&l->passthrough_lost) &&
+      atomic_load (&l->pt_lost_stored) &&
+      store_set_pt_lost (c->store, false) == 0)
+    atomic_store (&l->pt_lost_stored, false);
+  unlock_or_die (&l->doubt_lock);
+  return n;
+}
+
+void
+ledger_store_pt_lost (struct cache *c, bool lost)
+{
+  atomic_store (&c->led.passthrough_lost, lost);
+  atomic_store (&c->led.passthrough_lost_writes, lost ? 1 : 0);
+  atomic_store (&c->led.pt_lost_stored, lost);
+}
+
 void
 ledger_store_opened (struct cache *c, bool doubt)
 {
@@ -307,8 +366,7 @@ ledger_passthrough_written (struct cache *c, uint64_t view, bool counted,
     return false;
   lock_or_die (&l->pt_lock);
   if (view < l->lost_view) {
-    atomic_fetch_add (&l->passthrough_lost_writes, 1);
-    atomic_store (&l->passthrough_lost, true);
+    pt_lost_locked (c, 1);
     lost = true;
   }
   else {
@@ -317,6 +375,8 @@ ledger_passthrough_written (struct cache *c, uint64_t view, bool counted,
       l->pt_view = view;
   }
   unlock_or_die (&l->pt_lock);
+  if (lost)
+    pt_lost_persist (c);
   return lost;
 }
 
@@ -413,11 +473,12 @@ ledger_lost (struct cache *c)
   if (n > 0 && l->pt_view < l->lost_view) {
     atomic_store (&l->passthrough_unflushed, 0);
     l->pt_view = UINT64_MAX;
-    atomic_fetch_add (&l->passthrough_lost_writes, n);
-    atomic_store (&l->passthrough_lost, true);
+    pt_lost_locked (c, n);
     lost = true;
   }
   unlock_or_die (&l->pt_lock);
+  if (lost)
+    pt_lost_persist (c);
   return lost;
 }
 
@@ -436,7 +497,13 @@ ledger_pt_unsynced_keep (struct cache *c)
 int
 ledger_flush_error (struct cache *c)
 {
-  return atomic_load (&c->led.passthrough_lost) ? EIO : 0;
+  struct ledger *l = &c->led;
+
+  if (!atomic_load (&l->passthrough_lost))
+    return 0;
+  if (!atomic_load (&l->pt_lost_stored))   /* its first try failed */
+    pt_lost_persist (c);
+  return EIO;
 }
 
 int
@@ -467,7 +534,10 @@ ledger_fua_may_do (struct cache *c)
  * since the last good flush are written again), a move that loses no
  * passthrough write; then the backing forgets its writes in doubt.
  * Under wb_mutex, and the move before the backing's clear, so that no
- * flush finds the doubt gone and the epoch unmoved (issue 33 item 4a). */
+ * flush finds the doubt gone and the epoch unmoved (issue 33 item 4a).
+ * Passthrough writes counted lost are known lost from now on: FLUSH may
+ * succeed again (the one word that ends such a loss, also one a
+ * previous run left in the store). */
 uint64_t
 cache_clear_doubt (struct cache *c)
 {
@@ -499,6 +569,7 @@ cache_clear_doubt (struct cache *c)
       atomic_store (&l->fence_stored, false);
     unlock_or_die (&l->doubt_lock);
   }
+  n += pt_lost_clear (c);
   unlock_or_die (&c->wb_mutex);
   return n;
 }

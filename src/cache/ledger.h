@@ -64,9 +64,11 @@ struct ledger {
    * (inherited), and whether the store says so now (stored; doubt_lock
    * orders its writes).  The backing's own fact: backing_owner_lost. */
   _Atomic bool fence_inherited, fence_stored;
-  /* Some passthrough writes were lost: every FLUSH fails until the
-   * export is reopened.  Set under wb_mutex, read without it. */
-  _Atomic bool passthrough_lost;
+  /* Some passthrough writes were lost (this run, or a previous run's
+   * store said so at open): every FLUSH fails until the operator's
+   * clear-doubt.  Set and cleared under pt_lock, read without it; the
+   * store records it (pt_lost_stored: doubt_lock orders its writes). */
+  _Atomic bool passthrough_lost, pt_lost_stored;
   _Atomic uint64_t passthrough_lost_writes; /* how many (stats) */
 };
 
@@ -89,9 +91,10 @@ void ledger_init (struct cache *c);
 int ledger_send_begin (struct cache *c, unsigned flags);
 void ledger_send_end (struct cache *c, unsigned flags, int r);
 /* The store was opened (cache_init_store): doubt a previous run left,
- * and whether it left the store fenced. */
+ * whether it left the store fenced, and passthrough writes it lost. */
 void ledger_store_opened (struct cache *c, bool doubt);
 void ledger_store_fenced (struct cache *c, bool fenced);
+void ledger_store_pt_lost (struct cache *c, bool lost);
 /* The loss view to give ledger_passthrough_written: read it before the
  * passthrough write is sent. */
 uint64_t ledger_passthrough_view (struct cache *c);
@@ -142,7 +145,8 @@ int ledger_io_refused (struct cache *c);
  * errno value. */
 int ledger_durable_refused (struct cache *c);
 /* What a FLUSH must answer whatever else happens: EIO when passthrough
- * writes were lost, else 0. */
+ * writes were lost (the store records it first, if it could not yet),
+ * else 0. */
 int ledger_flush_error (struct cache *c);
 /* Why writeback cannot make room now (a write, the backing flush or the
  * store's sync is failing), or 0. */

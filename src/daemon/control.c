@@ -160,7 +160,9 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
 /* "clear-doubt NAME": the operator says the remote is done with the
  * writes foliod abandoned (backing_ops.clear_doubt): flushes may succeed
  * again, once what was written since is written again.  On a store a
- * previous run left fenced: its data may be written over the image. */
+ * previous run left fenced: its data may be written over the image.
+ * Passthrough writes counted lost: the loss is known, FLUSH may succeed
+ * again. */
 static void
 control_clear_doubt (struct control *ctl, char *reply, size_t len,
                      const char *name)
@@ -174,6 +176,16 @@ control_clear_doubt (struct control *ctl, char *reply, size_t len,
     uint64_t n = cache_clear_doubt (e->ex->cache);
     cache_get_stats (e->ex->cache, &after);
     uint64_t unfenced = before.fenced && !after.fenced;   /* counted in n */
+    /* Counted in n too (most of the time: a loss meanwhile is not). */
+    uint64_t unlost = after.passthrough_lost == 0 ? before.passthrough_lost
+                      : 0;
+    if (unlost > n - unfenced)
+      unlost = n - unfenced;
+    if (unlost)
+      log_warn ("control: clear-doubt %s: %llu write%s that bypassed the "
+                "cache known lost (the operator's word): FLUSH may succeed "
+                "again, the backing keeps what it has", name,
+                (unsigned long long) unlost, unlost == 1 ? "" : "s");
     if (unfenced)
       log_warn ("control: clear-doubt %s: the fenced store's dirty data is "
                 "to be written over the image as it is now (the operator's "
@@ -182,11 +194,11 @@ control_clear_doubt (struct control *ctl, char *reply, size_t len,
       log_warn ("control: clear-doubt %s: this run lost the image (%s): "
                 "only a restart can clear that", name,
                 after.fence_reason ? after.fence_reason : "fenced");
-    if (n > unfenced)
+    if (n > unfenced + unlost)
       log_warn ("control: clear-doubt %s: %llu abandoned write%s no longer "
                 "in doubt (the operator's word); writing back again", name,
-                (unsigned long long) (n - unfenced),
-                n - unfenced == 1 ? "" : "s");
+                (unsigned long long) (n - unfenced - unlost),
+                n - unfenced - unlost == 1 ? "" : "s");
     snprintf (reply, len, "OK %.200s: %llu write%s cleared\n", name,
               (unsigned long long) n, n == 1 ? "" : "s");
     return;

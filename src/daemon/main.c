@@ -501,6 +501,14 @@ log_store (const struct daemon_export *e)
                "image as it is now) or the store is removed (throw it "
                "away), see foliod(8), Lost lock", e->cfg.name,
                e->cfg.store, e->cfg.name);
+  if (si.pt_lost)
+    log_error ("export %s: store %s: a previous run lost writes that "
+               "bypassed the cache (direct I/O, zero: the backing dropped "
+               "them before a flush, and the cache had no copy to write "
+               "again): every FLUSH fails with EIO until 'foliod "
+               "clear-doubt %s' (the operator's word that the loss is "
+               "known), see foliod(8)", e->cfg.name, e->cfg.store,
+               e->cfg.name);
   if (si.warm_dropped)
     log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
               "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);

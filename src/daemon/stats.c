@@ -88,8 +88,9 @@ static const struct {
                        "acknowledged but not yet flushed." },
   [M_PT_LOST] = { "foliod_passthrough_lost_writes", "gauge",
                   "Passthrough writes the backing may have lost before a "
-                  "flush: not 0, every FLUSH fails with EIO until the "
-                  "export is reopened (foliod(8))." },
+                  "flush (1 for those a previous run lost, kept in a "
+                  "persistent store): not 0, every FLUSH fails with EIO "
+                  "until 'foliod clear-doubt' (foliod(8))." },
   [M_LOSSES] = { "foliod_backing_losses_total", "counter",
                  "Times the backing may have lost writes it had acknowledged "
                  "(a remote connection ended, a flush or FUA write failed) "
@@ -530,10 +531,10 @@ durability_lines (struct outbuf *o, struct daemon_export *ex, size_t n)
            (unsigned long long) v.v[M_IN_DOUBT],
            v.v[M_IN_DOUBT] == 1 ? "" : "s", ex[i].cfg.name);
     if (v.v[M_PT_LOST])
-      out (o, "%s: %llu passthrough write%s lost: FLUSH fails until the "
-           "export is reopened\n", ex[i].cfg.name,
+      out (o, "%s: %llu passthrough write%s lost: FLUSH fails until "
+           "'foliod clear-doubt %s'\n", ex[i].cfg.name,
            (unsigned long long) v.v[M_PT_LOST],
-           v.v[M_PT_LOST] == 1 ? "" : "s");
+           v.v[M_PT_LOST] == 1 ? "" : "s", ex[i].cfg.name);
     if (v.v[M_FENCED]) {
       struct cache_stats st;
       cache_get_stats (ex[i].ex->cache, &st);

@@ -77,6 +77,9 @@ inspect_print (const struct pmem_meta *pm, const char *path, FILE *out)
   if (h->flags & PMEM_FLAG_FENCED)
     fprintf (out, "fenced: written under an image lock that was lost; not "
              "written back until 'foliod clear-doubt'\n");
+  if (h->flags & PMEM_FLAG_PT_LOST)
+    fprintf (out, "passthrough writes lost: every FLUSH fails until "
+             "'foliod clear-doubt'\n");
   if (h->flags & PMEM_FLAG_STAMPED)   /* what a warm start compares */
     fprintf (out, "backing at clean shutdown: mtime %" PRIu64 ".%09" PRIu64
              ", ctime %" PRIu64 ".%09" PRIu64 "\n",

@@ -44,6 +44,8 @@
 #define PMEM_FLAG_FORMAT_STAMP 16u        /* format stamped every bitmap
                                           * record 1: a stamp of 0 under a
                                           * sound entry is damage */
+#define PMEM_FLAG_PT_LOST   32u          /* passthrough writes were lost
+                                          * (set_pt_lost) */
 
 struct pmem_geometry {
   uint32_t folio_size, block_size, nslots;

@@ -42,6 +42,8 @@
 #define SSD_FLAG_CLEAN   1u        /* stopped cleanly: nothing to replay */
 #define SSD_FLAG_DOUBT   2u        /* writes in doubt (set_doubt) */
 #define SSD_FLAG_FENCED  4u        /* the image was lost (set_fenced) */
+#define SSD_FLAG_PT_LOST 8u        /* passthrough writes were lost
+                                    * (set_pt_lost) */
 #define SSD_BATCH_DATA   (1u << 20)   /* data bytes per batch, at most */
 
 struct ssd_super {

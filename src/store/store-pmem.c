@@ -88,6 +88,7 @@ struct store_pmem {
   bool formatted, was_clean;
   bool was_doubt;                /* PMEM_FLAG_DOUBT at open */
   bool was_fenced;               /* PMEM_FLAG_FENCED at open */
+  bool was_pt_lost;              /* PMEM_FLAG_PT_LOST at open */
   const char *warm_dropped;      /* why a clean store was not trusted */
   char *backing_file;            /* a regular file backing: stat'ed at open
                                   * and at mark_clean (warm cache trust) */
@@ -427,10 +428,11 @@ pmem_info (struct store *s, struct store_info *info)
   info->warm_dropped = p->warm_dropped;
   info->doubt = p->was_doubt;
   info->fenced = p->was_fenced;
+  info->pt_lost = p->was_pt_lost;
 }
 
 /* A flag of the ledger's in the header (under sync_lock, which guards
- * it): writes in doubt, fenced. */
+ * it): writes in doubt, fenced, passthrough writes lost. */
 static int
 pmem_set_flag (struct store *s, uint32_t flag, bool on)
 {
@@ -458,6 +460,12 @@ pmem_set_fenced (struct store *s, bool fenced)
   return pmem_set_flag (s, PMEM_FLAG_FENCED, fenced);
 }
 
+static int
+pmem_set_pt_lost (struct store *s, bool lost)
+{
+  return pmem_set_flag (s, PMEM_FLAG_PT_LOST, lost);
+}
+
 static int pmem_recover (struct store *s, store_recover_fn fn, void *arg,
                          struct store_recovery *out);
 
@@ -475,6 +483,7 @@ static const struct store_ops pmem_ops = {
   .info = pmem_info,
   .set_doubt = pmem_set_doubt,
   .set_fenced = pmem_set_fenced,
+  .set_pt_lost = pmem_set_pt_lost,
   .destroy = pmem_destroy,
 };
 
@@ -542,6 +551,7 @@ pmem_open_meta (struct store_pmem *p, const struct store_config *cfg,
   p->was_clean = p->meta.hdr.flags & PMEM_FLAG_CLEAN;
   p->was_doubt = p->meta.hdr.flags & PMEM_FLAG_DOUBT;
   p->was_fenced = p->meta.hdr.flags & PMEM_FLAG_FENCED;
+  p->was_pt_lost = p->meta.hdr.flags & PMEM_FLAG_PT_LOST;
   if (p->was_clean)
     p->warm_dropped = pmem_warm_check (p, cfg);
   p->was_clean = p->was_clean && p->warm_dropped == NULL;

@@ -140,6 +140,7 @@ struct store_ssd {
   bool formatted, was_clean;
   bool was_doubt;               /* SSD_FLAG_DOUBT at open */
   bool was_fenced;              /* SSD_FLAG_FENCED at open */
+  bool was_pt_lost;             /* SSD_FLAG_PT_LOST at open */
   bool sb_suspect;               /* one superblock copy damaged: the other
                                   * may be one write behind */
   uint64_t epoch_floor;          /* the scan's first batch: at least this */
@@ -972,11 +973,12 @@ ssd_info (struct store *s, struct store_info *out)
   out->was_clean = p->was_clean;
   out->doubt = p->was_doubt;
   out->fenced = p->was_fenced;
+  out->pt_lost = p->was_pt_lost;
 }
 
-/* A flag of the ledger's in the superblock (writes in doubt, fenced):
- * written as a checkpoint is, with no commit meanwhile (as
- * ssd_mark_clean). */
+/* A flag of the ledger's in the superblock (writes in doubt, fenced,
+ * passthrough writes lost): written as a checkpoint is, with no commit
+ * meanwhile (as ssd_mark_clean). */
 static int
 ssd_set_flag (struct store *s, uint32_t flag, bool on)
 {
@@ -1000,6 +1002,12 @@ static int
 ssd_set_fenced (struct store *s, bool fenced)
 {
   return ssd_set_flag (s, SSD_FLAG_FENCED, fenced);
+}
+
+static int
+ssd_set_pt_lost (struct store *s, bool lost)
+{
+  return ssd_set_flag (s, SSD_FLAG_PT_LOST, lost);
 }
 
 /* --- recovery --- */
@@ -1744,6 +1752,7 @@ static const struct store_ops ssd_ops = {
   .mark_clean = ssd_mark_clean,
   .set_doubt = ssd_set_doubt,
   .set_fenced = ssd_set_fenced,
+  .set_pt_lost = ssd_set_pt_lost,
   .info = ssd_info,
   .stats = ssd_stats_op,
   .destroy = ssd_destroy,
@@ -1998,6 +2007,7 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
     p->was_clean = p->sb.flags & SSD_FLAG_CLEAN;
     p->was_doubt = p->sb.flags & SSD_FLAG_DOUBT;
     p->was_fenced = p->sb.flags & SSD_FLAG_FENCED;
+    p->was_pt_lost = p->sb.flags & SSD_FLAG_PT_LOST;
   }
   if (p->sb.log_bytes < 2 * p->cmax)
     FAIL (ENOSPC, "%s: log of %" PRIu64 " bytes too small for a cache of %"
@@ -2178,6 +2188,9 @@ store_ssd_inspect (const char *path, FILE *out, char *err, size_t errlen)
   if (sb->flags & SSD_FLAG_FENCED)
     fprintf (out, "fenced: written under an image lock that was lost; not "
              "written back until 'foliod clear-doubt'\n");
+  if (sb->flags & SSD_FLAG_PT_LOST)
+    fprintf (out, "passthrough writes lost: every FLUSH fails until "
+             "'foliod clear-doubt'\n");
   if (!(sb->flags & SSD_FLAG_CLEAN)) {
     if (recover_scan (&p, err, errlen) == -1) {
       int e = errno;

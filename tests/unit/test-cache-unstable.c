@@ -643,6 +643,77 @@ test_lost_owner_fences_store (void **state)
   store_destroy (s2);
 }
 
+/* A passthrough loss outlives the process (issue 33, the ledger's "which
+ * passthrough writes cannot be restored", persisted): the persistent
+ * store records it, a restart's FLUSH fails and its stats count it, a
+ * stop and start do not end it; only the operator's clear-doubt does,
+ * and a restart after that finds it gone.  (Before: the restart's FLUSH
+ * succeeded with the backing holding older data.) */
+static struct store *
+reopen_ssd (unsigned char *mem)
+{
+  struct store *s = store_ssd_open_dev (&ssd_cfg,
+                                        ssd_mem_dev (mem, DEV_SIZE),
+                                        err, sizeof err);
+  assert_non_null (s);
+  return s;
+}
+
+static void
+test_lost_passthrough_persisted (void **state)
+{
+  static struct vol v;
+  unsigned char d[4096];
+  struct cache_stats st;
+  struct store_info info;
+
+  memset (&v, 0, sizeof v);
+  memset (dev_mem, 0, sizeof dev_mem);
+  struct store *s = reopen_ssd (dev_mem);
+  struct cache *c = open_ssd_cache (&v, &vol_ops, s);
+  memset (d, 'D', sizeof d);
+  assert_int_equal (cache_write (c, d, sizeof d, 0, CACHE_DIRECT), 0);
+  v.crash_on_flush = 1;
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+
+  /* foliod dies: a restart on the store. */
+  memcpy (dev_copy, dev_mem, sizeof dev_copy);
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+  s = reopen_ssd (dev_copy);
+  store_get_info (s, &info);
+  assert_true (info.pt_lost);
+  c = open_ssd_cache (&v, &vol_ops, s);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 1);
+  assert_int_equal (st.flush_error, EIO);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  /* A stop cannot end it: its write back fails, the store keeps it. */
+  assert_int_equal (cache_write_back (c), -1);
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+  s = reopen_ssd (dev_copy);
+  c = open_ssd_cache (&v, &vol_ops, s);
+  assert_int_equal (cache_flush (c), -1);
+
+  /* The operator's word: the loss is known. */
+  assert_int_equal (cache_clear_doubt (c), 1);
+  assert_int_equal (cache_flush (c), 0);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 0);
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+  s = reopen_ssd (dev_copy);
+  store_get_info (s, &info);
+  assert_false (info.pt_lost);
+  c = open_ssd_cache (&v, &vol_ops, s);
+  assert_int_equal (cache_flush (c), 0);
+  assert_int_equal (cache_destroy (c), 0);
+  store_destroy (s);
+}
+
 int
 main (void)
 {
@@ -658,6 +729,7 @@ main (void)
     cmocka_unit_test (test_failed_direct_write_over_unstable),
     cmocka_unit_test (test_direct_over_dirty_persistent),
     cmocka_unit_test (test_lost_owner_fences_store),
+    cmocka_unit_test (test_lost_passthrough_persisted),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

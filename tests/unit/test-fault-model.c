@@ -156,6 +156,9 @@ static struct {
   bool damaged;
   bool pt_told;            /* a FLUSH failed on a lost passthrough write */
   uint64_t pt_lost;        /* passthrough writes the last process lost */
+  bool store_io;           /* a store I/O fault since the last recovery */
+  uint64_t pt_lost_kept;   /* of those, lost before the request the
+                            * power went in (the store must have them) */
 } cf;
 
 #define FFAIL(...) do {                                                 \
@@ -771,6 +774,7 @@ ssd_pwrite_locked (const void *buf, size_t len, uint64_t off)
   if (D.power_off) { errno = EIO; return -1; }
   if (permille (D.p_err)) {
     nfaults[F_STORE_IO]++;
+    cf.store_io = true;
     errno = some_errno (false);
     return -1;
   }
@@ -817,6 +821,7 @@ ssd_flush_locked (void)
   if (!ssd_power ()) { errno = EIO; return -1; }
   if (permille (D.p_err)) {
     nfaults[F_STORE_IO]++;
+    cf.store_io = true;
     errno = EIO;
     return -1;
   }
@@ -863,8 +868,10 @@ sim_sync (const void *p, size_t len)
 {
   lock_or_die (&sim_lock);
   bool fail = permille (D.p_err);
-  if (fail)
+  if (fail) {
     nfaults[F_STORE_IO]++;
+    cf.store_io = true;
+  }
   unlock_or_die (&sim_lock);
   if (fail) {
     errno = EIO;
@@ -1100,6 +1107,13 @@ one_op (struct cache *c, bool pmem_per_write)
     bk_land ((unsigned) rnd (B.nlate));
   bool may_clear = cf.rule == R_NBD && B.nlate == 0 && B.in_doubt > 0;
   unlock_or_die (&B.lock);
+  /* Not once a passthrough write was lost: the clear would be the word
+   * that the loss is known too, and the model holds on to it. */
+  if (may_clear) {
+    struct cache_stats st;
+    cache_get_stats (c, &st);
+    may_clear = st.passthrough_lost == 0;
+  }
   if (may_clear && !doubt_spoiled && rnd (6) == 0) {
     nfaults[F_CLEAR]++;
     (void) cache_clear_doubt (c);
@@ -1193,6 +1207,8 @@ stop (struct cache *c, struct store *s, bool went)
   struct cache_stats st;
   cache_get_stats (c, &st);
   cf.pt_lost = st.passthrough_lost;
+  if (!went)
+    cf.pt_lost_kept = cf.pt_lost;
   TRACE (0, NS, "stopped: %" PRIu64 " passthrough writes lost, %s",
          cf.pt_lost, cf.pt_told ? "a FLUSH said so" : "no FLUSH said so");
   if (cache_destroy (c) != 0) {
@@ -1251,6 +1267,21 @@ recover (struct cache **cp, struct store **sp, bool damaged)
   }
   cache_get_store_info (c, &info);
   bool store_said = info.bad_entries > 0 || info.lost_bytes > 0;
+  /* The last process lost passthrough writes: a persistent store kept
+   * that (the ledger), the cache says so, and the model's operator does
+   * not say the loss is known (clear-doubt would). */
+  bool pt_kept = info.pt_lost;
+  if (persistent () && cf.pt_lost_kept > 0 && !pt_kept && !cf.store_io)
+    FFAIL ("the last process lost %" PRIu64 " passthrough writes, the "
+           "store forgot", cf.pt_lost);
+  if (pt_kept) {
+    struct cache_stats st;
+    cache_get_stats (c, &st);
+    if (st.passthrough_lost == 0 || st.flush_error == 0)
+      FFAIL ("the store kept a passthrough loss, the cache's stats do not "
+             "say so");
+    may_clear = false;
+  }
   /* A previous run left writes in doubt: the cache says so (foliod
    * stats) and settles nothing on the backing until the operator clears
    * it; a read that needs room the writeback cannot free fails. */
@@ -1273,13 +1304,17 @@ recover (struct cache **cp, struct store **sp, bool damaged)
     bk_land_all ();
   if (doubt_kept && fl == 0 && cf.flush == CACHE_FLUSH_BACKING)
     FFAIL ("writes in doubt inherited, not cleared: FLUSH succeeded");
+  if (pt_kept && fl == 0)
+    FFAIL ("a passthrough loss inherited, not cleared: FLUSH succeeded");
   /* The last process lost a passthrough write (a zero, a direct write:
    * the cache dropped its copy of the block, maybe one acknowledged
-   * durable before) and a FLUSH said so: FLUSH fails until the export
-   * is opened again (the ledger; foliod(8), clear-doubt), so the
-   * sectors a passthrough write covered since the last good FLUSH are
-   * not held to their acknowledged versions in the reopened export (as
-   * after a trim).  Without such a FLUSH they still are. */
+   * durable before) and a FLUSH said so: FLUSH fails until clear-doubt
+   * (the ledger; foliod(8)), across the restart where the store kept it
+   * (pt_kept: the loss reported); where it could not (a ram store, a
+   * store write that failed) the sectors a passthrough write covered
+   * since the last good FLUSH are not held to their acknowledged
+   * versions in the reopened export (as after a trim).  Without such a
+   * FLUSH they still are. */
   if (cf.pt_told)
     for (uint32_t sct = 0; sct < NS; sct++)
       if (pt[sct] && sec[sct].ack != 0) {
@@ -1287,8 +1322,9 @@ recover (struct cache **cp, struct store **sp, bool damaged)
         npt++;
       }
   cf.pt_told = false;
+  cf.store_io = false;
   memset (pt, 0, sizeof pt);
-  bool strict = fl == 0 && !store_said && !doubt_kept;
+  bool strict = fl == 0 && !store_said && !doubt_kept && !pt_kept;
   if (cache_read (c, buf, SIZE, 0, 0) != 0) {
     if (!doubt_kept)
       FFAIL ("reading the recovered export: %s", strerror (errno));
@@ -1456,6 +1492,9 @@ one_config (uint64_t seed)
         set_phase (rnd (2));
         phase_end = cf.op + 10 + (int) rnd (40);
       }
+      struct cache_stats pst;
+      cache_get_stats (c, &pst);
+      cf.pt_lost_kept = pst.passthrough_lost;
       if (!one_op (c, per_write)) {
         went = true;
         break;

@@ -1,0 +1,110 @@
+#!/bin/bash
+# Issue 33 (the ledger: "which passthrough writes cannot be restored",
+# persisted): a passthrough loss outlives the process.  foliod with a
+# pmem store, then with an ssd store, in front of a remote whose flush
+# fails once and drops what it had not flushed (as Linux does when
+# fdatasync fails: test-remote-flush-fails.sh).  B is written past the
+# cache (direct-threshold) over a FLUSHed A; the remote's flush of B
+# fails and drops B: the cache has no copy, B is lost, and every FLUSH
+# fails.  kill -9, restart on the same store: FLUSH must still fail
+# (stats and the log say why), and after a stop and another start too.
+# Then the operator's word (foliod clear-doubt) ends it: FLUSH succeeds,
+# and a restart finds it gone.  (Before: the restart forgot the loss and
+# its first FLUSH succeeded, the remote holding A where the client had
+# written B.)
+. "$(dirname "$0")/lib.sh"
+lib_init passthrough-lost-restart
+. "$(dirname "$0")/lib-remote.sh"
+requires nbdsh
+
+ctl=$tmp/ctl.sock
+pidf=$tmp/pid
+cur=$tmp/cur.img
+durable=$tmp/durable.img
+flush_fails_plugin "$tmp/plugin.sh" "$cur" "$durable"
+
+# flush_fails WHY: a client FLUSH must fail.
+flush_fails () {
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c '
+try:
+    h.flush()
+    raise SystemExit("FLUSH succeeded")
+except nbd.Error as e:
+    print("FLUSH failed as expected:", e)
+' || fail "$1"
+}
+
+lost_count () {
+  foliod_stat "$ctl" foliod_passthrough_lost_writes
+}
+
+round () {
+  echo "--- store=$1"
+  rm -f "$tmp/store" "$tmp/fail-flush" "$cur" "$durable"
+  truncate -s 4M "$cur"
+  cp "$cur" "$durable"
+  start_remote "$tmp/remote.sock" sh "$tmp/plugin.sh"
+  args=(--control "$ctl" --pidfile "$pidf"
+    --export "disk0=$(remote_uri),store=$1:$tmp/store,cache-size=4M,direct-threshold=64K,dirty-expire=3600000,writeback-interval=3600000")
+  start_foliod "${args[@]}"
+
+  # A, past the cache, FLUSHed: on the remote's durable copy.
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" \
+    -c 'h.pwrite(b"A" * 262144, 0)' -c 'h.flush()' || fail "write and FLUSH A"
+  # B over it, past the cache; the remote's flush fails and drops it.
+  touch "$tmp/fail-flush"
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" \
+    -c 'h.pwrite(b"B" * 262144, 0)' || fail "write B"
+  flush_fails "the FLUSH of B succeeded though the remote dropped B"
+  [ ! -e "$tmp/fail-flush" ] || fail "the remote was never asked to flush"
+  [ "$(lost_count)" -gt 0 ] || fail "B is not counted lost"
+  flush_fails "a FLUSH after the loss succeeded"
+
+  kill9_foliod "$pidf"
+  "$FOLIOD" store inspect "$tmp/store" > "$tmp/inspect" ||
+    fail "foliod store inspect"
+  grep -q "passthrough writes lost: every FLUSH fails until 'foliod clear-doubt'" \
+    "$tmp/inspect" || { cat "$tmp/inspect"; fail "store inspect does not say so"; }
+  start_foliod "${args[@]}"
+  flush_fails "the restart forgot the passthrough loss: FLUSH succeeded with the remote holding A where the client wrote B"
+  [ "$(lost_count)" -gt 0 ] ||
+    fail "the restart's foliod_passthrough_lost_writes is 0"
+  "$FOLIOD" stats --control "$ctl" > "$tmp/table" || fail "foliod stats"
+  grep -q "disk0: .* lost: FLUSH fails until 'foliod clear-doubt disk0'" \
+    "$tmp/table" || { cat "$tmp/table"; fail "foliod stats does not say why"; }
+  grep -q "a previous run lost writes that bypassed the cache.*'foliod clear-doubt disk0'" \
+    "$FOLIOD_LOG" || fail "the restart did not log the inherited loss"
+
+  # A stop (it cannot report everything written back: exit 1) does not
+  # erase it either.
+  kill -TERM "$FOLIOD_PID"
+  wait_gone "$FOLIOD_PID" 600 || fail "foliod still running after SIGTERM"
+  wait "$FOLIOD_PID" || true
+  FOLIOD_PID=
+  start_foliod "${args[@]}"
+  flush_fails "a stop erased the passthrough loss"
+  [ "$(lost_count)" -gt 0 ] || fail "a stop erased the passthrough loss (stats)"
+
+  # The operator's word.
+  "$FOLIOD" clear-doubt disk0 --control "$ctl" || fail "foliod clear-doubt"
+  grep -q "clear-doubt disk0: .*bypassed the cache" "$FOLIOD_LOG" ||
+    fail "clear-doubt did not log the loss it ended"
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' ||
+    fail "FLUSH after clear-doubt"
+  [ "$(lost_count)" = 0 ] || fail "foliod_passthrough_lost_writes after the clear"
+  stop_foliod
+  grep -q "DIRTY DATA LOST" "$FOLIOD_LOG" && fail "the stop reported lost data"
+
+  # The clear is durable too.
+  start_foliod "${args[@]}"
+  [ "$(lost_count)" = 0 ] || fail "the clear did not reach the store"
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' ||
+    fail "FLUSH after a restart that followed the clear"
+  stop_foliod
+  stop_remote
+  rm -f "$FOLIOD_LOG"
+}
+
+round pmem
+round ssd
+echo OK
