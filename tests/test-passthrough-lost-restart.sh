@@ -79,8 +79,14 @@ round () {
   # erase it either.
   kill -TERM "$FOLIOD_PID"
   wait_gone "$FOLIOD_PID" 600 || fail "foliod still running after SIGTERM"
-  wait "$FOLIOD_PID" || true
+  rc=0; wait "$FOLIOD_PID" || rc=$?
   FOLIOD_PID=
+  [ "$rc" = 1 ] || fail "the stop with a passthrough loss exited $rc, not 1"
+  # It says what was lost, and that nothing dirty was.
+  grep -q "disk0: 1 passthrough write was lost .*the store keeps the loss" \
+    "$FOLIOD_LOG" || fail "the stop does not say the passthrough write was lost"
+  grep -q "DIRTY DATA LOST\|up to 0 bytes" "$FOLIOD_LOG" &&
+    fail "the stop's lines speak of dirty data lost or kept: there was none"
   start_foliod "${args[@]}"
   flush_fails "a stop erased the passthrough loss"
   [ "$(lost_count)" -gt 0 ] || fail "a stop erased the passthrough loss (stats)"

@@ -334,11 +334,21 @@ closer_finish (struct closer *k)
   if (k->r == 0)
     return 0;
   if (k->kept && k->lost == 0) {
-    log_error ("export %s: writeback at shutdown failed (%s): dirty data "
-               "(up to %llu bytes) kept in store %s for the next start; the "
-               "store is not marked clean", k->e->cfg.name,
-               strerror (k->err), (unsigned long long) k->dirty,
-               k->e->cfg.store);
+    if (k->dirty)
+      log_error ("export %s: writeback at shutdown failed (%s): dirty data "
+                 "(up to %llu bytes) kept in store %s for the next start; "
+                 "the store is not marked clean", k->e->cfg.name,
+                 strerror (k->err), (unsigned long long) k->dirty,
+                 k->e->cfg.store);
+    else
+      log_error ("export %s: the stop failed (%s): store %s is not marked "
+                 "clean, the next start recovers it", k->e->cfg.name,
+                 strerror (k->err), k->e->cfg.store);
+    return -1;
+  }
+  if (k->lost == 0) {   /* what was lost is said above (export_close) */
+    log_error ("export %s: the stop failed (%s): no dirty data was lost "
+               "at the stop", k->e->cfg.name, strerror (k->err));
     return -1;
   }
   log_error ("export %s: DIRTY DATA LOST: dirty data could not be written "

@@ -197,6 +197,29 @@ pause_ms (uint64_t ms)
     ;
 }
 
+/* Passthrough writes were lost (the ledger's: a backing flush failed
+ * after they were sent; the cache had no copy to write again): every
+ * flush fails for good, so the stop fails at once, saying why, instead
+ * of trying again.  True then. */
+static bool
+export_pt_lost (struct export *e)
+{
+  struct cache_stats st;
+
+  cache_get_stats (e->cache, &st);
+  if (st.passthrough_lost == 0)
+    return false;
+  log_error ("export %s: %llu passthrough write%s lost (a backing flush "
+             "failed after %s sent, and the cache held no copy): the "
+             "backing may hold older data there; every FLUSH has failed "
+             "since%s", e->name, (unsigned long long) st.passthrough_lost,
+             st.passthrough_lost == 1 ? " was" : "s were",
+             st.passthrough_lost == 1 ? "it was" : "they were",
+             e->store ? ", and the store keeps the loss for the next start "
+                        "(foliod clear-doubt accepts it)" : "");
+  return true;
+}
+
 /* The shutdown policy, for the daemon and the plugin alike.  No backing
  * request outlives the deadline.  An unreachable backing (a remote that
  * stayed away for its whole reconnect window, or hung) has been waited
@@ -212,7 +235,8 @@ export_write_back (struct export *e, uint64_t deadline)
     if (cache_write_back (e->cache) == 0)
       return 0;
     int err = errno;
-    if (backing_unreachable (err) || i == EXPORT_CLOSE_ATTEMPTS ||
+    if (export_pt_lost (e) || backing_unreachable (err) ||
+        i == EXPORT_CLOSE_ATTEMPTS ||
         now_ms () + EXPORT_CLOSE_PAUSE_MS >= deadline) {
       errno = err;
       return -1;
