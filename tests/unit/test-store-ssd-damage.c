@@ -9,7 +9,8 @@
  *    FLUSHed, and after a checkpoint whose old log start was written over
  *    (issue 33 item 9); the epoch the next run takes is above every one
  *    in the log;
- *  - a batch header in the flushed part of the log (item 10);
+ *  - a batch header in the flushed part of the log (item 10), and one
+ *    sector of the last commit's header (its copy in the next sector);
  *  - a record of an earlier run's last commit (item 13a), against a torn
  *    last commit of the newest run (dropped: nothing of it was
  *    acknowledged);
@@ -356,26 +357,67 @@ two_versions (uint64_t *seq0)
   return s;
 }
 
-/* Item 10: three commits, the second's header damaged.  The third's
- * header says the log was flushed past it: the store is refused, naming
- * the damage, rather than bring back the first commit's older version
- * (and drop the third silently). */
+/* Item 10: three commits, the second's header damaged.  One sector:
+ * its copy in the next sector stands for it, every version comes back.
+ * Both (the header's whole 4 KiB page lost): the third's header says
+ * the log was flushed past it, so the store is refused, naming the
+ * damage, rather than bring back the first commit's older version (and
+ * drop the third silently). */
 static void
 test_damaged_header (void **state)
 {
+  struct store_recovery rec;
   uint64_t seq0;
-  struct store *s = two_versions (&seq0);
+  struct store *s;
 
   (void) state;
+  for (int sector = 0; sector < 2; sector++) {
+    s = two_versions (&seq0);
+    wblock (s, 1, 3, 5);
+    flush (s);                             /* seq0 + 2 */
+    store_destroy (s);
+    damage (batch_off (seq0 + 1) + (uint64_t) sector * 512);
+    s = open_recover (&rec);
+    assert_int_equal (got[0][0], 2);
+    assert_int_equal (got[1][3], 5);
+    assert_int_equal (rec.lost_blocks, 0);
+    store_destroy (s);
+  }
+  s = two_versions (&seq0);
   wblock (s, 1, 3, 5);
-  flush (s);                               /* seq0 + 2 */
+  flush (s);
   store_destroy (s);
-  damage (batch_off (seq0 + 1));
+  uint64_t off = batch_off (seq0 + 1);
+  damage (off);
+  damage (off + 512);
   assert_refused ("batch headers unreadable");
 }
 
-/* The same damage in the last commit: a torn write (nothing after it
- * says it was flushed).  The log ends there, the older version stands. */
+/* The same damage in the last commit, FLUSHed (seed 1796489011 of the
+ * fault model, FAULT_PENDING=1): no later header says it was flushed,
+ * but the header's copy in its second sector is sound: the newer
+ * version comes back, not the older one silently.  Either sector. */
+static void
+test_damaged_last_header (void **state)
+{
+  struct store_recovery rec;
+  uint64_t seq0;
+
+  (void) state;
+  for (int sector = 0; sector < 2; sector++) {
+    struct store *s = two_versions (&seq0);
+    store_destroy (s);
+    damage (batch_off (seq0 + 1) + (uint64_t) sector * 512);
+    s = open_recover (&rec);
+    assert_int_equal (got[0][0], 2);
+    assert_int_equal (rec.lost_blocks, 0);
+    store_destroy (s);
+  }
+}
+
+/* A torn write of the last commit's header (neither sector written,
+ * nothing after it says it was flushed, so its sync never returned):
+ * the log ends there, the older version stands. */
 static void
 test_torn_last_header (void **state)
 {
@@ -385,7 +427,7 @@ test_torn_last_header (void **state)
 
   (void) state;
   store_destroy (s);
-  damage (batch_off (seq0 + 1));
+  memset (disk + batch_off (seq0 + 1), 0, SSD_ALIGN);
   s = open_recover (&rec);
   assert_int_equal (got[0][0], 1);
   assert_int_equal (rec.lost_blocks, 0);
@@ -602,6 +644,7 @@ main (void)
     cmocka_unit_test (test_newer_super_after_clean_stop),
     cmocka_unit_test (test_newer_super_checkpoint),
     cmocka_unit_test (test_damaged_header),
+    cmocka_unit_test (test_damaged_last_header),
     cmocka_unit_test (test_torn_last_header),
     cmocka_unit_test (test_damaged_record_earlier_run),
     cmocka_unit_test (test_torn_last_commit),
