@@ -2094,9 +2094,16 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
   p->sb.tail_lsn = p->formatted || p->was_clean ? p->head : p->sb.tail_lsn;
   p->sb.tail_seq = p->formatted || p->was_clean ? p->next_seq
                                                 : p->sb.tail_seq;
+  /* Both copies when one was damaged (or for a new store): the sound
+   * one is a write behind, and the new epoch may be two above its own
+   * (the one it missed, then this run's): left in place, a second damage
+   * later would leave it to say what the log holds, and the scan would
+   * end the log before this run's batches, of an epoch it never saw. */
+  bool twice = p->formatted || p->sb_suspect;
   if (ssd_super_write (d, &p->sb, &p->sb_cur) == -1 ||
-      (p->formatted && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
-      d->ops->flush (d) == -1)
+      d->ops->flush (d) == -1 ||     /* a torn second write leaves it */
+      (twice && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
+      (twice && d->ops->flush (d) == -1))
     FAIL (errno, "%s: writing the superblock: %s", path, strerror (errno));
   publish_stats (p);            /* no other thread yet */
 #if defined __GNUC__ && !defined __clang__

@@ -339,6 +339,42 @@ test_newer_super_checkpoint (void **state)
   store_destroy (s);
 }
 
+/* The newer superblock copy damaged twice, at two restarts: the open
+ * after the first writes the new epoch (above every epoch it found, one
+ * more than the older copy's plus the one it may have missed) over the
+ * damaged copy only; the older copy is left two epochs behind.  A run
+ * that then FLUSHes and crashes before any other superblock write, its
+ * copy damaged too: its commits must come back, though they carry an
+ * epoch two above the only sound copy's. */
+static void
+test_newer_super_twice (void **state)
+{
+  struct store_recovery rec;
+  struct store *s;
+
+  (void) state;
+  new_disk ();
+  s = open_recover (&rec);
+  wblock (s, 0, 0, 1);
+  flush (s);
+  store_destroy (s);                       /* a crash */
+  damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
+  s = open_recover (&rec);
+  assert_int_equal (got[0][0], 1);
+  wblock (s, 0, 0, 2);
+  wblock (s, 1, 2, 3);
+  flush (s);
+  store_destroy (s);                       /* a crash */
+  uint64_t run_epoch = log_epoch_max ();
+  damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
+  s = open_recover (&rec);
+  assert_int_equal (got[0][0], 2);
+  assert_int_equal (got[1][2], 3);
+  assert_int_equal (rec.lost_blocks, 0);
+  assert_true (copy (newer_copy ())->epoch > run_epoch);
+  store_destroy (s);
+}
+
 /* A new store whose log holds two commits of block (0, 0), versions 1
  * and 2: batches *seq0 and *seq0 + 1.  The store stays open. */
 static struct store *
@@ -643,6 +679,7 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_newer_super_after_clean_stop),
     cmocka_unit_test (test_newer_super_checkpoint),
+    cmocka_unit_test (test_newer_super_twice),
     cmocka_unit_test (test_damaged_header),
     cmocka_unit_test (test_damaged_last_header),
     cmocka_unit_test (test_torn_last_header),
