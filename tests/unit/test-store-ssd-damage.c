@@ -258,6 +258,20 @@ assert_refused (const char *why)
   free (before);
 }
 
+/* A new store that FLUSHed version v of block b of folio fi (open). */
+static struct store *
+new_store_with (uint32_t fi, uint32_t b, uint32_t v)
+{
+  struct store_recovery rec;
+  struct store *s;
+
+  new_disk ();
+  s = open_recover (&rec);
+  wblock (s, fi, b, v);
+  flush (s);
+  return s;
+}
+
 /* Item 9: a clean stop, then a run that FLUSHes two writes and crashes;
  * one sector of the newer superblock copy (that run's, saying "in use")
  * damaged.  The older copy says "clean, replay nothing": the FLUSHed
@@ -270,10 +284,7 @@ test_newer_super_after_clean_stop (void **state)
   struct store *s;
 
   (void) state;
-  new_disk ();
-  s = open_recover (&rec);
-  wblock (s, 0, 0, 11);
-  flush (s);
+  s = new_store_with (0, 0, 11);
   clean_all (s);
   assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
@@ -353,10 +364,7 @@ test_newer_super_twice (void **state)
   struct store *s;
 
   (void) state;
-  new_disk ();
-  s = open_recover (&rec);
-  wblock (s, 0, 0, 1);
-  flush (s);
+  s = new_store_with (0, 0, 1);
   store_destroy (s);                       /* a crash */
   damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
   s = open_recover (&rec);
@@ -380,14 +388,10 @@ test_newer_super_twice (void **state)
 static struct store *
 two_versions (uint64_t *seq0)
 {
-  struct store_recovery rec;
   struct store *s;
 
-  new_disk ();
-  s = open_recover (&rec);
-  *seq0 = copy (newer_copy ())->tail_seq;
-  wblock (s, 0, 0, 1);
-  flush (s);
+  s = new_store_with (0, 0, 1);
+  *seq0 = copy (newer_copy ())->tail_seq;  /* its first batch's */
   wblock (s, 0, 0, 2);
   flush (s);
   return s;
@@ -527,14 +531,10 @@ test_torn_last_commit (void **state)
 static void
 test_blank_superblocks (void **state)
 {
-  struct store_recovery rec;
   struct store *s;
 
   (void) state;
-  new_disk ();
-  s = open_recover (&rec);
-  wblock (s, 0, 0, 1);
-  flush (s);
+  s = new_store_with (0, 0, 1);
   store_destroy (s);
   memset (disk, 0, SSD_LOG_OFF);
   assert_refused ("holds a foliod log");
