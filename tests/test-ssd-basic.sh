@@ -6,7 +6,8 @@
 # the next start replays nothing; foliod store inspect reads the log;
 # a store made for another geometry, and a second foliod on the same
 # store, are refused; so are a log with a damaged record (and by foliod
-# store writeback, which keeps it), a log whose superblocks were wiped,
+# store writeback, which keeps it) and one with a batch header's page
+# lost (one damaged sector of it is survived), a log whose superblocks were wiped,
 # and a store that is the backing image itself (issue 33).
 . "$(dirname "$0")/lib.sh"
 lib_init ssd-basic
@@ -182,9 +183,11 @@ cmp -s -i $((12 << 20)):0 -n 4096 "$tmp/img" /dev/zero ||
   fail "a store refused for damage was written back"
 
 # A damaged batch header in the flushed part of the log (later commits
-# follow it: their headers say the log was flushed past it): inspect lists
-# it, and the store is refused rather than bring back the first version
-# and drop the later commit silently.
+# follow it).  One sector of it: its copy in the next sector stands for
+# it, and every FLUSHed version comes back.  Both sectors (the header's
+# page lost): the later commits' headers say the log was flushed past
+# it, inspect lists it, and the store is refused rather than bring back
+# the first version and drop the later commit silently.
 args4=(--control "$ctl" --pidfile "$pidf"
   --export "d=file:$tmp/img,store=ssd:$tmp/st4,$slow")
 start_foliod "${args4[@]}"
@@ -193,8 +196,17 @@ timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
 h.pwrite(b"T" * 4096, 14 << 20); h.flush()
 h.pwrite(b"U" * 4096, 15 << 20); h.flush()' || fail "write S, T, U"
 kill9_foliod "$pidf"
+cp "$tmp/st4" "$tmp/st4.sound"
 # Batches of one block each: headers at 8, 16 and 24 KiB; T's is the second.
 dd if=/dev/urandom of="$tmp/st4" bs=512 count=1 seek=32 conv=notrunc status=none
+start_foliod "${args4[@]}"
+timeout 30 nbdsh -u "nbd+unix:///d?socket=$SOCK" \
+  -c 'assert h.pread(4096, 14 << 20) == b"T" * 4096
+assert h.pread(4096, 15 << 20) == b"U" * 4096' ||
+  fail "one damaged sector of a batch header: the FLUSHed versions did not come back"
+kill9_foliod "$pidf"
+cp "$tmp/st4.sound" "$tmp/st4"
+dd if=/dev/urandom of="$tmp/st4" bs=512 count=2 seek=32 conv=notrunc status=none
 "$FOLIOD" store inspect "$tmp/st4" > "$tmp/inspect4" || fail "inspect"
 grep -q "^damaged: 1 batch headers from lsn 8192 " "$tmp/inspect4" ||
   fail "damaged header not reported: $(cat "$tmp/inspect4")"

@@ -6,8 +6,9 @@
  *   8 KiB    the log: a ring of log_bytes bytes
  *
  * The log is a sequence of batches, each at a 4 KiB boundary: a 4 KiB
- * header (one sector used) listing up to SSD_ENTRIES entries, then the data of its data
- * entries, one block each, in entry order (padded to 4 KiB).  An entry
+ * header (its first sector, and a copy of it in the second) listing up
+ * to SSD_ENTRIES entries, then the data of its data entries, one block
+ * each, in entry order (padded to 4 KiB).  An entry
  * says "block b of folio f now holds this data" (with the data's crc32),
  * or with SSD_ENT_CLEAN "block b of folio f is clean: forget older
  * records".  Positions in the log are LSNs, byte offsets in an endless
@@ -92,11 +93,15 @@ struct ssd_batch {
 #define SSD_BATCH_FIRST 1u
 #define SSD_BATCH_LAST  2u
 
-/* The header and its entries fill the batch's first 512-byte sector only
- * (the rest of its 4 KiB is zeros): a sector is written whole or not at
- * all, so a torn header is never half of one batch and half of another
- * written later at the same place, with the same sequence number, after
- * a recovery (its checksum could match the older one). */
+/* The header and its entries fill the batch's first 512-byte sector
+ * (the rest of its 4 KiB is zeros but for the copy): a sector is written
+ * whole or not at all, so a torn header is never half of one batch and
+ * half of another written later at the same place, with the same
+ * sequence number, after a recovery (its checksum could match the older
+ * one).  The second sector holds a copy of the first, written with it:
+ * one damaged sector leaves a sound copy, so the log's last commit,
+ * which no later header proves flushed, is not taken for a torn write
+ * when one sector of its header is damaged. */
 #define SSD_HEADER_BYTES 512u
 #define SSD_ENTRIES ((SSD_HEADER_BYTES - sizeof (struct ssd_batch)) / \
                      sizeof (struct ssd_entry))

@@ -653,6 +653,10 @@ write_batches (struct store_ssd *p, struct rsrc *src, bool compact,
     }
     memset (d, 0, (size_t) (p->wbuf + used + len - d));
     h->crc = ssd_batch_crc (h);
+    /* Its copy in the next sector: one damaged sector of the log's last
+     * commit, which no later header proves flushed, is not taken for a
+     * torn write (header_at). */
+    memcpy ((unsigned char *) h + SSD_HEADER_BYTES, h, SSD_HEADER_BYTES);
     used += len;
     p->st.batches++;
     p->st.records += j;
@@ -1202,21 +1206,41 @@ reader_get (struct store_ssd *p, struct reader *rd, uint64_t off,
   return rd->buf + (off - start);
 }
 
-/* The header at lsn if it is sound (1), else 0; -1 on an I/O error. */
+/* Of the 4 KiB header block blk at lsn: the sound copy of its header
+ * (the first sector, else its copy in the second) with sequence seq
+ * (ANY_SEQ: any), or NULL.  Both copies are written in one write: one
+ * damaged sector leaves the other; a torn write may leave either. */
+#define ANY_SEQ UINT64_MAX
+
+static const struct ssd_batch *
+header_copy (const struct store_ssd *p, const unsigned char *blk,
+             uint64_t lsn, uint64_t epoch_min, uint64_t seq)
+{
+  for (int i = 0; i < 2; i++) {
+    const struct ssd_batch *h = (const struct ssd_batch *)
+      (blk + (size_t) i * SSD_HEADER_BYTES);
+    if (header_sound (p, h, lsn, epoch_min) && (seq == ANY_SEQ || h->seq == seq))
+      return h;
+  }
+  return NULL;
+}
+
+/* The header at lsn (sequence seq, or ANY_SEQ) if a copy of it is sound
+ * (1), else 0; -1 on an I/O error. */
 static int
 header_at (struct store_ssd *p, struct reader *rd, uint64_t lsn,
-           uint64_t epoch_min, const struct ssd_batch **h)
+           uint64_t epoch_min, uint64_t seq, const struct ssd_batch **h)
 {
   uint64_t C = p->sb.log_bytes;
 
   if (lsn - p->sb.tail_lsn >= C)
     return 0;                   /* a lap past the log's start */
-  *h = (const struct ssd_batch *) reader_get (p, rd,
-                                              p->sb.log_off + lsn % C,
-                                              SSD_ALIGN, p->sb.log_off + C);
-  if (*h == NULL)
+  const unsigned char *blk = reader_get (p, rd, p->sb.log_off + lsn % C,
+                                         SSD_ALIGN, p->sb.log_off + C);
+  if (blk == NULL)
     return -1;
-  return header_sound (p, *h, lsn, epoch_min);
+  *h = header_copy (p, blk, lsn, epoch_min, seq);
+  return *h != NULL;
 }
 
 /* The batch that continues the log at lsn with sequence seq: there, or
@@ -1234,10 +1258,10 @@ next_batch (struct store_ssd *p, struct reader *rd, uint64_t lsn,
         break;
       lsn += C - lsn % C;
     }
-    int r = header_at (p, rd, lsn, epoch_min, h);
+    int r = header_at (p, rd, lsn, epoch_min, seq, h);
     if (r == -1)
       return -1;
-    if (r == 1 && (*h)->seq == seq) {
+    if (r == 1) {
       *at = lsn;
       return 1;
     }
@@ -1263,10 +1287,10 @@ look_past (struct store_ssd *p, struct reader *rd, uint64_t lsn,
       uint64_t at = base[k] + d, w, ws = seq + 1;
       if (base[k] % C + d >= C)     /* the next lap: its start only */
         at = base[k] + C - base[k] % C;
-      int r = header_at (p, rd, at, epoch_min, &h);
+      int r = header_at (p, rd, at, epoch_min, ws, &h);
       if (r == -1)
         return -1;
-      if (r == 0 || h->seq != ws) {
+      if (r == 0) {
         if (at != base[k] + d)
           break;
         continue;
@@ -1299,7 +1323,7 @@ find_start (struct store_ssd *p, struct reader *rd, uint64_t epoch_min,
 
   for (uint64_t at = *lsn; at - p->sb.tail_lsn < p->sb.log_bytes;
        at += SSD_ALIGN) {
-    int r = header_at (p, rd, at, epoch_min, &h);
+    int r = header_at (p, rd, at, epoch_min, ANY_SEQ, &h);
     if (r != 0) {
       if (r == 1) {
         *lsn = at;
@@ -1360,7 +1384,11 @@ scan (struct store_ssd *p, struct reader *rd, scan_fn *fn, void *arg,
     const unsigned char *b = reader_get (p, rd, off, len, p->sb.log_off + C);
     if (b == NULL)
       return -1;
-    h = (const struct ssd_batch *) b;
+    h = header_copy (p, b, lsn, epoch, seq);   /* as next_batch found it */
+    if (h == NULL) {
+      errno = EIO;              /* it changed under the scan */
+      return -1;
+    }
     if (fn (p, h, b + SSD_ALIGN, arg) == -1)
       return -1;
     epoch = h->epoch;
@@ -1548,7 +1576,7 @@ recover_scan (struct store_ssd *p, char *err, size_t errlen)
     uint64_t oldest = oldest_live (p, r, end);
     const struct ssd_batch *h;
     if (oldest != UINT64_MAX && oldest > p->sb.tail_lsn &&
-        header_at (p, &rd, oldest, 0, &h) == 1) {
+        header_at (p, &rd, oldest, 0, ANY_SEQ, &h) == 1) {
       p->sb.tail_lsn = oldest;
       p->sb.tail_seq = h->seq;
       rec_free (r);
@@ -1905,6 +1933,14 @@ damage_text (const struct recovered *r, uint32_t bs, char *buf, size_t len)
             r->lost_batches, r->lost_batches ? r->lost_lsn : 0);
 }
 
+/* A batch header of some foliod log (either copy of one). */
+static bool
+batch_magic (const struct ssd_batch *h)
+{
+  return memcmp (h->magic, SSD_BATCH_MAGIC, sizeof h->magic) == 0 &&
+         h->crc == ssd_batch_crc (h);
+}
+
 /* Both superblocks are blank: a new store, or a log whose superblocks
  * were wiped (wipefs, a discard).  A sound batch header in the log's
  * first 64 MiB says the latter (a used log has one every 1 MiB at
@@ -1930,8 +1966,9 @@ held_log (struct store_ssd *p, char *err, size_t errlen)
       snprintf (err, errlen, "%s: reading the log: %s", p->path,
                 strerror (errno));
       r = -1;
-    } else if (memcmp (h->magic, SSD_BATCH_MAGIC, sizeof h->magic) == 0 &&
-               h->crc == ssd_batch_crc (h)) {
+    } else if (batch_magic (h) ||
+               batch_magic ((const struct ssd_batch *)
+                            ((const unsigned char *) h + SSD_HEADER_BYTES))) {
       snprintf (err, errlen, "%s: both superblocks are blank, but it holds "
                 "a foliod log (a batch header at byte %" PRIu64 "): not "
                 "formatting over its data; zero the whole device or remove "
@@ -2067,9 +2104,16 @@ store_ssd_open_dev (const struct store_config *cfg, struct ssd_dev *d,
   p->sb.tail_lsn = p->formatted || p->was_clean ? p->head : p->sb.tail_lsn;
   p->sb.tail_seq = p->formatted || p->was_clean ? p->next_seq
                                                 : p->sb.tail_seq;
+  /* Both copies when one was damaged (or for a new store): the sound
+   * one is a write behind, and the new epoch may be two above its own
+   * (the one it missed, then this run's): left in place, a second damage
+   * later would leave it to say what the log holds, and the scan would
+   * end the log before this run's batches, of an epoch it never saw. */
+  bool twice = p->formatted || p->sb_suspect;
   if (ssd_super_write (d, &p->sb, &p->sb_cur) == -1 ||
-      (p->formatted && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
-      d->ops->flush (d) == -1)
+      d->ops->flush (d) == -1 ||     /* a torn second write leaves it */
+      (twice && ssd_super_write (d, &p->sb, &p->sb_cur) == -1) ||
+      (twice && d->ops->flush (d) == -1))
     FAIL (errno, "%s: writing the superblock: %s", path, strerror (errno));
   publish_stats (p);            /* no other thread yet */
 #if defined __GNUC__ && !defined __clang__

@@ -9,7 +9,8 @@
  *    FLUSHed, and after a checkpoint whose old log start was written over
  *    (issue 33 item 9); the epoch the next run takes is above every one
  *    in the log;
- *  - a batch header in the flushed part of the log (item 10);
+ *  - a batch header in the flushed part of the log (item 10), and one
+ *    sector of the last commit's header (its copy in the next sector);
  *  - a record of an earlier run's last commit (item 13a), against a torn
  *    last commit of the newest run (dropped: nothing of it was
  *    acknowledged);
@@ -257,6 +258,20 @@ assert_refused (const char *why)
   free (before);
 }
 
+/* A new store that FLUSHed version v of block b of folio fi (open). */
+static struct store *
+new_store_with (uint32_t fi, uint32_t b, uint32_t v)
+{
+  struct store_recovery rec;
+  struct store *s;
+
+  new_disk ();
+  s = open_recover (&rec);
+  wblock (s, fi, b, v);
+  flush (s);
+  return s;
+}
+
 /* Item 9: a clean stop, then a run that FLUSHes two writes and crashes;
  * one sector of the newer superblock copy (that run's, saying "in use")
  * damaged.  The older copy says "clean, replay nothing": the FLUSHed
@@ -269,10 +284,7 @@ test_newer_super_after_clean_stop (void **state)
   struct store *s;
 
   (void) state;
-  new_disk ();
-  s = open_recover (&rec);
-  wblock (s, 0, 0, 11);
-  flush (s);
+  s = new_store_with (0, 0, 11);
   clean_all (s);
   assert_int_equal (store_mark_clean (s), 0);
   store_destroy (s);
@@ -338,44 +350,114 @@ test_newer_super_checkpoint (void **state)
   store_destroy (s);
 }
 
+/* The newer superblock copy damaged twice, at two restarts: the open
+ * after the first writes the new epoch (above every epoch it found, one
+ * more than the older copy's plus the one it may have missed) over the
+ * damaged copy only; the older copy is left two epochs behind.  A run
+ * that then FLUSHes and crashes before any other superblock write, its
+ * copy damaged too: its commits must come back, though they carry an
+ * epoch two above the only sound copy's. */
+static void
+test_newer_super_twice (void **state)
+{
+  struct store_recovery rec;
+  struct store *s;
+
+  (void) state;
+  s = new_store_with (0, 0, 1);
+  store_destroy (s);                       /* a crash */
+  damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
+  s = open_recover (&rec);
+  assert_int_equal (got[0][0], 1);
+  wblock (s, 0, 0, 2);
+  wblock (s, 1, 2, 3);
+  flush (s);
+  store_destroy (s);                       /* a crash */
+  uint64_t run_epoch = log_epoch_max ();
+  damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
+  s = open_recover (&rec);
+  assert_int_equal (got[0][0], 2);
+  assert_int_equal (got[1][2], 3);
+  assert_int_equal (rec.lost_blocks, 0);
+  assert_true (copy (newer_copy ())->epoch > run_epoch);
+  store_destroy (s);
+}
+
 /* A new store whose log holds two commits of block (0, 0), versions 1
  * and 2: batches *seq0 and *seq0 + 1.  The store stays open. */
 static struct store *
 two_versions (uint64_t *seq0)
 {
-  struct store_recovery rec;
   struct store *s;
 
-  new_disk ();
-  s = open_recover (&rec);
-  *seq0 = copy (newer_copy ())->tail_seq;
-  wblock (s, 0, 0, 1);
-  flush (s);
+  s = new_store_with (0, 0, 1);
+  *seq0 = copy (newer_copy ())->tail_seq;  /* its first batch's */
   wblock (s, 0, 0, 2);
   flush (s);
   return s;
 }
 
-/* Item 10: three commits, the second's header damaged.  The third's
- * header says the log was flushed past it: the store is refused, naming
- * the damage, rather than bring back the first commit's older version
- * (and drop the third silently). */
+/* Item 10: three commits, the second's header damaged.  One sector:
+ * its copy in the next sector stands for it, every version comes back.
+ * Both (the header's whole 4 KiB page lost): the third's header says
+ * the log was flushed past it, so the store is refused, naming the
+ * damage, rather than bring back the first commit's older version (and
+ * drop the third silently). */
 static void
 test_damaged_header (void **state)
 {
+  struct store_recovery rec;
   uint64_t seq0;
-  struct store *s = two_versions (&seq0);
+  struct store *s;
 
   (void) state;
+  for (int sector = 0; sector < 2; sector++) {
+    s = two_versions (&seq0);
+    wblock (s, 1, 3, 5);
+    flush (s);                             /* seq0 + 2 */
+    store_destroy (s);
+    damage (batch_off (seq0 + 1) + (uint64_t) sector * 512);
+    s = open_recover (&rec);
+    assert_int_equal (got[0][0], 2);
+    assert_int_equal (got[1][3], 5);
+    assert_int_equal (rec.lost_blocks, 0);
+    store_destroy (s);
+  }
+  s = two_versions (&seq0);
   wblock (s, 1, 3, 5);
-  flush (s);                               /* seq0 + 2 */
+  flush (s);
   store_destroy (s);
-  damage (batch_off (seq0 + 1));
+  uint64_t off = batch_off (seq0 + 1);
+  damage (off);
+  damage (off + 512);
   assert_refused ("batch headers unreadable");
 }
 
-/* The same damage in the last commit: a torn write (nothing after it
- * says it was flushed).  The log ends there, the older version stands. */
+/* The same damage in the last commit, FLUSHed (seed 1796489011 of the
+ * fault model, FAULT_PENDING=1): no later header says it was flushed,
+ * but the header's copy in its second sector is sound: the newer
+ * version comes back, not the older one silently.  Either sector. */
+static void
+test_damaged_last_header (void **state)
+{
+  struct store_recovery rec;
+  uint64_t seq0;
+
+  (void) state;
+  for (int sector = 0; sector < 2; sector++) {
+    struct store *s = two_versions (&seq0);
+    store_destroy (s);
+    damage (batch_off (seq0 + 1) + (uint64_t) sector * 512);
+    s = open_recover (&rec);
+    assert_int_equal (got[0][0], 2);
+    assert_int_equal (rec.lost_blocks, 0);
+    store_destroy (s);
+  }
+}
+
+/* A torn write of the last commit's header (neither sector written,
+ * nothing after it says it was flushed, so its sync never returned):
+ * the log ends there, the older version stands. */
 static void
 test_torn_last_header (void **state)
 {
@@ -385,7 +467,7 @@ test_torn_last_header (void **state)
 
   (void) state;
   store_destroy (s);
-  damage (batch_off (seq0 + 1));
+  memset (disk + batch_off (seq0 + 1), 0, SSD_ALIGN);
   s = open_recover (&rec);
   assert_int_equal (got[0][0], 1);
   assert_int_equal (rec.lost_blocks, 0);
@@ -449,14 +531,10 @@ test_torn_last_commit (void **state)
 static void
 test_blank_superblocks (void **state)
 {
-  struct store_recovery rec;
   struct store *s;
 
   (void) state;
-  new_disk ();
-  s = open_recover (&rec);
-  wblock (s, 0, 0, 1);
-  flush (s);
+  s = new_store_with (0, 0, 1);
   store_destroy (s);
   memset (disk, 0, SSD_LOG_OFF);
   assert_refused ("holds a foliod log");
@@ -601,7 +679,9 @@ main (void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test (test_newer_super_after_clean_stop),
     cmocka_unit_test (test_newer_super_checkpoint),
+    cmocka_unit_test (test_newer_super_twice),
     cmocka_unit_test (test_damaged_header),
+    cmocka_unit_test (test_damaged_last_header),
     cmocka_unit_test (test_torn_last_header),
     cmocka_unit_test (test_damaged_record_earlier_run),
     cmocka_unit_test (test_torn_last_commit),
