@@ -89,6 +89,7 @@ round () {
     fail "the stop's lines speak of dirty data lost or kept: there was none"
   start_foliod "${args[@]}"
   flush_fails "a stop erased the passthrough loss"
+  flush_fails "the second FLUSH after the restart succeeded"
   [ "$(lost_count)" -gt 0 ] || fail "a stop erased the passthrough loss (stats)"
 
   # The operator's word.
@@ -98,6 +99,14 @@ round () {
   timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' ||
     fail "FLUSH after clear-doubt"
   [ "$(lost_count)" = 0 ] || fail "foliod_passthrough_lost_writes after the clear"
+  # The log said why FLUSH failed, once per process, and that it ended.
+  grep -q "export disk0: FLUSH failed (Input/output error): 1 passthrough write lost: every FLUSH fails until 'foliod clear-doubt disk0'" \
+    "$FOLIOD_LOG" || fail "the log does not say why FLUSH failed"
+  grep -q "export disk0: FLUSH succeeds again" "$FOLIOD_LOG" ||
+    fail "the log does not say FLUSH succeeds again"
+  pid=$(cat "$pidf")
+  [ "$(grep -c "foliod\[$pid\] warn: export disk0: FLUSH failed" "$FOLIOD_LOG")" = 1 ] ||
+    fail "one process said 'FLUSH failed' more than once"
   stop_foliod
   grep -q "DIRTY DATA LOST" "$FOLIOD_LOG" && fail "the stop reported lost data"
 

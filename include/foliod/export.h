@@ -108,6 +108,9 @@ struct export {
    * sequentially consistent, so one of the two always sees the other. */
   _Atomic int release_state;   /* enum export_release_state */
   _Atomic unsigned writers;    /* write-class requests inside the gate */
+  /* A client's FLUSH (or FUA) failed, and no FLUSH succeeded since: the
+   * log said why once (export_flush_done). */
+  _Atomic bool flush_failing;
 };
 
 enum export_release_state {
@@ -154,6 +157,13 @@ export_write_end (struct export *e)
  * longer serve the export at all (else: read-only).  Returns 0 with what
  * was done in msg, or -1 with errno and the reason in msg; then nothing
  * was given up: dirty data, the lock and writes are as before. */
+/* A client's FLUSH on e ended (failed: it failed with
+ * err).  The first failure after a success is logged with what the
+ * durability ledger says keeps FLUSH failing; the first success after
+ * failures too.  A client flushing in a loop logs nothing more. */
+void export_flush_done (struct export *e, bool failed, int err)
+  FOLIOD_NONNULL (1);
+
 int export_release (struct export *e, int stop, unsigned timeout_ms,
                     char *msg, size_t msglen) FOLIOD_NONNULL (1, 4) FOLIOD_WUR;
 

@@ -334,7 +334,9 @@ int
 folio_nbdkit_flush (struct folio_nbdkit *s)
 {
   VDEBUG ("folio: flush");
-  if (cache_flush (s->export->cache) == -1)
+  int r = cache_flush (s->export->cache);
+  export_flush_done (s->export, r == -1, errno);
+  if (r == -1)
     return folio_fail ("flush", 0, 0);
   return 0;
 }

@@ -177,6 +177,46 @@ export_open_backing (const struct export_config *cfg, struct backing *b,
 }
 
 void
+export_flush_done (struct export *e, bool failed, int err)
+{
+  struct cache_stats st;
+  char why[256];
+  int saved = errno;      /* the request's answer */
+
+  if (!failed) {
+    if (atomic_load (&e->flush_failing) &&
+        atomic_exchange (&e->flush_failing, false))
+      log_info ("export %s: FLUSH succeeds again", e->name);
+    errno = saved;
+    return;
+  }
+  if (atomic_exchange (&e->flush_failing, true)) {
+    errno = saved;
+    return;
+  }
+  cache_get_stats (e->cache, &st);
+  if (st.fenced)
+    snprintf (why, sizeof why, "fenced: %s (foliod(8), Lost lock)",
+              st.fence_reason ? st.fence_reason : "the image is not ours");
+  else if (st.passthrough_lost)
+    snprintf (why, sizeof why, "%llu passthrough write%s lost: every FLUSH "
+              "fails until 'foliod clear-doubt %s'",
+              (unsigned long long) st.passthrough_lost,
+              st.passthrough_lost == 1 ? "" : "s", e->name);
+  else if (st.writes_in_doubt)
+    snprintf (why, sizeof why, "%llu write%s to the backing in doubt: "
+              "every FLUSH fails until 'foliod clear-doubt %s'",
+              (unsigned long long) st.writes_in_doubt,
+              st.writes_in_doubt == 1 ? "" : "s", e->name);
+  else
+    snprintf (why, sizeof why, "the backing or the store failed; the "
+              "dirty data stays dirty and is written again");
+  log_warn ("export %s: FLUSH failed (%s): %s; said once until a FLUSH "
+            "succeeds", e->name, strerror (err), why);
+  errno = saved;
+}
+
+void
 export_get_stats (struct export *e, struct cache_stats *cst,
                   struct backing_stats *bst)
 {

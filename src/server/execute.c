@@ -564,6 +564,7 @@ req_run (struct req *r, struct cache *cache)
     break;
   case NBD_CMD_FLUSH:
     rc = cache_flush (cache);
+    export_flush_done (r->conn->exp, rc == -1, errno);
     break;
   case NBD_CMD_TRIM:
     if (r->count)
