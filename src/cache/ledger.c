@@ -18,7 +18,11 @@
  *   and before any flush settles, so a write sent after the event (on a
  *   new connection) is never counted in an older view;
  * - a backing flush, or a FUA write, that failed after writes were sent
- *   since the last good flush.  Linux marks the pages of a failed
+ *   since the last good flush (before it, or while it was under way).
+ *   This is the only failed-flush rule: no backing counts a failed flush
+ *   or FUA op as a loss fact of its own (the file backing's "any failed
+ *   fdatasync", the rbd backing's "a failed flush with unflushed writes"
+ *   and the nbdkit filter's were private copies of it).  Linux marks the pages of a failed
  *   fdatasync clean and reports the error once, so a remote over a file
  *   (nbdkit, qemu-nbd) answers the next flush with success though it
  *   dropped the data.  Not while the backing has writes in doubt: its
@@ -360,6 +364,10 @@ bool
 ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
 {
   struct ledger *l = &c->led;
+  /* Writes sent before it began, and those sent or on their way while it
+   * was under way: a failed fdatasync drops the pages whose writeback
+   * failed, whoever wrote them.  Read before the mark below. */
+  bool sent = lf->sent || anything_unflushed (c);
 
   /* Dirty at once: the blocks are rewritten even if no client flushes
    * again. */
@@ -367,7 +375,7 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
   atomic_store (&l->flush_failing, err);
   doubt_persist (c);
   take_facts (c);
-  failed_durable (c, lf->sent);
+  failed_durable (c, sent);
   atomic_store (&l->flush_sent, false);
   return rewrite_epoch (c) != l->stable_epoch;
 }
