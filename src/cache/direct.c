@@ -153,7 +153,7 @@ fix_cached (struct cache *c, const struct fix *x)
 static unsigned
 durable_flags (struct cache *c, unsigned flags)
 {
-  if (c->b->ops->loss_epoch && (c->b->caps & BACKING_CAN_FUA))
+  if ((c->b->caps & BACKING_VOLATILE) && (c->b->caps & BACKING_CAN_FUA))
     return flags | CACHE_FUA;
   return flags;
 }
@@ -176,7 +176,8 @@ static bool
 passthrough_done (struct cache *c, enum pass_op op, uint64_t view)
 {
   return ledger_passthrough_written (c, view,
-                                     op != PASS_TRIM && c->b->ops->loss_epoch,
+                                     op != PASS_TRIM &&
+                                     (c->b->caps & BACKING_VOLATILE),
                                      op != PASS_TRIM);
 }
 

@@ -5,12 +5,15 @@
  * cache: it calls nothing of the cache's.
  *
  * Facts come from the cache (a write is on its way, ended; a flush
- * began, failed, succeeded) and from the backing, which decides nothing:
- * it counts the events that may have lost what it acknowledged and had
- * not flushed (backing_ops.loss_epoch: a connection ended, an fdatasync
- * failed), and the writes it abandoned (backing_stats.writes_in_doubt).
- * The ledger turns them into one epoch of its own, the rewrite epoch,
- * moved once for each loss:
+ * began, failed, succeeded) and from the backing, which decides nothing
+ * and reports only what the cache cannot see: the events after which
+ * what it acknowledged may be gone or overwritten (backing_ops.loss_epoch:
+ * an nbd connection ended, an rbd write ended after it was abandoned),
+ * the writes it abandoned (backing_stats.writes_in_doubt), and the loss
+ * of its image (backing_ops.owner_lost).  Whether its writes are lost
+ * without a flush at all is a capability (BACKING_VOLATILE: a file, a
+ * remote), not a rule.  The ledger turns them into one epoch of its own,
+ * the rewrite epoch, moved once for each loss:
  *
  * - a backing event taken in while anything was unflushed (a write sent
  *   or on its way since the last good flush, a flush under way, unstable
@@ -279,7 +282,7 @@ ledger_send_end (struct cache *c, unsigned flags, int r)
     atomic_store (&l->backing_unflushed, true);
     atomic_fetch_sub (&l->sending, 1);
   }
-  else if (r == -1 && c->b->ops->loss_epoch)
+  else if (r == -1 && (c->b->caps & BACKING_VOLATILE))
     failed_durable (c, anything_unflushed (c));
   if (r == -1)
     doubt_persist (c);

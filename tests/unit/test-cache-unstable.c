@@ -161,7 +161,7 @@ open_cache (struct vol *v)
   memset (v, 0, sizeof *v);
   v->b.ops = &vol_ops;
   v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM | BACKING_VOLATILE;
   cache_config_default (&cfg);
   cfg.cache_size = 1u << 20;
   cfg.dirty_expire_ms = 3600000;       /* only flushes write back */
@@ -551,7 +551,7 @@ open_ssd_cache (struct vol *v, const struct backing_ops *ops,
 
   v->b.ops = ops;
   v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM | BACKING_VOLATILE;
   cache_config_default (&cfg);
   cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
   cfg.folio_size = ssd_cfg.folio_size;
