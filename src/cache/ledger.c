@@ -28,9 +28,10 @@
  *   and the nbdkit filter's were private copies of it).  Linux marks the pages of a failed
  *   fdatasync clean and reports the error once, so a remote over a file
  *   (nbdkit, qemu-nbd) answers the next flush with success though it
- *   dropped the data.  Not while the backing has writes in doubt: its
- *   flushes fail then without being sent, and the clear moves the epoch
- *   anyway;
+ *   dropped the data.  Not one refused for writes in doubt, which were
+ *   there as it began and still are: the backing refuses flush and FUA
+ *   then without sending them, and the clear moves the epoch anyway.  A
+ *   doubt that began while it was out excuses nothing;
  * - the operator's clear-doubt (counted in forgiven as well).
  *
  * When the epoch moved since the last good flush, the cached (unstable)
@@ -93,18 +94,30 @@ take_facts (struct cache *c)
 }
 
 /* The rule for a failed flush or FUA write: a loss when writes were sent
- * since the last good flush (sent), unless the backing refused it for
- * writes in doubt. */
+ * since the last good flush (sent), unless it was refused for writes in
+ * doubt (refused_for_doubt). */
 static void
 failed_durable (struct cache *c, bool sent)
 {
   struct ledger *l = &c->led;
 
-  if (!sent || ledger_doubt (c) > 0)
+  if (!sent)
     return;
   lock_or_die (&l->facts_lock);
   epoch_move_locked (c);
   unlock_or_die (&l->facts_lock);
+}
+
+/* A flush or FUA op that failed was refused for writes in doubt, not sent
+ * (the backing refuses both unsent while it has any, the ledger while a
+ * previous run left some): when the doubt was there as it began and is
+ * still there.  A doubt that began while it was out (a write abandoned
+ * meanwhile) excuses nothing: it was sent, and its failure may have
+ * dropped writes, which the operator's clear-doubt does not forgive. */
+static bool
+refused_for_doubt (struct cache *c, bool doubt_at_begin)
+{
+  return doubt_at_begin && ledger_doubt (c) > 0;
 }
 
 static uint64_t
@@ -254,8 +267,10 @@ ledger_init (struct cache *c)
 }
 
 int
-ledger_send_begin (struct cache *c, unsigned flags)
+ledger_send_begin (struct cache *c, struct ledger_send *ls, unsigned flags)
 {
+  ls->flags = flags;
+  ls->doubt = ledger_doubt (c) > 0;
   if (flags & BACKING_FUA) {
     if (ledger_flush_refused (c)) {
       errno = ledger_flush_refused (c);
@@ -271,18 +286,19 @@ ledger_send_begin (struct cache *c, unsigned flags)
 }
 
 void
-ledger_send_end (struct cache *c, unsigned flags, int r)
+ledger_send_end (struct cache *c, const struct ledger_send *ls, int r)
 {
   struct ledger *l = &c->led;
   int err = errno;
 
-  if (!(flags & BACKING_FUA)) {
+  if (!(ls->flags & BACKING_FUA)) {
     /* Again: a flush that began while it was on its way does not cover
      * it.  Then no longer on its way. */
     atomic_store (&l->backing_unflushed, true);
     atomic_fetch_sub (&l->sending, 1);
   }
-  else if (r == -1 && (c->b->caps & BACKING_VOLATILE))
+  else if (r == -1 && (c->b->caps & BACKING_VOLATILE) &&
+           !refused_for_doubt (c, ls->doubt))
     failed_durable (c, anything_unflushed (c));
   if (r == -1)
     doubt_persist (c);
@@ -355,6 +371,7 @@ ledger_flush_begin (struct cache *c, struct ledger_flush *lf)
 {
   struct ledger *l = &c->led;
 
+  lf->doubt = ledger_doubt (c) > 0;
   lf->passthrough = atomic_load (&l->passthrough_unflushed);
   bool unflushed = atomic_exchange (&l->backing_unflushed, false);
   lf->sent = unflushed || lf->passthrough > 0 ||
@@ -378,7 +395,7 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
   atomic_store (&l->flush_failing, err);
   doubt_persist (c);
   take_facts (c);
-  failed_durable (c, sent);
+  failed_durable (c, sent && !refused_for_doubt (c, lf->doubt));
   atomic_store (&l->flush_sent, false);
   return rewrite_epoch (c) != l->stable_epoch;
 }

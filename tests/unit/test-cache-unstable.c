@@ -36,9 +36,11 @@ struct vol {
   /* Called once the next write is acknowledged, before it returns (its
    * answer still on the way to the cache), then cleared. */
   void (*acked_hook) (struct vol *v);
-  /* Called at the start of the next flush, then cleared (a write another
-   * client sends while the flush is under way). */
+  /* Called at the start of the next flush, or FUA write, then cleared (a
+   * write another client sends, or one abandoned, while it is under
+   * way). */
   void (*flush_hook) (struct vol *v);
+  void (*fua_hook) (struct vol *v);
 };
 
 static int
@@ -59,6 +61,11 @@ v_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     memcpy (v->acked + off, buf, len / 2);
     errno = EIO;
     return -1;
+  }
+  if (v->fua_hook && (flags & BACKING_FUA)) {
+    void (*hook) (struct vol *) = v->fua_hook;
+    v->fua_hook = NULL;
+    hook (v);
   }
   if (v->forget_on_fua && (flags & BACKING_FUA)) {
     v->forget_on_fua = 0;
@@ -362,6 +369,51 @@ test_failed_flush_drops_write_sent_during (void **state)
   assert_int_equal (cache_flush (c), -1);
   assert_null (v.flush_hook);
   assert_false (memcmp (v.acked + 65536, d, sizeof d) == 0);  /* dropped */
+  flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A write abandoned (in doubt) while a flush or FUA write is out. */
+static void
+abandon_during (struct vol *v)
+{
+  v->doubt = 1;
+}
+
+/* A flush, or a FUA write, that was sent and failed, dropping what was
+ * not durable, while another write was abandoned: the doubt began after
+ * it was sent, so it is no refusal for the doubt but a failure, and a
+ * loss.  Then the operator's clear-doubt (the abandoned write never
+ * lands), which loses no passthrough write of its own: the one the
+ * failure dropped must still fail every FLUSH.  (The ledger excused
+ * every failure while the backing had writes in doubt, as if the
+ * backing had refused it unsent; the rbd backing's private rule, a
+ * failed flush with unflushed writes moves its loss epoch, hid this.) */
+static void
+test_failed_flush_as_doubt_begins (void **state)
+{
+  static struct vol v;
+  unsigned char d[4096], e[4096];
+  struct cache *c = open_cache (&v);
+
+  memset (d, 0x78, sizeof d);
+  memset (e, 0x79, sizeof e);
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  v.flush_hook = abandon_during;
+  v.forget_on_fail = 1;
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (cache_clear_doubt (c), 1);
+  flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  assert_int_equal (cache_destroy (c), 0);
+
+  /* The same with a FUA write whose sync fails. */
+  c = open_cache (&v);
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  v.fua_hook = abandon_during;
+  v.forget_on_fua = 1;
+  assert_int_equal (cache_write (c, e, sizeof e, 131072,
+                                 CACHE_DIRECT | CACHE_FUA), -1);
+  assert_int_equal (cache_clear_doubt (c), 1);
   flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
   assert_int_equal (cache_destroy (c), 0);
 }
@@ -704,6 +756,7 @@ main (void)
     cmocka_unit_test (test_clear_doubt_keeps_passthrough),
     cmocka_unit_test (test_failed_fua_is_loss),
     cmocka_unit_test (test_failed_flush_drops_write_sent_during),
+    cmocka_unit_test (test_failed_flush_as_doubt_begins),
     cmocka_unit_test (test_trim_drops_unstable),
     cmocka_unit_test (test_failed_direct_write_over_unstable),
     cmocka_unit_test (test_direct_over_dirty_persistent),
