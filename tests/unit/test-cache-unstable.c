@@ -380,15 +380,30 @@ abandon_during (struct vol *v)
   v->doubt = 1;
 }
 
+/* The passthrough write the backing dropped is reported lost by the
+ * next FLUSH (EIO, and in stats) before the operator is asked anything. */
+static void
+reported_lost (struct cache *c)
+{
+  struct cache_stats st;
+
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 1);
+  assert_int_equal (st.flush_error, EIO);
+}
+
 /* A flush, or a FUA write, that was sent and failed, dropping what was
  * not durable, while another write was abandoned: the doubt began after
  * it was sent, so it is no refusal for the doubt but a failure, and a
- * loss.  Then the operator's clear-doubt (the abandoned write never
- * lands), which loses no passthrough write of its own: the one the
- * failure dropped must still fail every FLUSH.  (The ledger excused
- * every failure while the backing had writes in doubt, as if the
- * backing had refused it unsent; the rbd backing's private rule, a
- * failed flush with unflushed writes moves its loss epoch, hid this.) */
+ * loss: the direct write it dropped is reported lost at once, not left
+ * for the operator's clear-doubt to settle as durable.  (The ledger
+ * excused every failure while the backing had writes in doubt, as if
+ * the backing had refused it unsent: nothing was counted lost, and
+ * after the clear the next FLUSH succeeded without the write; the rbd
+ * backing's private rule, a failed flush with unflushed writes moves
+ * its loss epoch, hid this.) */
 static void
 test_failed_flush_as_doubt_begins (void **state)
 {
@@ -402,8 +417,8 @@ test_failed_flush_as_doubt_begins (void **state)
   v.flush_hook = abandon_during;
   v.forget_on_fail = 1;
   assert_int_equal (cache_flush (c), -1);
-  assert_int_equal (cache_clear_doubt (c), 1);
-  flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  reported_lost (c);
+  assert_true (cache_clear_doubt (c) >= 1);
   assert_int_equal (cache_destroy (c), 0);
 
   /* The same with a FUA write whose sync fails. */
@@ -413,8 +428,8 @@ test_failed_flush_as_doubt_begins (void **state)
   v.forget_on_fua = 1;
   assert_int_equal (cache_write (c, e, sizeof e, 131072,
                                  CACHE_DIRECT | CACHE_FUA), -1);
-  assert_int_equal (cache_clear_doubt (c), 1);
-  flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  reported_lost (c);
+  assert_true (cache_clear_doubt (c) >= 1);
   assert_int_equal (cache_destroy (c), 0);
 }
 
