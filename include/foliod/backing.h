@@ -45,6 +45,18 @@
 #define BACKING_REMOTE         (1u << 8) /* a read waits for a network
                                           * round trip (the cache reads
                                           * ahead: readahead=auto) */
+#define BACKING_VOLATILE       (1u << 9) /* a write it acknowledged may be
+                                          * lost until a flush (or a FUA
+                                          * op) succeeds: a page cache, a
+                                          * remote's.  The cache's ledger
+                                          * then keeps written blocks
+                                          * unstable until a good flush,
+                                          * counts passthrough writes, and
+                                          * takes a failed flush or FUA op
+                                          * after writes for a loss (its
+                                          * own rule: no backing counts
+                                          * them).  Without it an
+                                          * acknowledged write is durable */
 
 enum backing_extent_type {
   BACKING_DATA = 0, /* must be read */
@@ -120,16 +132,21 @@ struct backing_ops {
     FOLIOD_WUR;
 
   /* A fact for the cache's durability ledger (src/cache/ledger.c), which
-   * alone decides what it costs: a count of the events after which what
-   * the backing acknowledged and had not yet flushed may be gone (a
-   * remote connection ended: the remote may have restarted and dropped
-   * its volatile cache; a file's fdatasync failed, in flush or in a FUA
-   * op, since Linux then forgets the error).  The ledger moves its own
-   * epoch for such an event when anything was unflushed, keeps written
+   * alone decides what it costs; one meaning for every backing: a count
+   * of the events the cache cannot see itself after which what the
+   * backing acknowledged may be gone or overwritten --
+   *  - a remote connection ended (nbd): the remote may have restarted and
+   *    dropped its volatile cache, and a write unanswered on it may still
+   *    be carried out later;
+   *  - a write the backing abandoned ended after it was given up on
+   *    (rbd): it may have landed over data written since.
+   * Never a failed flush or FUA op: the cache sees those and the ledger's
+   * own rule covers them (see BACKING_VOLATILE).  The ledger moves its
+   * own epoch for an event when anything was unflushed, keeps written
    * blocks "unstable" until a flush succeeds with the epoch unchanged,
-   * and writes them again when it moved.  A failed flush need not be
-   * counted: the ledger's own rule covers it.  NULL: acknowledged writes
-   * are never lost (and passthrough writes are not counted). */
+   * and writes them again when it moved.  A lost lock or image is its
+   * own fact (owner_lost), writes abandoned and still out another
+   * (stats' writes_in_doubt).  NULL: no such event (a local file). */
   uint64_t (*loss_epoch) (struct backing *b) FOLIOD_NONNULL (1);
 
   /* Writes in doubt: a write the backing gave up on (no answer in time,

@@ -65,7 +65,6 @@ struct next_backing {
   int can_fua;             /* NBDKIT_FUA_* */
   int can_zero;            /* NBDKIT_ZERO_* */
   int can_flush;
-  _Atomic uint64_t epoch;  /* loss_epoch: moves on a failed flush or FUA */
 };
 
 #define NB(b) ((struct next_backing *) (b))
@@ -140,16 +139,6 @@ nb_flags (const struct next_backing *nb, unsigned flags)
   return f;
 }
 
-/* A failed op with FUA may have lost earlier acknowledged writes too (a
- * failed sync): the cache writes its unstable blocks again. */
-static int
-nb_op_failed (struct next_backing *nb, unsigned flags, int err)
-{
-  if (flags & BACKING_FUA)
-    atomic_fetch_add (&nb->epoch, 1);
-  return nb_fail (err);
-}
-
 static int
 nb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
           unsigned flags)
@@ -167,7 +156,7 @@ nb_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     p += n, off += n, len -= n;
   }
   if (r == -1)
-    return nb_op_failed (nb, flags, err);
+    return nb_fail (err);
   return nb_fua_after (b, flags, 0);
 }
 
@@ -216,7 +205,7 @@ nb_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if (r == -1) {
     if ((flags & BACKING_FAST_ZERO) && (err == ENOTSUP || err == EOPNOTSUPP))
       return nb_fail (ENOTSUP);
-    return nb_op_failed (nb, flags, err);
+    return nb_fail (err);
   }
   return nb_fua_after (b, flags, 0);
 }
@@ -230,7 +219,7 @@ nb_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
                       &err);
 
   if (r == -1)
-    return nb_op_failed (nb, flags, err);
+    return nb_fail (err);
   return nb_fua_after (b, flags, 0);
 }
 
@@ -245,13 +234,10 @@ nb_flush (struct backing *b)
   nb_lock (nb);
   r = nb->next->flush (nb->next, 0, &err);
   nb_unlock (nb);
-  if (r == -1) {
-    /* Writes acknowledged before may be gone (a failed fsync forgets
-     * them): the cache keeps them unstable and writes them again. */
-    atomic_fetch_add (&nb->epoch, 1);
-    return nb_fail (err);
-  }
-  return 0;
+  /* Writes acknowledged before may be gone (a failed fsync forgets
+   * them): the cache's ledger alone makes that a loss (its rule for a
+   * failed flush) and writes its unstable blocks again. */
+  return r == -1 ? nb_fail (err) : 0;
 }
 
 static int
@@ -289,12 +275,6 @@ nb_map (struct backing *b, uint64_t off, uint64_t len,
   return 0;
 }
 
-static uint64_t
-nb_loss_epoch (struct backing *b)
-{
-  return atomic_load (&NB (b)->epoch);
-}
-
 static void
 nb_close (struct backing *b)
 {
@@ -314,7 +294,6 @@ static const struct backing_ops next_backing_ops = {
   .trim       = nb_trim,
   .flush      = nb_flush,
   .map        = nb_map,
-  .loss_epoch = nb_loss_epoch,
   .close      = nb_close,
 };
 
@@ -355,7 +334,7 @@ next_backing_open (nbdkit_backend *backend)
   nb->base.ops = &next_backing_ops;
   nb->base.size = (uint64_t) size;
   nb->base.io_align = 1;
-  nb->base.caps = BACKING_CAN_MULTI_CONN;
+  nb->base.caps = BACKING_CAN_MULTI_CONN | BACKING_VOLATILE;
   /* Every can_* once: nbdkit keeps the answers, and asserts a call only
    * after the matching one. */
   nb->can_flush = next->can_flush (next) == 1;

@@ -58,9 +58,6 @@ struct file_backing {
   atomic_int can_zeroout;       /* ioctl BLKZEROOUT (block devices) */
   atomic_int can_seek_data;     /* lseek SEEK_DATA/SEEK_HOLE */
 
-  /* Moves whenever an fdatasync fails (see file_sync). */
-  _Atomic uint64_t loss_epoch;
-
   pthread_mutex_t pool_lock;    /* protects pool */
   struct file_bounce *pool;     /* free bounce buffers */
   pthread_mutex_t rmw_lock[FILE_RMW_STRIPES];

@@ -320,16 +320,16 @@ file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
 /* fdatasync is per inode: it covers every fd of the file.  When it fails,
  * Linux has marked the pages whose writeback failed clean (their data is
  * not on the device) and reports the error once: a later fdatasync
- * succeeds.  So everything written since the last good sync may be lost,
- * and the loss epoch moves: the cache writes its unstable blocks again. */
+ * succeeds.  So everything written since the last good sync may be lost.
+ * The failure is only returned: the cache sees it (a failed flush, or a
+ * FUA op that failed) and its ledger's rule alone makes it a loss. */
 static int
-file_sync (struct file_backing *fb, int fd)
+file_sync (int fd)
 {
   if (fdatasync (fd) == -1) {
     /* EINVAL/EROFS: this kind of file has nothing to sync. */
     if (errno == EINVAL || errno == EROFS)
       return 0;
-    atomic_fetch_add (&fb->loss_epoch, 1);
     return -1;
   }
   return 0;
@@ -345,7 +345,7 @@ file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     return -1;
   if (file_write_data (fb, buf, len, off, flags & BACKING_DIRECT) == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
 }
 
 /* fallocate with one method; on "unsupported" clears *flag for good.
@@ -514,7 +514,7 @@ file_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
                  : reg_zero (fb, len, off, flags);
   if (r == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
 }
 
 static int
@@ -541,7 +541,7 @@ file_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if (r == -1)
     return -1;
   /* r == 1: no hole punching here; trim is advisory, so done. */
-  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
 }
 
 static int
@@ -551,7 +551,7 @@ file_flush (struct backing *b)
 
   if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
     return 0;     /* released: the release flushed what it wrote */
-  return file_sync (fb, fb->fd_flush);
+  return file_sync (fb->fd_flush);
 }
 
 /* foliod release: the image's locks go (all of them are on fd_buf's open
@@ -561,12 +561,6 @@ static int
 file_release (struct backing *b)
 {
   return file_unlock_image (to_file (b)->fd_buf);
-}
-
-static uint64_t
-file_loss_epoch (struct backing *b)
-{
-  return atomic_load (&to_file (b)->loss_epoch);
 }
 
 static void
@@ -653,7 +647,6 @@ static const struct backing_ops file_ops = {
   .trim = file_trim,
   .flush = file_flush,
   .map = file_map,
-  .loss_epoch = file_loss_epoch,
   .stats = NULL,
   .release = file_release,
   .close = file_close,
@@ -886,7 +879,9 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
   }
   if (!fb->is_blk)
     fb->b.caps |= BACKING_CAN_MAP;
-  fb->b.caps |= BACKING_CAN_DIRECT;
+  /* Writes sit in the page cache (or a device's volatile cache) until an
+   * fdatasync succeeds. */
+  fb->b.caps |= BACKING_CAN_DIRECT | BACKING_VOLATILE;
   return &fb->b;
 
  fail:

@@ -250,7 +250,9 @@ nbdb_flush (struct backing *b)
   return 0;
 }
 
-/* Connections that ended (nb->ends): the ledger's loss facts. */
+/* Connections that ended (nb->ends): the backing's loss facts for the
+ * ledger (backing_ops.loss_epoch).  A failed flush or FUA op is none:
+ * the ledger sees it and its own rule decides. */
 static uint64_t
 nbdb_loss_epoch (struct backing *b)
 {
@@ -698,7 +700,9 @@ read_caps (struct nbdb_backing *nb, struct nbd_handle *h,
   }
   nb->b.size = size;
   nb->b.io_align = 1;
-  nb->b.caps |= BACKING_REMOTE;
+  /* Volatile: the remote may keep acknowledged writes in a cache of its
+   * own until a flush, and lose them if it restarts. */
+  nb->b.caps |= BACKING_REMOTE | BACKING_VOLATILE;
   nb->can_fua = nbd_can_fua (h) == 1;
   nb->can_flush = nbd_can_flush (h) == 1;
   nb->can_trim = nbd_can_trim (h) == 1;

@@ -16,15 +16,17 @@
  * request may still land, over whatever was written since: it is a write
  * in doubt (backing_ops.clear_doubt, reported in stats) until librbd ends
  * it or the operator clears it, and meanwhile a flush (and so FUA, an
- * op and a flush) fails with EIO, the flush not sent.  Its end (landed or failed) is a fact for the
- * cache's ledger (loss_epoch): blocks written back since may have been
- * overwritten, so they are written again before a flush succeeds.
+ * op and a flush) fails with EIO, the flush not sent.  Its end, once it
+ * was issued, is the backing's one loss fact for the cache's ledger
+ * (backing_ops.loss_epoch): it may have landed over blocks written back
+ * since, so they are written again before a flush succeeds.
  *
  * Durability: foliod turns librbd's own cache off (rbd_cache=false: foliod
- * is the cache), so a completed write is on the OSDs; it is still counted
- * "unflushed" until a FLUSH succeeds, and a failing FLUSH with unflushed
- * writes moves the loss epoch (the cache writes those blocks again), as a
- * failed fdatasync does on the file backing.
+ * is the cache), so a completed write is on the OSDs; the backing still
+ * says its writes are volatile until a flush (BACKING_VOLATILE), and a
+ * flush, or the flush of a FUA op, that fails is only returned: the
+ * cache's ledger alone decides it was a loss (its rule: writes were sent
+ * since the last good flush) and writes those blocks again.
  *
  * Opening and closing wait for the cluster without a bound inside
  * librados: each runs on a thread of its own, waited for request-timeout
@@ -123,7 +125,8 @@ struct rbdb_backing {
   pthread_t reaper;
   int reaper_started;
 
-  atomic_uint_fast64_t unflushed;  /* write-class ops since the last flush */
+  /* Abandoned write-class ops that ended after they were issued (see
+   * doubt_end): backing_ops.loss_epoch. */
   atomic_uint_fast64_t loss_epoch;
   /* Abandoned write-class ops librbd still holds (they may land), and
    * those of them in doubt: all but the ones the operator cleared
@@ -595,11 +598,12 @@ rbd_doubt_check (struct rbdb_backing *rb)
   return 0;
 }
 
+/* A failure is only returned: the cache's ledger decides whether it was
+ * a loss (writes sent since its last good flush). */
 static int
 rbdb_flush (struct backing *b)
 {
   struct rbdb_backing *rb = to_rbd (b);
-  uint64_t before;
 
   if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
     return 0;     /* released: the release flushed what it wrote */
@@ -607,27 +611,19 @@ rbdb_flush (struct backing *b)
    * (one more request abandoned at the timeout). */
   if (rbd_doubt_check (rb) == -1)
     return -1;
-  before = atomic_load (&rb->unflushed);
-  if (rreq_run (rb, RREQ_FLUSH, NULL, 0, 0) == -1) {
-    if (atomic_load (&rb->unflushed) > 0)
-      atomic_fetch_add (&rb->loss_epoch, 1);
+  if (rreq_run (rb, RREQ_FLUSH, NULL, 0, 0) == -1)
     return -1;
-  }
   /* A write abandoned (by the reaper) while this flush was out. */
-  if (rbd_doubt_check (rb) == -1)
-    return -1;
-  atomic_fetch_sub (&rb->unflushed, before); /* later ones still count */
-  return 0;
+  return rbd_doubt_check (rb);
 }
 
-/* A write-class op: without FUA not yet known durable; FUA is op + flush
- * (librbd has no FUA). */
+/* A write-class op: FUA is op + flush (librbd has no FUA); a failed
+ * flush fails the op, the ledger's rule for a failed FUA op. */
 static int
 write_done (struct rbdb_backing *rb, unsigned flags, int r)
 {
   if (r == -1)
     return -1;
-  atomic_fetch_add (&rb->unflushed, 1);
   if (flags & BACKING_FUA)
     return rbdb_flush (&rb->b);
   return 0;
@@ -1145,7 +1141,7 @@ open_steps (struct rbd_opening *op)
   }
   rb->b.size = size;
   rb->b.io_align = 1;
-  rb->b.caps = BACKING_REMOTE;
+  rb->b.caps = BACKING_REMOTE | BACKING_VOLATILE;
   if (op->read_only)
     rb->b.caps |= BACKING_READ_ONLY;
   else

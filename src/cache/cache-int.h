@@ -99,7 +99,7 @@ struct stripe {
 /* Per-folio state (iomap's iomap_folio_state).  The bitmap lives in the
  * store: a plane of blocks_per_folio bits per enum folio_plane (store.h):
  * uptodate, dirty, and unstable (written back, but the backing has not
- * flushed them yet and could lose them: see backing_ops.loss_epoch).  A
+ * flushed them yet and could lose them: see BACKING_VOLATILE).  A
  * folio is marked in the index while it has dirty or unstable blocks; it
  * is evictable only when it has neither. */
 struct folio {

@@ -153,7 +153,7 @@ fix_cached (struct cache *c, const struct fix *x)
 static unsigned
 durable_flags (struct cache *c, unsigned flags)
 {
-  if (c->b->ops->loss_epoch && (c->b->caps & BACKING_CAN_FUA))
+  if ((c->b->caps & BACKING_VOLATILE) && (c->b->caps & BACKING_CAN_FUA))
     return flags | CACHE_FUA;
   return flags;
 }
@@ -176,7 +176,8 @@ static bool
 passthrough_done (struct cache *c, enum pass_op op, uint64_t view)
 {
   return ledger_passthrough_written (c, view,
-                                     op != PASS_TRIM && c->b->ops->loss_epoch,
+                                     op != PASS_TRIM &&
+                                     (c->b->caps & BACKING_VOLATILE),
                                      op != PASS_TRIM);
 }
 
@@ -271,6 +272,7 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
     wb_wait_folio (c, busy);
   }
   uint64_t view = ledger_passthrough_view (c);
+  struct ledger_send ls;
   switch (op) {
   case PASS_WRITE:
     r = io_write (c, x->src, len, off, backing_flags (flags));
@@ -278,17 +280,17 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
   case PASS_ZERO:
     OPSTAT_ADD (c, backing_zero_ops, 1);
     OPSTAT_ADD (c, backing_zero_bytes, len);
-    r = ledger_send_begin (c, backing_flags (flags));
+    r = ledger_send_begin (c, &ls, backing_flags (flags));
     if (r == 0)
       r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
-    ledger_send_end (c, backing_flags (flags), r);
+    ledger_send_end (c, &ls, r);
     break;
   case PASS_TRIM:
     OPSTAT_ADD (c, backing_trim_ops, 1);
-    r = ledger_send_begin (c, backing_flags (flags));
+    r = ledger_send_begin (c, &ls, backing_flags (flags));
     if (r == 0)
       r = c->b->ops->trim (c->b, len, off, backing_flags (flags));
-    ledger_send_end (c, backing_flags (flags), r);
+    ledger_send_end (c, &ls, r);
     break;
   default:
     abort ();

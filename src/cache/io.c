@@ -56,11 +56,12 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   OPSTAT_ADD (c, backing_write_ops, 1);
   OPSTAT_ADD (c, backing_write_bytes, len);
   uint64_t t0 = now_ns ();
-  int r = ledger_send_begin (c, flags);
+  struct ledger_send ls;
+  int r = ledger_send_begin (c, &ls, flags);
   if (r == 0)
     r = c->b->ops->write (c->b, buf, len, off, flags);
   int err = errno;
-  ledger_send_end (c, flags, r);
+  ledger_send_end (c, &ls, r);
   OPSTAT_ADD (c, backing_write_ns, now_ns () - t0);
   backing_written (c, off, len);             /* failed: maybe partly */
   errno = err;

@@ -5,12 +5,15 @@
  * cache: it calls nothing of the cache's.
  *
  * Facts come from the cache (a write is on its way, ended; a flush
- * began, failed, succeeded) and from the backing, which decides nothing:
- * it counts the events that may have lost what it acknowledged and had
- * not flushed (backing_ops.loss_epoch: a connection ended, an fdatasync
- * failed), and the writes it abandoned (backing_stats.writes_in_doubt).
- * The ledger turns them into one epoch of its own, the rewrite epoch,
- * moved once for each loss:
+ * began, failed, succeeded) and from the backing, which decides nothing
+ * and reports only what the cache cannot see: the events after which
+ * what it acknowledged may be gone or overwritten (backing_ops.loss_epoch:
+ * an nbd connection ended, an rbd write ended after it was abandoned),
+ * the writes it abandoned (backing_stats.writes_in_doubt), and the loss
+ * of its image (backing_ops.owner_lost).  Whether its writes are lost
+ * without a flush at all is a capability (BACKING_VOLATILE: a file, a
+ * remote), not a rule.  The ledger turns them into one epoch of its own,
+ * the rewrite epoch, moved once for each loss:
  *
  * - a backing event taken in while anything was unflushed (a write sent
  *   or on its way since the last good flush, a flush under way, unstable
@@ -18,12 +21,17 @@
  *   and before any flush settles, so a write sent after the event (on a
  *   new connection) is never counted in an older view;
  * - a backing flush, or a FUA write, that failed after writes were sent
- *   since the last good flush.  Linux marks the pages of a failed
+ *   since the last good flush (before it, or while it was under way).
+ *   This is the only failed-flush rule: no backing counts a failed flush
+ *   or FUA op as a loss fact of its own (the file backing's "any failed
+ *   fdatasync", the rbd backing's "a failed flush with unflushed writes"
+ *   and the nbdkit filter's were private copies of it).  Linux marks the pages of a failed
  *   fdatasync clean and reports the error once, so a remote over a file
  *   (nbdkit, qemu-nbd) answers the next flush with success though it
- *   dropped the data.  Not while the backing has writes in doubt: its
- *   flushes fail then without being sent, and the clear moves the epoch
- *   anyway;
+ *   dropped the data.  Not one refused for writes in doubt, which were
+ *   there as it began and still are: the backing refuses flush and FUA
+ *   then without sending them, and the clear moves the epoch anyway.  A
+ *   doubt that began while it was out excuses nothing;
  * - the operator's clear-doubt (counted in forgiven as well).
  *
  * When the epoch moved since the last good flush, the cached (unstable)
@@ -89,18 +97,30 @@ take_facts (struct cache *c)
 }
 
 /* The rule for a failed flush or FUA write: a loss when writes were sent
- * since the last good flush (sent), unless the backing refused it for
- * writes in doubt. */
+ * since the last good flush (sent), unless it was refused for writes in
+ * doubt (refused_for_doubt). */
 static void
 failed_durable (struct cache *c, bool sent)
 {
   struct ledger *l = &c->led;
 
-  if (!sent || ledger_doubt (c) > 0)
+  if (!sent)
     return;
   lock_or_die (&l->facts_lock);
   epoch_move_locked (c);
   unlock_or_die (&l->facts_lock);
+}
+
+/* A flush or FUA op that failed was refused for writes in doubt, not sent
+ * (the backing refuses both unsent while it has any, the ledger while a
+ * previous run left some): when the doubt was there as it began and is
+ * still there.  A doubt that began while it was out (a write abandoned
+ * meanwhile) excuses nothing: it was sent, and its failure may have
+ * dropped writes, which the operator's clear-doubt does not forgive. */
+static bool
+refused_for_doubt (struct cache *c, bool doubt_at_begin)
+{
+  return doubt_at_begin && ledger_doubt (c) > 0;
 }
 
 static uint64_t
@@ -306,8 +326,10 @@ ledger_init (struct cache *c)
 }
 
 int
-ledger_send_begin (struct cache *c, unsigned flags)
+ledger_send_begin (struct cache *c, struct ledger_send *ls, unsigned flags)
 {
+  ls->flags = flags;
+  ls->doubt = ledger_doubt (c) > 0;
   if (flags & BACKING_FUA) {
     if (ledger_flush_refused (c)) {
       errno = ledger_flush_refused (c);
@@ -323,18 +345,19 @@ ledger_send_begin (struct cache *c, unsigned flags)
 }
 
 void
-ledger_send_end (struct cache *c, unsigned flags, int r)
+ledger_send_end (struct cache *c, const struct ledger_send *ls, int r)
 {
   struct ledger *l = &c->led;
   int err = errno;
 
-  if (!(flags & BACKING_FUA)) {
+  if (!(ls->flags & BACKING_FUA)) {
     /* Again: a flush that began while it was on its way does not cover
      * it.  Then no longer on its way. */
     atomic_store (&l->backing_unflushed, true);
     atomic_fetch_sub (&l->sending, 1);
   }
-  else if (r == -1 && c->b->ops->loss_epoch)
+  else if (r == -1 && (c->b->caps & BACKING_VOLATILE) &&
+           !refused_for_doubt (c, ls->doubt))
     failed_durable (c, anything_unflushed (c));
   if (r == -1)
     doubt_persist (c);
@@ -408,6 +431,7 @@ ledger_flush_begin (struct cache *c, struct ledger_flush *lf)
 {
   struct ledger *l = &c->led;
 
+  lf->doubt = ledger_doubt (c) > 0;
   lf->passthrough = atomic_load (&l->passthrough_unflushed);
   bool unflushed = atomic_exchange (&l->backing_unflushed, false);
   lf->sent = unflushed || lf->passthrough > 0 ||
@@ -420,6 +444,10 @@ bool
 ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
 {
   struct ledger *l = &c->led;
+  /* Writes sent before it began, and those sent or on their way while it
+   * was under way: a failed fdatasync drops the pages whose writeback
+   * failed, whoever wrote them.  Read before the mark below. */
+  bool sent = lf->sent || anything_unflushed (c);
 
   /* Dirty at once: the blocks are rewritten even if no client flushes
    * again. */
@@ -427,7 +455,7 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
   atomic_store (&l->flush_failing, err);
   doubt_persist (c);
   take_facts (c);
-  failed_durable (c, lf->sent);
+  failed_durable (c, sent && !refused_for_doubt (c, lf->doubt));
   atomic_store (&l->flush_sent, false);
   return rewrite_epoch (c) != l->stable_epoch;
 }

@@ -76,20 +76,31 @@ struct ledger {
 struct ledger_flush {
   uint64_t passthrough;   /* passthrough writes it may settle */
   bool sent;              /* writes were sent since the last good flush */
+  bool doubt;             /* writes were in doubt as it began (refused) */
+};
+
+/* A write, zero or trim's, from ledger_send_begin to ledger_send_end. */
+struct ledger_send {
+  unsigned flags;         /* its backing flags */
+  bool doubt;             /* writes were in doubt as it began: a FUA one
+                           * is refused unsent */
 };
 
 /* cache_create (pt_lock is initialized with the cache's locks). */
 void ledger_init (struct cache *c);
 
 /* --- facts --- */
-/* A write, zero or trim with backing flags is going to the backing;
- * then it ended with r (0 or -1).  begin refuses a FUA one (-1, EIO)
- * while a previous run's writes are in doubt; end is called either way.
- * A FUA one that failed may have failed the backing's fdatasync, which
- * drops other unflushed writes too.  One that failed may have been
- * abandoned: the doubt is then made durable in the store. */
-int ledger_send_begin (struct cache *c, unsigned flags);
-void ledger_send_end (struct cache *c, unsigned flags, int r);
+/* A write, zero or trim with backing flags is going to the backing (ls
+ * is the caller's, filled by begin); then it ended with r (0 or -1).
+ * begin refuses a FUA one (-1, EIO) while a previous run's writes are in
+ * doubt; end is called either way.  A FUA one that failed may have
+ * failed the backing's fdatasync, which drops other unflushed writes
+ * too (a loss, unless it was refused for writes in doubt).  One that
+ * failed may have been abandoned: the doubt is then made durable in the
+ * store. */
+int ledger_send_begin (struct cache *c, struct ledger_send *ls,
+                       unsigned flags);
+void ledger_send_end (struct cache *c, const struct ledger_send *ls, int r);
 /* The store was opened (cache_init_store): doubt a previous run left,
  * whether it left the store fenced, and passthrough writes it lost. */
 void ledger_store_opened (struct cache *c, bool doubt);

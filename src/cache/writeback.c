@@ -75,7 +75,7 @@ wb_run_io (struct cache *c, struct window *w, uint64_t start, uint64_t end,
 static bool
 wb_unstable (struct cache *c, unsigned flags)
 {
-  return (c->b->ops->loss_epoch != NULL ||
+  return ((c->b->caps & BACKING_VOLATILE) ||
           store_has (c->store, STORE_DURABLE)) && !(flags & BACKING_FUA);
 }
 

@@ -51,6 +51,8 @@ static struct {
   pthread_cond_t cv;
   unsigned char img[SIZE];
   int hold_writes;               /* hold this many write-class requests */
+  int fail_flushes;              /* fail this many flushes (EIO) */
+  uint64_t writes;               /* write requests submitted */
   struct fcomp *held;            /* held, newest first */
   struct fcomp *ready;           /* to call back, newest first */
   bool calling;                  /* a callback runs */
@@ -106,6 +108,8 @@ fake_submit (rbd_completion_t c, enum fk kind, uint64_t off, uint64_t len,
   fc->len = len;
   fc->ret = 0;
   lock_or_die (&F.lock);
+  if (kind == FK_WRITE)
+    F.writes++;
   if (kind != FK_READ && kind != FK_FLUSH && F.hold_writes > 0) {
     F.hold_writes--;
     if (wbuf) {
@@ -121,6 +125,9 @@ fake_submit (rbd_completion_t c, enum fk kind, uint64_t off, uint64_t len,
   if (kind == FK_READ) {
     memcpy (rbuf, F.img + off, len);
     fc->ret = (ssize_t) len;
+  } else if (kind == FK_FLUSH && F.fail_flushes > 0) {
+    F.fail_flushes--;
+    fc->ret = -EIO;
   } else
     fake_apply (fc, wbuf);
   fc->next = F.ready;
@@ -158,6 +165,8 @@ fake_start (void)
 {
   memset (F.img, 0, sizeof F.img);
   F.hold_writes = 0;
+  F.fail_flushes = 0;
+  F.writes = 0;
   F.held = F.ready = NULL;
   F.stop = false;
   assert_int_equal (pthread_create (&F.thread, NULL, fake_thread, NULL), 0);
@@ -416,6 +425,51 @@ test_late_landing (void **state)
   backing_close (b);
 }
 
+/* A failed rbd flush after writes is a loss (the ledger's rule, the only
+ * one: the rbd backing only returns the failure, its own "unflushed"
+ * count and rule are gone): the blocks written back are written again
+ * before a FLUSH succeeds; and a FUA write, which is the op and a flush
+ * on rbd, whose flush fails loses the direct write made before it, so
+ * every later FLUSH fails. */
+static void
+test_failed_flush_is_loss (void **state)
+{
+  unsigned char a[4096], d[4096], e[4096];
+  struct cache_stats st;
+  struct backing *b = open_rbd ();
+  struct cache *c = open_cache (b, NULL);
+
+  memset (a, 'A', sizeof a);
+  memset (d, 'D', sizeof d);
+  memset (e, 'E', sizeof e);
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  write_back_no_flush (c);
+  lock_or_die (&F.lock);
+  uint64_t writes = F.writes;
+  F.fail_flushes = 1;
+  unlock_or_die (&F.lock);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (cache_flush (c), 0);
+  lock_or_die (&F.lock);
+  bool again = F.writes > writes;
+  unlock_or_die (&F.lock);
+  assert_true (again);                         /* written again */
+
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  lock_or_die (&F.lock);
+  F.fail_flushes = 1;
+  unlock_or_die (&F.lock);
+  assert_int_equal (cache_write (c, e, sizeof e, 131072,
+                                 CACHE_DIRECT | CACHE_FUA), -1);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 1);
+  assert_int_equal (cache_destroy (c), 0);
+  backing_close (b);
+}
+
 /* Doubt outlives the process (issue 33 item 3) on rbd too: the store
  * says so before the abandoned write's failure is answered; and once
  * the write has ended and a FLUSH succeeded, the store forgets it (a
@@ -479,6 +533,7 @@ main (void)
     cmocka_unit_test_setup_teardown (test_abandoned_write_in_doubt, setup, teardown),
     cmocka_unit_test_setup_teardown (test_late_landing, setup, teardown),
     cmocka_unit_test_setup_teardown (test_doubt_persisted, setup, teardown),
+    cmocka_unit_test_setup_teardown (test_failed_flush_is_loss, setup, teardown),
   };
   return cmocka_run_group_tests (tests, NULL, NULL);
 }

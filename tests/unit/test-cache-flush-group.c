@@ -6,8 +6,9 @@
  * The backing double keeps two copies: what was written, and what is
  * durable (what was written when the last good flush began).  Its flush
  * can be held at a gate (flush number n waits until the test has released
- * n flushes) and made to fail as a file's fdatasync does (EIO, and the loss
- * epoch moves: the writes since the last good flush may be gone).  With
+ * n flushes) and made to fail as a file's fdatasync does (EIO: the writes
+ * since the last good flush may be gone, which the cache's ledger alone
+ * decides; no loss fact, as no backing counts a failed flush).  With
  * native FUA (gate_new (true)) a FUA write is durable when it returns, as
  * a remote's is: the cache's small flush passes write with FUA and need no
  * backing flush (cache_flush_pass). */
@@ -44,7 +45,6 @@ struct gate_backing {
   unsigned entered, released;   /* flushes begun; flushes let through */
   unsigned fail_at;             /* this flush (1-based) fails; 0: none */
   unsigned delay_us;            /* each flush takes this long */
-  uint64_t epoch;
   bool native_fua;
   unsigned fua_writes;
 };
@@ -119,10 +119,8 @@ gate_flush (struct backing *b)
     fprintf (stderr, "flush %u was never released\n", n);
     r = -1;
   }
-  else if (n == g->fail_at) {
-    g->epoch++;                 /* as a failed fdatasync: writes lost */
-    r = -1;
-  }
+  else if (n == g->fail_at)
+    r = -1;                     /* as a failed fdatasync: writes lost */
   else
     memcpy (g->durable, g->snap, SIZE);
   pthread_mutex_unlock (&g->lock);
@@ -133,16 +131,6 @@ gate_flush (struct backing *b)
   return r;
 }
 
-static uint64_t
-gate_loss_epoch (struct backing *b)
-{
-  struct gate_backing *g = to_gate (b);
-  pthread_mutex_lock (&g->lock);
-  uint64_t e = g->epoch;
-  pthread_mutex_unlock (&g->lock);
-  return e;
-}
-
 static void
 gate_close (struct backing *b)
 {
@@ -151,7 +139,7 @@ gate_close (struct backing *b)
 
 static const struct backing_ops gate_ops = {
   .name = "gate", .read = gate_read, .write = gate_write, .zero = gate_zero,
-  .flush = gate_flush, .loss_epoch = gate_loss_epoch, .close = gate_close,
+  .flush = gate_flush, .close = gate_close,
 };
 
 static struct gate_backing *
@@ -160,7 +148,7 @@ gate_new (bool native_fua)
   struct gate_backing *g = calloc (1, sizeof *g);
   assert_non_null (g);
   g->native_fua = native_fua;
-  g->b.caps = native_fua ? BACKING_CAN_FUA : 0;
+  g->b.caps = BACKING_VOLATILE | (native_fua ? BACKING_CAN_FUA : 0);
   g->b.ops = &gate_ops;
   g->b.size = SIZE;
   g->b.io_align = 1;

@@ -36,6 +36,11 @@ struct vol {
   /* Called once the next write is acknowledged, before it returns (its
    * answer still on the way to the cache), then cleared. */
   void (*acked_hook) (struct vol *v);
+  /* Called at the start of the next flush, or FUA write, then cleared (a
+   * write another client sends, or one abandoned, while it is under
+   * way). */
+  void (*flush_hook) (struct vol *v);
+  void (*fua_hook) (struct vol *v);
 };
 
 static int
@@ -56,6 +61,11 @@ v_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     memcpy (v->acked + off, buf, len / 2);
     errno = EIO;
     return -1;
+  }
+  if (v->fua_hook && (flags & BACKING_FUA)) {
+    void (*hook) (struct vol *) = v->fua_hook;
+    v->fua_hook = NULL;
+    hook (v);
   }
   if (v->forget_on_fua && (flags & BACKING_FUA)) {
     v->forget_on_fua = 0;
@@ -98,6 +108,11 @@ v_flush (struct backing *b)
 {
   struct vol *v = (struct vol *) b;
 
+  if (v->flush_hook) {
+    void (*hook) (struct vol *) = v->flush_hook;
+    v->flush_hook = NULL;
+    hook (v);
+  }
   if (v->forget_on_fail) {
     v->forget_on_fail = 0;
     memcpy (v->acked, v->durable, SIZE);
@@ -153,7 +168,7 @@ open_cache (struct vol *v)
   memset (v, 0, sizeof *v);
   v->b.ops = &vol_ops;
   v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM | BACKING_VOLATILE;
   cache_config_default (&cfg);
   cfg.cache_size = 1u << 20;
   cfg.dirty_expire_ms = 3600000;       /* only flushes write back */
@@ -314,6 +329,107 @@ test_forgotten_failed_flush (void **state)
   v.forget_on_fail = 1;
   assert_int_equal (cache_flush (c), -1);
   flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* The passthrough write of test_failed_flush_drops_write_sent_during,
+ * sent while the flush is under way. */
+static const unsigned char *during_data;
+
+static void
+direct_write_during_flush (struct vol *v)
+{
+  assert_int_equal (cache_write (hook_cache, during_data, 4096, 65536,
+                                 CACHE_DIRECT), 0);
+}
+
+/* A failed flush drops what was written while it was under way too (a
+ * file's fdatasync fails for pages whose writeback failed, whoever wrote
+ * them, and Linux reports it once), though nothing was sent before it
+ * began: the flush was sent because the epoch had moved (here by the
+ * operator's clear-doubt).  Such a write is a passthrough write, which
+ * cannot be written again: no later FLUSH may succeed without it.  (The
+ * file backing's private rule, any failed fdatasync moves its loss
+ * epoch, hid this; the ledger's rule looked only at what was sent before
+ * the flush began.) */
+static void
+test_failed_flush_drops_write_sent_during (void **state)
+{
+  static struct vol v;
+  unsigned char d[4096];
+  struct cache *c = open_cache (&v);
+
+  hook_cache = c;
+  memset (d, 0x77, sizeof d);
+  during_data = d;
+  v.doubt = 1;
+  assert_int_equal (cache_clear_doubt (c), 1);
+  v.flush_hook = direct_write_during_flush;
+  v.forget_on_fail = 1;
+  assert_int_equal (cache_flush (c), -1);
+  assert_null (v.flush_hook);
+  assert_false (memcmp (v.acked + 65536, d, sizeof d) == 0);  /* dropped */
+  flushes_fail_or_keep (c, &v, d, sizeof d, 65536);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* A write abandoned (in doubt) while a flush or FUA write is out. */
+static void
+abandon_during (struct vol *v)
+{
+  v->doubt = 1;
+}
+
+/* The passthrough write the backing dropped is reported lost by the
+ * next FLUSH (EIO, and in stats) before the operator is asked anything. */
+static void
+reported_lost (struct cache *c)
+{
+  struct cache_stats st;
+
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 1);
+  assert_int_equal (st.flush_error, EIO);
+}
+
+/* A flush, or a FUA write, that was sent and failed, dropping what was
+ * not durable, while another write was abandoned: the doubt began after
+ * it was sent, so it is no refusal for the doubt but a failure, and a
+ * loss: the direct write it dropped is reported lost at once, not left
+ * for the operator's clear-doubt to settle as durable.  (The ledger
+ * excused every failure while the backing had writes in doubt, as if
+ * the backing had refused it unsent: nothing was counted lost, and
+ * after the clear the next FLUSH succeeded without the write; the rbd
+ * backing's private rule, a failed flush with unflushed writes moves
+ * its loss epoch, hid this.) */
+static void
+test_failed_flush_as_doubt_begins (void **state)
+{
+  static struct vol v;
+  unsigned char d[4096], e[4096];
+  struct cache *c = open_cache (&v);
+
+  memset (d, 0x78, sizeof d);
+  memset (e, 0x79, sizeof e);
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  v.flush_hook = abandon_during;
+  v.forget_on_fail = 1;
+  assert_int_equal (cache_flush (c), -1);
+  reported_lost (c);
+  assert_true (cache_clear_doubt (c) >= 1);
+  assert_int_equal (cache_destroy (c), 0);
+
+  /* The same with a FUA write whose sync fails. */
+  c = open_cache (&v);
+  assert_int_equal (cache_write (c, d, sizeof d, 65536, CACHE_DIRECT), 0);
+  v.fua_hook = abandon_during;
+  v.forget_on_fua = 1;
+  assert_int_equal (cache_write (c, e, sizeof e, 131072,
+                                 CACHE_DIRECT | CACHE_FUA), -1);
+  reported_lost (c);
+  assert_true (cache_clear_doubt (c) >= 1);
   assert_int_equal (cache_destroy (c), 0);
 }
 
@@ -502,7 +618,7 @@ open_ssd_cache (struct vol *v, const struct backing_ops *ops,
 
   v->b.ops = ops;
   v->b.size = SIZE;
-  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM;
+  v->b.caps = BACKING_CAN_ZERO | BACKING_CAN_TRIM | BACKING_VOLATILE;
   cache_config_default (&cfg);
   cfg.cache_size = (uint64_t) ssd_cfg.nslots * ssd_cfg.folio_size;
   cfg.folio_size = ssd_cfg.folio_size;
@@ -725,6 +841,8 @@ main (void)
     cmocka_unit_test (test_loss_before_count),
     cmocka_unit_test (test_clear_doubt_keeps_passthrough),
     cmocka_unit_test (test_failed_fua_is_loss),
+    cmocka_unit_test (test_failed_flush_drops_write_sent_during),
+    cmocka_unit_test (test_failed_flush_as_doubt_begins),
     cmocka_unit_test (test_trim_drops_unstable),
     cmocka_unit_test (test_failed_direct_write_over_unstable),
     cmocka_unit_test (test_direct_over_dirty_persistent),

@@ -16,18 +16,24 @@
  *   never older data silently, never data no client wrote.
  *
  * The backing (fault_backing below) keeps a visible and a durable image
- * and reports facts to the cache the way the real backings do, by one
- * of their loss rules (src/backing/): "file" (any failed fdatasync moves
- * the loss epoch), "rbd" (a failed flush with writes unflushed moves it;
- * an abandoned write is in doubt, in its stats, until it lands, which
- * moves it too, or the operator clears it; flushes fail unsent meanwhile),
- * "nbd" (the same move; a write abandoned or resent after a reset is in
- * doubt, flush and FUA fail without being sent until the operator clears
- * it, which moves the epoch), "none" (a backing that reports nothing: the
- * ledger's own rule must do).  Faults, in phases of a few dozen requests:
- *  - flush-drop: a flush fails (EIO, ENOSPC) and each write not yet
- *    flushed is kept or lost at random, per 512-byte sector, as Linux
- *    drops the pages of a failed fdatasync; the next flush succeeds;
+ * and reports facts to the cache the way the real backings do
+ * (src/backing/): volatile (BACKING_VOLATILE), it reports a failed flush
+ * or FUA op only by its answer, never as a loss fact of its own (the
+ * ledger's rule alone decides), and by kind: "file" (a FUA op is the
+ * write and an fdatasync, which may fail as a flush does; no loss fact
+ * at all), "rbd" (FUA is the op and a flush, the same; an abandoned write
+ * is in doubt, in its stats, until it lands, which moves the loss epoch,
+ * or the operator clears it; flushes fail unsent meanwhile), "nbd"
+ * (native FUA; a write abandoned or resent after a reset is in doubt,
+ * flush and FUA fail without being sent until the operator clears it,
+ * which moves the epoch; a resend moves it, the connection having
+ * ended), "silent" (reports nothing; a FUA write is durable at once and
+ * fails only as any write does: the ledger's own rules must do).  Faults, in phases of a few dozen
+ * requests:
+ *  - flush-drop: a flush, or a file's or rbd's FUA op's flush, fails
+ *    (EIO, ENOSPC) and each write not yet flushed is kept or lost at
+ *    random, per 512-byte sector, as Linux drops the pages of a failed
+ *    fdatasync; the next flush succeeds;
  *  - io-error: a write, zero or trim fails (EIO, ENOSPC, ENOMEM) with a
  *    random subset of its sectors applied; a read fails (EIO);
  *  - late-write (nbd, rbd): a write times out or is resent after a reset,
@@ -408,7 +414,7 @@ static struct fault_backing {
   unsigned char vis[SIZE], dur[SIZE];
   bool pend[NS];           /* written since the last good flush */
   bool dead;               /* the host is down: nothing is sent */
-  uint64_t epoch, unflushed, in_doubt;
+  uint64_t epoch, in_doubt;
   unsigned proc;           /* which process has the backing open */
   struct late late[MAXLATE];
   unsigned nlate;
@@ -467,6 +473,29 @@ bk_land (unsigned i)
   }
 }
 
+/* A flush (B.lock held): 0, or an errno value.  Refused unsent while a
+ * write is in doubt (nbd, rbd); a failure drops what was not flushed, at
+ * random, and moves no loss epoch: no backing counts a failed flush. */
+static int
+bk_sync (void)
+{
+  if ((cf.rule == R_NBD || cf.rule == R_RBD) && B.in_doubt > 0)
+    return EIO;                 /* not sent */
+  if (permille (B.p_ferr)) {
+    nfaults[F_FLUSH_DROP]++;
+    bk_drop ();
+    return some_errno (false);
+  }
+  for (uint64_t s = 0; s < NS; s++)
+    if (B.pend[s]) {
+      memcpy (B.dur + s * SECT, B.vis + s * SECT, SECT);
+      B.pend[s] = false;
+    }
+  /* rbd: a write abandoned while the flush was out (it was found at the
+   * flush's end). */
+  return cf.rule == R_RBD && B.in_doubt > 0 ? EIO : 0;
+}
+
 static int
 bk_write (const void *buf, uint64_t len, uint64_t off, unsigned flags)
 {
@@ -514,17 +543,20 @@ bk_write (const void *buf, uint64_t len, uint64_t off, unsigned flags)
      * the reaper gave up on it. */
     if (cf.rule == R_NBD && rnd (2)) {
       bk_apply (off, len, buf, false);
-      B.unflushed++;
+      B.epoch++;                /* the reset connection's end */
     } else
       err = ETIMEDOUT;
     goto out;
   }
-  bk_apply (off, len, buf, fua);
-  if (!fua)
-    B.unflushed++;
-  /* rbd: FUA is the op and a flush, which fails while in doubt. */
-  if (fua && cf.rule == R_RBD && B.in_doubt > 0)
-    err = EIO;
+  if (!fua || cf.rule == R_NBD || cf.rule == R_NONE)
+    bk_apply (off, len, buf, fua);
+  else {
+    /* file, rbd: FUA is the op, then a flush of everything unflushed
+     * (fdatasync), which fails as a flush does; rbd's is refused while
+     * a write is in doubt. */
+    bk_apply (off, len, buf, false);
+    err = bk_sync ();
+  }
  out:
   TRACE (ts, te, "backing %s v%lld fua=%d -> %s (epoch %llu, in doubt %llu)",
          buf ? "write" : "zero", (long long) tv, fua,
@@ -591,25 +623,8 @@ fb_flush (struct backing *b)
   lock_or_die (&B.lock);
   if (B.dead)
     err = EIO;
-  else if ((cf.rule == R_NBD || cf.rule == R_RBD) && B.in_doubt > 0)
-    err = EIO;                  /* not sent */
-  else if (permille (B.p_ferr)) {
-    nfaults[F_FLUSH_DROP]++;
-    err = some_errno (false);
-    bk_drop ();
-    if (cf.rule == R_FILE || ((cf.rule == R_NBD || cf.rule == R_RBD) &&
-                              B.unflushed > 0))
-      B.epoch++;
-  } else {
-    for (uint64_t s = 0; s < NS; s++)
-      if (B.pend[s]) {
-        memcpy (B.dur + s * SECT, B.vis + s * SECT, SECT);
-        B.pend[s] = false;
-      }
-    B.unflushed = 0;
-    if (cf.rule == R_RBD && B.in_doubt > 0)
-      err = EIO;
-  }
+  else
+    err = bk_sync ();
   TRACE (0, NS, "backing flush -> %s (epoch %llu), sector now vis v%lld "
          "dur v%lld", err ? strerror (err) : "ok",
          (unsigned long long) B.epoch,
@@ -670,18 +685,20 @@ static struct backing_ops fb_ops = {
 static void
 bk_open (void)
 {
-  fb_ops.loss_epoch = fb_loss_epoch;   /* "none": never moves */
+  /* Loss facts: rbd's landed writes, nbd's ended connections (and the
+   * clear); a file and the silent backing report none. */
+  fb_ops.loss_epoch = cf.rule == R_NBD || cf.rule == R_RBD ? fb_loss_epoch
+                                                           : NULL;
   fb_ops.clear_doubt = cf.rule == R_NBD || cf.rule == R_RBD
                        ? fb_clear_doubt : NULL;
   fb_ops.stats = cf.rule == R_NBD || cf.rule == R_RBD ? fb_stats : NULL;
   B.b.ops = &fb_ops;
   B.b.size = SIZE;
-  B.b.caps = BACKING_CAN_TRIM | BACKING_CAN_ZERO |
-             (cf.rule == R_NBD || cf.rule == R_RBD ? BACKING_CAN_FUA : 0);
+  B.b.caps = BACKING_CAN_TRIM | BACKING_CAN_ZERO | BACKING_VOLATILE |
+             (cf.rule == R_NBD ? BACKING_CAN_FUA : 0);  /* rbd: op + flush */
   B.b.io_align = 1;
   B.dead = false;
   B.proc++;
-  B.unflushed = 0;
   B.in_doubt = 0;
   B.p_werr = B.p_rerr = B.p_ferr = B.p_late = 0;
 }
