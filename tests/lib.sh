@@ -196,6 +196,18 @@ wait_for_text () {
   fail "$3: $(tail -n 20 "$1")"
 }
 
+# flush_must_fail URI WHY: a client FLUSH on URI must fail (within 60 s,
+# scaled); else the test fails with WHY.
+flush_must_fail () {
+  timeout $((60 * TSCALE)) nbdsh -u "$1" -c '
+try:
+    h.flush()
+    raise SystemExit("FLUSH succeeded")
+except nbd.Error as e:
+    print("FLUSH failed as it must:", e)
+' || fail "$2"
+}
+
 # foliod_alive: fail unless the foliod started last still runs.
 foliod_alive () {
   kill -0 "$FOLIOD_PID" 2>/dev/null || fail "foliod died"

@@ -101,13 +101,7 @@ stopped=$SECONDS
 random_file "$tmp/b" 4
 put "$tmp/b" $(( 4 << 20 ))
 start=$SECONDS
-timeout $((60 * TSCALE)) nbdsh -u "$U" -c '
-try:
-    h.flush()
-    raise SystemExit("FLUSH succeeded while the OSD is stopped")
-except nbd.Error as e:
-    print("flush failed as it must:", e)
-' || fail "FLUSH while the OSD is stopped did not fail in time"
+flush_must_fail "$U" "FLUSH while the OSD is stopped did not fail in time"
 echo "flush answered after $(( SECONDS - start )) s"
 dirty=$(foliod_stat "$tmp/ctl" foliod_dirty_bytes)
 echo "dirty $dirty"
