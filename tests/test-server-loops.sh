@@ -18,7 +18,9 @@ ctl=$tmp/ctl.sock
 # thread_names PID: the comm of every thread, one a line.
 thread_names () {
   local t
-  for t in /proc/"$1"/task/*; do cat "$t/comm"; done
+  # A thread that ended between the listing and the read (a short-lived
+  # helper; seen under ASan) is no longer one.
+  for t in /proc/"$1"/task/*; do cat "$t/comm" 2>/dev/null || true; done
 }
 
 # ThreadSanitizer's own background thread inherits the main thread's name.
