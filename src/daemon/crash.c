@@ -32,15 +32,14 @@
 
 static const int crash_signals[] = { SIGSEGV, SIGILL, SIGFPE, SIGABRT };
 
+/* Append s to buf[0..n) (size bytes, one kept back): the line is
+ * counted, not terminated.  The new length. */
 static size_t
 put (char *buf, size_t size, size_t n, const char *s)
 {
-  size_t len = strlen (s);
-
-  if (n + len >= size)
-    len = n < size ? size - n - 1 : 0;
-  memcpy (buf + n, s, len);
-  return n + len;
+  while (*s && n + 1 < size)
+    buf[n++] = *s++;
+  return n;
 }
 
 static size_t
