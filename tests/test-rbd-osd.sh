@@ -134,13 +134,7 @@ echo "== OSD killed (SIGKILL) and started again"
 "$CLUSTER" osd-kill "$CEPH_DIR"
 random_file "$tmp/c" 4
 put "$tmp/c" $(( 8 << 20 ))
-timeout $((60 * TSCALE)) nbdsh -u "$U" -c '
-try:
-    h.flush()
-    raise SystemExit("FLUSH succeeded while the OSD is dead")
-except nbd.Error as e:
-    print("flush failed as it must:", e)
-' || fail "FLUSH while the OSD is dead did not fail in time"
+flush_must_fail "$U" "FLUSH while the OSD is dead did not fail in time"
 "$CLUSTER" osd-start "$CEPH_DIR" || fail "the OSD did not come back"
 random_file "$tmp/d" 4
 put "$tmp/d" $(( 12 << 20 )) 120
