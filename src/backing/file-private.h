@@ -62,6 +62,12 @@ struct file_backing {
   struct file_bounce *pool;     /* free bounce buffers */
   pthread_mutex_t rmw_lock[FILE_RMW_STRIPES];
 
+  /* Every fdatasync of the file, on any fd, runs under sync_lock, and
+   * counts its failure before the lock goes: an op that syncs trusts its
+   * fdatasync only if none failed since the op began (file_sync). */
+  pthread_mutex_t sync_lock;
+  atomic_uint_fast64_t sync_failures; /* written under sync_lock */
+
   void *zero_buf;               /* FILE_BOUNCE_SIZE aligned zeroes, never
                                  * written after open, shared read-only */
 };

@@ -319,20 +319,49 @@ file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
 
 /* fdatasync is per inode: it covers every fd of the file.  When it fails,
  * Linux has marked the pages whose writeback failed clean (their data is
- * not on the device) and reports the error once: a later fdatasync
- * succeeds.  So everything written since the last good sync may be lost.
- * The failure is only returned: the cache sees it (a failed flush, or a
- * FUA op that failed) and its ledger's rule alone makes it a loss. */
-static int
-file_sync (int fd)
+ * not on the device) and reports the error once per open file
+ * description: a later fdatasync succeeds.  So everything written since
+ * the last good sync may be lost, and a sync that follows a failed one
+ * says nothing about writes made before that failure: two FUA writes at
+ * once, the first one's fdatasync fails and drops both pages, the second
+ * one's succeeds.  Hence the rule: an op's sync succeeds only if no sync
+ * of the file failed since the op began (seen, sampled before its
+ * writes).  The syncs are serialized so that a failure is counted before
+ * any later sync returns.  (Concurrent fdatasyncs of one file wait for
+ * each other here; the kernel would mostly have serialized their
+ * journal commits anyway.)  A failure is only returned: the cache sees
+ * it (a failed flush, or a FUA op that failed) and its ledger's rule
+ * alone makes it a loss. */
+/* Not under the lock: an op must not wait for a sync to begin.  A
+ * failure still being counted is seen by the op's own file_sync, which
+ * runs after it under the lock. */
+static uint64_t
+file_sync_seen (struct file_backing *fb)
 {
+  return atomic_load (&fb->sync_failures);
+}
+
+static int
+file_sync (struct file_backing *fb, int fd, uint64_t seen)
+{
+  int r = 0, err = 0;
+
+  lock_or_die (&fb->sync_lock);
   if (fdatasync (fd) == -1) {
+    err = errno;
     /* EINVAL/EROFS: this kind of file has nothing to sync. */
-    if (errno == EINVAL || errno == EROFS)
-      return 0;
-    return -1;
+    if (err != EINVAL && err != EROFS) {
+      atomic_fetch_add (&fb->sync_failures, 1);
+      r = -1;
+    }
   }
-  return 0;
+  if (r == 0 && atomic_load (&fb->sync_failures) != seen) {
+    err = EIO;                  /* another op's sync failed meanwhile */
+    r = -1;
+  }
+  unlock_or_die (&fb->sync_lock);
+  errno = err;
+  return r;
 }
 
 static int
@@ -341,11 +370,13 @@ file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
 {
   struct file_backing *fb = to_file (b);
 
+  uint64_t seen = file_sync_seen (fb);
+
   if (check_writable (b, len, off) == -1)
     return -1;
   if (file_write_data (fb, buf, len, off, flags & BACKING_DIRECT) == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd, seen) : 0;
 }
 
 /* fallocate with one method; on "unsupported" clears *flag for good.
@@ -504,6 +535,7 @@ static int
 file_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct file_backing *fb = to_file (b);
+  uint64_t seen = file_sync_seen (fb);
   int r;
 
   if (check_writable (b, len, off) == -1)
@@ -514,13 +546,14 @@ file_zero (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
                  : reg_zero (fb, len, off, flags);
   if (r == -1)
     return -1;
-  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd, seen) : 0;
 }
 
 static int
 file_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
 {
   struct file_backing *fb = to_file (b);
+  uint64_t seen = file_sync_seen (fb);
   int r;
 
   if (check_writable (b, len, off) == -1)
@@ -541,7 +574,7 @@ file_trim (struct backing *b, uint64_t len, uint64_t off, unsigned flags)
   if (r == -1)
     return -1;
   /* r == 1: no hole punching here; trim is advisory, so done. */
-  return (flags & BACKING_FUA) ? file_sync (fb->fd) : 0;
+  return (flags & BACKING_FUA) ? file_sync (fb, fb->fd, seen) : 0;
 }
 
 static int
@@ -551,7 +584,10 @@ file_flush (struct backing *b)
 
   if ((b->caps & BACKING_READ_ONLY) || atomic_load (&b->released))
     return 0;     /* released: the release flushed what it wrote */
-  return file_sync (fb->fd_flush);
+  /* What this flush covers was written before it began: a sync that
+   * failed since may have dropped it (fd_flush's own report of that
+   * error may have gone to a concurrent flush). */
+  return file_sync (fb, fb->fd_flush, file_sync_seen (fb));
 }
 
 /* foliod release: the image's locks go (all of them are on fd_buf's open
@@ -636,6 +672,7 @@ file_close (struct backing *b)
   pthread_mutex_destroy (&fb->pool_lock);
   for (i = 0; i < FILE_RMW_STRIPES; i++)
     pthread_mutex_destroy (&fb->rmw_lock[i]);
+  pthread_mutex_destroy (&fb->sync_lock);
   free (fb);
 }
 
@@ -712,6 +749,7 @@ file_init_locks (struct file_backing *fb)
   pthread_mutex_init (&fb->pool_lock, NULL);
   for (i = 0; i < FILE_RMW_STRIPES; i++)
     pthread_mutex_init (&fb->rmw_lock[i], NULL);
+  pthread_mutex_init (&fb->sync_lock, NULL);
 }
 
 /* Does PUNCH_HOLE work?  Punching past end of file (KEEP_SIZE) changes

@@ -18,6 +18,10 @@
  *                     pre-image put back, newest first), as Linux drops
  *                     the pages whose writeback failed; the next sync
  *                     then succeeds (Linux reports the error once)
+ *   FAULT_SYNC_DELAY_MS=N  every fdatasync/fsync of the file first sleeps
+ *                     N ms, outside the lock: other threads' writes and
+ *                     syncs run meanwhile, as they do beside a slow sync
+ *                     (a test of concurrent syncs; default 0)
  *   FAULT_POWER_AT=N  before the Nth write, fallocate or sync of the file
  *                     (counted from 1): a power cut.  Each 512-byte sector
  *                     of each unsynced write keeps the new data or gets
@@ -62,7 +66,7 @@ static struct {
   dev_t dev;
   ino_t ino;
   uint64_t rng;
-  unsigned write_err, sync_fail;
+  unsigned write_err, sync_fail, sync_delay_ms;
   uint64_t power_at, calls;
   bool failed_last;             /* the last sync was an injected failure */
   int jfd, logfd;
@@ -129,6 +133,7 @@ fault_init (void)
   F.rng = env_uint ("FAULT_SEED", 0) * 0x9E3779B97F4A7C15ull + 1;
   F.write_err = env_uint ("FAULT_WRITE_ERR", 0);
   F.sync_fail = env_uint ("FAULT_SYNC_FAIL", 0);
+  F.sync_delay_ms = env_uint ("FAULT_SYNC_DELAY_MS", 0);
   F.power_at = env_uint ("FAULT_POWER_AT", 0);
   if (log && *log)
     F.logfd = open (log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -334,6 +339,8 @@ do_sync (int fd, int (*fn) (int), const char *what)
 
   if (!is_target (fd))
     return fn (fd);
+  if (F.sync_delay_ms)
+    usleep (F.sync_delay_ms * 1000u);
   lock ();
   r = sync_verdict (what);
   if (r == 0) {
