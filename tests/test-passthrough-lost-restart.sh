@@ -11,7 +11,7 @@
 # Then the operator's word (foliod clear-doubt) ends it: FLUSH succeeds,
 # and a restart finds it gone.  (Before: the restart forgot the loss and
 # its first FLUSH succeeded, the remote holding A where the client had
-# written B.)
+# written B.)  Last, the ram cache across foliod upgrade: the same.
 . "$(dirname "$0")/lib.sh"
 lib_init passthrough-lost-restart
 . "$(dirname "$0")/lib-remote.sh"
@@ -27,26 +27,34 @@ lost_count () {
   foliod_stat "$ctl" foliod_passthrough_lost_writes
 }
 
-round () {
-  echo "--- store=$1"
-  rm -f "$tmp/store" "$tmp/fail-flush" "$cur" "$durable"
+keys=cache-size=4M,direct-threshold=64K,dirty-expire=3600000,writeback-interval=3600000
+
+# lose_b [STORE_OPTS]: a fresh remote and a foliod on it (its arguments
+# in args); A written past the cache and FLUSHed (on the remote's durable
+# copy), then B over it, past the cache, whose flush on the remote fails
+# and drops it.
+lose_b () {
+  rm -f "$tmp/fail-flush" "$cur" "$durable"
   truncate -s 4M "$cur"
   cp "$cur" "$durable"
   start_remote "$tmp/remote.sock" sh "$tmp/plugin.sh"
   args=(--control "$ctl" --pidfile "$pidf"
-    --export "disk0=$(remote_uri),store=$1:$tmp/store,cache-size=4M,direct-threshold=64K,dirty-expire=3600000,writeback-interval=3600000")
+    --export "disk0=$(remote_uri),$keys${1:-}")
   start_foliod "${args[@]}"
-
-  # A, past the cache, FLUSHed: on the remote's durable copy.
   timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" \
     -c 'h.pwrite(b"A" * 262144, 0)' -c 'h.flush()' || fail "write and FLUSH A"
-  # B over it, past the cache; the remote's flush fails and drops it.
   touch "$tmp/fail-flush"
   timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" \
     -c 'h.pwrite(b"B" * 262144, 0)' || fail "write B"
   flush_must_fail "$(uri disk0)" "the FLUSH of B succeeded though the remote dropped B"
   [ ! -e "$tmp/fail-flush" ] || fail "the remote was never asked to flush"
   [ "$(lost_count)" -gt 0 ] || fail "B is not counted lost"
+}
+
+round () {
+  echo "--- store=$1"
+  rm -f "$tmp/store"
+  lose_b ",store=$1:$tmp/store"
   flush_must_fail "$(uri disk0)" "a FLUSH after the loss succeeded"
 
   kill9_foliod "$pidf"
@@ -109,6 +117,39 @@ round () {
   rm -f "$FOLIOD_LOG"
 }
 
+# The ram cache keeps nothing across a restart, but an upgrade in place
+# hands it over whole: the loss goes with it.  (Before: the new process
+# answered FLUSH with success.)
+upgrade_round () {
+  local old new out
+  echo "--- ram cache, foliod upgrade"
+  lose_b
+  old=$(cat "$pidf")
+  out=$(timeout $((60 * TSCALE)) "$FOLIOD" upgrade --control "$ctl" 2>&1) ||
+    fail "foliod upgrade: $out"
+  echo "  $out"
+  case $out in *"ram cache kept"*) ;; *) fail "the upgrade did not hand the ram cache over";; esac
+  new=$(cat "$pidf")
+  [ "$new" != "$old" ] || fail "upgrade: still pid $old"
+  track "$new"
+  wait_gone "$old" 100 || fail "the old foliod $old still runs"
+  flush_must_fail "$(uri disk0)" "the upgrade forgot the passthrough loss: FLUSH succeeded with the remote holding A where the client wrote B"
+  [ "$(lost_count)" -gt 0 ] ||
+    fail "after the upgrade foliod_passthrough_lost_writes is 0"
+  grep -q "foliod\[$new\] error: export disk0: the ram cache handed over: a previous run lost writes that bypassed the cache.*'foliod clear-doubt disk0'" \
+    "$FOLIOD_LOG" || fail "the new process did not log the loss it took over"
+  "$FOLIOD" clear-doubt disk0 --control "$ctl" || fail "foliod clear-doubt"
+  timeout $((60 * TSCALE)) nbdsh -u "$(uri disk0)" -c 'h.flush()' ||
+    fail "FLUSH after clear-doubt"
+  kill -TERM "$new"
+  wait_gone "$new" 600 || fail "foliod still running after SIGTERM"
+  FOLIOD_PID=
+  check_sanitizer_log "$FOLIOD_LOG"
+  grep -q "DIRTY DATA LOST" "$FOLIOD_LOG" && fail "the stop reported lost data"
+  stop_remote
+}
+
 round pmem
 round ssd
+upgrade_round
 echo OK

@@ -181,8 +181,8 @@ struct store_ops {
    * still land (doubt), or the operator cleared it (!doubt).  Durable
    * before it returns, so that a restart finds it (store_info.doubt) and
    * does not trust the backing with the recovered data until the
-   * operator says so.  0 or -1/errno.  NULL: not kept across a restart
-   * (ram). */
+   * operator says so.  0 or -1/errno.  NULL: not kept.  (The ram store
+   * keeps these three facts across an upgrade in place only.) */
   int (*set_doubt) (struct store *s, bool doubt);
   /* The same for "fenced": the backing no longer owned its image (its
    * lock was broken, the image changed under it) while this store held

@@ -231,6 +231,20 @@ warm_check (struct cache *c, char *err, size_t errlen)
  * any set_index), and the free slots are those it left free. */
 static int cache_recover_store (struct cache *c, char *err, size_t errlen);
 
+/* What a previous process left in the store for the ledger. */
+static void
+cache_store_facts (struct cache *c, const struct store_info *info)
+{
+  struct cache_store_info *si = &c->sinfo;
+
+  si->doubt = info->doubt;
+  ledger_store_opened (c, info->doubt);
+  si->fenced = info->fenced;
+  ledger_store_fenced (c, info->fenced);
+  si->pt_lost = info->pt_lost;
+  ledger_store_pt_lost (c, info->pt_lost);
+}
+
 static int
 cache_init_store (struct cache *c, char *err, size_t errlen)
 {
@@ -249,10 +263,12 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
       errno = EINVAL;
       return -1;
     }
-    /* A ram store handed over by an upgrade: its folios come back. */
+    /* A ram store handed over by an upgrade: its folios come back, and
+     * the ledger's facts the old process had. */
     if (!info.was_clean)
       return 0;
     si->was_clean = true;
+    cache_store_facts (c, &info);
     return cache_recover_store (c, err, errlen);
   }
   si->granularity = info.granularity;
@@ -262,12 +278,7 @@ cache_init_store (struct cache *c, char *err, size_t errlen)
   si->formatted = info.formatted;
   si->was_clean = info.was_clean;
   si->warm_dropped = info.warm_dropped;
-  si->doubt = info.doubt;
-  ledger_store_opened (c, info.doubt);
-  si->fenced = info.fenced;
-  ledger_store_fenced (c, info.fenced);
-  si->pt_lost = info.pt_lost;
-  ledger_store_pt_lost (c, info.pt_lost);
+  cache_store_facts (c, &info);
   return cache_recover_store (c, err, errlen);
 }
 

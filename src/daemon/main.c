@@ -456,6 +456,39 @@ log_direct (const struct daemon_export *e)
               "requests use buffered I/O", e->cfg.name);
 }
 
+/* What a previous process left for the durability ledger (a persistent
+ * store across a restart, the ram cache across an upgrade), said of
+ * what and name: each keeps FLUSH failing until the operator's word. */
+static void
+log_store_facts (const struct daemon_export *e,
+                 const struct cache_store_info *si, const char *what,
+                 const char *name)
+{
+  if (si->doubt)
+    log_error ("export %s: %s%s: a previous run left writes to the "
+               "backing in doubt (the remote may still carry them out over "
+               "newer data): the store's data is not reported durable on "
+               "the backing, and every FLUSH that needs the backing fails "
+               "with EIO, until 'foliod clear-doubt %s', see foliod(8)",
+               e->cfg.name, what, name, e->cfg.name);
+  if (si->fenced)
+    log_error ("export %s: %s%s was written under an image lock that "
+               "was lost (another client took the image over): its dirty "
+               "data is never written back, and reads, writes and FLUSH "
+               "fail, until 'foliod clear-doubt %s' (write it over the "
+               "image as it is now) or the store is removed (throw it "
+               "away), see foliod(8), Lost lock", e->cfg.name,
+               what, name, e->cfg.name);
+  if (si->pt_lost)
+    log_error ("export %s: %s%s: a previous run lost writes that "
+               "bypassed the cache (direct I/O, zero: the backing dropped "
+               "them before a flush, and the cache had no copy to write "
+               "again): every FLUSH fails with EIO until 'foliod "
+               "clear-doubt %s' (the operator's word that the loss is "
+               "known), see foliod(8)", e->cfg.name, what, name,
+               e->cfg.name);
+}
+
 /* Say which persistence a store got (the store names its mechanism), and
  * what it brought back. */
 static void
@@ -472,6 +505,8 @@ log_store (const struct daemon_export *e)
               (unsigned long long) si.recovered_bytes,
               (unsigned long long) si.recovered_dirty_bytes,
               (unsigned long long) si.recover_ms);
+  if (e->ex->store == NULL && si.was_clean)
+    log_store_facts (e, &si, "the ram cache handed over", "");
   if (e->ex->store == NULL)
     return;
   cache_get_stats (e->ex->cache, &st);
@@ -496,29 +531,7 @@ log_store (const struct daemon_export *e)
               !si.was_clean ? " (only dirty blocks trusted)"
               : si.recovered_folios ? " (warm: every block kept)"
               : " (nothing to replay)");
-  if (si.doubt)
-    log_error ("export %s: store %s: a previous run left writes to the "
-               "backing in doubt (the remote may still carry them out over "
-               "newer data): the store's data is not reported durable on "
-               "the backing, and every FLUSH that needs the backing fails "
-               "with EIO, until 'foliod clear-doubt %s', see foliod(8)",
-               e->cfg.name, e->cfg.store, e->cfg.name);
-  if (si.fenced)
-    log_error ("export %s: store %s was written under an image lock that "
-               "was lost (another client took the image over): its dirty "
-               "data is never written back, and reads, writes and FLUSH "
-               "fail, until 'foliod clear-doubt %s' (write it over the "
-               "image as it is now) or the store is removed (throw it "
-               "away), see foliod(8), Lost lock", e->cfg.name,
-               e->cfg.store, e->cfg.name);
-  if (si.pt_lost)
-    log_error ("export %s: store %s: a previous run lost writes that "
-               "bypassed the cache (direct I/O, zero: the backing dropped "
-               "them before a flush, and the cache had no copy to write "
-               "again): every FLUSH fails with EIO until 'foliod "
-               "clear-doubt %s' (the operator's word that the loss is "
-               "known), see foliod(8)", e->cfg.name, e->cfg.store,
-               e->cfg.name);
+  log_store_facts (e, &si, "store ", e->cfg.store);
   if (si.warm_dropped)
     log_warn ("export %s: store %s: shut down cleanly, but the warm cache "
               "is dropped: %s", e->cfg.name, e->cfg.store, si.warm_dropped);

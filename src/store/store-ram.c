@@ -56,6 +56,13 @@
 #define RAM_DATA_ALIGN   (2u << 20)   /* huge pages where shmem has them */
 #define RAM_NAME_MAX     4097         /* EXPORT_NAME_MAX and its NUL */
 #define RAM_FLAG_HANDED  1u           /* stamped by store_ram_keep */
+/* The durability ledger's facts (set_doubt, set_fenced, set_pt_lost),
+ * handed over with the cache: nothing here outlives the memfd, but an
+ * upgrade must not forget what a restart of a durable store remembers. */
+#define RAM_FLAG_DOUBT   2u
+#define RAM_FLAG_FENCED  4u
+#define RAM_FLAG_PT_LOST 8u
+#define RAM_FACTS (RAM_FLAG_DOUBT | RAM_FLAG_FENCED | RAM_FLAG_PT_LOST)
 
 struct ram_header {
   char magic[8];
@@ -99,6 +106,7 @@ struct store_ram {
   uint32_t block_size;
   int kept_fd;      /* store_ram_keep: the fd to hand over, else -1 */
   bool adopted;     /* handed over: recover hands its slots back */
+  atomic_uint facts; /* RAM_FACTS: the header gets them at the keep */
   /* The populating thread, if started. */
   pthread_t populator;
   bool populating;
@@ -205,10 +213,45 @@ ram_info (struct store *s, struct store_info *out)
 {
   struct store_ram *r = (struct store_ram *) s;
 
+  unsigned f = atomic_load (&r->facts);
+
   out->granularity = "none";
   out->mechanism = "memfd";
   out->was_clean = r->adopted;
   out->formatted = !r->adopted;
+  out->doubt = (f & RAM_FLAG_DOUBT) != 0;
+  out->fenced = (f & RAM_FLAG_FENCED) != 0;
+  out->pt_lost = (f & RAM_FLAG_PT_LOST) != 0;
+}
+
+static int
+ram_set_fact (struct store *s, unsigned fact, bool on)
+{
+  struct store_ram *r = (struct store_ram *) s;
+
+  if (on)
+    atomic_fetch_or (&r->facts, fact);
+  else
+    atomic_fetch_and (&r->facts, ~fact);
+  return 0;
+}
+
+static int
+ram_set_doubt (struct store *s, bool doubt)
+{
+  return ram_set_fact (s, RAM_FLAG_DOUBT, doubt);
+}
+
+static int
+ram_set_fenced (struct store *s, bool fenced)
+{
+  return ram_set_fact (s, RAM_FLAG_FENCED, fenced);
+}
+
+static int
+ram_set_pt_lost (struct store *s, bool lost)
+{
+  return ram_set_fact (s, RAM_FLAG_PT_LOST, lost);
 }
 
 static void
@@ -308,6 +351,9 @@ static const struct store_ops ram_ops = {
   .persist = ram_persist,
   .recover = ram_recover,
   .info = ram_info,
+  .set_doubt = ram_set_doubt,
+  .set_fenced = ram_set_fenced,
+  .set_pt_lost = ram_set_pt_lost,
   .destroy = ram_destroy,
 };
 
@@ -394,7 +440,7 @@ store_ram_keep (struct store *s, const char *name, uint64_t export_size)
   memcpy (h->magic, RAM_MAGIC, sizeof h->magic);
   h->version = STORE_RAM_LAYOUT_VERSION;
   h->header_bytes = sizeof *h;
-  h->flags = RAM_FLAG_HANDED;
+  h->flags = RAM_FLAG_HANDED | (atomic_load (&r->facts) & RAM_FACTS);
   h->nslots = s->nslots;
   h->folio_size = s->folio_size;
   h->block_size = r->block_size;
@@ -511,6 +557,7 @@ store_ram_adopt (int fd, uint32_t nslots, uint32_t folio_size,
     errno = EINVAL;
     return NULL;
   }
+  unsigned facts = h->flags & RAM_FACTS;
   munmap (h, RAM_HEADER_BYTES);
   r = calloc (1, sizeof *r);
   if (r == NULL) {
@@ -541,5 +588,6 @@ store_ram_adopt (int fd, uint32_t nslots, uint32_t folio_size,
     }
   r->block_size = block_size;
   r->adopted = true;
+  atomic_store (&r->facts, facts);
   return RAM_BASE (r);
 }
