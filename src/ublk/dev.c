@@ -21,7 +21,9 @@
  *         /dev/ublkcN, workers, queue threads fetching every tag ->
  *         END_USER_RECOVERY: the waiting requests reach the new process.
  *   detach: stop the queue threads and workers (what a worker holds is
- *         answered first), close /dev/ublkcN; no STOP_DEV.
+ *         answered first; what arrives meanwhile is not taken: the
+ *         kernel requeues it for the next server), close /dev/ublkcN;
+ *         no STOP_DEV.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -166,10 +168,18 @@ queues_wait_ready (struct ublk_dev *d)
 static void
 dev_teardown (struct ublk_dev *d, int ctrl_fd, bool del)
 {
+  unsigned left = 0;
+
   for (unsigned i = 0; i < d->nr_queues; i++)
     ublk_queue_stop (&d->q[i]);
-  for (unsigned i = 0; i < d->nr_queues; i++)
+  for (unsigned i = 0; i < d->nr_queues; i++) {
     ublk_queue_join (&d->q[i]);
+    left += atomic_load (&d->q[i].left);
+  }
+  if (left)
+    log_info ("ublk%d: %u request%s that arrived while it stopped left "
+              "to the kernel (requeued for the next server)", d->id, left,
+              left == 1 ? "" : "s");
   ublk_workers_stop (d);
   if (d->cdev_fd >= 0)
     close (d->cdev_fd);

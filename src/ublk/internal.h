@@ -61,6 +61,7 @@
 #define UBLK_WORKERS       4u    /* blocking workers per device */
 #define UBLK_INLINE_MAX    (1u << 20) /* larger copies: a worker */
 #define UBLK_READY_WAIT_MS 10000u /* a queue thread's set-up, at most */
+#define UBLK_JOIN_WARN_S 10u /* a stopping thread not gone: say so */
 #define UBLK_RECOVER_WAIT_MS 10000u /* for a dead server's device to quiesce */
 
 struct cache;
@@ -89,7 +90,12 @@ struct ublk_queue {
   size_t bufs_len;
   pthread_mutex_t done_lock;
   struct ublk_io *done;       /* finished by workers, to commit */
-  atomic_bool stop;           /* ublk_del: leave the loop */
+  atomic_bool stop;           /* leave the loop; requests that arrive
+                               * from now on are left to the kernel (a
+                               * detach: requeued for the next server;
+                               * after STOP_DEV none arrive) */
+  atomic_uint at_workers;     /* the thread's count, for the log */
+  atomic_uint left;           /* requests left unanswered at the stop */
   /* Set-up result for ublk_add: 0 running (every tag fetched), >0 an
    * error number; -1 not yet.  Under the device's work lock. */
   int ready;
@@ -107,6 +113,7 @@ struct ublk_dev {
   pthread_cond_t work_cond;   /* work arrived, stop, or a queue is ready */
   struct ublk_io *work, **work_tail;
   bool workers_stop;
+  atomic_uint busy;           /* workers inside ublk_exec, for the log */
   pthread_t workers[UBLK_WORKERS];
   unsigned nworkers;
   struct ublk_dev *next;      /* in the set */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -147,6 +148,14 @@ q_cqe (struct qrun *qr, const struct io_uring_cqe *cqe)
     return;
   }
   qr->fetched--;
+  if (cqe->res == UBLK_IO_RES_OK && atomic_load (&qr->q->stop)) {
+    /* Stopping: not taken.  Its tag goes unanswered; when the ring
+     * closes the kernel requeues the request (REISSUE) for the next
+     * server.  Taking it would let a steady writer keep this thread
+     * (and a detach waiting for it) busy for as long as it writes. */
+    atomic_fetch_add (&qr->q->left, 1);
+    return;
+  }
   if (cqe->res == UBLK_IO_RES_OK) {
     q_request (qr, &qr->q->ios[tag]);
     return;
@@ -230,8 +239,11 @@ q_thread (void *arg)
       n++;
     }
     io_uring_cq_advance (&qr.ring, n);
+    atomic_store (&q->at_workers, qr.at_workers);
   }
-  /* Closing the ring cancels the fetches the kernel still holds. */
+  /* The answers of the last tags the workers gave back, then: closing
+   * the ring cancels the fetches the kernel still holds. */
+  io_uring_submit (&qr.ring);
   io_uring_queue_exit (&qr.ring);
   return NULL;
 }
@@ -281,11 +293,33 @@ ublk_queue_stop (struct ublk_queue *q)
     log_warn ("ublk%d queue %u: cannot wake: %m", q->dev->id, q->id);
 }
 
+/* pthread_join, saying every UBLK_JOIN_WARN_S what it waits for: a
+ * thread that does not stop holds up a stop, a ublk del or an upgrade,
+ * and the log must say which. */
+static void
+join_watched (pthread_t t, int dev, const char *what, unsigned n,
+              const atomic_uint *busy)
+{
+  struct timespec ts;
+  unsigned waited = 0;
+
+  for (;;) {
+    clock_gettime (CLOCK_REALTIME, &ts);
+    ts.tv_sec += UBLK_JOIN_WARN_S;
+    if (pthread_timedjoin_np (t, NULL, &ts) != ETIMEDOUT)
+      return;
+    waited += UBLK_JOIN_WARN_S;
+    log_warn ("ublk%d: %s %u has not stopped after %u s (%u request%s "
+              "at its workers)", dev, what, n, waited, atomic_load (busy),
+              atomic_load (busy) == 1 ? "" : "s");
+  }
+}
+
 void
 ublk_queue_join (struct ublk_queue *q)
 {
   if (q->started)
-    pthread_join (q->thread, NULL);
+    join_watched (q->thread, q->dev->id, "queue", q->id, &q->at_workers);
   q->started = false;
   if (q->descs)
     munmap (q->descs, q->descs_len);
@@ -333,7 +367,9 @@ worker_thread (void *arg)
     if (d->work == NULL)
       d->work_tail = &d->work;
     unlock_or_die (&d->work_lock);
+    atomic_fetch_add (&d->busy, 1);
     io->result = ublk_exec (d->exp, &io->q->descs[io->tag], io->buf, false);
+    atomic_fetch_sub (&d->busy, 1);
     worker_done (io);
     lock_or_die (&d->work_lock);
   }
@@ -363,6 +399,6 @@ ublk_workers_stop (struct ublk_dev *d)
   pthread_cond_broadcast (&d->work_cond);
   unlock_or_die (&d->work_lock);
   for (unsigned i = 0; i < d->nworkers; i++)
-    pthread_join (d->workers[i], NULL);
+    join_watched (d->workers[i], d->id, "worker", i, &d->busy);
   d->nworkers = 0;
 }
