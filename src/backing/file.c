@@ -317,6 +317,15 @@ file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
   return 0;
 }
 
+/* Not under the lock: an op must not wait for a sync to begin.  A
+ * failure still being counted is seen by the op's own file_sync, which
+ * runs after it under the lock. */
+static uint64_t
+file_sync_seen (struct file_backing *fb)
+{
+  return atomic_load (&fb->sync_failures);
+}
+
 /* fdatasync is per inode: it covers every fd of the file.  When it fails,
  * Linux has marked the pages whose writeback failed clean (their data is
  * not on the device) and reports the error once per open file
@@ -328,19 +337,10 @@ file_write_data (struct file_backing *fb, const void *buf, uint64_t len,
  * of the file failed since the op began (seen, sampled before its
  * writes).  The syncs are serialized so that a failure is counted before
  * any later sync returns.  (Concurrent fdatasyncs of one file wait for
- * each other here; the kernel would mostly have serialized their
- * journal commits anyway.)  A failure is only returned: the cache sees
+ * each other here: FUA writes at queue depth 16 lost a third of their
+ * rate, docs/internals.md.)  A failure is only returned: the cache sees
  * it (a failed flush, or a FUA op that failed) and its ledger's rule
  * alone makes it a loss. */
-/* Not under the lock: an op must not wait for a sync to begin.  A
- * failure still being counted is seen by the op's own file_sync, which
- * runs after it under the lock. */
-static uint64_t
-file_sync_seen (struct file_backing *fb)
-{
-  return atomic_load (&fb->sync_failures);
-}
-
 static int
 file_sync (struct file_backing *fb, int fd, uint64_t seen)
 {
@@ -369,7 +369,6 @@ file_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
             unsigned flags)
 {
   struct file_backing *fb = to_file (b);
-
   uint64_t seen = file_sync_seen (fb);
 
   if (check_writable (b, len, off) == -1)

@@ -212,7 +212,6 @@ static void
 ram_info (struct store *s, struct store_info *out)
 {
   struct store_ram *r = (struct store_ram *) s;
-
   unsigned f = atomic_load (&r->facts);
 
   out->granularity = "none";
