@@ -266,21 +266,29 @@ int upgrade_inherited (struct upgrade_handoff *u);
 /* New process: tell the old one we serve. */
 void upgrade_ready (struct upgrade_handoff *u);
 void upgrade_handoff_free (struct upgrade_handoff *u);
+/* Old process: the new one it started.  pid is not our child (its
+ * parent exited: see upgrade.c), so pidfd is how it is killed and
+ * waited for. */
+struct upgrade_child {
+  pid_t pid;
+  int pidfd;
+  int sock;                   /* the way to it */
+  bool takes_ram;             /* it reads our ram store layout */
+};
 /* Old process, step 1: start this binary (its path now) with argv and
- * wait up to wait_s until it is loaded (it waits then).  Its pid and, in
- * *sock, the way to it, in *takes_ram whether it reads this process's
- * ram store layout (STORE_RAM_LAYOUT_VERSION: then the ram stores go
- * over whole, else they are written back); or -1 with a reason in err
- * (it is gone). */
-pid_t upgrade_start (char *const *argv, unsigned wait_s, int *sock,
-                     bool *takes_ram, char *err, size_t errlen);
+ * wait up to wait_s until it is loaded (it waits then).  0 with c
+ * filled: c->takes_ram says whether it reads this process's ram store
+ * layout (STORE_RAM_LAYOUT_VERSION: then the ram stores go over whole,
+ * else they are written back); or -1 with a reason in err (it is gone). */
+int upgrade_start (char *const *argv, unsigned wait_s,
+                   struct upgrade_child *c, char *err, size_t errlen);
 /* Step 2: hand it u and wait up to wait_s until it serves.  0, or -1
- * with a reason in err (it is killed and reaped).  Closes sock. */
-int upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
+ * with a reason in err (it is killed and gone).  Closes c either way. */
+int upgrade_hand (struct upgrade_child *c, const struct upgrade_handoff *u,
                   unsigned wait_s, char *err, size_t errlen);
-/* Give up on a started one (closes sock, kills it unless err is EPIPE:
- * it exited; reaps it); the reason goes to msg. */
-void upgrade_abandon (pid_t pid, int sock, const char *what, int err,
+/* Give up on a started one (kills it unless err is EPIPE: it exited;
+ * waits until it is gone; closes c); the reason goes to msg. */
+void upgrade_abandon (struct upgrade_child *c, const char *what, int err,
                       unsigned wait_s, char *msg, size_t msglen);
 
 #endif /* FOLIOD_DAEMON_H */

@@ -69,9 +69,7 @@ struct daemon {
   struct export **upgrade_old; /* exports closed for the hand-over */
   struct store **upgrade_ram; /* per export: its ram store, kept for
                               * the new process (store_ram_kept_fd) */
-  bool upgrade_takes_ram;    /* the new process reads our ram layout */
-  pid_t upgrade_pid;         /* the new process, loaded, waiting */
-  int upgrade_sock;          /* the way to it */
+  struct upgrade_child upgrade;   /* the new process, loaded, waiting */
   pid_t upgraded_to;         /* the new process is ready: exit */
   int upgrade_fatal;         /* failed and cannot serve on: exit 1 */
 };
@@ -1040,7 +1038,7 @@ upgrade_keeps_ram (struct daemon *d, size_t i)
 {
   size_t before = 0;
 
-  if (!d->upgrade_takes_ram || d->cfg->exports[i].ex == NULL ||
+  if (!d->upgrade.takes_ram || d->cfg->exports[i].ex == NULL ||
       d->cfg->exports[i].ex->store != NULL)
     return false;
   for (size_t k = 0; k < i; k++)
@@ -1064,7 +1062,7 @@ upgrade_close_exports (struct daemon *d)
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
     uint64_t lost = 0;
-    bool keep_ram = d->upgrade_takes_ram && e->ex && e->ex->store == NULL &&
+    bool keep_ram = d->upgrade.takes_ram && e->ex && e->ex->store == NULL &&
                     n_ram++ < UPGRADE_MAX_RAM;
     d->upgrade_old[i] = e->ex;
     d->upgrade_ram[i] = NULL;
@@ -1152,7 +1150,7 @@ upgrade_handed (void *opaque)
   u.n_listen = server_listen_fds (d->server, u.listen_fds,
                                   UPGRADE_MAX_LISTEN);
   u.control_fd = d->ctl ? control_fd (d->ctl, false) : -1;
-  u.takes_ram = d->upgrade_takes_ram;
+  u.takes_ram = d->upgrade.takes_ram;
   for (size_t i = 0; i < d->cfg->n_exports; i++)
     if (d->upgrade_ram[i] && u.n_ram < UPGRADE_MAX_RAM)
       u.ram_fds[u.n_ram++] = store_ram_kept_fd (d->upgrade_ram[i]);
@@ -1160,12 +1158,9 @@ upgrade_handed (void *opaque)
                (d->inherited && d->inherit.detached);
   if (d->cfg->log_file)
     u.detached = 0;
-  pid = d->upgrade_pid;
-  if (upgrade_hand (pid, d->upgrade_sock, &u, UPGRADE_READY_S, err,
-                    sizeof err) < 0)
+  pid = d->upgrade.pid;
+  if (upgrade_hand (&d->upgrade, &u, UPGRADE_READY_S, err, sizeof err) < 0)
     pid = -1;
-  d->upgrade_pid = 0;
-  d->upgrade_sock = -1;
   if (pid > 0) {
     uint64_t t = now_ms ();
     sd_notifyf ("MAINPID=%d", (int) pid);
@@ -1235,10 +1230,8 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
   }
   /* The new binary starts (exec, libraries, configuration) while this
    * process serves; it waits for the hand-over. */
-  d->upgrade_pid = upgrade_start (d->argv, UPGRADE_READY_S,
-                                  &d->upgrade_sock, &d->upgrade_takes_ram,
-                                  err, sizeof err);
-  if (d->upgrade_pid < 0) {
+  if (upgrade_start (d->argv, UPGRADE_READY_S, &d->upgrade, err,
+                     sizeof err) < 0) {
     log_error ("upgrade failed: %s; serving on", err);
     upgrade_answer (d, "ERROR upgrade failed: %s; pid %d serves on\n", err,
                     (int) getpid ());
@@ -1248,15 +1241,15 @@ on_upgrade_async (struct ev_loop *loop, ev_async *w, int revents)
    * another ram layout) must be written back before it is closed: most
    * of it now, while clients are still served, so that the stall only
    * covers what they write meanwhile. */
-  if (d->upgrade_takes_ram)
+  if (d->upgrade.takes_ram)
     log_info ("upgrade: the new process takes the ram caches as they are");
   for (size_t i = 0; i < cfg->n_exports; i++) {
     struct daemon_export *e = &cfg->exports[i];
     if (e->ex && e->ex->store == NULL && !upgrade_keeps_ram (d, i) &&
         cache_write_back (e->ex->cache) == -1) {
       int werr = errno;
-      upgrade_abandon (d->upgrade_pid, d->upgrade_sock, "handed over",
-                       EINTR, 0, err, sizeof err);
+      upgrade_abandon (&d->upgrade, "handed over", EINTR, 0, err,
+                       sizeof err);
       upgrade_answer (d, "ERROR export %s: cannot write back before the "
                       "upgrade: %s\n", e->cfg.name, strerror (werr));
       return;

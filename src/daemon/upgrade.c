@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -415,44 +416,134 @@ wait_byte (int sock, char want, uint64_t deadline)
   return wait_byte2 (sock, want, 0, deadline) < 0 ? -1 : 0;
 }
 
-void
-upgrade_abandon (pid_t pid, int sock, const char *what, int err,
-                 unsigned wait_s, char *msg, size_t msglen)
+/* Wait until c's process is gone (its pidfd readable), saying every
+ * 10 s that it is not: its exports must not be taken back while it runs. */
+static void
+child_wait_gone (const struct upgrade_child *c)
 {
-  int st = 0;
+  struct pollfd p = { .fd = c->pidfd, .events = POLLIN };
+  unsigned waited = 0;
+  int r;
 
-  if (err == ETIMEDOUT) {
-    snprintf (msg, msglen, "the new process (pid %d) was not %s within "
-              "%u s: killed", (int) pid, what, wait_s);
-    kill (pid, SIGKILL);
-  } else if (err != EPIPE) {
-    snprintf (msg, msglen, "the new process (pid %d): %s: killed",
-              (int) pid, strerror (err));
-    kill (pid, SIGKILL);
+  for (;;) {
+    r = poll (&p, 1, 10000);
+    if (r != 0 && !(r < 0 && errno == EINTR))
+      return;
+    if (r == 0)
+      log_warn ("upgrade: the new process (pid %d) killed %u s ago is "
+                "still there; its exports are taken back once it is gone",
+                (int) c->pid, waited += 10);
   }
-  close (sock);
-  while (waitpid (pid, &st, 0) < 0 && errno == EINTR)
-    ;
-  if (err == EPIPE && WIFEXITED (st))
-    snprintf (msg, msglen, "the new process exited with status %d before "
-              "it was %s (see its log lines)", WEXITSTATUS (st), what);
-  else if (err == EPIPE)
-    snprintf (msg, msglen, "the new process died (signal %d) before it was "
-              "%s", WIFSIGNALED (st) ? WTERMSIG (st) : 0, what);
 }
 
-pid_t
-upgrade_start (char *const *argv, unsigned wait_s, int *sock,
-               bool *takes, char *err, size_t errlen)
+static void
+child_close (struct upgrade_child *c)
+{
+  if (c->sock >= 0)
+    close (c->sock);
+  if (c->pidfd >= 0)
+    close (c->pidfd);
+  c->sock = c->pidfd = -1;
+  c->pid = 0;
+}
+
+void
+upgrade_abandon (struct upgrade_child *c, const char *what, int err,
+                 unsigned wait_s, char *msg, size_t msglen)
+{
+  if (err == ETIMEDOUT)
+    snprintf (msg, msglen, "the new process (pid %d) was not %s within "
+              "%u s: killed", (int) c->pid, what, wait_s);
+  else if (err != EPIPE)
+    snprintf (msg, msglen, "the new process (pid %d): %s: killed",
+              (int) c->pid, strerror (err));
+  else
+    snprintf (msg, msglen, "the new process (pid %d) exited before it was "
+              "%s (see its log lines)", (int) c->pid, what);
+  /* Not our child (upgrade_start): its pidfd kills it and tells when it
+   * is gone, whoever reaps it. */
+  if (err != EPIPE)
+    pidfd_send_signal (c->pidfd, SIGKILL, NULL, 0);
+  close (c->sock);
+  c->sock = -1;
+  child_wait_gone (c);
+  child_close (c);
+}
+
+/* Start exe as a grandchild whose parent has exited: the new process is
+ * then the child of whoever reaps orphans here (the service manager,
+ * init, or a subreaper), never ours.  systemd takes a MAINPID= that is
+ * not its own child as "alien": at stop it does not wait for it and,
+ * with KillMode=mixed, sends SIGKILL right after SIGTERM, in the middle
+ * of the writeback.  The middle process stays until c->pidfd is open, so
+ * that the pid cannot be reaped and reused before.  0, or -1 (errno). */
+static int
+spawn_orphan (const char *exe, char *const *argv, char **env, int keep_fd,
+              struct upgrade_child *c)
+{
+  int sv[2];
+  pid_t mid, pid = -1;
+  int st, saved;
+
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+    return -1;
+  mid = fork ();
+  if (mid == 0) {
+    /* Only async-signal-safe calls until exec: other threads ran.
+     * _Fork runs no atfork handlers (their locks may be held). */
+    char c0;
+    pid_t g;
+
+    close (sv[0]);
+    g = _Fork ();
+    if (g == 0) {
+      close (sv[1]);
+      fcntl (keep_fd, F_SETFD, 0);
+      execve (exe, argv, env);
+      _exit (127);
+    }
+    if (g < 0 || write (sv[1], &g, sizeof g) != sizeof g)
+      _exit (1);
+    while (read (sv[1], &c0, 1) < 0 && errno == EINTR)
+      ;                         /* until the pidfd is open: EOF */
+    _exit (0);
+  }
+  saved = errno;
+  close (sv[1]);
+  if (mid > 0) {
+    ssize_t r;
+    while ((r = read (sv[0], &pid, sizeof pid)) < 0 && errno == EINTR)
+      ;
+    saved = EAGAIN;             /* the middle process could not fork */
+    if (r == sizeof pid && pid > 0 &&
+        (c->pidfd = pidfd_open (pid, 0)) < 0) {
+      saved = errno;
+      kill (pid, SIGKILL);      /* still the middle one's: not reused */
+    }
+  }
+  close (sv[0]);                /* the middle process exits */
+  while (mid > 0 && waitpid (mid, &st, 0) < 0 && errno == EINTR)
+    ;
+  if (c->pidfd < 0) {
+    errno = saved;
+    return -1;
+  }
+  c->pid = pid;
+  return 0;
+}
+
+int
+upgrade_start (char *const *argv, unsigned wait_s, struct upgrade_child *c,
+               char *err, size_t errlen)
 {
   char exe[PATH_MAX];
   int sv[2] = { -1, -1 };
   char **env = NULL;
-  pid_t pid = -1;
-  int c;
+  int r = -1, ch;
 
-  *sock = -1;
-  *takes = false;
+  c->pid = 0;
+  c->pidfd = c->sock = -1;
+  c->takes_ram = false;
   if (self_exe (exe, sizeof exe) < 0 ||
       socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0 ||
       !(env = child_env (sv[1]))) {
@@ -460,37 +551,30 @@ upgrade_start (char *const *argv, unsigned wait_s, int *sock,
               strerror (errno));
     goto out;
   }
-  pid = fork ();
-  if (pid == 0) {
-    /* Only async-signal-safe calls until exec: other threads ran. */
-    fcntl (sv[1], F_SETFD, 0);
-    execve (exe, argv, env);
-    _exit (127);
-  }
-  if (pid < 0) {
-    snprintf (err, errlen, "fork: %s", strerror (errno));
+  if (spawn_orphan (exe, argv, env, sv[1], c) < 0) {
+    snprintf (err, errlen, "cannot start the new process: %s",
+              strerror (errno));
     goto out;
   }
-  log_info ("upgrade: started %s as pid %d", exe, (int) pid);
+  log_info ("upgrade: started %s as pid %d", exe, (int) c->pid);
   close (sv[1]);
   sv[1] = -1;
-  c = wait_byte2 (sv[0], 'L', 'K', now_ms () + wait_s * 1000ull);
-  if (c < 0) {
-    upgrade_abandon (pid, sv[0], "loaded", errno, wait_s, err, errlen);
-    sv[0] = -1;
-    pid = -1;
+  c->sock = sv[0];
+  sv[0] = -1;
+  ch = wait_byte2 (c->sock, 'L', 'K', now_ms () + wait_s * 1000ull);
+  if (ch < 0) {
+    upgrade_abandon (c, "loaded", errno, wait_s, err, errlen);
     goto out;
   }
-  *takes = c == 'K';
-  *sock = sv[0];
-  sv[0] = -1;
+  c->takes_ram = ch == 'K';
+  r = 0;
 out:
   child_env_free (env);
   if (sv[0] >= 0)
     close (sv[0]);
   if (sv[1] >= 0)
     close (sv[1]);
-  return pid;
+  return r;
 }
 
 /* One message: the byte tag and n fds. */
@@ -557,9 +641,10 @@ recv_fds (int sock, char *tag, int *fds, size_t *n)
 }
 
 int
-upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
+upgrade_hand (struct upgrade_child *c, const struct upgrade_handoff *u,
               unsigned wait_s, char *err, size_t errlen)
 {
+  int sock = c->sock;
   int fds[2 + UPGRADE_MAX_LISTEN];
   size_t n = 0;
   int mfd = memfd_create ("foliod-upgrade", MFD_CLOEXEC);
@@ -586,13 +671,13 @@ upgrade_hand (pid_t pid, int sock, const struct upgrade_handoff *u,
   if (u->takes_ram && send_fds (sock, 'S', u->ram_fds, u->n_ram) < 0)
     goto fail;
   if (wait_byte (sock, 'R', now_ms () + wait_s * 1000ull) == 0) {
-    close (sock);
+    child_close (c);
     return 0;
   }
 fail:
   if (mfd >= 0)
     close (mfd);
-  upgrade_abandon (pid, sock, "ready", errno == ETIMEDOUT || errno == EPIPE
+  upgrade_abandon (c, "ready", errno == ETIMEDOUT || errno == EPIPE
                    ? errno : EPIPE, wait_s, err, errlen);
   return -1;
 }
