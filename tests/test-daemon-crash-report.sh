@@ -34,4 +34,54 @@ for sig in SEGV ABRT; do
   fn=$(addr2line -f -e "$FOLIOD" "${off#foliod+}" | head -n 1)
   [ -n "$fn" ] && [ "$fn" != "??" ] || fail "$off does not resolve"
 done
+
+# A real fault on an address whose mapping went away under the thread
+# (a preloaded thread maps three pages and, once foliod serves, unmaps
+# the middle one and reads it): the line says the address is not mapped and which mappings lie
+# either side, the one before ending where the hole begins.
+requires cc
+cat > "$tmp/hole.c" <<'C'
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+static void *
+hole (void *arg)
+{
+  long pg = sysconf (_SC_PAGESIZE);
+  char *p = mmap (NULL, 3 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  (void) arg;
+  while (access (getenv ("HOLE_GO"), F_OK) != 0)   /* foliod is ready */
+    usleep (10000);
+  munmap (p + pg, pg);
+  fprintf (stderr, "hole at %p\n", (void *) (p + pg));
+  return (void *) (uintptr_t) *(volatile char *) (p + pg);
+}
+__attribute__ ((constructor)) static void
+start (void)
+{
+  pthread_t t;
+  pthread_create (&t, NULL, hole, NULL);
+  pthread_detach (t);
+}
+C
+cc -shared -fPIC -o "$tmp/hole.so" "$tmp/hole.c" -lpthread || fail "cc hole.so"
+: > "$tmp/foliod.log"
+HOLE_GO=$tmp/go LD_PRELOAD=$tmp/hole.so start_foliod --pidfile "$tmp/pid" \
+  --export "disk0=$tmp/disk.img"
+pid=$(cat "$tmp/pid")
+touch "$tmp/go"
+wait_gone "$pid" 100 || fail "foliod still runs after its fault"
+rc=0; wait "$FOLIOD_PID" || rc=$?
+FOLIOD_PID=
+[ "$rc" = $((128 + $(kill -l SEGV))) ] || fail "foliod did not die of SIGSEGV (status $rc)"
+hole=$(sed -n 's/^hole at 0x//p' "$tmp/foliod.log")
+[ -n "$hole" ] || fail "the preloaded thread did not run"
+grep "crashed: " "$tmp/foliod.log"
+grep -q "crashed: SIGSEGV at 0x$hole (not mapped) in thread foliod" "$tmp/foliod.log" ||
+  fail "the crash line does not say 0x$hole was not mapped"
+grep -q "crashed: 0x$hole is in no mapping; before it: [0-9a-f]*-$hole r--p .*; after it: [0-9a-f]*-[0-9a-f]* r--p " \
+  "$tmp/foliod.log" || fail "the crash does not name the mappings either side of the hole"
 echo OK
