@@ -64,9 +64,13 @@ struct file_backing {
 
   /* Every fdatasync of the file, on any fd, runs under sync_lock, and
    * counts its failure before the lock goes: an op that syncs trusts its
-   * fdatasync only if none failed since the op began (file_sync). */
+   * fdatasync only if none failed since the op began (file_sync).  The
+   * syncs are numbered as they begin; an op whose writes a sync that
+   * succeeded covers (it began after them) takes its result. */
   pthread_mutex_t sync_lock;
   atomic_uint_fast64_t sync_failures; /* written under sync_lock */
+  atomic_uint_fast64_t sync_begun;    /* written under sync_lock */
+  uint64_t sync_good;           /* under sync_lock: the last good one's */
 
   void *zero_buf;               /* FILE_BOUNCE_SIZE aligned zeroes, never
                                  * written after open, shared read-only */

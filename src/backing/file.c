@@ -336,23 +336,31 @@ file_sync_seen (struct file_backing *fb)
  * one's succeeds.  Hence the rule: an op's sync succeeds only if no sync
  * of the file failed since the op began (seen, sampled before its
  * writes).  The syncs are serialized so that a failure is counted before
- * any later sync returns.  (Concurrent fdatasyncs of one file wait for
- * each other here: FUA writes at queue depth 16 lost a third of their
- * rate, docs/internals.md.)  A failure is only returned: the cache sees
- * it (a failed flush, or a FUA op that failed) and its ledger's rule
- * alone makes it a loss. */
+ * any later sync returns.  They are also numbered as they begin: one
+ * that begins after an op's writes completed covers them (fdatasync
+ * writes back and flushes the whole inode), so an op that waited for
+ * the lock while such a sync ran and succeeded takes its result instead
+ * of syncing again (a group commit: at queue depth 16, two syncs serve
+ * the sixteen ops where sixteen ran one after the other).  A failure is
+ * only returned: the cache sees it (a failed flush, or a FUA op that
+ * failed) and its ledger's rule alone makes it a loss. */
 static int
 file_sync (struct file_backing *fb, int fd, uint64_t seen)
 {
+  /* The op's writes are done: any sync numbered above this covers them. */
+  uint64_t covered_by = atomic_load (&fb->sync_begun) + 1;
   int r = 0, err = 0;
 
   lock_or_die (&fb->sync_lock);
-  if (fdatasync (fd) == -1) {
-    err = errno;
-    /* EINVAL/EROFS: this kind of file has nothing to sync. */
-    if (err != EINVAL && err != EROFS) {
+  if (fb->sync_good < covered_by) {
+    uint64_t me = atomic_fetch_add (&fb->sync_begun, 1) + 1;
+    if (fdatasync (fd) == -1 && errno != EINVAL && errno != EROFS) {
+      /* (EINVAL/EROFS: this kind of file has nothing to sync.) */
+      err = errno;
       atomic_fetch_add (&fb->sync_failures, 1);
       r = -1;
+    } else {
+      fb->sync_good = me;
     }
   }
   if (r == 0 && atomic_load (&fb->sync_failures) != seen) {
