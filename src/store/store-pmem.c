@@ -432,7 +432,9 @@ pmem_info (struct store *s, struct store_info *info)
 }
 
 /* A flag of the ledger's in the header (under sync_lock, which guards
- * it): writes in doubt, fenced, passthrough writes lost. */
+ * it): writes in doubt, fenced, passthrough writes lost.  Into both
+ * copies: one damaged newer copy would otherwise give back the older
+ * one, without the fact (every later header update carries it). */
 static int
 pmem_set_flag (struct store *s, uint32_t flag, bool on)
 {
@@ -443,6 +445,7 @@ pmem_set_flag (struct store *s, uint32_t flag, bool on)
     p->meta.hdr.flags |= flag;
   else
     p->meta.hdr.flags &= ~flag;
+  pmem_layout_update (&p->meta);
   pmem_layout_update (&p->meta);
   pthread_mutex_unlock (&p->sync_lock);
   return 0;

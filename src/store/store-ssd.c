@@ -892,7 +892,8 @@ ssd_sync (struct store *s)
 /* Write the superblock between commits: super_exclusive waits for the
  * commit under way and keeps others out; super_write_end writes p->sb,
  * flushes it, and lets commits run again (clean: the next commit must
- * say "not clean" first).  Its result: 0, or -1/errno (sticky). */
+ * say "not clean" first; both: into both copies, one after the other,
+ * each flushed).  Its result: 0, or -1/errno (sticky). */
 static void
 super_exclusive (struct store_ssd *p)
 {
@@ -904,11 +905,15 @@ super_exclusive (struct store_ssd *p)
 }
 
 static int
-super_write_end (struct store_ssd *p, bool clean)
+super_write_end (struct store_ssd *p, bool clean, bool both)
 {
-  int r = ssd_super_write (p->dev, &p->sb, &p->sb_cur);
-  if (r == 0)
-    r = p->dev->ops->flush (p->dev);
+  int r = 0;
+
+  for (int i = 0; r == 0 && i < (both ? 2 : 1); i++) {
+    r = ssd_super_write (p->dev, &p->sb, &p->sb_cur);
+    if (r == 0)
+      r = p->dev->ops->flush (p->dev);
+  }
   int e = errno;
   pthread_mutex_lock (&p->mu);
   p->running = false;
@@ -941,7 +946,7 @@ ssd_mark_clean (struct store *s)
   p->sb.flags |= SSD_FLAG_CLEAN;
   p->sb.tail_lsn = p->head;
   p->sb.tail_seq = p->next_seq;
-  return super_write_end (p, true);
+  return super_write_end (p, true, false);
 }
 
 void
@@ -982,7 +987,9 @@ ssd_info (struct store *s, struct store_info *out)
 
 /* A flag of the ledger's in the superblock (writes in doubt, fenced,
  * passthrough writes lost): written as a checkpoint is, with no commit
- * meanwhile (as ssd_mark_clean). */
+ * meanwhile (as ssd_mark_clean), but into both copies: one damaged
+ * sector of the newer copy would otherwise give back the older one,
+ * without the fact (every later superblock write carries it). */
 static int
 ssd_set_flag (struct store *s, uint32_t flag, bool on)
 {
@@ -993,7 +1000,7 @@ ssd_set_flag (struct store *s, uint32_t flag, bool on)
     p->sb.flags |= flag;
   else
     p->sb.flags &= ~flag;
-  return super_write_end (p, false);
+  return super_write_end (p, false, true);
 }
 
 static int

@@ -8,7 +8,8 @@
  *  - the newer superblock copy damaged, after a clean stop and a run that
  *    FLUSHed, and after a checkpoint whose old log start was written over
  *    (issue 33 item 9); the epoch the next run takes is above every one
- *    in the log;
+ *    in the log; the ledger's facts (doubt, fenced, passthrough writes
+ *    lost) kept through the same damage;
  *  - a batch header in the flushed part of the log (item 10), and one
  *    sector of the last commit's header (its copy in the next sector);
  *  - a record of an earlier run's last commit (item 13a), against a torn
@@ -308,6 +309,40 @@ test_newer_super_after_clean_stop (void **state)
    * every epoch in the log. */
   assert_true (copy (newer_copy ())->epoch > run2_epoch);
   store_destroy (s);
+}
+
+/* The ledger's facts (writes in doubt, a lost image, lost passthrough
+ * writes) outlive one damaged sector of the newer superblock copy: set,
+ * a crash, the newer copy damaged; the next open still finds each one.
+ * (Before: the fact was in the newer copy only, and the older one gave
+ * a store that had forgotten it, whose FLUSHes then succeeded.) */
+static void
+test_fact_survives_damaged_super (void **state)
+{
+  static const char *names[] = { "doubt", "fenced", "pt_lost" };
+  struct store_recovery rec;
+  struct store_info info;
+  struct store *s;
+
+  (void) state;
+  for (int f = 0; f < 3; f++) {
+    s = new_store_with (0, 0, 11);
+    int r = f == 0 ? s->ops->set_doubt (s, true)
+          : f == 1 ? s->ops->set_fenced (s, true)
+          : s->ops->set_pt_lost (s, true);
+    assert_int_equal (r, 0);
+    store_destroy (s);                     /* a crash */
+    damage ((uint64_t) newer_copy () * SSD_SUPER_COPY);
+    s = open_recover (&rec);
+    memset (&info, 0, sizeof info);
+    s->ops->info (s, &info);
+    bool kept = f == 0 ? info.doubt : f == 1 ? info.fenced : info.pt_lost;
+    if (!kept)
+      fail_msg ("the %s fact was lost with the newer superblock copy",
+                names[f]);
+    assert_int_equal (got[0][0], 11);
+    store_destroy (s);
+  }
 }
 
 /* Item 9 again: the newer copy is a checkpoint that moved the log's
@@ -680,6 +715,7 @@ main (void)
     cmocka_unit_test (test_newer_super_after_clean_stop),
     cmocka_unit_test (test_newer_super_checkpoint),
     cmocka_unit_test (test_newer_super_twice),
+    cmocka_unit_test (test_fact_survives_damaged_super),
     cmocka_unit_test (test_damaged_header),
     cmocka_unit_test (test_damaged_last_header),
     cmocka_unit_test (test_torn_last_header),
