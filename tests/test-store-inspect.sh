@@ -24,8 +24,9 @@ inspect_fail () {
 "$tool" make "$st" 20 clean || fail "pmem-store make failed"
 timeout 10 "$FOLIOD" store inspect "$st" >"$out" || fail "inspect: exit $?"
 cat "$out"
-for want in "^store: $st\$" "^header A: valid, seq 3\$" \
-    "^header B: valid, seq 4 \(current\)\$" \
+# (format: A=1, B=2; in use, into both: A=3, B=4; clean: A=5.)
+for want in "^store: $st\$" "^header A: valid, seq 5 \(current\)\$" \
+    "^header B: valid, seq 4\$" \
     "^geometry: folio-size 65536, block-size 4096, slots 8, export-size 1048576\$" \
     "^backing: file:/backing, 1048576 bytes\$" "^state: clean\$" \
     "^granularity: (page|cache-line|byte)\$" "^folios: 2 of 8 slots\$" \
@@ -44,7 +45,7 @@ grep -q '^dirty: 12288 bytes$' "$out" || fail "dirty bytes: $(cat "$out")"
 printf 'X' | dd of="$st" bs=1 seek=40 conv=notrunc status=none
 "$FOLIOD" store inspect "$st" >"$out" || fail "inspect with copy A torn"
 grep -q '^header A: bad checksum' "$out" || fail "copy A: $(cat "$out")"
-grep -q '^header B: valid, seq 2 (current)$' "$out" || fail "copy B: $(cat "$out")"
+grep -q '^header B: valid, seq 4 (current)$' "$out" || fail "copy B: $(cat "$out")"
 printf 'X' | dd of="$st" bs=1 seek=$((4096 + 40)) conv=notrunc status=none
 inspect_fail "both copies torn" "$st: both store headers are corrupt" "$st"
 

@@ -114,6 +114,12 @@ pmem_layout_update (struct pmem_meta *pm)
   header_write (pm, 1 - pm->cur);
 }
 
+/* "Clean" goes into the next copy only: if that copy is damaged, the
+ * older one says "in use" and only dirty blocks are trusted (the warm
+ * cache is lost, nothing else).  "In use" goes into both: the older
+ * copy may say "clean" (the last stop's), and one damaged newer copy
+ * would then have the next open trust every uptodate block, a block
+ * torn by a power cut in the middle of a change among them. */
 void
 pmem_layout_set_clean (struct pmem_meta *pm, bool clean)
 {
@@ -122,6 +128,8 @@ pmem_layout_set_clean (struct pmem_meta *pm, bool clean)
   else
     pm->hdr.flags &= ~PMEM_FLAG_CLEAN;
   pmem_layout_update (pm);
+  if (!clean)
+    pmem_layout_update (pm);
 }
 
 static void
