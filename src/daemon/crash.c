@@ -19,15 +19,16 @@
  * side (open and read of /proc/self/maps):
  *
  *   crashed: 0x7f0000200000 is in no mapping; before it: 7f00...-7f00...
- *     rw-p 00000000 00:00 0 ; after it: ...  Not under ASan or TSan, whose own
- * reports say more.  A stack overflow is not reported: the handler
+ *     rw-p 00000000 00:00 0 ; after it: ...
+ *
+ * Not under ASan or TSan, whose own reports say more.  A stack overflow is not reported: the handler
  * would need the overflowed stack (no sigaltstack per thread). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <stdbool.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>

@@ -114,6 +114,13 @@ pmem_layout_update (struct pmem_meta *pm)
   header_write (pm, 1 - pm->cur);
 }
 
+void
+pmem_layout_update_both (struct pmem_meta *pm)
+{
+  pmem_layout_update (pm);
+  pmem_layout_update (pm);
+}
+
 /* "Clean" goes into the next copy only: if that copy is damaged, the
  * older one says "in use" and only dirty blocks are trusted (the warm
  * cache is lost, nothing else).  "In use" goes into both: the older
@@ -127,9 +134,10 @@ pmem_layout_set_clean (struct pmem_meta *pm, bool clean)
     pm->hdr.flags |= PMEM_FLAG_CLEAN;
   else
     pm->hdr.flags &= ~PMEM_FLAG_CLEAN;
-  pmem_layout_update (pm);
-  if (!clean)
+  if (clean)
     pmem_layout_update (pm);
+  else
+    pmem_layout_update_both (pm);
 }
 
 static void

@@ -129,6 +129,9 @@ int pmem_layout_open (struct pmem_meta *pm, struct pmem_map *m,
 
 /* Write pm->hdr as the older copy with seq + 1, persisted; it then wins. */
 void pmem_layout_update (struct pmem_meta *pm);
+/* The same into both copies, one after the other: for what must outlive
+ * one damaged copy (an older copy without it would win then). */
+void pmem_layout_update_both (struct pmem_meta *pm);
 void pmem_layout_set_clean (struct pmem_meta *pm, bool clean);
 
 const char *pmem_copy_state_name (enum pmem_copy_state s);

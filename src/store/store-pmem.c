@@ -445,8 +445,7 @@ pmem_set_flag (struct store *s, uint32_t flag, bool on)
     p->meta.hdr.flags |= flag;
   else
     p->meta.hdr.flags &= ~flag;
-  pmem_layout_update (&p->meta);
-  pmem_layout_update (&p->meta);
+  pmem_layout_update_both (&p->meta);
   pthread_mutex_unlock (&p->sync_lock);
   return 0;
 }
