@@ -57,6 +57,17 @@
                                           * own rule: no backing counts
                                           * them).  Without it an
                                           * acknowledged write is durable */
+#define BACKING_SYNC_FINAL     (1u << 10) /* a flush or FUA op that succeeds
+                                          * is durable whatever the others
+                                          * at the same time answer: the
+                                          * backing fails an op whose
+                                          * writes another's failed sync
+                                          * may have dropped (the file
+                                          * backing: its syncs serialized,
+                                          * each checks the failures since
+                                          * its op began).  Else the
+                                          * cache's ledger waits for the
+                                          * others (ledger_durable_end) */
 
 enum backing_extent_type {
   BACKING_DATA = 0, /* must be read */

@@ -926,7 +926,7 @@ backing_file_open_flags (const char *path, const struct backing_opts *o,
     fb->b.caps |= BACKING_CAN_MAP;
   /* Writes sit in the page cache (or a device's volatile cache) until an
    * fdatasync succeeds. */
-  fb->b.caps |= BACKING_CAN_DIRECT | BACKING_VOLATILE;
+  fb->b.caps |= BACKING_CAN_DIRECT | BACKING_VOLATILE | BACKING_SYNC_FINAL;
   return &fb->b;
 
  fail:

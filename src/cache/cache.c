@@ -97,11 +97,13 @@ cache_init_locks (struct cache *c)
   bad |= pthread_mutex_init (&c->led.pt_lock, &ma);
   bad |= pthread_mutex_init (&c->led.facts_lock, &ma);
   bad |= pthread_mutex_init (&c->led.doubt_lock, &ma);
+  bad |= pthread_mutex_init (&c->led.durable_lock, &ma);
   pthread_mutexattr_destroy (&ma);
   /* These are waited on with timeouts (cond_wait_ms). */
   if (bad != 0 || cond_init_monotonic (&c->space_cv) != 0 ||
       cond_init_monotonic (&c->wb_cv) != 0 ||
       cond_init_monotonic (&c->walk_cv) != 0 ||
+      cond_init_monotonic (&c->led.durable_cv) != 0 ||
       pthread_key_create (&c->bounce_key, free) != 0)
     return -1;
   c->bounce_key_ok = true;

@@ -283,14 +283,14 @@ passthrough_piece (struct cache *c, enum pass_op op, struct fix *x,
     r = ledger_send_begin (c, &ls, backing_flags (flags));
     if (r == 0)
       r = c->b->ops->zero (c->b, len, off, backing_flags (flags));
-    ledger_send_end (c, &ls, r);
+    r = ledger_send_end (c, &ls, r);
     break;
   case PASS_TRIM:
     OPSTAT_ADD (c, backing_trim_ops, 1);
     r = ledger_send_begin (c, &ls, backing_flags (flags));
     if (r == 0)
       r = c->b->ops->trim (c->b, len, off, backing_flags (flags));
-    ledger_send_end (c, &ls, r);
+    r = ledger_send_end (c, &ls, r);
     break;
   default:
     abort ();

@@ -34,6 +34,17 @@
  *   doubt that began while it was out excuses nothing;
  * - the operator's clear-doubt (counted in forgiven as well).
  *
+ * A durable answer: a remote over a file serves two durable ops (flush,
+ * FUA) at once on one open file; one's fdatasync fails and drops every
+ * page not yet on disk, the other's, beside it, answers success (the
+ * error is reported once, to the first), and the two answers may reach
+ * the cache in either order.  So a success counts only once every
+ * durable op that began before it was answered has answered too, none
+ * of them having failed since it began (ledger_durable_end waits for
+ * them, bounded by their own timeouts); else it is a failure (EIO), and
+ * its blocks stay dirty.  A backing that already answers so
+ * (BACKING_SYNC_FINAL: the file backing) is not waited for.
+ *
  * When the epoch moved since the last good flush, the cached (unstable)
  * blocks are written again before a flush succeeds.  The loss view is
  * the epoch less forgiven: a passthrough write (direct I/O, zero; the
@@ -47,6 +58,7 @@
 #include <errno.h>
 
 #include "cache/cache-int.h"
+#include "foliod/util.h"
 
 static uint64_t
 backing_events (struct cache *c)
@@ -121,6 +133,69 @@ static bool
 refused_for_doubt (struct cache *c, bool doubt_at_begin)
 {
   return doubt_at_begin && ledger_doubt (c) > 0;
+}
+
+/* A durable op (flush, FUA) goes to the backing. */
+static void
+ledger_durable_begin (struct cache *c, struct ledger_durable *d)
+{
+  struct ledger *l = &c->led;
+
+  d->on = (c->b->caps & BACKING_VOLATILE) &&
+          !(c->b->caps & BACKING_SYNC_FINAL);
+  if (!d->on)
+    return;
+  lock_or_die (&l->durable_lock);
+  d->ticket = ++l->durable_tickets;
+  d->failures = l->durable_failures;
+  d->next = NULL;
+  d->prev = l->durable_tail;
+  if (l->durable_tail)
+    l->durable_tail->next = d;
+  else
+    l->durable_head = d;
+  l->durable_tail = d;
+  unlock_or_die (&l->durable_lock);
+}
+
+/* Its answer r (failed: a failure that counts, see failed_durable's
+ * callers): r, or -1 with EIO when it succeeded but a durable op that
+ * overlapped it failed (the file comment's "A durable answer").  Waits
+ * for the ops that began before this answer came. */
+static int
+ledger_durable_end (struct cache *c, struct ledger_durable *d, int r,
+                    bool failed)
+{
+  struct ledger *l = &c->led;
+  int err = errno;
+
+  if (!d->on)
+    return r;
+  d->on = false;
+  lock_or_die (&l->durable_lock);
+  if (d->prev)
+    d->prev->next = d->next;
+  else
+    l->durable_head = d->next;
+  if (d->next)
+    d->next->prev = d->prev;
+  else
+    l->durable_tail = d->prev;
+  if (failed)
+    l->durable_failures++;
+  pthread_cond_broadcast (&l->durable_cv);
+  if (r == 0) {
+    uint64_t last = l->durable_tickets;
+    while (l->durable_head && l->durable_head->ticket <= last)
+      cond_wait_ms (&l->durable_cv, &l->durable_lock, 1000);
+    if (l->durable_failures != d->failures) {
+      r = -1;
+      err = EIO;
+    }
+  }
+  unlock_or_die (&l->durable_lock);
+  errno = err;
+  return r;
 }
 
 static uint64_t
@@ -330,12 +405,16 @@ ledger_send_begin (struct cache *c, struct ledger_send *ls, unsigned flags)
 {
   ls->flags = flags;
   ls->doubt = ledger_doubt (c) > 0;
+  ls->d.on = false;
   if (flags & BACKING_FUA) {
     if (ledger_flush_refused (c)) {
       errno = ledger_flush_refused (c);
       return -1;
     }
-    return ledger_io_refused (c);
+    if (ledger_io_refused (c) == -1)
+      return -1;
+    ledger_durable_begin (c, &ls->d);
+    return 0;
   }
   atomic_fetch_add (&c->led.sending, 1);
   atomic_store (&c->led.backing_unflushed, true);
@@ -344,8 +423,8 @@ ledger_send_begin (struct cache *c, struct ledger_send *ls, unsigned flags)
   return ledger_io_refused (c);
 }
 
-void
-ledger_send_end (struct cache *c, const struct ledger_send *ls, int r)
+int
+ledger_send_end (struct cache *c, struct ledger_send *ls, int r)
 {
   struct ledger *l = &c->led;
   int err = errno;
@@ -356,12 +435,18 @@ ledger_send_end (struct cache *c, const struct ledger_send *ls, int r)
     atomic_store (&l->backing_unflushed, true);
     atomic_fetch_sub (&l->sending, 1);
   }
-  else if (r == -1 && (c->b->caps & BACKING_VOLATILE) &&
-           !refused_for_doubt (c, ls->doubt))
-    failed_durable (c, anything_unflushed (c));
+  else {
+    bool failed = r == -1 && (c->b->caps & BACKING_VOLATILE) &&
+                  !refused_for_doubt (c, ls->doubt);
+    if (failed)
+      failed_durable (c, anything_unflushed (c));
+    r = ledger_durable_end (c, &ls->d, r, failed);
+    err = r == -1 ? errno : err;
+  }
   if (r == -1)
     doubt_persist (c);
   errno = err;
+  return r;
 }
 
 uint64_t
@@ -427,17 +512,31 @@ ledger_store_sync_failed (struct cache *c, int err)
 }
 
 bool
-ledger_flush_begin (struct cache *c, struct ledger_flush *lf)
+ledger_flush_begin (struct cache *c, struct ledger_flush *lf, bool refused)
 {
   struct ledger *l = &c->led;
 
+  lf->d.on = false;
   lf->doubt = ledger_doubt (c) > 0;
   lf->passthrough = atomic_load (&l->passthrough_unflushed);
   bool unflushed = atomic_exchange (&l->backing_unflushed, false);
   lf->sent = unflushed || lf->passthrough > 0 ||
              STAT_GET (c, unstable_bytes) > 0;
   atomic_store (&l->flush_sent, lf->sent);
-  return lf->sent || rewrite_epoch (c) != l->stable_epoch;
+  bool needed = lf->sent || rewrite_epoch (c) != l->stable_epoch;
+  if (needed && !refused)
+    ledger_durable_begin (c, &lf->d);
+  return needed;
+}
+
+int
+ledger_flush_answer (struct cache *c, struct ledger_flush *lf, int r)
+{
+  bool failed = r == -1 && !refused_for_doubt (c, lf->doubt);
+
+  /* failed_durable comes in ledger_flush_failed, after the wait: the
+   * others' failures are counted as they answer. */
+  return ledger_durable_end (c, &lf->d, r, failed);
 }
 
 bool

@@ -70,6 +70,22 @@ struct ledger {
    * store records it (pt_lost_stored: doubt_lock orders its writes). */
   _Atomic bool passthrough_lost, pt_lost_stored;
   _Atomic uint64_t passthrough_lost_writes; /* how many (stats) */
+  /* Flushes and FUA ops on their way to a backing without
+   * BACKING_SYNC_FINAL, oldest first, the tickets given out and the
+   * failures they answered (ledger_durable_end); durable_lock is a leaf,
+   * durable_cv is signalled at each answer. */
+  pthread_mutex_t durable_lock;
+  pthread_cond_t durable_cv;
+  struct ledger_durable *durable_head, *durable_tail;
+  uint64_t durable_tickets, durable_failures;
+};
+
+/* A flush or FUA op on its way (see ledger.c, "A durable answer"). */
+struct ledger_durable {
+  struct ledger_durable *prev, *next;
+  uint64_t ticket;          /* the order it began in */
+  uint64_t failures;        /* durable_failures as it began */
+  bool on;                  /* in the list: its answer is weighed */
 };
 
 /* A flush's view of the ledger, from ledger_flush_begin to its end. */
@@ -77,6 +93,7 @@ struct ledger_flush {
   uint64_t passthrough;   /* passthrough writes it may settle */
   bool sent;              /* writes were sent since the last good flush */
   bool doubt;             /* writes were in doubt as it began (refused) */
+  struct ledger_durable d;
 };
 
 /* A write, zero or trim's, from ledger_send_begin to ledger_send_end. */
@@ -84,6 +101,7 @@ struct ledger_send {
   unsigned flags;         /* its backing flags */
   bool doubt;             /* writes were in doubt as it began: a FUA one
                            * is refused unsent */
+  struct ledger_durable d;  /* a FUA one's */
 };
 
 /* cache_create (pt_lock is initialized with the cache's locks). */
@@ -97,10 +115,12 @@ void ledger_init (struct cache *c);
  * failed the backing's fdatasync, which drops other unflushed writes
  * too (a loss, unless it was refused for writes in doubt).  One that
  * failed may have been abandoned: the doubt is then made durable in the
- * store. */
+ * store.  A FUA one that succeeded counts only if no durable op that
+ * overlapped it failed (ledger.c, "A durable answer"): end returns r, or
+ * -1 (EIO) then, and may wait for those ops' answers. */
 int ledger_send_begin (struct cache *c, struct ledger_send *ls,
                        unsigned flags);
-void ledger_send_end (struct cache *c, const struct ledger_send *ls, int r);
+int ledger_send_end (struct cache *c, struct ledger_send *ls, int r);
 /* The store was opened (cache_init_store): doubt a previous run left,
  * whether it left the store fenced, and passthrough writes it lost. */
 void ledger_store_opened (struct cache *c, bool doubt);
@@ -121,10 +141,15 @@ void ledger_write_ok (struct cache *c);
 /* The store's sync failed (err sticks). */
 void ledger_store_sync_failed (struct cache *c, int err);
 /* The backing's flush (wb_mutex held): begin says whether one is needed
- * at all; then exactly one of failed / ok.  Both return true when the
- * backing may have lost what it acknowledged since the last good flush
- * (the caller then marks unstable blocks dirty and calls ledger_lost). */
-bool ledger_flush_begin (struct cache *c, struct ledger_flush *lf);
+ * at all (refused: it will not be sent, ledger_flush_refused); answer
+ * weighs what the backing said, r (0 or -1), as ledger_send_end does a
+ * FUA op's, and returns r or -1 (EIO); then exactly one of failed / ok.
+ * Both return true when the backing may have lost what it acknowledged
+ * since the last good flush (the caller then marks unstable blocks dirty
+ * and calls ledger_lost). */
+bool ledger_flush_begin (struct cache *c, struct ledger_flush *lf,
+                         bool refused);
+int ledger_flush_answer (struct cache *c, struct ledger_flush *lf, int r);
 bool ledger_flush_failed (struct cache *c, const struct ledger_flush *lf,
                           int err);
 bool ledger_flush_ok (struct cache *c, const struct ledger_flush *lf);

@@ -331,12 +331,13 @@ wb_stabilize (struct cache *c)
    * since is settled (and FLUSH fails even with nothing to write). */
   int refused = ledger_flush_refused (c);
 
-  if (!ledger_flush_begin (c, &lf) && !refused)
+  if (!ledger_flush_begin (c, &lf, refused != 0) && !refused)
     return 0;
   STAT_ADD (c, backing_flush_ops, 1);
   uint64_t t0 = now_ns ();
   errno = refused;
   int r = refused ? -1 : c->b->ops->flush (c->b);
+  r = ledger_flush_answer (c, &lf, r);
   int err = errno ? errno : EIO;
   STAT_ADD (c, backing_flush_ns, now_ns () - t0);
   if (r == -1) {

@@ -29,6 +29,8 @@
  *                     sector ends as any version written since the last
  *                     good sync); then the process SIGKILLs itself
  *   FAULT_LOG=PATH    one line per injected fault, appended
+ *   FAULT_LOG_ALL=1   also a line per write, fallocate and good sync of
+ *                     the file, and per write undone (a trace)
  *
  * The undo journal reads the old bytes of each write (through an fd of
  * its own, buffered) before the write is done; sync_file_range is passed
@@ -69,6 +71,7 @@ static struct {
   unsigned write_err, sync_fail, sync_delay_ms;
   uint64_t power_at, calls;
   bool failed_last;             /* the last sync was an injected failure */
+  bool log_all;                 /* FAULT_LOG_ALL: trace every call */
   int jfd, logfd;
   struct undo *j;
   size_t n, cap;
@@ -134,6 +137,7 @@ fault_init (void)
   F.write_err = env_uint ("FAULT_WRITE_ERR", 0);
   F.sync_fail = env_uint ("FAULT_SYNC_FAIL", 0);
   F.sync_delay_ms = env_uint ("FAULT_SYNC_DELAY_MS", 0);
+  F.log_all = env_uint ("FAULT_LOG_ALL", 0) != 0;
   F.power_at = env_uint ("FAULT_POWER_AT", 0);
   if (log && *log)
     F.logfd = open (log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -270,6 +274,9 @@ undo (bool torn)
   for (size_t i = F.n; i-- > 0;) {
     struct undo *u = &F.j[i];
     uint64_t p = u->off, end = u->off + u->len;
+    if (F.log_all)
+      note ("undo %" PRIu64 "+%" PRIu64 "%s", u->off, u->len,
+            torn ? " (torn)" : "");
     while (p < end) {
       uint64_t q = (p / SECT + 1) * SECT;
       if (q > end)
@@ -345,8 +352,11 @@ do_sync (int fd, int (*fn) (int), const char *what)
   r = sync_verdict (what);
   if (r == 0) {
     r = fn (fd);
-    if (r == 0)
+    if (r == 0) {
+      if (F.log_all)
+        note ("%s ok: %zu writes synced", what, F.n);
       journal_clear ();
+    }
   }
   unlock ();
   return r;
@@ -402,6 +412,8 @@ do_write (int fd, const struct iovec *iov, int n, off_t off, int flags,
     return -1;
   }
   journal (off, iov_len (iov, n));
+  if (F.log_all)
+    note ("%s %" PRIu64 "+%zu", what, (uint64_t) off, iov_len (iov, n));
   r = real_pwritev2 (fd, iov, n, off, flags & ~sync_flags);
   if (r >= 0 && (flags & sync_flags)) {
     if (sync_verdict (what) == -1 || real_fdatasync (fd) == -1)
@@ -484,6 +496,9 @@ fallocate64 (int fd, int mode, off_t off, off_t len)
     return -1;
   }
   journal (off, len);
+  if (F.log_all)
+    note ("fallocate mode %d %" PRIu64 "+%" PRIu64, mode, (uint64_t) off,
+          (uint64_t) len);
   r = real_fallocate (fd, mode, off, len);
   unlock ();
   return r;

@@ -3,12 +3,14 @@
  * FLUSH that succeeds means the data is durable; lost passthrough writes,
  * which cannot be redone, must fail every later FLUSH. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "foliod/cache.h"
@@ -41,7 +43,47 @@ struct vol {
    * way). */
   void (*flush_hook) (struct vol *v);
   void (*fua_hook) (struct vol *v);
+  /* Two durable ops at once on a remote over one file (race_lock,
+   * race_cv): the first FUA write (1: armed) waits in its fdatasync (2)
+   * until the next flush or FUA write has answered success (3) -- Linux
+   * reports a writeback error once per open file, and the first takes
+   * it -- then fails and drops every write not durable, the second's
+   * included. */
+  int race;
 };
+
+static pthread_mutex_t race_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t race_cv = PTHREAD_COND_INITIALIZER;
+
+static void
+race_set (struct vol *v, int to)
+{
+  pthread_mutex_lock (&race_lock);
+  v->race = to;
+  pthread_cond_broadcast (&race_cv);
+  pthread_mutex_unlock (&race_lock);
+}
+
+static void
+race_wait (struct vol *v, int until)
+{
+  pthread_mutex_lock (&race_lock);
+  while (v->race != until)
+    pthread_cond_wait (&race_cv, &race_lock);
+  pthread_mutex_unlock (&race_lock);
+}
+
+/* Is this durable op the second of a race?  Then it answers success
+ * with nothing made durable, and says so (race_set (v, 3)) once its
+ * write is done. */
+static bool
+race_second (struct vol *v)
+{
+  pthread_mutex_lock (&race_lock);
+  bool second = v->race == 2;
+  pthread_mutex_unlock (&race_lock);
+  return second;
+}
 
 static int
 v_read (struct backing *b, void *buf, uint64_t len, uint64_t off)
@@ -66,6 +108,22 @@ v_write (struct backing *b, const void *buf, uint64_t len, uint64_t off,
     void (*hook) (struct vol *) = v->fua_hook;
     v->fua_hook = NULL;
     hook (v);
+  }
+  if ((flags & BACKING_FUA) && v->race == 1) {
+    memcpy (v->acked + off, buf, len);
+    race_set (v, 2);
+    race_wait (v, 3);
+    /* Before the drop: the second op's answer is on its way to the
+     * cache; let it arrive first, as it may. */
+    nanosleep (&(struct timespec) { .tv_nsec = 50000000 }, NULL);
+    memcpy (v->acked, v->durable, SIZE);
+    errno = EIO;
+    return -1;
+  }
+  if ((flags & BACKING_FUA) && race_second (v)) {
+    memcpy (v->acked + off, buf, len);
+    race_set (v, 3);
+    return 0;
   }
   if (v->forget_on_fua && (flags & BACKING_FUA)) {
     v->forget_on_fua = 0;
@@ -112,6 +170,10 @@ v_flush (struct backing *b)
     void (*hook) (struct vol *) = v->flush_hook;
     v->flush_hook = NULL;
     hook (v);
+  }
+  if (race_second (v)) {
+    race_set (v, 3);
+    return 0;
   }
   if (v->forget_on_fail) {
     v->forget_on_fail = 0;
@@ -459,6 +521,80 @@ test_failed_fua_is_loss (void **state)
   assert_int_equal (st.passthrough_lost, 1);
   assert_memory_equal (v.durable, a, sizeof a);   /* written again */
   assert_int_equal (cache_destroy (c), 0);
+}
+
+/* The first FUA write of a race (test_fua_race), on a thread of its own:
+ * it fails. */
+static struct cache *race_cache;
+
+static void *
+race_first (void *arg)
+{
+  static unsigned char x[4096];
+
+  (void) arg;
+  memset (x, 0x78, sizeof x);
+  intptr_t r = cache_write (race_cache, x, sizeof x, 0, CACHE_FUA);
+  return (void *) r;
+}
+
+/* A remote over a file (nbdkit, qemu-nbd) serves two durable ops at once
+ * on one open file: a FUA write whose fdatasync fails, dropping every
+ * page not yet on disk, and another FUA write (or a flush) whose
+ * fdatasync runs beside it and answers success, the error having been
+ * reported to the first (test-fault-nbd-real.sh found blocks written
+ * once, acknowledged, and older on the remote after a clean stop).  The
+ * second's success proves nothing while the first may still fail: it
+ * counts only once every durable op that overlapped it has answered
+ * without failing.  Before: the second FUA write (or FLUSH) succeeded
+ * and its block was settled clean, so the first's failure had nothing
+ * to write again. */
+static void
+fua_race (bool second_is_flush)
+{
+  static struct vol v;
+  unsigned char y[4096];
+  pthread_t t;
+  void *first;
+  int r = -1;
+  struct cache *c = open_cache (&v);
+
+  v.b.caps |= BACKING_CAN_FUA;
+  race_cache = c;
+  memset (y, 0x79, sizeof y);
+  v.race = 1;
+  assert_int_equal (pthread_create (&t, NULL, race_first, NULL), 0);
+  race_wait (&v, 2);
+  if (second_is_flush) {
+    assert_int_equal (cache_write (c, y, sizeof y, 2u << 20, 0), 0);
+    r = cache_flush (c);
+  }
+  else
+    r = cache_write (c, y, sizeof y, 2u << 20, CACHE_FUA);
+  if (r == 0)
+    assert_memory_equal (v.durable + (2u << 20), y, sizeof y);
+  else
+    assert_int_equal (errno, EIO);
+  assert_int_equal (pthread_join (t, &first), 0);
+  assert_int_equal ((intptr_t) first, -1);
+  for (int i = 0; i < 3 && r != 0; i++)
+    r = cache_flush (c);
+  assert_int_equal (r, 0);
+  assert_memory_equal (v.durable + (2u << 20), y, sizeof y);
+  assert_int_equal (v.durable[0], 0x78);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+static void
+test_fua_race_fua (void **state)
+{
+  fua_race (false);
+}
+
+static void
+test_fua_race_flush (void **state)
+{
+  fua_race (true);
 }
 
 /* Issue 33 item 4b: a passthrough write made while a write was in doubt
@@ -841,6 +977,8 @@ main (void)
     cmocka_unit_test (test_loss_before_count),
     cmocka_unit_test (test_clear_doubt_keeps_passthrough),
     cmocka_unit_test (test_failed_fua_is_loss),
+    cmocka_unit_test (test_fua_race_fua),
+    cmocka_unit_test (test_fua_race_flush),
     cmocka_unit_test (test_failed_flush_drops_write_sent_during),
     cmocka_unit_test (test_failed_flush_as_doubt_begins),
     cmocka_unit_test (test_trim_drops_unstable),

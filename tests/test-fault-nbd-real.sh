@@ -1,0 +1,155 @@
+#!/bin/bash
+# The fault model over the REAL foliod's nbd backing (issue 33): the
+# remote is a real nbdkit (file plugin) whose system calls on its image go
+# through tests/faultfs/fault-preload.c, so the remote fails writes
+# (EIO, ENOSPC), fails an fdatasync and drops every write it had not
+# synced (its next flush succeeds, as Linux reports the error once: item
+# 1), and dies in a power cut at a random call, each unsynced sector of
+# its image new or old at random, with foliod's requests in flight (a
+# connection ended by the remote's death: item 2's writes in doubt, and
+# the writes it had acknowledged and not flushed).  A loop restarts it on
+# the same socket and image, with the layer again (up to CUTS power cuts
+# a run), and foliod reconnects.
+# The client (tests/tools/fault-real.py, one connection) writes versioned
+# 4 KiB blocks, zeroes, FUA writes and FLUSHes, models what each FLUSH
+# and FUA that succeeded acknowledged, and plays the operator foliod(8)
+# describes: when a FLUSH fails with writes in doubt or a passthrough
+# write lost, the remote that had them is dead, so it says clear-doubt
+# (a lost zero is then known lost: its block is excused until a newer
+# version of it is acknowledged).  The run ends with FLUSHes until one
+# succeeds.  Then the remote is stopped, started without faults, and
+# foliod stopped (SIGTERM; a pmem store, on odd seeds, is killed -9
+# instead); foliod starts again on the same store and remote, and every
+# block must read back as its acknowledged version or a newer one, per
+# 512-byte sector, never data no client wrote; after a clean stop the
+# image holds what foliod served.
+# store=ram and store=pmem (flush=store), FAULT_NBD_SEEDS seeds each (2;
+# make check-crash: ROUNDS/10) from FAULT_NBD_SEED (0);
+# FAULT_NBD_STORES="ram pmem" picks the stores; FAULT_NBD_KEEP=DIR keeps a
+# failed run's files (logs, faults, model) in DIR.
+. "$(dirname "$0")/lib.sh"
+lib_init fault-nbd-real
+. "$(dirname "$0")/lib-remote.sh"
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import nbd' 2>/dev/null ||
+  skip "python3 with the libnbd module (python3-libnbd) not installed"
+shim=$BUILD/tests/faultfs/fault-preload.so
+[ -f "$shim" ] || fail "not built: $shim"
+
+seeds=${FAULT_NBD_SEEDS:-2}
+base=${FAULT_NBD_SEED:-0}
+cuts=${CUTS:-3}
+blocks=1024                    # 4 MiB export, 1 MiB cache: writeback runs
+img=$tmp/img
+sock=$tmp/remote.sock
+tool=(/usr/bin/python3 "$TOP/tests/tools/fault-real.py")
+keys=cache-size=1M,folio-size=16K,dirty-expire=200,writeback-interval=100
+echo "seeds $base..$((base + seeds - 1)) (FAULT_NBD_SEED=N FAULT_NBD_SEEDS=1 replays one)"
+
+# remote_loop SEED: nbdkit on $img under the fault layer, started again
+# each time it dies, until $tmp/remote-stop exists; the first $cuts
+# incarnations each get a power cut at a random call.  Each start's pid
+# goes to $tmp/remote-cur, each exit to $tmp/remote-exits.
+remote_loop () {
+  local seed=$1 n=0 pa pid rc
+  while [ ! -e "$tmp/remote-stop" ]; do
+    n=$((n + 1))
+    RANDOM=$((seed * 64 + n))
+    pa=0
+    [ "$n" -le "$cuts" ] && pa=$((20 + RANDOM % 400))
+    rm -f "$sock"
+    FAULT_FILE=$img FAULT_SEED=$((seed * 64 + n)) FAULT_SYNC_FAIL=150 \
+      FAULT_WRITE_ERR=10 FAULT_POWER_AT=$pa FAULT_LOG=$tmp/faults \
+      FAULT_LOG_ALL=${FAULT_NBD_TRACE:-0} \
+      LD_PRELOAD=$shim \
+      nbdkit -f --exit-with-parent -U "$sock" file "$img" \
+      >>"$tmp/remote.log" 2>&1 &
+    pid=$!
+    echo "$pid" > "$tmp/remote-cur"
+    rc=0
+    wait "$pid" || rc=$?
+    echo "$n $rc" >> "$tmp/remote-exits"
+    sleep 0.$((RANDOM % 5))       # a remote away for a moment
+  done
+}
+
+runs=0 lossruns=0 kills=0 clears=0
+touch "$tmp/all-faults"
+one () {
+  local store=$1 seed=$2 spec loop rc=0 i pid
+  case $store in
+  ram)  spec= ;;
+  pmem) spec=",store=pmem:$tmp/store" ;;
+  esac
+  rm -f "$tmp/store" "$tmp/faults" "$tmp/foliod.log" "$tmp/remote-stop" \
+    "$tmp/remote-exits" "$tmp/remote-cur" "$tmp/ctl.sock"
+  "${tool[@]}" init --img "$img" --blocks $blocks
+  echo "--- store=$store seed $seed${spec:+ ($spec)}"
+  remote_loop "$seed" &
+  loop=$!
+  track "$loop"
+  for ((i = 0; i < 100 * TSCALE; i++)); do
+    [ -S "$sock" ] && break
+    sleep 0.1
+  done
+  start_foliod --control "$tmp/ctl.sock" \
+    --export "disk0=$(remote_uri "$sock"),$keys,request-timeout=30000,retry-timeout=30000$spec"
+  timeout $((120 * TSCALE)) "${tool[@]}" run --uri "$(uri disk0)" \
+    --model "$tmp/model" --blocks $blocks --seed "$seed" --ops 300 \
+    --operator "$FOLIOD,$tmp/ctl.sock,disk0" --final-flushes 10 ||
+    fail "store=$store seed $seed: the client failed during the run"
+  # The remote without faults: the loop stops, its nbdkit killed (no
+  # power cut: the file keeps what it wrote; SIGTERM would wait for
+  # foliod's connections to end).
+  touch "$tmp/remote-stop"
+  pid=$(cat "$tmp/remote-cur")
+  if grep -qa nbdkit "/proc/$pid/cmdline" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$loop" || true
+  start_remote "$sock" file "$img"
+  if [ "$store" = pmem ] && [ $((seed % 2)) = 1 ]; then
+    pkill -KILL -P "$FOLIOD_PID"    # foliod, under start_foliod's timeout
+    kills=$((kills + 1))
+  else
+    kill -TERM "$FOLIOD_PID" 2>/dev/null || true
+  fi
+  wait_gone "$FOLIOD_PID" 600 || fail "foliod still running after the stop"
+  wait "$FOLIOD_PID" || rc=$?
+  FOLIOD_PID=
+  check_sanitizer_log "$tmp/foliod.log"
+  touch "$tmp/faults"
+  cat "$tmp/faults" >> "$tmp/all-faults"
+  echo "  remote: $(wc -l < "$tmp/remote-exits") incarnations; faults: $(awk '{ n[$3]++ } END { for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/faults")"
+  echo "  foliod exited $rc; $(grep -c 'reconnected' "$tmp/foliod.log" || true) reconnects"
+  grep -q 'DIRTY DATA LOST' "$tmp/foliod.log" && lossruns=$((lossruns + 1))
+  clears=$((clears + $(grep -c 'clear-doubt' "$tmp/foliod.log" || true)))
+  cp "$tmp/foliod.log" "$tmp/foliod-faulted.log"
+  # The restart: the same store and remote, no faults.
+  rm -f "$tmp/ctl.sock"
+  start_foliod --control "$tmp/ctl.sock" \
+    --export "disk0=$(remote_uri "$sock"),$keys$spec"
+  if [ "$(foliod_stat "$tmp/ctl.sock" foliod_backing_writes_in_doubt)" != 0 ] ||
+     [ "$(foliod_stat "$tmp/ctl.sock" foliod_passthrough_lost_writes)" != 0 ]; then
+    [ "$store" != ram ] || fail "store=$store seed $seed: a ram store's restart inherited a doubt or a loss"
+    "$FOLIOD" clear-doubt disk0 --control "$tmp/ctl.sock" > /dev/null ||
+      fail "foliod clear-doubt"
+  fi
+  "${tool[@]}" check --uri "$(uri disk0)" --model "$tmp/model" \
+    --blocks $blocks --save "$tmp/read" || {
+    [ -z "${FAULT_NBD_KEEP:-}" ] || cp -r "$tmp" "$FAULT_NBD_KEEP"
+    fail "store=$store seed $seed: acknowledged data lost or wrong after the restart (FAULT_NBD_SEED=$seed FAULT_NBD_SEEDS=1 FAULT_NBD_STORES=$store)"
+  }
+  stop_foliod
+  stop_remote
+  "${tool[@]}" same --model "$tmp/model" --img "$img" --save "$tmp/read" ||
+    fail "store=$store seed $seed: the image after the clean stop"
+  runs=$((runs + 1))
+}
+
+for ((i = 0; i < seeds; i++)); do
+  for store in ${FAULT_NBD_STORES:-ram pmem}; do
+    one "$store" $((base + i))
+  done
+done
+echo "ok: $runs runs; faults injected: $(awk '{ n[$3]++ } END {
+  for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/all-faults")$kills foliod kill -9, $lossruns saying DIRTY DATA LOST, $clears clear-doubt log lines"
