@@ -17,8 +17,9 @@
 #                     stores), and the fault model
 #                     (test-fault-model) over ROUNDS seeds (make check: 40)
 #                     and under the real foliod (test-fault-file-real,
-#                     and test-fault-nbd-real below its nbd remote)
-#                     over ROUNDS/10 seeds each (make check: 3 and 2)
+#                     test-fault-nbd-real below its nbd remote) and
+#                     nbdkit's folio filter (test-fault-filter-real)
+#                     over ROUNDS/10 seeds each (make check: 3, 2, 3)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -376,11 +377,13 @@ check-crash: deps
 	  FAULT_REAL_SEED=$${FAULT_REAL_SEED:-$$(date +%s)} \
 	  FAULT_NBD_SEEDS=$$(( $(ROUNDS) / 10 )) \
 	  FAULT_NBD_SEED=$${FAULT_NBD_SEED:-$$(date +%s)} \
+	  FAULT_FILTER_SEEDS=$$(( $(ROUNDS) / 10 )) \
+	  FAULT_FILTER_SEED=$${FAULT_FILTER_SEED:-$$(date +%s)} \
 	  UPGRADE_ROUNDS=$(ROUNDS) UPGRADE_RAM_ROUNDS=$(ROUNDS) \
 	  TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
 	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh \
 	  tests/test-daemon-upgrade.sh $(FAULT_MODEL) tests/test-fault-file-real.sh \
-	  tests/test-fault-nbd-real.sh
+	  tests/test-fault-nbd-real.sh tests/test-fault-filter-real.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.
