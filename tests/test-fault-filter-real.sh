@@ -33,9 +33,9 @@ sock=$tmp/sock
 uri="nbd+unix:///?socket=$sock"
 tool=(/usr/bin/python3 "$TOP/tests/tools/fault-real.py")
 keys=(cache-size=1M folio-size=16K dirty-expire=200 writeback-interval=100)
-preload=$shim
+preload=$shim                  # after the sanitizer's runtime, if any
 for e in "${NBDKIT_ENV[@]}"; do
-  case $e in LD_PRELOAD=*) preload+=" ${e#LD_PRELOAD=}" ;; esac
+  case $e in LD_PRELOAD=*) preload="${e#LD_PRELOAD=} $shim" ;; esac
 done
 echo "seeds $base..$((base + seeds - 1)) (FAULT_FILTER_SEED=N FAULT_FILTER_SEEDS=1 replays one)"
 
