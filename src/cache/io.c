@@ -60,9 +60,8 @@ io_write (struct cache *c, const void *buf, uint64_t len, uint64_t off,
   int r = ledger_send_begin (c, &ls, flags);
   if (r == 0)
     r = c->b->ops->write (c->b, buf, len, off, flags);
+  r = ledger_send_end (c, &ls, r);        /* keeps or sets errno */
   int err = errno;
-  r = ledger_send_end (c, &ls, r);
-  err = errno;
   OPSTAT_ADD (c, backing_write_ns, now_ns () - t0);
   backing_written (c, off, len);             /* failed: maybe partly */
   errno = err;
