@@ -29,7 +29,8 @@ kill -0 "$flush_pid" 2>/dev/null ||
 grep -q disk0 "$tmp/stats.out" || fail "stats does not name disk0"
 echo "stats answered while the flush waited for the remote"
 
-wait "$flush_pid" && fail "the flush succeeded with the remote gone"
+wait "$flush_pid" &&
+  fail "the flush succeeded with the remote gone: '$(cat "$tmp/flush.out")'; stats before: $(grep -i 'dirty\|written' "$tmp/stats.out" | tr '\n' ' ')"
 echo "flush: $(cat "$tmp/flush.out")"
 grep -q "ERROR\|flush disk0" "$tmp/flush.out" || fail "the flush said nothing"
 # Another control client still gets its answer after a job's.
