@@ -273,6 +273,11 @@ int cache_write_back (struct cache *c) FOLIOD_NONNULL (1) FOLIOD_WUR;
  * in the store) are known lost: FLUSH may succeed again.  Returns how
  * many writes were in doubt or lost (a fenced store counts one). */
 uint64_t cache_clear_doubt (struct cache *c) FOLIOD_NONNULL (1);
+/* Only the word that passthrough writes counted lost are known lost:
+ * writes in doubt stay in doubt (an operator who knows a loss but not
+ * what the remote may still carry out; foliod clear-doubt --lost-only).
+ * Returns how many were counted lost. */
+uint64_t cache_clear_lost (struct cache *c) FOLIOD_NONNULL (1);
 /* Bring the range into the cache (NBD_CMD_CACHE). */
 int cache_prefetch (struct cache *c, uint64_t len, uint64_t off)
   FOLIOD_NONNULL (1) FOLIOD_WUR;

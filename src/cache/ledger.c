@@ -551,6 +551,7 @@ ledger_flush_failed (struct cache *c, const struct ledger_flush *lf, int err)
   /* Dirty at once: the blocks are rewritten even if no client flushes
    * again. */
   atomic_store (&l->backing_unflushed, true);
+  atomic_store (&l->flush_refused, refused_for_doubt (c, lf->doubt));
   atomic_store (&l->flush_failing, err);
   doubt_persist (c);
   take_facts (c);
@@ -639,8 +640,12 @@ ledger_wb_error (struct cache *c)
   struct ledger *l = &c->led;
   int err = atomic_load (&l->wb_failing);
 
-  if (err == 0)
-    err = atomic_load (&l->flush_failing);
+  /* A flush refused for a doubt that has ended since (librbd ended the
+   * write, or the operator's clear-doubt) fails nothing now: the next
+   * flush may succeed, so room is worth waiting for. */
+  if (err == 0 && (err = atomic_load (&l->flush_failing)) != 0 &&
+      atomic_load (&l->flush_refused) && ledger_doubt (c) == 0)
+    err = 0;
   return err ? err : atomic_load (&l->store_failing);
 }
 
@@ -697,6 +702,17 @@ cache_clear_doubt (struct cache *c)
     unlock_or_die (&l->doubt_lock);
   }
   n += pt_lost_clear (c);
+  unlock_or_die (&c->wb_mutex);
+  return n;
+}
+
+uint64_t
+cache_clear_lost (struct cache *c)
+{
+  uint64_t n;
+
+  lock_or_die (&c->wb_mutex);
+  n = pt_lost_clear (c);
   unlock_or_die (&c->wb_mutex);
   return n;
 }

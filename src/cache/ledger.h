@@ -19,6 +19,9 @@ struct ledger {
   /* Errors now: the last writeback write (errno or 0), the last backing
    * flush (errno or 0), the store's sync (sticky, as the store's). */
   _Atomic int wb_failing, flush_failing, store_failing;
+  /* The last backing flush failed only because writes were in doubt
+   * (refused): it is no failure once no doubt is left (ledger_wb_error). */
+  _Atomic bool flush_refused;
   /* The backing was written without FUA since its last flush. */
   _Atomic bool backing_unflushed;
   /* flush=store: a passthrough write or trim since the last backing

@@ -29,7 +29,7 @@
 
 enum {
   OPT_CHECK_CONFIG = 256, OPT_PROMETHEUS, OPT_FOREGROUND_LONG, OPT_WATCH,
-  OPT_COUNT, OPT_STOP,
+  OPT_COUNT, OPT_STOP, OPT_LOST_ONLY,
   OPT_SERVER_KEY = 512,     /* + index in server_keys[] */
 };
 
@@ -55,6 +55,8 @@ static const struct {
   { "count", 1, OPT_COUNT, "N", "stats --watch: stop after N reports" },
   { "stop", 0, OPT_STOP, NULL, "release: no longer serve the export once "
     "released (default: serve it read-only)" },
+  { "lost-only", 0, OPT_LOST_ONLY, NULL, "clear-doubt: only accept the "
+    "passthrough writes counted lost; writes in doubt stay in doubt" },
   { "help", 0, 'h', NULL, "print this help and exit" },
   { "version", 0, 'V', NULL, "print the version (and the libraries') and exit" },
 };
@@ -134,7 +136,7 @@ usage (void)
           "       foliod stats [--control PATH] [--prometheus]\n"
           "       foliod stats --watch[=SECONDS] [--count N] [--control PATH]\n"
           "       foliod flush EXPORT [--control PATH]\n"
-          "       foliod clear-doubt EXPORT [--control PATH]\n"
+          "       foliod clear-doubt EXPORT [--lost-only] [--control PATH]\n"
           "       foliod release EXPORT [--stop] [--control PATH]\n"
           "       foliod ublk add EXPORT | recover EXPORT | del N [force] | list\n"
           "                 [--control PATH]\n"
@@ -391,6 +393,7 @@ parse_opts (int argc, char **argv, struct cli *cli, struct cli_args *a,
     case OPT_WATCH: r = parse_watch (cli, optarg); break;
     case OPT_COUNT: r = parse_count (cli, optarg); break;
     case OPT_STOP: cli->stop = 1; break;
+    case OPT_LOST_ONLY: cli->lost_only = 1; break;
     case 'h': usage (); r = 1; break;
     case 'V': print_version (); r = 1; break;
     case '?':
@@ -577,6 +580,12 @@ cli_parse (int argc, char **argv, struct cli *cli, struct daemon_config *c)
   if (r == 0 && cli->stop &&
       (cli->subcommand == NULL || strcmp (cli->subcommand, "release") != 0)) {
     fprintf (stderr, "foliod: --stop goes with 'foliod release'\n");
+    r = -1;
+  }
+  if (r == 0 && cli->lost_only &&
+      (cli->subcommand == NULL ||
+       strcmp (cli->subcommand, "clear-doubt") != 0)) {
+    fprintf (stderr, "foliod: --lost-only goes with 'foliod clear-doubt'\n");
     r = -1;
   }
   if (r == 0 && cli->count && cli->watch == 0)

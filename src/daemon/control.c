@@ -14,7 +14,8 @@
  *   "stats\n"        -> Prometheus text exposition format
  *   "stats table\n"  -> the table of `foliod stats` (stats.c)
  *   "flush EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
- *   "clear-doubt EXPORT\n" -> "OK ...\n" or "ERROR reason\n"
+ *   "clear-doubt EXPORT\n", "clear-doubt-lost EXPORT\n" -> "OK ...\n" or
+ *   "ERROR reason\n"
  *   "release EXPORT\n", "release-stop EXPORT\n" -> "OK ...\n" or
  *                    "ERROR reason\n" (export_release: hand the image to
  *                    another host, then serve it read-only, or not at all)
@@ -162,15 +163,26 @@ control_flush (struct control *ctl, char *reply, size_t len, const char *name)
  * again, once what was written since is written again.  On a store a
  * previous run left fenced: its data may be written over the image.
  * Passthrough writes counted lost: the loss is known, FLUSH may succeed
- * again. */
+ * again.  "clear-doubt-lost NAME" (--lost-only) says only the last. */
 static void
 control_clear_doubt (struct control *ctl, char *reply, size_t len,
-                     const char *name)
+                     const char *name, bool lost_only)
 {
   for (size_t i = 0; i < ctl->n_exports; i++) {
     struct daemon_export *e = &ctl->exports[i];
     if (strcmp (e->cfg.name, name) != 0 || e->ex == NULL)
       continue;
+    if (lost_only) {
+      uint64_t n = cache_clear_lost (e->ex->cache);
+      if (n)
+        log_warn ("control: clear-doubt %s: %llu write%s that bypassed the "
+                  "cache known lost (the operator's word, --lost-only): "
+                  "FLUSH may succeed again, the backing keeps what it has",
+                  name, (unsigned long long) n, n == 1 ? "" : "s");
+      snprintf (reply, len, "OK %.200s: %llu lost write%s cleared\n", name,
+                (unsigned long long) n, n == 1 ? "" : "s");
+      return;
+    }
     struct cache_stats before, after;
     cache_get_stats (e->ex->cache, &before);
     uint64_t n = cache_clear_doubt (e->ex->cache);
@@ -297,7 +309,9 @@ control_answer (struct control *ctl, const char *line, size_t *len)
   if (strncmp (line, "flush ", 6) == 0)
     control_flush (ctl, buf, 512, line + 6);
   else if (strncmp (line, "clear-doubt ", 12) == 0)
-    control_clear_doubt (ctl, buf, 512, line + 12);
+    control_clear_doubt (ctl, buf, 512, line + 12, false);
+  else if (strncmp (line, "clear-doubt-lost ", 17) == 0)
+    control_clear_doubt (ctl, buf, 512, line + 17, true);
   else if (strncmp (line, "release ", 8) == 0)
     control_release (ctl, buf, 512, line + 8, 0);
   else if (strncmp (line, "release-stop ", 13) == 0)
@@ -329,6 +343,7 @@ line_may_wait (const char *line)
 {
   return strncmp (line, "flush ", 6) == 0 ||
          strncmp (line, "clear-doubt ", 12) == 0 ||
+         strncmp (line, "clear-doubt-lost ", 17) == 0 ||
          strncmp (line, "release ", 8) == 0 ||
          strncmp (line, "release-stop ", 13) == 0;
 }

@@ -157,6 +157,7 @@ struct cli {
   double watch;             /* stats --watch: seconds between reports */
   unsigned count;           /* stats --count: reports (0: no limit) */
   int stop;                 /* release --stop: no longer serve it */
+  int lost_only;            /* clear-doubt --lost-only: not a doubt */
   const char *config_file;
   const char *check_config;
 };

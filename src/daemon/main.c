@@ -1493,7 +1493,7 @@ main (int argc, char **argv)
       if (strcmp (cli.subcommand, "stats") == 0 && !cli.prometheus)
         arg = "table";
       snprintf (cmd, sizeof cmd, "%s%s%s%s\n", cli.subcommand,
-                cli.stop ? "-stop" : "",
+                cli.stop ? "-stop" : cli.lost_only ? "-lost" : "",
                 arg ? " " : "", arg ? arg : "");
       r = control_client (path ? path : cfg.control, cmd);
     }

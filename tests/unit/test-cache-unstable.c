@@ -642,6 +642,68 @@ test_clear_doubt_keeps_passthrough (void **state)
   assert_int_equal (cache_destroy (c), 0);
 }
 
+/* clear-doubt --lost-only: the operator accepts a lost passthrough write
+ * and says nothing of a write in doubt (one abandoned after he looked at
+ * the stats, say).  The doubt stays: FLUSH still fails, and stats count
+ * it; once the backing ends it, FLUSH succeeds with the cached data
+ * durable. */
+static void
+test_clear_lost_keeps_doubt (void **state)
+{
+  static struct vol v;
+  unsigned char a[4096], d[4096];
+  struct cache_stats st;
+  struct cache *c = open_cache (&v);
+
+  memset (a, 0x46, sizeof a);
+  memset (d, 0x57, sizeof d);
+  assert_int_equal (cache_write (c, d, sizeof d, 131072, CACHE_DIRECT), 0);
+  v.crash_on_flush = 1;
+  assert_int_equal (cache_flush (c), -1);     /* the zero is lost */
+  assert_int_equal (cache_write (c, a, sizeof a, 0, 0), 0);
+  v.doubt = 1;                                /* and a write in doubt */
+  assert_int_equal (cache_clear_lost (c), 1);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 0);
+  assert_int_equal (st.writes_in_doubt, 1);
+  assert_int_equal (cache_flush (c), -1);
+  assert_int_equal (errno, EIO);
+  assert_int_equal (v.doubt, 1);              /* not cleared behind it */
+  v.doubt = 0;                                /* the backing ends it */
+  v.epoch++;
+  assert_int_equal (cache_flush (c), 0);
+  assert_memory_equal (v.durable, a, sizeof a);
+  cache_get_stats (c, &st);
+  assert_int_equal (st.passthrough_lost, 0);
+  assert_int_equal (st.flush_error, 0);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
+/* After the operator's clear-doubt, a read that needs room waits for
+ * writeback to make it, as it would have before the doubt: the flush
+ * refused while the doubt held is no reason to fail at once any more.
+ * (It failed with EIO: a restarted foliod whose store held the cache
+ * full of dirty data and a doubt failed the first read after the clear;
+ * test-fault-rbd-real.) */
+static void
+test_clear_doubt_reads_again (void **state)
+{
+  static struct vol v;
+  static unsigned char a[4096], r[1u << 20];
+  struct cache *c = open_cache (&v);
+
+  memset (a, 0x61, sizeof a);
+  for (int i = 0; i < 64; i++)      /* a block of each 16K folio dirty */
+    assert_int_equal (cache_write (c, a, sizeof a, i * 65536, 0), 0);
+  v.doubt = 1;
+  assert_int_equal (cache_flush (c), -1);     /* written, not flushed */
+  assert_int_equal (cache_clear_doubt (c), 1);
+  assert_int_equal (cache_read (c, r, sizeof r, 0, 0), 0);
+  assert_int_equal (cache_flush (c), 0);
+  assert_memory_equal (v.durable + 65536, a, sizeof a);
+  assert_int_equal (cache_destroy (c), 0);
+}
+
 /* Dirty plus unstable bytes: what the cache still answers for. */
 static uint64_t
 pinned (struct cache *c)
@@ -976,6 +1038,8 @@ main (void)
     cmocka_unit_test (test_forgotten_failed_flush),
     cmocka_unit_test (test_loss_before_count),
     cmocka_unit_test (test_clear_doubt_keeps_passthrough),
+    cmocka_unit_test (test_clear_lost_keeps_doubt),
+    cmocka_unit_test (test_clear_doubt_reads_again),
     cmocka_unit_test (test_failed_fua_is_loss),
     cmocka_unit_test (test_fua_race_fua),
     cmocka_unit_test (test_fua_race_flush),
