@@ -19,7 +19,9 @@
 #                     and under the real foliod (test-fault-file-real,
 #                     test-fault-nbd-real below its nbd remote) and
 #                     nbdkit's folio filter (test-fault-filter-real)
-#                     over ROUNDS/10 seeds each (make check: 3, 2, 3)
+#                     over ROUNDS/10 seeds each (make check: 3, 2, 3),
+#                     and over foliod's librbd calls
+#                     (test-fault-rbd-real) ROUNDS/40 (make check: 2)
 #   make fuzz       the protocol fuzzer (clang, libFuzzer) for FUZZ_SECONDS
 #   make fuzz-coverage   what of src/server/ the fuzzer's corpus reaches
 #   make analyze    cppcheck, clang-tidy and gcc -fanalyzer over src/, plugins/
@@ -220,7 +222,7 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 
 # LD_PRELOAD layers for real processes (tests/faultfs/): no sanitizer, no
 # core library, so that they load into any process, sanitized or not.
-$(BUILD)/tests/faultfs/%.so: tests/faultfs/%.c
+$(BUILD)/tests/faultfs/%.so: tests/faultfs/%.c tests/faultfs/fault-common.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) -fPIC -pthread $(CFLAGS) -shared -o $@ $< -ldl
 
@@ -366,7 +368,9 @@ check-vm-ublk: deps
 # and replays one with FAULT_SEEDS=1).  Then the fault layer under the real
 # foliod (tests/test-fault-file-real.sh; make check: seeds 0-2) over
 # ROUNDS/10 seeds (two runs of 3-10 s each, ram and pmem stores) from
-# the time (FAULT_REAL_SEED=N sets it).
+# the time (FAULT_REAL_SEED=N sets it), and the same for the nbd backing
+# and the filter; the rbd backing's layer over ROUNDS/40 (a run against
+# the Ceph cluster takes 10-20 s).
 ROUNDS ?= 1000
 FAULT_MODEL = $(BUILD)/tests/unit/test-fault-model
 check-crash: deps
@@ -379,11 +383,14 @@ check-crash: deps
 	  FAULT_NBD_SEED=$${FAULT_NBD_SEED:-$$(date +%s)} \
 	  FAULT_FILTER_SEEDS=$$(( $(ROUNDS) / 10 )) \
 	  FAULT_FILTER_SEED=$${FAULT_FILTER_SEED:-$$(date +%s)} \
+	  FAULT_RBD_SEEDS=$$(( $(ROUNDS) / 40 )) \
+	  FAULT_RBD_SEED=$${FAULT_RBD_SEED:-$$(date +%s)} \
 	  UPGRADE_ROUNDS=$(ROUNDS) UPGRADE_RAM_ROUNDS=$(ROUNDS) \
 	  TEST_TIMEOUT=$$(( $(ROUNDS) * 12 + 300 )) \
 	  tests/run-tests tests/test-pmem-kill.sh tests/test-ssd-kill.sh \
 	  tests/test-daemon-upgrade.sh $(FAULT_MODEL) tests/test-fault-file-real.sh \
-	  tests/test-fault-nbd-real.sh tests/test-fault-filter-real.sh
+	  tests/test-fault-nbd-real.sh tests/test-fault-filter-real.sh \
+	  tests/test-fault-rbd-real.sh
 
 # The protocol fuzzer (tests/fuzz/): the server's handshake and request
 # parser under libFuzzer, ASan and UBSan, in its own build directory.

@@ -55,6 +55,8 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
+#include "fault-common.h"
+
 #define SECT 512
 #define JOURNAL_MAX ((uint64_t) 1 << 30)
 
@@ -91,21 +93,7 @@ static int (*real_sync_file_range) (int, off_t, off_t, unsigned);
 static void *
 real (const char *name)
 {
-  void *p = dlsym (RTLD_NEXT, name);
-
-  if (!p) {
-    fprintf (stderr, "fault-preload: no %s\n", name);
-    abort ();
-  }
-  return p;
-}
-
-static unsigned
-env_uint (const char *name, unsigned dflt)
-{
-  const char *s = getenv (name);
-
-  return s && *s ? (unsigned) strtoul (s, NULL, 0) : dflt;
+  return fault_next ("fault-preload", name);
 }
 
 __attribute__ ((constructor)) static void
@@ -133,49 +121,37 @@ fault_init (void)
   }
   F.dev = st.st_dev;
   F.ino = st.st_ino;
-  F.rng = env_uint ("FAULT_SEED", 0) * 0x9E3779B97F4A7C15ull + 1;
-  F.write_err = env_uint ("FAULT_WRITE_ERR", 0);
-  F.sync_fail = env_uint ("FAULT_SYNC_FAIL", 0);
-  F.sync_delay_ms = env_uint ("FAULT_SYNC_DELAY_MS", 0);
-  F.log_all = env_uint ("FAULT_LOG_ALL", 0) != 0;
-  F.power_at = env_uint ("FAULT_POWER_AT", 0);
+  F.rng = fault_rng_init (fault_env_uint ("FAULT_SEED", 0));
+  F.write_err = fault_env_uint ("FAULT_WRITE_ERR", 0);
+  F.sync_fail = fault_env_uint ("FAULT_SYNC_FAIL", 0);
+  F.sync_delay_ms = fault_env_uint ("FAULT_SYNC_DELAY_MS", 0);
+  F.log_all = fault_env_uint ("FAULT_LOG_ALL", 0) != 0;
+  F.power_at = fault_env_uint ("FAULT_POWER_AT", 0);
   if (log && *log)
     F.logfd = open (log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   F.on = true;
 }
 
-/* splitmix64. */
 static uint64_t
 rnd (void)
 {
-  uint64_t z = (F.rng += 0x9E3779B97F4A7C15ull);
-
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return fault_rnd (&F.rng);
 }
 
 static bool
 chance (unsigned per_mille)
 {
-  return per_mille && rnd () % 1000 < per_mille;
+  return fault_chance (&F.rng, per_mille);
 }
 
 static void __attribute__ ((format (printf, 1, 2)))
 note (const char *fmt, ...)
 {
-  char line[256];
-  int n = snprintf (line, sizeof line, "fault-preload %d: ", (int) getpid ());
   va_list ap;
 
   va_start (ap, fmt);
-  n += vsnprintf (line + n, sizeof line - n, fmt, ap);
+  fault_note_v (F.logfd, real_write, "fault-preload", fmt, ap);
   va_end (ap);
-  if (n >= (int) sizeof line - 1)
-    n = sizeof line - 2;
-  line[n++] = '\n';
-  if (F.logfd >= 0 && real_write (F.logfd, line, n) != n)
-    abort ();
 }
 
 static bool

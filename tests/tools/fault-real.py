@@ -3,8 +3,8 @@
 
 usage: fault-real.py init  --img FILE --blocks N
        fault-real.py run   --uri URI --model JSON --blocks N --seed S --ops N
-                           [--operator FOLIOD,CONTROL-SOCKET,EXPORT]
-                           [--final-flushes N]
+                           [--operator FOLIOD,CONTROL-SOCKET,EXPORT[,losses]]
+                           [--final-flushes N] [--flush-pause S]
        fault-real.py check --uri URI --model JSON --blocks N --save FILE
        fault-real.py same  --model JSON --img FILE --save FILE
 
@@ -39,8 +39,13 @@ the operator's word that a lost passthrough write is known lost: the
 blocks zeroed since the last good FLUSH are "excused" up to their newest
 version issued (the backing may keep what it had before them) until a
 newer version of theirs is acknowledged.
+With ",losses" the operator clears only a passthrough loss (clear-doubt
+--lost-only), never a doubt: for a backing whose abandoned writes may
+still land (they end by themselves).
 --final-flushes N: after the ops, up to N more tries of a FLUSH (with the
 operator's clears) so that the run ends with everything acknowledged.
+--flush-pause S: S seconds between two of those final tries (for a
+backing whose abandoned writes end by themselves, later).
 
 check: reads the whole export after the restart (no faults) and holds
 each sector to the property: a version a client issued for that block
@@ -55,6 +60,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 BLOCK = 4096
 SECT = 512
@@ -137,9 +143,11 @@ def do_run(a):
         counts[k] = counts.get(k, 0) + 1
 
     def stat(name):
+        """A counter of foliod stats; 0 if foliod is gone (a power cut
+        killed it: the next request finds the connection dead)."""
         out = subprocess.run([op[0], "stats", "--control", op[1],
                               "--prometheus"], capture_output=True,
-                             text=True, check=True).stdout
+                             text=True).stdout
         for line in out.splitlines():
             f = line.split()
             if len(f) == 2 and f[0] in (name, '%s{export="%s"}' %
@@ -151,12 +159,18 @@ def do_run(a):
         """foliod(8)'s operator: clear a doubt or a known passthrough loss
         (every remote that could land an abandoned write is dead).  True
         if there was one to clear."""
-        if not op or counts.get("clear-doubt", 0) >= 50 or \
-                not (stat("foliod_backing_writes_in_doubt") or
-                     stat("foliod_passthrough_lost_writes")):
+        if not op or counts.get("clear-doubt", 0) >= 50:
             return False
-        subprocess.run([op[0], "clear-doubt", op[2], "--control", op[1]],
-                       capture_output=True, check=True)
+        if losses_only:
+            if not stat("foliod_passthrough_lost_writes"):
+                return False
+        elif not (stat("foliod_backing_writes_in_doubt") or
+                  stat("foliod_passthrough_lost_writes")):
+            return False
+        if subprocess.run([op[0], "clear-doubt", op[2], "--control", op[1]] +
+                          (["--lost-only"] if losses_only else []),
+                          capture_output=True).returncode != 0:
+            return False        # foliod is gone: nothing was cleared
         ex = m.setdefault("excused", {})
         for b in m["zeroed"]:
             ex[str(b)] = nextv[b] - 1
@@ -180,9 +194,9 @@ def do_run(a):
             raise Dead(str(e))
         count(what)
 
-    def try_flush(tries):
+    def try_flush(tries, pause=0):
         """A FLUSH, a failed one tried again (after the operator's clear,
-        if there was one to say)."""
+        if there was one to say; else after pause seconds)."""
         while tries > 0:
             try:
                 flush()
@@ -192,8 +206,11 @@ def do_run(a):
                 m["lost"] = True
             if not operator():
                 tries -= 1
+                if tries and pause:
+                    time.sleep(pause)
 
     op = a.operator.split(",") if a.operator else None
+    losses_only = bool(op) and op[3:] == ["losses"]
     h = nbd.NBD()
     h.connect_uri(a.uri)
     try:
@@ -239,7 +256,7 @@ def do_run(a):
             count("zero" if zero else "write")
             if fua:
                 count("fua")
-        try_flush(a.final_flushes)
+        try_flush(a.final_flushes, a.flush_pause)
     except Dead as e:
         count("connection-lost")
         print("run stopped: %s" % e)
@@ -295,6 +312,7 @@ def main():
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--operator")
     p.add_argument("--final-flushes", type=int, default=0)
+    p.add_argument("--flush-pause", type=float, default=0)
     a = p.parse_args()
     return {"init": do_init, "run": do_run, "check": do_check,
             "same": do_same}[a.cmd](a) or 0
