@@ -52,13 +52,41 @@ requires () {
   done
 }
 
+# _lib_ours PID: is PID still a process of this test?  A tracked process
+# may have exited long ago and its pid gone to another process (another
+# test's foliod, a make check beside this one): only a child of this
+# shell (not reaped yet, so its pid is not reused) or a process whose
+# command line names this test's $tmp is.  (Cleanup used to SIGKILL every
+# pid a test had tracked: test-daemon-upgrade's 2000 past foliods killed
+# whatever ran under those pids by then, seen as another test's foliod or
+# nbdkit dying of SIGKILL.)  Builtins only: no fork per pid.
+_lib_ours () {
+  local st args
+  [ -r "/proc/$1/stat" ] || return 1
+  read -r -a st < "/proc/$1/stat" 2>/dev/null || return 1
+  [ "${st[3]:-}" = "$$" ] && return 0
+  mapfile -d '' -t args < "/proc/$1/cmdline" 2>/dev/null || return 1
+  [ -n "${tmp:-}" ] && [[ " ${args[*]} " == *"$tmp"* ]]
+}
+
 _lib_cleanup () {
-  local p
+  local p d args
   for p in "${_lib_pids[@]}"; do
+    _lib_ours "$p" || continue
     # A tracked "timeout CMD" would not pass SIGKILL on: kill its children.
     pkill -KILL -P "$p" 2>/dev/null || true
     kill -KILL "$p" 2>/dev/null || true
   done
+  # And any process left that names $tmp (a foliod whose timeout wrapper
+  # alone was killed, say): $tmp is this test's own.
+  if [ -n "${tmp:-}" ]; then
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      [ "$p" != "$$" ] && [ "$p" != "$BASHPID" ] || continue
+      mapfile -d '' -t args < "$d/cmdline" 2>/dev/null || continue
+      [[ " ${args[*]} " == *"$tmp"* ]] && kill -KILL "$p" 2>/dev/null || true
+    done
+  fi
   wait 2>/dev/null || true
   if [ -n "${tmp:-}" ] && [ -d "$tmp" ]; then
     rm -rf "$tmp"

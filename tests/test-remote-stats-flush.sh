@@ -37,7 +37,7 @@ grep -q "ERROR\|flush disk0" "$tmp/flush.out" || fail "the flush said nothing"
 "$FOLIOD" stats --control "$tmp/ctl.sock" > /dev/null || fail "stats after"
 foliod_alive
 # The remote is gone with the data: a stop cannot write it back.
-kill -KILL "$FOLIOD_PID"
+pkill -KILL -P "$FOLIOD_PID"    # foliod, under start_foliod's timeout
 wait "$FOLIOD_PID" 2>/dev/null || true
 FOLIOD_PID=
 echo OK
