@@ -63,9 +63,9 @@ requires () {
 _lib_ours () {
   local st args
   [ -r "/proc/$1/stat" ] || return 1
-  read -r -a st < "/proc/$1/stat" 2>/dev/null || return 1
+  read -r -a st 2>/dev/null < "/proc/$1/stat" || return 1
   [ "${st[3]:-}" = "$$" ] && return 0
-  mapfile -d '' -t args < "/proc/$1/cmdline" 2>/dev/null || return 1
+  mapfile -d '' -t args 2>/dev/null < "/proc/$1/cmdline" || return 1
   [ -n "${tmp:-}" ] && [[ " ${args[*]} " == *"$tmp"* ]]
 }
 
@@ -83,7 +83,7 @@ _lib_cleanup () {
     for d in /proc/[0-9]*; do
       p=${d#/proc/}
       [ "$p" != "$$" ] && [ "$p" != "$BASHPID" ] || continue
-      mapfile -d '' -t args < "$d/cmdline" 2>/dev/null || continue
+      mapfile -d '' -t args 2>/dev/null < "$d/cmdline" || continue
       [[ " ${args[*]} " == *"$tmp"* ]] && kill -KILL "$p" 2>/dev/null || true
     done
   fi

@@ -2,7 +2,8 @@
 # The control socket serves everyone at once: clients that dribble a byte
 # a second (never finishing their line) do not hold up `foliod stats` for
 # the others, are dropped after their 5 s deadline, and a request line
-# over the limit gets an error instead of being read forever.
+# over the limit gets an error instead of being read forever.  A control
+# socket that closes without an answer fails the command.
 . "$(dirname "$0")/lib.sh"
 lib_init daemon-control
 requires python3
@@ -64,4 +65,34 @@ done
 timeout 5 "$FOLIOD" flush disk0 --control "$ctl" > "$tmp/flush" || fail "foliod flush"
 grep -q "^OK disk0" "$tmp/flush" || fail "flush: $(cat "$tmp/flush")"
 stop_foliod
+
+# A foliod that dies before it answers (a kill, a crash under a flush):
+# the client fails and says so.  It printed nothing and exited 0, and a
+# script's "foliod flush disk0 && ..." went on as if the flush had
+# succeeded.  Played by a socket that reads the request and closes.
+cat > "$tmp/mute.py" <<'PY'
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(4)
+print("ready", flush=True)
+for _ in range(2):
+    c, _ = s.accept()
+    c.recv(512)
+    c.close()
+PY
+rm -f "$tmp/mute"
+timeout 60 python3 "$tmp/mute.py" "$tmp/mute" > "$tmp/mute.out" &
+mute=$!
+track $mute
+wait_for_text "$tmp/mute.out" ready "the mute socket did not start"
+for cmd in "flush disk0" "clear-doubt disk0"; do
+  # shellcheck disable=SC2086
+  if timeout 10 "$FOLIOD" $cmd --control "$tmp/mute" > "$tmp/mute.cli" 2>&1; then
+    fail "foliod $cmd exited 0 though nothing answered: '$(cat "$tmp/mute.cli")'"
+  fi
+  grep -q "closed without an answer" "$tmp/mute.cli" ||
+    fail "foliod $cmd does not say why it failed: $(cat "$tmp/mute.cli")"
+done
+wait $mute
 echo OK

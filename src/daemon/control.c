@@ -842,6 +842,13 @@ control_request (const char *path, const char *command, char **reply)
     len += (size_t) n;
   }
   buf[len] = '\0';
+  /* Every answer has a line: none means foliod died (or was killed)
+   * before it answered, and whatever was asked may not have happened. */
+  if (len == 0) {
+    fprintf (stderr, "foliod: control socket %s: closed without an answer "
+             "(foliod exited?)\n", path);
+    goto out;
+  }
   if (strncmp (buf, "ERROR", 5) == 0) {
     fprintf (stderr, "foliod: %s", buf + 6);
     goto out;
