@@ -26,7 +26,7 @@ struct vol {
   unsigned char durable[SIZE], acked[SIZE];
   uint64_t epoch;
   int crash_on_flush;      /* crash just before the next flush */
-  int doubt;               /* a write is in doubt: every flush is refused,
+  _Atomic int doubt;       /* a write is in doubt: every flush is refused,
                             * sending nothing (the nbd backing's rule) */
   int fail_write;          /* the next write fails, half done */
   int forget_on_fail;      /* the next flush fails and drops what was not
@@ -34,7 +34,7 @@ struct vol {
                             * (a remote over Linux: fsyncgate) */
   int forget_on_fua;        /* the next FUA write fails and drops what was
                             * not durable (its fdatasync failed) */
-  uint64_t writes;
+  _Atomic uint64_t writes;    /* writeback helpers write at once */
   /* Called once the next write is acknowledged, before it returns (its
    * answer still on the way to the cache), then cleared. */
   void (*acked_hook) (struct vol *v);
