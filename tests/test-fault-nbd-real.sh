@@ -10,11 +10,17 @@
 # the writes it had acknowledged and not flushed).  A loop restarts it on
 # the same socket and image, with the layer again (up to CUTS power cuts
 # a run), and foliod reconnects.
+# foliod reaches the remote through a "network", tests/tools/reset-proxy.py,
+# that now and then ends foliod's connection and delivers what it held of
+# it later, to the live remote (item 2: writes in doubt that land late,
+# over newer ones), unless the operator has quieted it.
 # The client (tests/tools/fault-real.py, one connection) writes versioned
 # 4 KiB blocks, zeroes, FUA writes and FLUSHes, models what each FLUSH
 # and FUA that succeeded acknowledged, and plays the operator foliod(8)
 # describes: when a FLUSH fails with writes in doubt or a passthrough
-# write lost, the remote that had them is dead, so it says clear-doubt
+# write lost, it quiets the network, waits until no connection it ended
+# is left at the remote (the remote that had them is dead, or finished
+# them), and says clear-doubt
 # (a lost zero is then known lost: its block is excused until a newer
 # version of it is acknowledged).  The run ends with FLUSHes until one
 # succeeds.  Then the remote is stopped, started without faults, and
@@ -25,8 +31,9 @@
 # image holds what foliod served.
 # store=ram and store=pmem (flush=store), FAULT_NBD_SEEDS seeds each (2;
 # make check-crash: ROUNDS/10) from FAULT_NBD_SEED (0);
-# FAULT_NBD_STORES="ram pmem" picks the stores; FAULT_NBD_KEEP=DIR keeps a
-# failed run's files (logs, faults, model) in DIR.
+# FAULT_NBD_STORES="ram pmem" picks the stores; FAULT_NBD_NET_CUTS=N the
+# network's cuts per mille of foliod's writes (20; 0: none);
+# FAULT_NBD_KEEP=DIR keeps a failed run's files (logs, faults, model) in DIR.
 . "$(dirname "$0")/lib.sh"
 lib_init fault-nbd-real
 . "$(dirname "$0")/lib-remote.sh"
@@ -41,6 +48,8 @@ cuts=${CUTS:-3}
 blocks=1024                    # 4 MiB export, 1 MiB cache: writeback runs
 img=$tmp/img
 sock=$tmp/remote.sock
+net=$tmp/net                   # the network's state (reset-proxy.py)
+netsock=$tmp/net.sock
 tool=(/usr/bin/python3 "$TOP/tests/tools/fault-real.py")
 keys=cache-size=1M,folio-size=16K,dirty-expire=200,writeback-interval=100
 echo "seeds $base..$((base + seeds - 1)) (FAULT_NBD_SEED=N FAULT_NBD_SEEDS=1 replays one)"
@@ -73,8 +82,18 @@ remote_loop () {
   done
 }
 
+# until_socket PATH: until the socket exists (its server listens first).
+until_socket () {
+  local i
+  for ((i = 0; i < 100 * TSCALE; i++)); do
+    [ -S "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "no socket at $1 after 10 s"
+}
+
 runs=0 lossruns=0 kills=0 clears=0
-touch "$tmp/all-faults"
+touch "$tmp/all-faults" "$tmp/all-cuts"
 one () {
   local store=$1 seed=$2 spec calls loop rc=0 i pid
   case $store in
@@ -88,19 +107,32 @@ one () {
   remote_loop "$seed" "$calls" &
   loop=$!
   track "$loop"
-  for ((i = 0; i < 100 * TSCALE; i++)); do
-    [ -S "$sock" ] && break
+  until_socket "$sock"
+  rm -rf "$net" "$netsock" && mkdir "$net"
+  /usr/bin/python3 "$TOP/tests/tools/reset-proxy.py" --listen "$netsock" \
+    --remote "$sock" --state "$net" --seed "$seed" \
+    --cut-permille "${FAULT_NBD_NET_CUTS:-20}" 2>>"$tmp/net.log" &
+  netpid=$!
+  track "$netpid"
+  until_socket "$netsock"
+  start_foliod --control "$tmp/ctl.sock" \
+    --export "disk0=$(remote_uri "$netsock"),$keys,request-timeout=30000,retry-timeout=30000$spec"
+  timeout $((180 * TSCALE)) "${tool[@]}" run --uri "$(uri disk0)" \
+    --model "$tmp/model" --blocks $blocks --seed "$seed" --ops 300 \
+    --operator "$FOLIOD,$tmp/ctl.sock,disk0,network=$net" --final-flushes 10 ||
+    fail "store=$store seed $seed: the client failed during the run"
+  # The network quiet (it keeps carrying foliod's connections) once what
+  # it held has landed or met a dead remote: late writes land after the
+  # run, as they would.  Then the remote without faults: the loop stops,
+  # its nbdkit killed (no power cut: the file keeps what it wrote; SIGTERM
+  # would wait for foliod's connections to end).
+  touch "$net/calm"
+  for ((i = 0; i < 600 * TSCALE; i++)); do
+    [ "$(cat "$net/pending")" = 0 ] && break
     sleep 0.1
   done
-  start_foliod --control "$tmp/ctl.sock" \
-    --export "disk0=$(remote_uri "$sock"),$keys,request-timeout=30000,retry-timeout=30000$spec"
-  timeout $((120 * TSCALE)) "${tool[@]}" run --uri "$(uri disk0)" \
-    --model "$tmp/model" --blocks $blocks --seed "$seed" --ops 300 \
-    --operator "$FOLIOD,$tmp/ctl.sock,disk0" --final-flushes 10 ||
-    fail "store=$store seed $seed: the client failed during the run"
-  # The remote without faults: the loop stops, its nbdkit killed (no
-  # power cut: the file keeps what it wrote; SIGTERM would wait for
-  # foliod's connections to end).
+  [ "$(cat "$net/pending")" = 0 ] ||
+    fail "store=$store seed $seed: the network still holds writes after 60 s"
   touch "$tmp/remote-stop"
   pid=$(cat "$tmp/remote-cur")
   if grep -qa nbdkit "/proc/$pid/cmdline" 2>/dev/null; then
@@ -121,6 +153,11 @@ one () {
   touch "$tmp/faults"
   cat "$tmp/faults" >> "$tmp/all-faults"
   echo "  remote: $(wc -l < "$tmp/remote-exits") incarnations; faults: $(awk '{ n[$3]++ } END { for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/faults")"
+  touch "$net/log"
+  cat "$net/log" >> "$tmp/all-cuts"
+  echo "  network: $(awk '{ w += $6; s += $10 } END {
+    printf "%d connections cut, %d writes they held sent %.1f s late on average",
+      NR, w, s / (NR ? NR : 1) / 1000 }' "$net/log")"
   echo "  foliod exited $rc; $(grep -c 'reconnected' "$tmp/foliod.log" || true) reconnects"
   grep -q 'DIRTY DATA LOST' "$tmp/foliod.log" && lossruns=$((lossruns + 1))
   clears=$((clears + $(grep -c 'clear-doubt' "$tmp/foliod.log" || true)))
@@ -128,7 +165,7 @@ one () {
   # The restart: the same store and remote, no faults.
   rm -f "$tmp/ctl.sock"
   start_foliod --control "$tmp/ctl.sock" \
-    --export "disk0=$(remote_uri "$sock"),$keys$spec"
+    --export "disk0=$(remote_uri "$netsock"),$keys$spec"
   if [ "$(foliod_stat "$tmp/ctl.sock" foliod_backing_writes_in_doubt)" != 0 ] ||
      [ "$(foliod_stat "$tmp/ctl.sock" foliod_passthrough_lost_writes)" != 0 ]; then
     [ "$store" != ram ] || fail "store=$store seed $seed: a ram store's restart inherited a doubt or a loss"
@@ -142,6 +179,8 @@ one () {
   }
   stop_foliod
   stop_remote
+  kill "$netpid" 2>/dev/null || true
+  wait "$netpid" 2>/dev/null || true
   "${tool[@]}" same --model "$tmp/model" --img "$img" --save "$tmp/read" ||
     fail "store=$store seed $seed: the image after the clean stop"
   runs=$((runs + 1))
@@ -153,4 +192,4 @@ for ((i = 0; i < seeds; i++)); do
   done
 done
 echo "ok: $runs runs; faults injected: $(awk '{ n[$3]++ } END {
-  for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/all-faults")$kills foliod kill -9, $lossruns saying DIRTY DATA LOST, $clears clear-doubt log lines"
+  for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/all-faults")$(awk '{ w += $6 } END { printf "%d connections cut by the network holding %d writes sent late", NR, w }' "$tmp/all-cuts"), $kills foliod kill -9, $lossruns saying DIRTY DATA LOST, $clears clear-doubt log lines"

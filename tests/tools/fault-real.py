@@ -3,7 +3,8 @@
 
 usage: fault-real.py init  --img FILE --blocks N
        fault-real.py run   --uri URI --model JSON --blocks N --seed S --ops N
-                           [--operator FOLIOD,CONTROL-SOCKET,EXPORT[,losses]]
+                           [--operator FOLIOD,CONTROL-SOCKET,EXPORT[,losses]
+                                       [,network=DIR]]
                            [--final-flushes N] [--flush-pause S]
        fault-real.py check --uri URI --model JSON --blocks N --save FILE
        fault-real.py same  --model JSON --img FILE --save FILE
@@ -29,8 +30,8 @@ acknowledged.  The connection may die (the fault layer's power cut kills
 foliod): the run stops there, the request in flight unacknowledged.
 
 --operator: the run also plays the operator of foliod(8)'s "Writes in
-doubt", for a test whose remote only ever goes away by dying (a power
-cut kills it: no write it had can land later).  When a FLUSH fails (or
+doubt", for a test whose remote goes away by dying (a power cut kills
+it: no write it had can land later), or see ",network" below.  When a FLUSH fails (or
 a write: with flush=store, FLUSH is the store's, and a doubt holds the
 backing's flush back until the cache has no room) and foliod stats
 count writes in doubt or passthrough writes lost, it says
@@ -42,6 +43,12 @@ newer version of theirs is acknowledged.
 With ",losses" the operator clears only a passthrough loss (clear-doubt
 --lost-only), never a doubt: for a backing whose abandoned writes may
 still land (they end by themselves).
+With ",network=DIR" foliod reaches its remote through
+tests/tools/reset-proxy.py (state in DIR), whose connections it ended
+may still land writes: before a clear the operator quiets that network
+(DIR/calm) and waits until no such connection is left at the remote
+(DIR/pending is 0), as an operator checks that the old connections are
+gone before saying the doubt is over.
 --final-flushes N: after the ops, up to N more tries of a FLUSH (with the
 operator's clears) so that the run ends with everything acknowledged.
 --flush-pause S: S seconds between two of those final tries (for a
@@ -57,6 +64,7 @@ Exit 0 if all holds; else prints each bad sector and exits 1.
 """
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -155,10 +163,23 @@ def do_run(a):
                 return int(float(f[1]))
         return 0
 
+    def network_quiet():
+        """Quiet the network (no new cuts) and wait until no connection
+        it ended is left at the remote; False if that takes over 60 s."""
+        open(os.path.join(network, "calm"), "w").close()
+        for _ in range(600):
+            with open(os.path.join(network, "pending")) as f:
+                if int(f.read()) == 0:
+                    count("network-waits")
+                    return True
+            time.sleep(0.1)
+        return False
+
     def operator():
         """foliod(8)'s operator: clear a doubt or a known passthrough loss
-        (every remote that could land an abandoned write is dead).  True
-        if there was one to clear."""
+        (every remote that could land an abandoned write is dead, or its
+        connections with foliod are gone).  True if there was one to
+        clear."""
         if not op or counts.get("clear-doubt", 0) >= 50:
             return False
         if losses_only:
@@ -167,10 +188,20 @@ def do_run(a):
         elif not (stat("foliod_backing_writes_in_doubt") or
                   stat("foliod_passthrough_lost_writes")):
             return False
-        if subprocess.run([op[0], "clear-doubt", op[2], "--control", op[1]] +
-                          (["--lost-only"] if losses_only else []),
-                          capture_output=True).returncode != 0:
-            return False        # foliod is gone: nothing was cleared
+        try:
+            if network and not network_quiet():
+                return False
+            if subprocess.run([op[0], "clear-doubt", op[2], "--control",
+                               op[1]] +
+                              (["--lost-only"] if losses_only else []),
+                              capture_output=True).returncode != 0:
+                return False    # foliod is gone: nothing was cleared
+        finally:
+            if network:
+                try:
+                    os.unlink(os.path.join(network, "calm"))
+                except FileNotFoundError:
+                    pass
         ex = m.setdefault("excused", {})
         for b in m["zeroed"]:
             ex[str(b)] = nextv[b] - 1
@@ -210,7 +241,9 @@ def do_run(a):
                     time.sleep(pause)
 
     op = a.operator.split(",") if a.operator else None
-    losses_only = bool(op) and op[3:] == ["losses"]
+    losses_only = bool(op) and "losses" in op[3:]
+    network = next((o[8:] for o in (op or [])[3:]
+                    if o.startswith("network=")), None)
     h = nbd.NBD()
     h.connect_uri(a.uri)
     try:
