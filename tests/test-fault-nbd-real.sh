@@ -131,8 +131,10 @@ one () {
     [ "$(cat "$net/pending")" = 0 ] && break
     sleep 0.1
   done
-  [ "$(cat "$net/pending")" = 0 ] ||
-    fail "store=$store seed $seed: the network still holds writes after 60 s"
+  [ "$(cat "$net/pending")" = 0 ] || {
+    [ -z "${FAULT_NBD_KEEP:-}" ] || cp -r "$tmp" "$FAULT_NBD_KEEP"
+    fail "store=$store seed $seed: the network still holds writes after 60 s (connections $(awk '$1 == "orphan" { o[$2] = 1 } $1 == "done" { delete o[$2] } END { for (k in o) printf "%s ", k }' "$net/log")open at the remote)"
+  }
   touch "$tmp/remote-stop"
   pid=$(cat "$tmp/remote-cur")
   if grep -qa nbdkit "/proc/$pid/cmdline" 2>/dev/null; then
@@ -154,10 +156,10 @@ one () {
   cat "$tmp/faults" >> "$tmp/all-faults"
   echo "  remote: $(wc -l < "$tmp/remote-exits") incarnations; faults: $(awk '{ n[$3]++ } END { for (k in n) printf "%s %d, ", k, n[k] }' "$tmp/faults")"
   touch "$net/log"
-  cat "$net/log" >> "$tmp/all-cuts"
-  echo "  network: $(awk '{ w += $6; s += $10 } END {
+  grep '^cut ' "$net/log" >> "$tmp/all-cuts" || true
+  echo "  network: $(awk '/^cut / { n++; w += $6; s += $10 } END {
     printf "%d connections cut, %d writes they held sent %.1f s late on average",
-      NR, w, s / (NR ? NR : 1) / 1000 }' "$net/log")"
+      n, w, s / (n ? n : 1) / 1000 }' "$net/log")"
   echo "  foliod exited $rc; $(grep -c 'reconnected' "$tmp/foliod.log" || true) reconnects"
   grep -q 'DIRTY DATA LOST' "$tmp/foliod.log" && lossruns=$((lossruns + 1))
   clears=$((clears + $(grep -c 'clear-doubt' "$tmp/foliod.log" || true)))

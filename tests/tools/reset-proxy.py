@@ -25,7 +25,8 @@ operator (fault-real.py --operator ...,network=DIR) makes DIR/calm, waits
 for 0 there, then clears foliod's doubt -- what an operator of a real
 network does when the old connections are gone at the remote.
 DIR/log gets a line per cut: the bytes held, the whole writes among them
-(OFFSET+LENGTH) and the delay.
+(OFFSET+LENGTH) and the delay; and "orphan N", "done N" when connection
+N's foliod side ends first, and then its remote side.
 """
 import argparse
 import os
@@ -113,10 +114,18 @@ def serve(a, n, client):
     st = {"orphan": False, "done": False}
 
     def orphan():
+        """foliod's side is over: no more answers go there (a send to a
+        foliod that keeps its end open unread would block the answers'
+        thread, and with it the end of the remote's side)."""
         with lock:
             if not st["done"] and not st["orphan"]:
                 st["orphan"] = True
                 set_pending(a.state, 1)
+                log(a.state, "orphan %d" % n)
+        try:
+            client.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def down():
         """The remote's answers to foliod, while foliod's side is open."""
@@ -135,6 +144,7 @@ def serve(a, n, client):
             st["done"] = True
             if st["orphan"]:
                 set_pending(a.state, -1)
+                log(a.state, "done %d" % n)
         close(client)
         remote.close()
 
