@@ -374,7 +374,7 @@ check-vm-ublk: deps
 ROUNDS ?= 1000
 FAULT_MODEL = $(BUILD)/tests/unit/test-fault-model
 check-crash: deps
-	$(MAKE) $(FOLIOD) $(FAULT_MODEL) $(FAULTFS_LIBS)
+	$(MAKE) $(FOLIOD) $(PLUGIN) $(FILTER) $(FAULT_MODEL) $(FAULTFS_LIBS)
 	$(TEST_ENV) PMEM_KILL_ROUNDS=$(ROUNDS) SSD_KILL_ROUNDS=$(ROUNDS) \
 	  FAULT_SEEDS=$(ROUNDS) FAULT_SEED=$${FAULT_SEED:-$$(date +%s)} \
 	  FAULT_REAL_SEEDS=$$(( $(ROUNDS) / 10 )) \
