@@ -36,6 +36,8 @@ import struct
 import threading
 import time
 
+from nbdraw import CMD_WRITE, REQ_MAGIC
+
 lock = threading.RLock()
 pending = 0
 
@@ -71,10 +73,6 @@ def close(s):
     s.close()
 
 
-NBD_REQUEST_MAGIC = 0x25609513
-NBD_CMD_WRITE = 1
-
-
 def requests(data):
     """The (type, offset, length) of the whole requests at the start of
     data, read as compact request headers (foliod's remotes here do not
@@ -83,9 +81,9 @@ def requests(data):
     i = 0
     while i + 28 <= len(data):
         magic, _, typ, _, off, ln = struct.unpack_from(">IHHQQI", data, i)
-        if magic != NBD_REQUEST_MAGIC:
+        if magic != REQ_MAGIC:
             break
-        i += 28 + (ln if typ == NBD_CMD_WRITE else 0)
+        i += 28 + (ln if typ == CMD_WRITE else 0)
         if i > len(data):
             break
         out.append((typ, off, ln))
@@ -97,7 +95,7 @@ def is_write(data):
     if len(data) < 28:
         return False
     magic, _, typ = struct.unpack_from(">IHH", data)
-    return magic == NBD_REQUEST_MAGIC and typ == NBD_CMD_WRITE
+    return magic == REQ_MAGIC and typ == CMD_WRITE
 
 
 def serve(a, n, client):
@@ -189,12 +187,12 @@ def serve(a, n, client):
     late = rng.uniform(a.late_ms / 4, a.late_ms)
     time.sleep(late / 1000)
     data = b"".join(held)
-    writes = [r for r in requests(data) if r[0] == NBD_CMD_WRITE]
+    writes = [r for r in requests(data) if r[0] == CMD_WRITE]
     log(a.state, "cut %d held %d bytes, %d writes (%s), late %d ms" %
         (n, len(data), len(writes),
          ",".join("%d+%d" % (o, ln) for _, o, ln in writes), late))
     try:
-        remote.sendall(b"".join(held))
+        remote.sendall(data)
         remote.shutdown(socket.SHUT_WR)
     except OSError:
         pass                    # the remote died meanwhile: nothing lands
